@@ -1,0 +1,5 @@
+import sys
+
+from warmstart.cli import main
+
+sys.exit(main())

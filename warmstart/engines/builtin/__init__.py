@@ -1,0 +1,1 @@
+"""warmstart.engines.builtin"""

@@ -1,0 +1,1 @@
+"""warmstart.snapshot_agent"""
