@@ -1,0 +1,35 @@
+"""A small stateful process to checkpoint in tests: its answer depends on memory built before the dump.
+
+Usage: target_process.py CONTROL_DIR SEED. Builds a random state, signals ready-for-snapshot with its PID,
+waits for restore-complete, then writes `answer` (a digest of the state continued after the restore).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import sys
+from pathlib import Path
+
+from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+
+
+def main() -> int:
+    control = ControlDir(sys.argv[1])
+    rng = random.Random(int(sys.argv[2]))
+    state = bytes(rng.getrandbits(8) for _ in range(1 << 16))
+    print(f"target ready pid={os.getpid()}", flush=True)
+    control.send(READY_FOR_SNAPSHOT, {"pid": os.getpid()})
+    signal = control.wait(RESTORE_COMPLETE, SNAPSHOT_COMPLETE)
+    if signal.name == SNAPSHOT_COMPLETE:
+        return 0
+    digest = hashlib.sha256(state + rng.randbytes(32)).hexdigest()
+    answer = Path(control.path) / "answer"
+    answer.write_text(f"{digest} {os.getpid()} {signal.payload.get('port', '')}\n")
+    print(f"target answered {digest}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

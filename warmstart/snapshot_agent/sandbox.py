@@ -1,0 +1,216 @@
+"""A "pod" on one machine: a new PID and mount namespace with a private directory at a fixed path.
+
+Every sandbox sees its own host directory at `MOUNTPOINT` (a bind mount private to its mount namespace),
+so a process restored from a snapshot finds the same paths it had at dump time (control directory, stdio
+log files) while two restores of one snapshot run side by side with their own files. PID 1 of a sandbox is
+a small supervisor: the worker supervisor for captures, `python -m warmstart.snapshot_agent.sandbox` (a
+waiting init that reaps orphans) for restores. Restore sandboxes move the PID counter past `RESERVED_PIDS`
+before anything runs in them, so the low PIDs and thread IDs a restored engine needs stay free even
+while CRIU itself runs inside the namespace.
+
+Needs root (namespaces, mounts) and util-linux `unshare`/`nsenter`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+MOUNTPOINT = Path("/run/warmstart/pod")
+RESERVED_PIDS = 1000
+READY_MARK = ".sandbox-ready"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be created or entered."""
+
+
+def _setup_script(mountpoint: Path, reserve_pids: bool) -> str:
+    steps = [
+        f"mkdir -p {shlex.quote(str(mountpoint))}",
+        f'mount --bind "$WARMSTART_SANDBOX_HOST_DIR" {shlex.quote(str(mountpoint))}',
+    ]
+    if reserve_pids:
+        steps.append(f"echo {RESERVED_PIDS} > /proc/sys/kernel/ns_last_pid")
+    steps.append(f"touch {shlex.quote(str(mountpoint / READY_MARK))}")
+    return " && ".join(steps) + ' && exec "$@"'
+
+
+def pid_namespace_of(pid: int) -> str:
+    """The PID namespace of host process `pid`, e.g. 'pid:[4026532123]'."""
+    return os.readlink(f"/proc/{pid}/ns/pid")
+
+
+def namespace_pids(pid: int) -> list[int]:
+    """NSpid of host process `pid`: its PID in every namespace from the host's down to its own."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("NSpid:"):
+                return [int(value) for value in line.split()[1:]]
+    return [pid]
+
+
+def children_of(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as children:
+            return [int(value) for value in children.read().split()]
+    except OSError:
+        return []
+
+
+class Sandbox:
+    """One pod: `unshare --pid --fork --mount-proc --mount` around an init command."""
+
+    def __init__(self, host_dir: Path, process: subprocess.Popen[bytes], init_pid: int, mountpoint: Path) -> None:
+        self.host_dir = host_dir
+        self.process = process
+        self.init_pid = init_pid
+        self.mountpoint = mountpoint
+        self.pid_namespace = pid_namespace_of(init_pid)
+
+    @classmethod
+    def start(
+        cls,
+        host_dir: Path,
+        init_command: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        reserve_pids: bool = False,
+        mountpoint: Path = MOUNTPOINT,
+        timeout: float = 30.0,
+    ) -> Sandbox:
+        """Create the namespaces, bind `host_dir` at `mountpoint` inside, then exec `init_command` as PID 1."""
+        host_dir.mkdir(parents=True, exist_ok=True)
+        (host_dir / READY_MARK).unlink(missing_ok=True)
+        argv = [
+            "unshare", "--pid", "--fork", "--mount-proc", "--mount", "--propagation", "private", "--",
+            "/bin/sh", "-c", _setup_script(mountpoint, reserve_pids), "sandbox-init", *init_command,
+        ]  # fmt: skip
+        full_env = dict(os.environ if env is None else env)
+        full_env["WARMSTART_SANDBOX_HOST_DIR"] = str(host_dir.resolve())
+        with open(host_dir / "init.log", "ab") as init_log:
+            try:
+                process = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=init_log, stderr=init_log, env=full_env,
+                    start_new_session=True,
+                )  # fmt: skip
+            except FileNotFoundError as exc:
+                raise SandboxError("`unshare` (util-linux) is missing: install util-linux") from exc
+        init_pid = cls._wait_ready(process, host_dir, timeout)
+        return cls(host_dir, process, init_pid, mountpoint)
+
+    @staticmethod
+    def _wait_ready(process: subprocess.Popen[bytes], host_dir: Path, timeout: float) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                log = (host_dir / "init.log").read_text(errors="replace")[-500:]
+                raise SandboxError(f"the sandbox exited during setup (exit {process.returncode}): {log.strip()}")
+            children = children_of(process.pid)
+            if children and (host_dir / READY_MARK).exists():
+                return children[0]
+            time.sleep(0.005)
+        process.kill()
+        raise SandboxError(f"the sandbox in {host_dir} was not ready within {timeout}s (needs root)")
+
+    def inside(self, host_path: Path) -> Path:
+        """Where a file under `host_dir` appears inside the sandbox."""
+        return self.mountpoint / Path(host_path).resolve().relative_to(self.host_dir.resolve())
+
+    def on_host(self, inside_path: Path) -> Path:
+        """Where a file under the sandbox's mountpoint lives on the host."""
+        return self.host_dir / Path(inside_path).relative_to(self.mountpoint)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def host_pid(self, namespace_pid: int) -> int | None:
+        """The host PID of the sandbox's process `namespace_pid`, None when there is none."""
+        for pid in self.host_pids():
+            try:
+                if namespace_pids(pid)[-1] == namespace_pid:
+                    return pid
+            except OSError:
+                continue
+        return None
+
+    def host_pids(self) -> list[int]:
+        """Host PIDs of every process in the sandbox's PID namespace (init included)."""
+        found = []
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                if pid_namespace_of(int(entry.name)) == self.pid_namespace:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+        return found
+
+    def enter_command(self, argv: Sequence[str]) -> list[str]:
+        return ["nsenter", f"--target={self.init_pid}", "--pid", "--mount", "--", *argv]
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM PID 1, then SIGKILL it (which the kernel extends to every process in the namespace)."""
+        if not self.alive():
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.init_pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.init_pid, signal.SIGKILL)
+            self.process.wait()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def waiting_init_command() -> list[str]:
+    """PID 1 for restore sandboxes: this module's `init_main`."""
+    return [sys.executable, "-m", "warmstart.snapshot_agent.sandbox"]
+
+
+def init_main(stderr: IO[str] = sys.stderr) -> int:
+    """Reap orphans (the restored engine becomes one when CRIU detaches) until the last child exits.
+
+    SIGTERM/SIGINT are forwarded to every process of the namespace. Exits with the last child's status once
+    something has been reaped and nothing is left, or on a signal when nothing was ever restored.
+    """
+    stopping = False
+
+    def forward(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGTERM)  # from PID 1: every other process of the namespace
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    reaped_any, status = False, 0
+    while True:
+        try:
+            _, raw = os.wait()
+            reaped_any, status = True, os.waitstatus_to_exitcode(raw)
+        except ChildProcessError:
+            if reaped_any or stopping:
+                return status if status >= 0 else 128 - status
+            time.sleep(0.05)
+        except InterruptedError:
+            continue
+
+
+if __name__ == "__main__":
+    sys.exit(init_main())
