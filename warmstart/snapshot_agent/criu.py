@@ -8,6 +8,7 @@ from the host, so `in_namespaces_of(pid)` runs CRIU inside the target's PID and 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -88,7 +89,9 @@ class Criu:
         """CRIU's version; a clear error naming the setup script when CRIU is missing or older than 4.0."""
         result = self._run(["--version"], timeout=min(self.timeout, 30.0))
         if result.returncode != 0:
-            raise CriuError(f"`{self.describe()} --version` failed: {result.stderr.strip()[:300]}; {SETUP_HINT}")
+            raise CriuError(
+                f"`{self.describe()} --version` failed: {result.stderr.strip()[:300]}; {SETUP_HINT}"
+            )
         version = parse_version(result.stdout)
         if version.major < MIN_MAJOR:
             raise CriuError(
@@ -195,7 +198,9 @@ class Criu:
         if result.returncode == -signal.SIGKILL and result.stderr == "timeout":
             reason = f"timed out after {limit:.0f}s"
         else:
-            reason = first_error_line(log_file) or (result.stderr.strip()[-300:] or f"exit {result.returncode}")
+            reason = first_error_line(log_file) or (
+                result.stderr.strip()[-300:] or f"exit {result.returncode}"
+            )
         raise CriuError(f"CRIU {what} failed: {reason} (log: {log_file})", log_file=log_file)
 
     def _run(
@@ -226,10 +231,8 @@ class Criu:
 
 
 def _kill_group(process: subprocess.Popen[str]) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     process.wait()
 
 

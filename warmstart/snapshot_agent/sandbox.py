@@ -69,7 +69,9 @@ def children_of(pid: int) -> list[int]:
 class Sandbox:
     """One pod: `unshare --pid --fork --mount-proc --mount` around an init command."""
 
-    def __init__(self, host_dir: Path, process: subprocess.Popen[bytes], init_pid: int, mountpoint: Path) -> None:
+    def __init__(
+        self, host_dir: Path, process: subprocess.Popen[bytes], init_pid: int, mountpoint: Path
+    ) -> None:
         self.host_dir = host_dir
         self.process = process
         self.init_pid = init_pid
@@ -87,7 +89,7 @@ class Sandbox:
         mountpoint: Path = MOUNTPOINT,
         timeout: float = 30.0,
     ) -> Sandbox:
-        """Create the namespaces, bind `host_dir` at `mountpoint` inside, then exec `init_command` as PID 1."""
+        """Make the namespaces, bind `host_dir` at `mountpoint` inside, exec `init_command` as PID 1."""
         host_dir.mkdir(parents=True, exist_ok=True)
         (host_dir / READY_MARK).unlink(missing_ok=True)
         argv = [
@@ -113,7 +115,9 @@ class Sandbox:
         while time.monotonic() < deadline:
             if process.poll() is not None:
                 log = (host_dir / "init.log").read_text(errors="replace")[-500:]
-                raise SandboxError(f"the sandbox exited during setup (exit {process.returncode}): {log.strip()}")
+                raise SandboxError(
+                    f"the sandbox exited during setup (exit {process.returncode}): {log.strip()}"
+                )
             children = children_of(process.pid)
             if children and (host_dir / READY_MARK).exists():
                 return children[0]
