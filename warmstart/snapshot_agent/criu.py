@@ -22,6 +22,8 @@ MIN_MAJOR = 4
 SETUP_HINT = "run hack/criu-setup (it provides CRIU 4) and pass its command with --criu or WARMSTART_CRIU"
 _VERSION_LINE = re.compile(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
 _ERROR_LINE = re.compile(r"\bError\b")
+# CRIU logs these as "Error" and carries on (e.g. it could not raise its own descriptor limit).
+_BENIGN_ERRORS = (re.compile(r"rlimit: Can't setup RLIMIT_NOFILE"),)
 
 
 class CriuError(RuntimeError):
@@ -54,7 +56,7 @@ def first_error_line(log_file: Path) -> str | None:
     try:
         with open(log_file, errors="replace") as log:
             for line in log:
-                if _ERROR_LINE.search(line):
+                if _ERROR_LINE.search(line) and not any(b.search(line) for b in _BENIGN_ERRORS):
                     return re.sub(r"^\(\s*[\d.]+\)\s*", "", line.strip())
     except OSError:
         return None
