@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from warmstart.engines.cuda_arena import CudaArena, refill, segments_for
+from warmstart.engines.cuda_arena import CudaVmmArena, refill, segments_for
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir
 
 ALIGN = 256  # bytes between tensors in the arena, as cuBLAS likes
@@ -33,7 +33,7 @@ def load_plain(path: str) -> dict[str, torch.Tensor]:
     return load_file(path, device="cuda")
 
 
-def load_into_arena(path: str) -> tuple[CudaArena, dict[str, torch.Tensor], dict[str, int]]:
+def load_into_arena(path: str) -> tuple[CudaVmmArena, dict[str, torch.Tensor], dict[str, int]]:
     from safetensors import safe_open
 
     with safe_open(path, framework="pt") as f:
@@ -43,7 +43,7 @@ def load_into_arena(path: str) -> tuple[CudaArena, dict[str, torch.Tensor], dict
     for name, shape in shapes.items():
         placement[name] = offset
         offset += (int(torch.tensor(shape).prod()) * 2 + ALIGN - 1) // ALIGN * ALIGN
-    arena = CudaArena()
+    arena = CudaVmmArena()
     flat = arena.allocate(offset)
     tensors = {
         name: flat[placement[name] : placement[name] + int(torch.tensor(s).prod()) * 2]

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.engines.cuda_arena import CudaArena, file_segments, refill, safetensors_layout, segments_for
+from warmstart.engines.arena import ArenaReleasedError
+from warmstart.engines.cuda_arena import CudaVmmArena, file_segments, refill, safetensors_layout, segments_for
 
 pytestmark = pytest.mark.gpu
 
@@ -20,7 +21,7 @@ def _free_device_bytes() -> int:
 
 @pytest.fixture
 def arena(gpu: None):
-    arena = CudaArena()
+    arena = CudaVmmArena()
     yield arena
     arena.close()
 
@@ -36,7 +37,7 @@ def _random_file(path: Path, nbytes: int, seed: int) -> bytes:
 
 @pytest.mark.parametrize("direct_io", [False, True])
 def test_release_reacquire_keeps_address_and_refill_restores_bytes(
-    arena: CudaArena, tmp_path: Path, direct_io: bool
+    arena: CudaVmmArena, tmp_path: Path, direct_io: bool
 ) -> None:
     import torch
 
@@ -49,7 +50,7 @@ def test_release_reacquire_keeps_address_and_refill_restores_bytes(
 
     free_mapped = _free_device_bytes()
     arena.release()
-    assert not arena.mapped
+    assert arena.released
     assert _free_device_bytes() - free_mapped >= nbytes  # the physical memory really went back
 
     arena.reacquire()
@@ -63,7 +64,7 @@ def test_release_reacquire_keeps_address_and_refill_restores_bytes(
     assert flat.cpu().numpy().tobytes() == raw
 
 
-def test_refill_from_safetensors_places_each_tensor(arena: CudaArena, weights_file: Path) -> None:
+def test_refill_from_safetensors_places_each_tensor(arena: CudaVmmArena, weights_file: Path) -> None:
     import torch
     from safetensors.torch import load_file
 
@@ -82,7 +83,7 @@ def test_refill_from_safetensors_places_each_tensor(arena: CudaArena, weights_fi
 
 
 def test_cuda_graph_over_arena_replays_identically_after_release_and_refill(
-    arena: CudaArena, weights_file: Path
+    arena: CudaVmmArena, weights_file: Path
 ) -> None:
     import torch
 
@@ -129,7 +130,7 @@ def test_cuda_graph_over_arena_replays_identically_after_release_and_refill(
     assert torch.equal(y, before)
 
 
-def test_allocate_twice_and_refill_while_released_are_refused(arena: CudaArena, tmp_path: Path) -> None:
+def test_allocate_twice_and_refill_while_released_are_refused(arena: CudaVmmArena, tmp_path: Path) -> None:
     _random_file(tmp_path / "blob", 1 << 20, seed=2)
     arena.allocate(1 << 20)
     with pytest.raises(RuntimeError, match="allocate once"):
@@ -137,3 +138,6 @@ def test_allocate_twice_and_refill_while_released_are_refused(arena: CudaArena, 
     arena.release()
     with pytest.raises(RuntimeError, match="reacquire"):
         refill(arena, file_segments(tmp_path / "blob"))
+    with pytest.raises(ArenaReleasedError):
+        _ = arena.tensor
+    assert arena.reacquire().data_ptr() == arena.address

@@ -18,6 +18,7 @@ cuda-python is imported lazily: importing this module needs neither a GPU nor th
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
 import struct
@@ -84,7 +85,7 @@ class _PrimaryContext:
             _check(driver.cuInit(0), "cuInit")
         except CudaError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # the loader's error when libcuda is missing
             raise CudaUnavailable(f"the CUDA driver cannot be loaded: {exc}") from exc
         count = int(_check(driver.cuDeviceGetCount(), "cuDeviceGetCount"))
         if not 0 <= device_index < count:
@@ -94,6 +95,11 @@ class _PrimaryContext:
 
     def make_current(self) -> None:
         _check(_driver().cuCtxSetCurrent(self.context), "cuCtxSetCurrent")
+
+
+@functools.cache
+def _primary_context(device_index: int) -> _PrimaryContext:
+    return _PrimaryContext(device_index)  # retained once per process and device, never dropped
 
 
 class _CudaArrayView:
@@ -108,16 +114,19 @@ class _CudaArrayView:
         }
 
 
-class CudaArena:
+class CudaVmmArena:
     """One contiguous range of device memory whose physical backing can be released and re-mapped in place.
 
-    Usage: `allocate(nbytes)` once; carve tensor views out of `tensor`; `release()` before a checkpoint;
-    `reacquire()` and refill after a restore. Views must not be touched while the arena is released (the
-    addresses are unmapped: a kernel reading them faults).
+    Implements `warmstart.engines.arena.Arena`. Usage: `allocate(nbytes)` once; carve tensor views out of the
+    returned flat tensor; `release()` before a checkpoint; `reacquire()` and refill after a restore. Views
+    must not be touched while the arena is released (the addresses are unmapped: a kernel reading them
+    faults).
     """
 
-    def __init__(self, device_index: int = 0) -> None:
-        self.device_index = device_index
+    keeps_address = True
+
+    def __init__(self, device: Any = "cuda") -> None:
+        self.device_index = _device_index(device)
         self._context: _PrimaryContext | None = None
         self._address = 0
         self._reserved = 0
@@ -137,14 +146,18 @@ class CudaArena:
         return self._address
 
     @property
-    def mapped(self) -> bool:
-        return self._handle is not None
+    def released(self) -> bool:
+        return self._handle is None
 
     @property
     def tensor(self) -> Any:
-        """The whole arena as a flat uint8 torch tensor on the GPU (valid while mapped)."""
+        """The whole arena as a flat uint8 torch tensor on the GPU."""
         if self._tensor is None:
             raise RuntimeError("the CUDA arena has no memory yet: call allocate(nbytes) first")
+        if self._handle is None:
+            from warmstart.engines.arena import ArenaReleasedError
+
+            raise ArenaReleasedError("the CUDA arena is released; call reacquire() first")
         return self._tensor
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -158,7 +171,7 @@ class CudaArena:
 
         torch.cuda.init()
         torch.cuda.set_device(self.device_index)
-        self._context = _PrimaryContext(self.device_index)
+        self._context = _primary_context(self.device_index)
         self._context.make_current()
         driver = _driver()
         granularity = int(
@@ -172,13 +185,11 @@ class CudaArena:
         )
         self._reserved = _round_up(nbytes, granularity)
         self._nbytes = nbytes
-        self._address = int(
-            _check(driver.cuMemAddressReserve(self._reserved, granularity, 0, 0), "cuMemAddressReserve")
-        )
+        reserved = driver.cuMemAddressReserve(self._reserved, granularity, 0, 0)
+        self._address = int(_check(reserved, "cuMemAddressReserve"))
         self._map()
-        self._tensor = torch.as_tensor(
-            _CudaArrayView(self._address, nbytes), device=f"cuda:{self.device_index}"
-        )
+        view = _CudaArrayView(self._address, nbytes)
+        self._tensor = torch.as_tensor(view, device=f"cuda:{self.device_index}")
         if self._tensor.data_ptr() != self._address:  # torch must view the range, never copy it
             raise CudaError("torch copied the arena instead of viewing it (__cuda_array_interface__)")
         return self._tensor
@@ -196,14 +207,14 @@ class CudaArena:
         _check(driver.cuMemRelease(self._handle), "cuMemRelease")
         self._handle = None
 
-    def reacquire(self) -> None:
-        """Map fresh physical memory at the same address. Contents are undefined until refilled."""
-        if self._handle is not None:
-            return
+    def reacquire(self) -> Any:
+        """Map fresh physical memory at the same address; contents are undefined until refilled."""
         if not self._reserved:
             raise RuntimeError("the CUDA arena was never allocated: call allocate(nbytes) first")
-        self._require_context()
-        self._map()
+        if self._handle is None:
+            self._require_context()
+            self._map()
+        return self._tensor
 
     def close(self) -> None:
         """Release the memory and give the virtual range back; the arena's views become invalid for good."""
@@ -242,6 +253,21 @@ class CudaArena:
             driver.cuMemRelease(handle)
             raise
         self._handle = handle
+
+
+def _device_index(device: Any) -> int:
+    """The CUDA ordinal of `device` ("cuda", "cuda:1", a torch.device or an int)."""
+    if isinstance(device, int):
+        return device
+    text = str(device)
+    kind, _, index = text.partition(":")
+    if kind != "cuda":
+        raise ValueError(f"the CUDA arena needs a cuda device, got {text!r} (use the torch arena elsewhere)")
+    if not index:
+        return 0
+    if not index.isdigit():
+        raise ValueError(f"bad CUDA device {text!r}: expected cuda or cuda:N")
+    return int(index)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -460,29 +486,27 @@ class _RefillWorker:
 
 
 def refill(
-    arena: CudaArena,
+    target: Any,
     segments: Sequence[Segment],
     threads: int = DEFAULT_REFILL_THREADS,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     direct_io: bool = False,
 ) -> RefillStats:
-    """Copy every segment from its file into the arena with `threads` parallel readers; block until done.
+    """Copy every segment from its file into `target` with `threads` parallel readers; block until done.
 
-    `direct_io=True` reads with O_DIRECT (bypassing the page cache, for a cold disk); the default reads
+    `target` is a `CudaVmmArena` or any contiguous CUDA torch tensor (segment offsets are byte offsets into
+    it). `direct_io=True` reads with O_DIRECT (bypassing the page cache, for a cold disk); the default reads
     through the page cache.
     """
-    if not arena.mapped:
-        raise RuntimeError("the CUDA arena is released: call reacquire() before refill()")
+    address, nbytes, device_index = _destination(target)
     if threads < 1 or chunk_bytes < _DIRECT_IO_ALIGNMENT or chunk_bytes % _DIRECT_IO_ALIGNMENT:
         raise ValueError(
             f"refill needs threads >= 1 and a chunk size in multiples of 4096 (got {threads}, {chunk_bytes})"
         )
     for seg in segments:
-        if seg.arena_offset < 0 or seg.arena_offset + seg.nbytes > arena.nbytes:
-            raise ValueError(f"segment {seg} does not fit in the arena ({arena.nbytes} bytes)")
-    arena._require_context()
-    context = arena._context
-    assert context is not None
+        if seg.arena_offset < 0 or seg.arena_offset + seg.nbytes > nbytes:
+            raise ValueError(f"segment {seg} does not fit in the destination ({nbytes} bytes)")
+    context = _primary_context(device_index)
     chunks = _chunks(list(segments), chunk_bytes)
     lock = threading.Lock()
 
@@ -491,11 +515,26 @@ def refill(
             return next(chunks, None)
 
     started = time.perf_counter()
-    copied, errors = _run_workers(context, threads, chunk_bytes, direct_io, next_chunk, arena.address)
+    copied, errors = _run_workers(context, threads, chunk_bytes, direct_io, next_chunk, address)
     seconds = time.perf_counter() - started
     if errors:
         raise errors[0]
     return RefillStats(copied, seconds, threads, direct_io)
+
+
+def _destination(target: Any) -> tuple[int, int, int]:
+    """(device address, size in bytes, device ordinal) of a refill target."""
+    if isinstance(target, CudaVmmArena):
+        if target.released:
+            raise RuntimeError("the CUDA arena is released: call reacquire() before refill()")
+        return target.address, target.nbytes, target.device_index
+    device = getattr(target, "device", None)
+    if getattr(device, "type", None) != "cuda" or not target.is_contiguous():
+        raise ValueError("refill needs a CudaVmmArena or a contiguous CUDA tensor as its destination")
+    import torch
+
+    torch.cuda.synchronize(device)  # nothing may still be writing the destination
+    return target.data_ptr(), target.numel() * target.element_size(), device.index or 0
 
 
 def _run_workers(
