@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -67,44 +68,10 @@ def criu_command(gpu: None) -> str:
     return command
 
 
-class DriverCheckpoint:
-    """The CUDA driver's process checkpoint calls on another process, by pid (for tests)."""
-
-    def __init__(self) -> None:
-        from cuda.bindings import driver
-
-        self.driver = driver
-        self._ok(driver.cuInit(0), "cuInit")
-
-    @staticmethod
-    def _ok(result: object, call: str) -> object:
-        error = result[0] if isinstance(result, tuple) else result
-        if int(error) != 0:
-            raise RuntimeError(f"{call} failed: {error!r}")
-        return result[1] if isinstance(result, tuple) and len(result) > 1 else None
-
-    def state(self, pid: int) -> str:
-        value = self._ok(self.driver.cuCheckpointProcessGetState(pid), "cuCheckpointProcessGetState")
-        return str(getattr(value, "name", value)).rsplit("_", 1)[-1]
-
-    def lock(self, pid: int, timeout_ms: int = 20000) -> None:
-        args = self.driver.CUcheckpointLockArgs()
-        args.timeoutMs = timeout_ms
-        self._ok(self.driver.cuCheckpointProcessLock(pid, args), "cuCheckpointProcessLock")
-
-    def checkpoint(self, pid: int) -> None:
-        args = self.driver.CUcheckpointCheckpointArgs()
-        self._ok(self.driver.cuCheckpointProcessCheckpoint(pid, args), "cuCheckpointProcessCheckpoint")
-
-    def restore(self, pid: int) -> None:
-        args = self.driver.CUcheckpointRestoreArgs()
-        self._ok(self.driver.cuCheckpointProcessRestore(pid, args), "cuCheckpointProcessRestore")
-
-    def unlock(self, pid: int) -> None:
-        args = self.driver.CUcheckpointUnlockArgs()
-        self._ok(self.driver.cuCheckpointProcessUnlock(pid, args), "cuCheckpointProcessUnlock")
-
-
 @pytest.fixture(scope="session")
-def cuda_checkpoint(gpu: None) -> DriverCheckpoint:
-    return DriverCheckpoint()
+def cuda_checkpoint(gpu: None) -> ModuleType:
+    """The project's CUDA checkpoint API module (lock/checkpoint/restore/unlock/state by pid)."""
+    from warmstart.snapshot_agent import cuda
+
+    cuda.driver()  # CudaUnavailable here would mean the GPU host lacks the driver API: fail loudly
+    return cuda

@@ -67,16 +67,16 @@ def test_cuda_checkpoint_api_round_trip_on_child(
     try:
         before = _wait_ready(control, child, tmp_path / "child.log")
         pid = before["pid"]
-        assert cuda_checkpoint.state(pid) == "RUNNING"
+        assert cuda_checkpoint.state(pid).name == "RUNNING"
         cuda_checkpoint.lock(pid)
-        assert cuda_checkpoint.state(pid) == "LOCKED"
+        assert cuda_checkpoint.state(pid).name == "LOCKED"
         cuda_checkpoint.checkpoint(pid)
-        assert cuda_checkpoint.state(pid) == "CHECKPOINTED"
+        assert cuda_checkpoint.state(pid).name == "CHECKPOINTED"
         assert not _device_used_by(pid)  # the GPU is really let go
         cuda_checkpoint.restore(pid)
-        assert cuda_checkpoint.state(pid) == "LOCKED"
+        assert cuda_checkpoint.state(pid).name == "LOCKED"
         cuda_checkpoint.unlock(pid)
-        assert cuda_checkpoint.state(pid) == "RUNNING"
+        assert cuda_checkpoint.state(pid).name == "RUNNING"
         control.send(RESTORE_COMPLETE)
         after = _wait_after(control.path)
         assert (after["graph"], after["eager"]) == (before["before"]["graph"], before["before"]["eager"])
@@ -107,7 +107,7 @@ def test_criu_and_cuda_round_trip_with_weights_out_of_the_image(
 
         restored = criu.restore(images, logs_dir=tmp_path, detach=True)
         assert restored == pid  # CRIU restores the original pid
-        assert cuda_checkpoint.state(pid) == "CHECKPOINTED"
+        assert cuda_checkpoint.state(pid).name == "CHECKPOINTED"
         cuda_checkpoint.restore(pid)
         cuda_checkpoint.unlock(pid)
         control.send(RESTORE_COMPLETE)
