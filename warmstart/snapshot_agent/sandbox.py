@@ -22,11 +22,11 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO
 
 MOUNTPOINT = Path("/run/warmstart/pod")
 RESERVED_PIDS = 1000
 READY_MARK = ".sandbox-ready"
+MAIN_PID_FILE = ".sandbox-main-pid"  # in-namespace PID whose exit ends a waiting init
 
 
 class SandboxError(RuntimeError):
@@ -159,6 +159,17 @@ class Sandbox:
                 continue
         return found
 
+    def set_main_pid(self, namespace_pid: int) -> None:
+        """Tell the waiting init which process's exit ends the sandbox."""
+        (self.host_dir / MAIN_PID_FILE).write_text(f"{namespace_pid}\n")
+
+    def kill_all_but_init(self) -> None:
+        """SIGKILL every process of the sandbox except PID 1 (e.g. what a failed restore left)."""
+        for pid in self.host_pids():
+            if pid != self.init_pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+
     def enter_command(self, argv: Sequence[str]) -> list[str]:
         return ["nsenter", f"--target={self.init_pid}", "--pid", "--mount", "--", *argv]
 
@@ -187,11 +198,12 @@ def waiting_init_command() -> list[str]:
     return [sys.executable, "-m", "warmstart.snapshot_agent.sandbox"]
 
 
-def init_main(stderr: IO[str] = sys.stderr) -> int:
-    """Reap orphans (the restored engine becomes one when CRIU detaches) until the last child exits.
+def init_main() -> int:
+    """Reap orphans until the main process (named in `MAIN_PID_FILE`) exits; exit with its status.
 
-    SIGTERM/SIGINT are forwarded to every process of the namespace. Exits with the last child's status once
-    something has been reaped and nothing is left, or on a signal when nothing was ever restored.
+    The restored engine becomes an orphan of PID 1 when CRIU detaches; the restorer writes its PID to
+    `MAIN_PID_FILE` in the sandbox directory. Other orphans (e.g. of a failed restore) are reaped without
+    ending the sandbox. SIGTERM/SIGINT are forwarded to every process of the namespace.
     """
     stopping = False
 
@@ -203,17 +215,25 @@ def init_main(stderr: IO[str] = sys.stderr) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    reaped_any, status = False, 0
+    main_pid_file = MOUNTPOINT / MAIN_PID_FILE
     while True:
         try:
-            _, raw = os.wait()
-            reaped_any, status = True, os.waitstatus_to_exitcode(raw)
+            pid, raw = os.waitpid(-1, 0)
         except ChildProcessError:
-            if reaped_any or stopping:
-                return status if status >= 0 else 128 - status
+            if stopping:
+                return 0
             time.sleep(0.05)
-        except InterruptedError:
             continue
+        if pid == _read_pid(main_pid_file) or stopping and not children_of(os.getpid()):
+            status = os.waitstatus_to_exitcode(raw)
+            return status if status >= 0 else 128 - status
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 if __name__ == "__main__":

@@ -1,0 +1,76 @@
+"""The CRIU driver's own logic, against stand-in executables (no CRIU needed)."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from warmstart.snapshot_agent.criu import Criu, CriuError, CriuVersion, first_error_line, parse_version
+
+
+def _script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + body)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_parse_version_reads_criu_output() -> None:
+    assert parse_version("Version: 4.1.1\nGitID: v4.1.1\n") == CriuVersion(4, 1, 1)
+    assert parse_version("Version: 4.0\n") == CriuVersion(4, 0, 0)
+
+
+def test_parse_version_rejects_garbage() -> None:
+    with pytest.raises(CriuError, match="cannot read a version"):
+        parse_version("criu, probably\n")
+
+
+def test_old_criu_is_refused_with_the_setup_script_named(tmp_path: Path) -> None:
+    old = _script(tmp_path / "criu", 'echo "Version: 3.17.1"\n')
+    with pytest.raises(CriuError, match=r"CRIU 3\.17\.1.*hack/criu-setup"):
+        Criu(str(old)).version()
+
+
+def test_missing_criu_names_the_setup_script(tmp_path: Path) -> None:
+    with pytest.raises(CriuError, match="not found.*hack/criu-setup"):
+        Criu(str(tmp_path / "no-such-criu")).version()
+
+
+def test_empty_command_is_refused() -> None:
+    with pytest.raises(ValueError, match="empty"):
+        Criu("")
+
+
+def test_first_error_line_skips_benign_lines(tmp_path: Path) -> None:
+    log = tmp_path / "dump.log"
+    log.write_text(
+        "(00.000100) Version: 4.1.1\n"
+        "(00.000200) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self: EPERM\n"
+        "(00.000300) Error (criu/files-reg.c:10): Can't lookup mount=42 for fd=1 path=/x\n"
+        "(00.000400) Error (criu/cr-dump.c:20): Dumping FAILED.\n"
+    )
+    assert first_error_line(log) == "Error (criu/files-reg.c:10): Can't lookup mount=42 for fd=1 path=/x"
+
+
+def test_failed_dump_quotes_criu_error_line(tmp_path: Path) -> None:
+    # A stand-in that behaves like a failing CRIU: writes its log where told, exits 1.
+    fake = _script(
+        tmp_path / "criu",
+        'while [ $# -gt 0 ]; do [ "$1" = --log-file ] && log=$2; shift; done\n'
+        'echo "(00.1) Error (criu/cr-dump.c:1): Can\'t dump nested pid namespace for 42" > "$log"\nexit 1\n',
+    )
+    with pytest.raises(CriuError, match="Can't dump nested pid namespace for 42") as info:
+        Criu(str(fake)).dump(42, tmp_path / "img", logs_dir=tmp_path / "logs")
+    assert info.value.log_file == tmp_path / "logs" / "dump.log"
+
+
+def test_timeout_kills_criu_and_says_so(tmp_path: Path) -> None:
+    slow = _script(tmp_path / "criu", "sleep 30\n")
+    with pytest.raises(CriuError, match="timed out after 1s"):
+        Criu(str(slow), timeout=1).dump(1, tmp_path / "img", logs_dir=tmp_path / "logs")
+
+
+def test_namespaced_criu_runs_through_nsenter() -> None:
+    criu = Criu(["/opt/criu", "-v"]).in_namespaces_of(1234)
+    assert criu.describe() == "nsenter --target=1234 --pid --mount -- /opt/criu -v"
