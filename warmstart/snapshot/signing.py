@@ -1,0 +1,284 @@
+"""Manifest signatures: HMAC-SHA256 (shared secret) or Ed25519 (private key signs, public key verifies).
+
+`criu restore` runs as root, so a forged manifest is code execution on the node: nothing in a snapshot is
+trusted before its manifest's signature checks out. `manifest.sig` is a small JSON document:
+``{"algorithm": "hmac-sha256" | "ed25519", "key_id": "<16 hex>", "signature": "<base64>"}``, where
+`key_id` is the first 16 hex digits of the SHA-256 of the secret (HMAC) or of the raw public key (Ed25519).
+
+Key files are recognised by content: a PEM private key signs with Ed25519, a PEM public key verifies with
+Ed25519, anything else is an HMAC secret (its exact bytes, at least 16 of them).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+SIGNING_KEY_ENV = "WARMSTART_SIGNING_KEY"
+HMAC_SHA256 = "hmac-sha256"
+ED25519 = "ed25519"
+ALGORITHMS = (HMAC_SHA256, ED25519)
+MIN_HMAC_KEY_BYTES = 16
+_PEM_MARKER = b"-----BEGIN "
+
+
+class SigningKeyError(ValueError):
+    """A key file is missing, unreadable or of the wrong kind."""
+
+
+class SignatureInvalid(ValueError):
+    """A signature is missing, malformed, made with another key, or does not match the data."""
+
+
+class Signer(Protocol):
+    algorithm: str
+    key_id: str
+
+    def sign(self, data: bytes) -> bytes: ...
+
+
+class Verifier(Protocol):
+    algorithm: str
+    key_id: str
+
+    def check(self, data: bytes, signature: bytes) -> bool: ...
+
+
+def key_id_of(key_material: bytes) -> str:
+    return hashlib.sha256(key_material).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class HmacKey:
+    """HMAC-SHA256 with a shared secret: signs and verifies."""
+
+    secret: bytes
+    algorithm: str = HMAC_SHA256
+
+    def __post_init__(self) -> None:
+        if len(self.secret) < MIN_HMAC_KEY_BYTES:
+            raise SigningKeyError(
+                f"HMAC key has {len(self.secret)} bytes; use at least {MIN_HMAC_KEY_BYTES} "
+                "(generate one with `warmstart snapshot keygen --hmac PATH`)"
+            )
+
+    @property
+    def key_id(self) -> str:
+        return key_id_of(self.secret)
+
+    def sign(self, data: bytes) -> bytes:
+        return hmac.new(self.secret, data, hashlib.sha256).digest()
+
+    def check(self, data: bytes, signature: bytes) -> bool:
+        return hmac.compare_digest(self.sign(data), signature)
+
+
+class Ed25519Signer:
+    """Signs with an Ed25519 private key."""
+
+    algorithm = ED25519
+
+    def __init__(self, private_key: object) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+        if not isinstance(private_key, Ed25519PrivateKey):
+            raise SigningKeyError(f"expected an Ed25519 private key, got {type(private_key).__name__}")
+        self._key = private_key
+        self.key_id = key_id_of(_raw_public_bytes(private_key.public_key()))
+
+    def sign(self, data: bytes) -> bytes:
+        return self._key.sign(data)
+
+    def verifier(self) -> Ed25519Verifier:
+        return Ed25519Verifier(self._key.public_key())
+
+
+class Ed25519Verifier:
+    """Verifies with an Ed25519 public key."""
+
+    algorithm = ED25519
+
+    def __init__(self, public_key: object) -> None:
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+        if not isinstance(public_key, Ed25519PublicKey):
+            raise SigningKeyError(f"expected an Ed25519 public key, got {type(public_key).__name__}")
+        self._key = public_key
+        self.key_id = key_id_of(_raw_public_bytes(public_key))
+
+    def check(self, data: bytes, signature: bytes) -> bool:
+        from cryptography.exceptions import InvalidSignature
+
+        try:
+            self._key.verify(signature, data)
+        except InvalidSignature:
+            return False
+        return True
+
+
+def _raw_public_bytes(public_key: object) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return public_key.public_bytes(  # type: ignore[attr-defined]
+        encoding=serialization.Encoding.Raw, format=serialization.PublicFormat.Raw
+    )
+
+
+# --- signature documents ---------------------------------------------------------------------------------
+
+
+def signature_document(signer: Signer, data: bytes) -> bytes:
+    """The bytes of `manifest.sig` for `data`."""
+    document = {
+        "algorithm": signer.algorithm,
+        "key_id": signer.key_id,
+        "signature": base64.b64encode(signer.sign(data)).decode("ascii"),
+    }
+    return json.dumps(document, sort_keys=True, indent=2).encode() + b"\n"
+
+
+def verify_document(verifier: Verifier, data: bytes, document: bytes) -> None:
+    """Raise SignatureInvalid with the precise reason unless `document` is a valid signature of `data`."""
+    try:
+        parsed = json.loads(document)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SignatureInvalid(f"signature is not valid JSON ({exc})") from exc
+    if not isinstance(parsed, dict):
+        raise SignatureInvalid("signature must be a JSON object with algorithm, key_id and signature")
+    for field in ("algorithm", "key_id", "signature"):
+        if not isinstance(parsed.get(field), str):
+            raise SignatureInvalid(f"signature field {field!r} is missing or not a string")
+    if parsed["algorithm"] != verifier.algorithm:
+        raise SignatureInvalid(
+            f"signed with {parsed['algorithm']!r} but the verification key is {verifier.algorithm!r}"
+        )
+    if parsed["key_id"] != verifier.key_id:
+        raise SignatureInvalid(
+            f"signed with key {parsed['key_id']} but the verification key is {verifier.key_id}: wrong key"
+        )
+    try:
+        raw = base64.b64decode(parsed["signature"], validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise SignatureInvalid(f"signature field 'signature' is not valid base64 ({exc})") from exc
+    if not verifier.check(data, raw):
+        raise SignatureInvalid("signature does not match the signed bytes: the manifest was modified")
+
+
+# --- loading and generating keys -------------------------------------------------------------------------
+
+
+def _key_path(path: str | os.PathLike[str] | None) -> Path:
+    if path is None or str(path) == "":
+        value = os.environ.get(SIGNING_KEY_ENV)
+        if not value:
+            raise SigningKeyError(f"no signing key: pass a key file or set {SIGNING_KEY_ENV} to its path")
+        path = value
+    return Path(path)
+
+
+def _read_key_file(path: Path) -> bytes:
+    try:
+        content = path.read_bytes()
+    except FileNotFoundError as exc:
+        raise SigningKeyError(f"key file {path} does not exist") from exc
+    except OSError as exc:
+        raise SigningKeyError(f"key file {path} cannot be read: {exc.strerror}") from exc
+    if not content:
+        raise SigningKeyError(f"key file {path} is empty")
+    return content
+
+
+def _is_private_pem(content: bytes) -> bool:
+    return content.lstrip().startswith(_PEM_MARKER) and b"PRIVATE KEY" in content.split(b"\n", 1)[0]
+
+
+def _load_pem(path: Path, content: bytes) -> Ed25519Signer | Ed25519Verifier:
+    from cryptography.hazmat.primitives import serialization
+
+    try:
+        if _is_private_pem(content):
+            return Ed25519Signer(serialization.load_pem_private_key(content, password=None))
+        return Ed25519Verifier(serialization.load_pem_public_key(content))
+    except TypeError as exc:  # encrypted private key
+        raise SigningKeyError(f"key file {path}: encrypted private keys are not supported ({exc})") from exc
+    except ValueError as exc:
+        raise SigningKeyError(f"key file {path} is not a valid PEM key: {exc}") from exc
+    except SigningKeyError as exc:
+        raise SigningKeyError(f"key file {path}: {exc}") from exc
+
+
+def load_signer(path: str | os.PathLike[str] | None = None) -> Signer:
+    """The signer for a key file (or the file named by WARMSTART_SIGNING_KEY)."""
+    key_path = _key_path(path)
+    content = _read_key_file(key_path)
+    if content.lstrip().startswith(_PEM_MARKER):
+        key = _load_pem(key_path, content)
+        if isinstance(key, Ed25519Verifier):
+            raise SigningKeyError(f"key file {key_path} is a public key; signing needs the private key")
+        return key
+    try:
+        return HmacKey(content)
+    except SigningKeyError as exc:
+        raise SigningKeyError(f"key file {key_path}: {exc}") from exc
+
+
+def load_verifier(path: str | os.PathLike[str] | None = None) -> Verifier:
+    """The verifier for a key file: an Ed25519 public (or private) key, or an HMAC secret."""
+    key_path = _key_path(path)
+    content = _read_key_file(key_path)
+    if content.lstrip().startswith(_PEM_MARKER):
+        key = _load_pem(key_path, content)
+        return key.verifier() if isinstance(key, Ed25519Signer) else key
+    try:
+        return HmacKey(content)
+    except SigningKeyError as exc:
+        raise SigningKeyError(f"key file {key_path}: {exc}") from exc
+
+
+def _write_secret(path: Path, content: bytes, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.write(fd, content)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def generate_hmac_key(path: str | os.PathLike[str]) -> Path:
+    """Write a new random HMAC secret (64 hex characters, mode 0600); refuses to overwrite a file."""
+    target = Path(path)
+    if target.exists():
+        raise SigningKeyError(f"{target} exists already; remove it or choose another path")
+    _write_secret(target, secrets.token_hex(32).encode(), 0o600)
+    return target
+
+
+def generate_ed25519_keypair(directory: str | os.PathLike[str]) -> tuple[Path, Path]:
+    """Write `signing-key.pem` (private, 0600) and `signing-key.pub.pem` (public) into `directory`."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    folder = Path(directory)
+    private_path, public_path = folder / "signing-key.pem", folder / "signing-key.pub.pem"
+    for existing in (private_path, public_path):
+        if existing.exists():
+            raise SigningKeyError(f"{existing} exists already; remove it or choose another directory")
+    key = Ed25519PrivateKey.generate()
+    private_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    public_pem = key.public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+    _write_secret(private_path, private_pem, 0o600)
+    _write_secret(public_path, public_pem, 0o644)
+    return private_path, public_path
