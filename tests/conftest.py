@@ -10,6 +10,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+pytest_plugins = ["kube_plugin"]
+
 
 @pytest.fixture
 def repo_root() -> Path:

@@ -1,0 +1,1 @@
+"""The local Kubernetes control plane used by the integration tests and `hack/control-plane`."""

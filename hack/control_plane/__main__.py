@@ -1,0 +1,125 @@
+"""hack/control-plane {build,up,down,status,bin-dir}: the local Kubernetes control plane by hand."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from . import build, versions
+
+
+def up_state_dir() -> Path:
+    return versions.cache_root() / "up"
+
+
+def command_build(args: argparse.Namespace) -> int:
+    return build.main_with(force=args.force)
+
+
+def command_up(args: argparse.Namespace) -> int:
+    from .cluster import ControlPlane, ControlPlaneError, load_state, stop_recorded
+
+    state_dir = up_state_dir()
+    state = load_state(state_dir)
+    if state is not None and running_names(state):
+        print(f"already running at {state['server']}", file=sys.stderr)
+        print(f"export KUBECONFIG={state['kubeconfig']}")
+        return 0
+    stop_recorded(state_dir)
+    shutil.rmtree(state_dir, ignore_errors=True)
+    plane = ControlPlane(state_dir=state_dir, nodes=args.nodes, die_with_parent=False)
+    try:
+        plane.start()
+    except (ControlPlaneError, TimeoutError) as error:
+        print(f"control plane failed to start: {error}\nlogs: {state_dir / 'logs'}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    plane.save_state()
+    print(
+        f"control plane up in {plane.startup_seconds:.1f}s (apiserver ready "
+        f"{plane.timings['apiserver-ready']:.1f}s) at {plane.server}; {args.nodes} kwok GPU nodes; "
+        f"logs in {state_dir / 'logs'}",
+        file=sys.stderr,
+    )
+    print(f"export KUBECONFIG={plane.kubeconfig}")
+    return 0
+
+
+def running_names(state: dict[str, object]) -> list[str]:
+    from .cluster import process_alive, process_runs_binary
+
+    processes = state["processes"]
+    assert isinstance(processes, dict)
+    bin_dir = Path(str(state["bin_dir"]))
+    return [
+        name for name, pid in processes.items() if process_alive(pid) and process_runs_binary(pid, bin_dir)
+    ]
+
+
+def command_down(_args: argparse.Namespace) -> int:
+    from .cluster import stop_recorded
+
+    stopped = stop_recorded(up_state_dir())
+    print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+    return 0
+
+
+def command_status(_args: argparse.Namespace) -> int:
+    from .cluster import load_state
+
+    print(f"binaries: {'built' if build.is_cached() else 'not built'} ({versions.bin_dir()})")
+    state = load_state(up_state_dir())
+    if state is None:
+        print("control plane: down")
+        return 1
+    alive = running_names(state)
+    expected = list(state["processes"])
+    print(f"control plane: {state['server']}; running {len(alive)}/{len(expected)}: {', '.join(alive)}")
+    print(f"export KUBECONFIG={state['kubeconfig']}")
+    return 0 if len(alive) == len(expected) else 1
+
+
+def command_bin_dir(_args: argparse.Namespace) -> int:
+    print(versions.bin_dir())
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(prog="hack/control-plane", description=__doc__)
+    commands = root.add_subparsers(dest="command", required=True)
+    build_parser = commands.add_parser(
+        "build", help="build the binaries and fetch CRDs into the cache (once)"
+    )
+    build_parser.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
+    build_parser.set_defaults(func=command_build)
+    up = commands.add_parser("up", help="start a detached control plane and print `export KUBECONFIG=...`")
+    up.add_argument("--nodes", type=positive_int, default=2, help="number of fake GPU nodes (default 2)")
+    up.set_defaults(func=command_up)
+    commands.add_parser("down", help="stop the control plane started by `up`").set_defaults(func=command_down)
+    commands.add_parser("status", help="show what is built and running").set_defaults(func=command_status)
+    commands.add_parser("bin-dir", help="print the directory holding the binaries").set_defaults(
+        func=command_bin_dir
+    )
+    return root
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

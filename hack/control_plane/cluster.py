@@ -1,0 +1,534 @@
+"""Start and stop a local Kubernetes control plane: etcd, kube-apiserver, kube-controller-manager,
+kube-scheduler and kwok (fake GPU nodes that run pods without containers), all on loopback.
+
+Every component runs in its own process group. Processes started for a test session also get a parent-death
+signal, so they go away even when the test runner itself is killed.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+from . import pki, versions
+
+T = TypeVar("T")
+
+GPUS_PER_NODE = 8
+FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+STATE_FILE = "state.json"
+STOP_GRACE_SECONDS = 10.0
+PR_SET_PDEATHSIG = 1
+
+CONTROLLERS = (
+    "deployment-controller",
+    "replicaset-controller",
+    "garbage-collector-controller",
+    "horizontal-pod-autoscaler-controller",
+    "namespace-controller",
+    "serviceaccount-controller",
+    "serviceaccount-token-controller",
+    "root-ca-certificate-publisher-controller",
+    "endpoints-controller",
+    "endpointslice-controller",
+    "daemonset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "disruption-controller",
+    "pod-garbage-collector-controller",
+)
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def wait_for(
+    predicate: Callable[[], T], timeout: float = 60.0, interval: float = 0.2, message: str = "condition"
+) -> T:
+    """Call `predicate` until it returns something truthy (returned) or `timeout` seconds pass (raises).
+
+    Exceptions from the predicate count as "not yet"; the last one is named in the timeout error.
+    """
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while True:
+        try:
+            result = predicate()
+            if result:
+                return result
+        except Exception as error:  # any failure means "not yet"
+            last_error = error
+        if time.monotonic() >= deadline:
+            detail = f" (last error: {last_error!r})" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {message}{detail}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """Runs in the child between fork and exec: SIGTERM it when the process that started it exits."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def process_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    # A zombie is dead for our purposes: the state letter follows the parenthesised command name.
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def process_runs_binary(pid: int, bin_dir: Path) -> bool:
+    """Guards against PID reuse: only signal a PID whose command line still names one of our binaries."""
+    try:
+        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0", 1)[0].decode()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return Path(argv0).parent == bin_dir
+
+
+def stop_process_group(pid: int, grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM the process group led by `pid`, then SIGKILL it if it has not exited after `grace` s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + grace
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if process_alive(pid):
+        raise ControlPlaneError(f"process {pid} survived SIGKILL for {grace:.0f}s")
+
+
+@dataclass
+class Component:
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self, die_with_parent: bool) -> None:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("ab") as log:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if die_with_parent else None,
+            )
+
+    def check_running(self) -> None:
+        if self.process is not None and self.process.poll() is not None:
+            raise ControlPlaneError(
+                f"{self.name} exited with code {self.process.returncode}; last log lines of {self.log}:\n"
+                + self.log_tail()
+            )
+
+    def log_tail(self, lines: int = 25) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        stop_process_group(self.process.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=1)
+
+
+@dataclass
+class ControlPlane:
+    """A running (or startable) local control plane.
+
+    `state_dir` holds certificates, the kubeconfig, etcd's data and one log per component. `nodes` fake
+    kwok nodes are registered, each with `nvidia.com/gpu: 8`.
+    """
+
+    state_dir: Path
+    bin_dir: Path = field(default_factory=versions.bin_dir)
+    crd_dir: Path | None = field(default_factory=versions.crd_dir)
+    nodes: int = 2
+    die_with_parent: bool = True
+    components: list[Component] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    apiserver_port: int = 0
+
+    # -- paths and addresses -------------------------------------------------------------------------------
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.state_dir / "kubeconfig"
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.apiserver_port}"
+
+    @property
+    def startup_seconds(self) -> float:
+        return self.timings.get("total", 0.0)
+
+    def binary(self, name: str) -> Path:
+        path = self.bin_dir / name
+        if not path.is_file():
+            raise ControlPlaneError(f"{path} is missing: run `hack/control-plane build` first")
+        return path
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every component and return once nodes are Ready and third-party CRDs are established."""
+        for name in versions.BINARIES:
+            self.binary(name)
+        started = time.monotonic()
+        try:
+            self._start_all(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - started
+
+    def _start_all(self, started: float) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        certificates = pki.generate(self.state_dir / "pki")
+        etcd_port = free_port()
+        self.apiserver_port = free_port()
+        self.write_kubeconfig(certificates)
+        self._launch("etcd", self.etcd_argv(etcd_port))
+        self._launch("kube-apiserver", self.apiserver_argv(etcd_port, certificates))
+        self.wait_ready(timeout=120)
+        self.timings["apiserver-ready"] = time.monotonic() - started
+        self.save_state()
+        self._launch("kube-controller-manager", self.controller_manager_argv(certificates))
+        self._launch("kube-scheduler", self.scheduler_argv())
+        self._launch("kwok", self.kwok_argv())
+        self.save_state()
+        self.install_third_party_crds()
+        self.timings["crds-established"] = time.monotonic() - started
+        self.register_fake_nodes()
+        self.wait_nodes_ready()
+        self.wait_default_service_account("default")
+        self.timings["nodes-ready"] = time.monotonic() - started
+
+    def stop(self) -> None:
+        """Stop every component (reverse start order); leaves no process behind."""
+        for component in reversed(self.components):
+            component.stop()
+        self.components.clear()
+
+    def _launch(self, name: str, argv: list[str]) -> None:
+        component = Component(name, argv, self.state_dir / "logs" / f"{name}.log")
+        self.components.append(component)
+        component.start(self.die_with_parent)
+
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.process.pid for c in self.components if c.process is not None}
+
+    def check_running(self) -> None:
+        for component in self.components:
+            component.check_running()
+
+    def save_state(self) -> None:
+        state = {
+            "server": self.server,
+            "kubeconfig": str(self.kubeconfig),
+            "bin_dir": str(self.bin_dir),
+            "processes": self.pids(),
+        }
+        (self.state_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
+
+    # -- component command lines ---------------------------------------------------------------------------
+
+    def etcd_argv(self, client_port: int) -> list[str]:
+        peer = f"http://127.0.0.1:{free_port()}"
+        client = f"http://127.0.0.1:{client_port}"
+        return [
+            str(self.binary("etcd")),
+            "--name=default",
+            f"--data-dir={self.state_dir / 'etcd'}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            # Test data is thrown away: skipping fsync makes every write cheap.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ]
+
+    def apiserver_argv(self, etcd_port: int, certificates: pki.Pki) -> list[str]:
+        return [
+            str(self.binary("kube-apiserver")),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={self.apiserver_port}",
+            f"--tls-cert-file={certificates.serving_cert}",
+            f"--tls-private-key-file={certificates.serving_key}",
+            f"--client-ca-file={certificates.ca_cert}",
+            f"--service-account-key-file={certificates.service_account_public_key}",
+            f"--service-account-signing-key-file={certificates.service_account_key}",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-cluster-ip-range={pki.SERVICE_CLUSTER_IP.rsplit('.', 1)[0]}.0/24",
+            "--authorization-mode=RBAC",
+            "--allow-privileged=true",
+            f"--cert-dir={self.state_dir / 'apiserver-certs'}",
+            "--profiling=false",
+        ]
+
+    def controller_manager_argv(self, certificates: pki.Pki) -> list[str]:
+        return [
+            str(self.binary("kube-controller-manager")),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--secure-port=0",
+            f"--controllers={','.join(CONTROLLERS)}",
+            f"--service-account-private-key-file={certificates.service_account_key}",
+            f"--root-ca-file={certificates.ca_cert}",
+            "--horizontal-pod-autoscaler-sync-period=5s",
+        ]
+
+    def scheduler_argv(self) -> list[str]:
+        return [
+            str(self.binary("kube-scheduler")),
+            f"--kubeconfig={self.kubeconfig}",
+            "--leader-elect=false",
+            "--secure-port=0",
+        ]
+
+    def kwok_argv(self) -> list[str]:
+        return [
+            str(self.binary("kwok")),
+            f"--kubeconfig={self.kubeconfig}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+            "--cidr=10.244.0.0/16",
+            "--node-ip=10.244.0.1",
+            f"--server-address=127.0.0.1:{free_port()}",
+        ]
+
+    # -- kubeconfig and clients ----------------------------------------------------------------------------
+
+    def write_kubeconfig(self, certificates: pki.Pki) -> None:
+        def b64(path: Path) -> str:
+            return base64.b64encode(path.read_bytes()).decode()
+
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "local",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": b64(certificates.ca_cert),
+                    },
+                }
+            ],
+            "users": [
+                {
+                    "name": "admin",
+                    "user": {
+                        "client-certificate-data": b64(certificates.admin_cert),
+                        "client-key-data": b64(certificates.admin_key),
+                    },
+                }
+            ],
+            "contexts": [{"name": "local", "context": {"cluster": "local", "user": "admin"}}],
+            "current-context": "local",
+        }
+        # JSON is YAML, and every kubeconfig reader accepts it.
+        self.kubeconfig.write_text(json.dumps(config, indent=2) + "\n")
+        self.kubeconfig.chmod(0o600)
+
+    def tool_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        for kind in ("CACHE", "CONFIG", "DATA"):
+            env[f"HELM_{kind}_HOME"] = str(self.state_dir / "helm" / kind.lower())
+        return env
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run_tool("kubectl", args, check, input, timeout)
+
+    def helm(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run_tool("helm", args, check, input, timeout)
+
+    def _run_tool(
+        self, name: str, args: Sequence[str], check: bool, input: str | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.binary(name)), *args],
+            env=self.tool_env(),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise ControlPlaneError(
+                f"`{name} {' '.join(args)}` failed (exit {result.returncode}):\n{result.stderr.strip()}"
+            )
+        return result
+
+    def api_client(self) -> Any:
+        """A new `kubernetes.client.ApiClient` authenticated as cluster admin."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    # -- readiness -----------------------------------------------------------------------------------------
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        certificates = self.state_dir / "pki"
+        context = ssl.create_default_context(cafile=str(certificates / "ca.crt"))
+        context.load_cert_chain(str(certificates / "admin.crt"), str(certificates / "admin.key"))
+        return context
+
+    def readyz(self) -> bool:
+        try:
+            with urllib.request.urlopen(
+                f"{self.server}/readyz", context=self._ssl_context(), timeout=5
+            ) as response:
+                return response.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def wait_ready(self, timeout: float) -> None:
+        def ready() -> bool:
+            self.check_running()
+            return self.readyz()
+
+        try:
+            wait_for(ready, timeout=timeout, interval=0.1, message="kube-apiserver /readyz")
+        except TimeoutError as error:
+            tail = self.components[-1].log_tail() if self.components else ""
+            raise ControlPlaneError(f"{error}\n{tail}") from error
+
+    def install_third_party_crds(self) -> None:
+        if self.crd_dir is None or not self.crd_dir.is_dir() or not any(self.crd_dir.glob("*.yaml")):
+            return
+        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(self.crd_dir))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(self.crd_dir))
+
+    def register_fake_nodes(self) -> None:
+        items = [fake_gpu_node(f"kwok-gpu-{index}") for index in range(self.nodes)]
+        self.kubectl(
+            "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+        )
+
+    def wait_nodes_ready(self, timeout: float = 60) -> None:
+        def all_ready() -> bool:
+            self.check_running()
+            listing = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)
+            ready = [node for node in listing["items"] if node_is_ready(node)]
+            return len(ready) >= self.nodes
+
+        wait_for(all_ready, timeout=timeout, interval=0.2, message=f"{self.nodes} kwok nodes Ready")
+
+    def wait_default_service_account(self, namespace: str, timeout: float = 60) -> None:
+        """Pods are rejected until the namespace's `default` ServiceAccount exists (kube-controller-manager
+        creates it a moment after the namespace)."""
+
+        def exists() -> bool:
+            self.check_running()
+            return (
+                self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0
+            )
+
+        wait_for(exists, timeout=timeout, message=f"ServiceAccount default in namespace {namespace}")
+
+    def wait_for(
+        self,
+        predicate: Callable[[], T],
+        timeout: float = 60.0,
+        interval: float = 0.2,
+        message: str = "condition",
+    ) -> T:
+        return wait_for(predicate, timeout=timeout, interval=interval, message=message)
+
+
+def node_is_ready(node: dict[str, Any]) -> bool:
+    conditions = node.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def fake_gpu_node(name: str) -> dict[str, Any]:
+    resources = {
+        "cpu": "64",
+        "memory": "512Gi",
+        "pods": "110",
+        "ephemeral-storage": "1Ti",
+        "nvidia.com/gpu": str(GPUS_PER_NODE),
+    }
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {FAKE_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                "nvidia.com/gpu.product": "NVIDIA-H200",
+                "nvidia.com/gpu.count": str(GPUS_PER_NODE),
+            },
+        },
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+def load_state(state_dir: Path) -> dict[str, Any] | None:
+    path = state_dir / STATE_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())
+
+
+def stop_recorded(state_dir: Path) -> list[str]:
+    """Stop the processes a detached `up` recorded in `state_dir`; returns the names it stopped."""
+    state = load_state(state_dir)
+    if state is None:
+        return []
+    bin_dir = Path(state["bin_dir"])
+    stopped = []
+    for name, pid in reversed(list(state["processes"].items())):
+        if process_alive(pid) and process_runs_binary(pid, bin_dir):
+            stop_process_group(pid)
+            stopped.append(name)
+    (state_dir / STATE_FILE).unlink()
+    return stopped
