@@ -1,0 +1,352 @@
+"""Pure builders for the objects an InferenceEndpoint owns. No API calls: dict in, dict out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from warmstart.operator import labels as L
+from warmstart.operator.spec import EndpointSpec
+from warmstart.protocol import CONTROL_DIR_ENV
+
+STARTUP_PROBE_SECONDS = 1800  # cold starts of large models take minutes; restores are much shorter
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Enough of an object's metadata to own children."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: dict[str, Any]) -> Owner:
+        meta = body["metadata"]
+        return cls(body["apiVersion"], body["kind"], meta["name"], meta["namespace"], meta["uid"])
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def common_labels(endpoint: str, component: str) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "warmstart",
+        "app.kubernetes.io/instance": endpoint,
+        "app.kubernetes.io/managed-by": L.FIELD_MANAGER,
+        "app.kubernetes.io/part-of": "warmstart",
+        L.COMPONENT_LABEL: component,
+        L.ENDPOINT_LABEL: endpoint,
+    }
+
+
+def worker_selector(endpoint: str) -> dict[str, str]:
+    """Selects the serving pods (never the capture pod): Deployment, Service and scale subresource."""
+    return {L.ENDPOINT_LABEL: endpoint, L.COMPONENT_LABEL: L.WORKER_COMPONENT}
+
+
+def selector_string(endpoint: str) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(worker_selector(endpoint).items()))
+
+
+def _metadata(owner: Owner, name: str, component: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": common_labels(owner.name, component),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def _worker_args(spec: EndpointSpec, role: str, snapshot: str) -> list[str]:
+    engine = spec.engine
+    args = [
+        "worker",
+        "--mode", role,
+        "--engine", engine.kind,
+        "--model", spec.model.uri,
+        "--served-model-name", spec.model.name_on_api,
+        "--dtype", engine.dtype,
+        "--tensor-parallel-size", str(engine.tensor_parallel_size),
+        "--port", str(engine.port),
+    ]  # fmt: skip
+    if spec.model.revision:
+        args += ["--revision", spec.model.revision]
+    if snapshot:
+        args += ["--snapshot", snapshot]
+    if engine.args:
+        args += ["--", *engine.args]
+    return args
+
+
+def _env(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identity_hash: str) -> list[dict]:
+    def field_ref(path: str) -> dict[str, Any]:
+        return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+    env: list[dict[str, Any]] = [
+        {"name": CONTROL_DIR_ENV, "value": L.CONTROL_DIR_PATH},
+        {"name": "WARMSTART_ENDPOINT", "value": endpoint},
+        {"name": "WARMSTART_ROLE", "value": role},
+        {"name": "WARMSTART_IDENTITY_HASH", "value": identity_hash},
+        {"name": "WARMSTART_POD_NAME", **field_ref("metadata.name")},
+        {"name": "WARMSTART_POD_NAMESPACE", **field_ref("metadata.namespace")},
+        {"name": "WARMSTART_NODE_NAME", **field_ref("spec.nodeName")},
+    ]
+    if snapshot:
+        env.append({"name": "WARMSTART_SNAPSHOT", "value": snapshot})
+    if spec.snapshot.enabled:
+        env.append({"name": "WARMSTART_STORE", "value": L.STORE_MOUNT_PATH})
+    overridden = {item["name"] for item in spec.template.env}
+    return [item for item in env if item["name"] not in overridden] + [dict(e) for e in spec.template.env]
+
+
+def _resources(spec: EndpointSpec) -> dict[str, Any]:
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
+    if spec.resources.cpu:
+        requests["cpu"] = spec.resources.cpu
+    if spec.resources.memory:
+        requests["memory"] = limits["memory"] = spec.resources.memory
+    if spec.resources.gpus:
+        requests["nvidia.com/gpu"] = limits["nvidia.com/gpu"] = spec.resources.gpus
+    return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 2,
+    }
+
+
+def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identity_hash: str) -> dict:
+    mounts = [{"name": "control", "mountPath": L.CONTROL_DIR_PATH}, {"name": "shm", "mountPath": "/dev/shm"}]
+    if spec.snapshot.enabled:
+        store_mount = {"name": "store", "mountPath": L.STORE_MOUNT_PATH, "readOnly": True}
+        if spec.snapshot.sub_path:
+            store_mount["subPath"] = spec.snapshot.sub_path
+        mounts.append(store_mount)
+    container: dict[str, Any] = {
+        "name": "worker",
+        "image": spec.engine.image,
+        "imagePullPolicy": spec.engine.image_pull_policy,
+        "command": ["warmstart"],
+        "args": _worker_args(spec, role, snapshot),
+        "env": _env(endpoint, spec, role, snapshot, identity_hash),
+        "ports": [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}],
+        "readinessProbe": _probe("/ready", 2, 3),
+        "livenessProbe": _probe("/health", 10, 6),
+        "startupProbe": _probe("/health", 5, STARTUP_PROBE_SECONDS // 5),
+        "volumeMounts": mounts,
+    }
+    resources = _resources(spec)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _volumes(spec: EndpointSpec) -> list[dict[str, Any]]:
+    volumes: list[dict[str, Any]] = [
+        {"name": "control", "emptyDir": {}},
+        {"name": "shm", "emptyDir": {"medium": "Memory"}},
+    ]
+    if spec.snapshot.enabled:
+        volumes.append({"name": "store", "persistentVolumeClaim": {"claimName": spec.snapshot.claim_name}})
+    return volumes
+
+
+def _scheduling(spec: EndpointSpec) -> dict[str, Any]:
+    node_selector = dict(spec.template.node_selector)
+    if spec.resources.gpu_product:
+        node_selector.setdefault("nvidia.com/gpu.product", spec.resources.gpu_product)
+    tolerations = [dict(t) for t in spec.template.tolerations]
+    if spec.resources.gpus:
+        tolerations.append({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"})
+    scheduling: dict[str, Any] = {}
+    if node_selector:
+        scheduling["nodeSelector"] = node_selector
+    if tolerations:
+        scheduling["tolerations"] = tolerations
+    if spec.template.service_account_name:
+        scheduling["serviceAccountName"] = spec.template.service_account_name
+    if spec.template.priority_class_name:
+        scheduling["priorityClassName"] = spec.template.priority_class_name
+    return scheduling
+
+
+def pod_labels(endpoint: str, component: str, role: str, snapshot: str, identity_hash: str) -> dict[str, str]:
+    pod = common_labels(endpoint, component)
+    pod[L.ROLE_LABEL] = role
+    pod[L.IDENTITY_HASH_LABEL] = L.identity_label(identity_hash)
+    if snapshot:
+        pod[L.SNAPSHOT_LABEL] = snapshot
+    return pod
+
+
+def pod_spec(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identity_hash: str) -> dict:
+    return {
+        "containers": [_container(endpoint, spec, role, snapshot, identity_hash)],
+        "volumes": _volumes(spec),
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 30,
+        **_scheduling(spec),
+    }
+
+
+def deployment(owner: Owner, spec: EndpointSpec, role: str, snapshot: str, identity_hash: str) -> dict:
+    """The serving workers: role `cold` until a snapshot is Ready, then `restore` from it."""
+    labels = {
+        **spec.template.labels,
+        **pod_labels(owner.name, L.WORKER_COMPONENT, role, snapshot, identity_hash),
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _metadata(owner, owner.name, L.WORKER_COMPONENT),
+        "spec": {
+            "replicas": spec.replicas,
+            "selector": {"matchLabels": worker_selector(owner.name)},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": labels, "annotations": dict(spec.template.annotations)},
+                "spec": pod_spec(owner.name, spec, role, snapshot, identity_hash),
+            },
+        },
+    }
+
+
+def capture_pod(
+    snapshot_owner: Owner, endpoint: str, spec: EndpointSpec, attempt: int, identity_hash: str
+) -> dict[str, Any]:
+    """One worker that cold-starts, signals ready-for-snapshot and is captured by the node agent."""
+    labels = {
+        **spec.template.labels,
+        **pod_labels(endpoint, L.CAPTURE_COMPONENT, L.ROLE_CAPTURE, snapshot_owner.name, identity_hash),
+    }
+    body = pod_spec(endpoint, spec, L.ROLE_CAPTURE, snapshot_owner.name, identity_hash)
+    body["restartPolicy"] = "Never"
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": capture_pod_name(snapshot_owner.name, attempt),
+            "namespace": snapshot_owner.namespace,
+            "labels": labels,
+            "annotations": dict(spec.template.annotations),
+            "ownerReferences": [snapshot_owner.reference()],
+        },
+        "spec": body,
+    }
+
+
+def capture_pod_name(snapshot: str, attempt: int) -> str:
+    return f"{snapshot}-capture-{attempt}"
+
+
+def service(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(owner, owner.name, L.WORKER_COMPONENT),
+        "spec": {
+            "type": spec.service.type,
+            "selector": worker_selector(owner.name),
+            "ports": [{"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def _scale_target(owner: Owner) -> dict[str, str]:
+    return {"apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name}
+
+
+def horizontal_pod_autoscaler(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
+    """autoscaling/v2 HPA on the endpoint's scale subresource, from a per-pod or an external metric."""
+    scaling = spec.autoscaling
+    if scaling.metric is None:
+        raise ValueError("hpa needs autoscaling.metric")
+    target = {"type": "AverageValue", "averageValue": scaling.metric.target}
+    if scaling.metric.source == "External":
+        metric = {
+            "type": "External",
+            "external": {
+                "metric": {
+                    "name": scaling.metric.name,
+                    "selector": {"matchLabels": {L.ENDPOINT_LABEL: owner.name}},
+                },
+                "target": target,
+            },
+        }
+    else:
+        metric = {"type": "Pods", "pods": {"metric": {"name": scaling.metric.name}, "target": target}}
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _metadata(owner, owner.name, "autoscaler"),
+        "spec": {
+            "scaleTargetRef": _scale_target(owner),
+            "minReplicas": scaling.min_replicas,
+            "maxReplicas": scaling.max_replicas,
+            "metrics": [metric],
+        },
+    }
+
+
+def default_prometheus_query(owner: Owner, metric: str) -> str:
+    return f'sum({metric}{{namespace="{owner.namespace}",service="{owner.name}"}})'
+
+
+def scaled_object(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
+    """KEDA ScaledObject with a Prometheus trigger; minReplicaCount 0 scales the endpoint to zero."""
+    scaling = spec.autoscaling
+    if scaling.metric is None:
+        raise ValueError("keda needs autoscaling.metric")
+    query = scaling.metric.query or default_prometheus_query(owner, scaling.metric.name)
+    return {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": _metadata(owner, owner.name, "autoscaler"),
+        "spec": {
+            "scaleTargetRef": _scale_target(owner),
+            "minReplicaCount": scaling.min_replicas,
+            "maxReplicaCount": scaling.max_replicas,
+            "pollingInterval": scaling.polling_interval_seconds,
+            "cooldownPeriod": scaling.cooldown_seconds,
+            "triggers": [
+                {
+                    "type": "prometheus",
+                    "metricType": "AverageValue",
+                    "metadata": {
+                        "serverAddress": scaling.prometheus_address,
+                        "query": query,
+                        "threshold": str(scaling.metric.target),
+                    },
+                }
+            ],
+        },
+    }
+
+
+def service_monitor(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _metadata(owner, owner.name, "monitoring"),
+        "spec": {
+            "selector": {
+                "matchLabels": {L.ENDPOINT_LABEL: owner.name, L.COMPONENT_LABEL: L.WORKER_COMPONENT}
+            },
+            "endpoints": [{"port": "http", "path": "/metrics", "interval": spec.monitoring.interval}],
+        },
+    }

@@ -1,0 +1,89 @@
+"""`warmstart operator`: run the InferenceEndpoint operator (kopf)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Any
+
+from warmstart.config import env_int, env_str
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "operator",
+        help="run the Kubernetes operator for InferenceEndpoints",
+        description="Reconcile InferenceEndpoints into Deployments, Services, autoscalers and snapshots. "
+        "Every flag also reads an environment variable (shown in brackets).",
+    )
+    scope = parser.add_mutually_exclusive_group()
+    scope.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=None,
+        help="watch this namespace (repeatable; globs like 'team-*' work) [WARMSTART_OPERATOR_NAMESPACES, "
+        "comma-separated]",
+    )
+    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=env_int("WARMSTART_OPERATOR_METRICS_PORT", 8080),
+        help="Prometheus metrics port, 0 to disable [WARMSTART_OPERATOR_METRICS_PORT, default 8080]",
+    )
+    parser.add_argument(
+        "--liveness-port",
+        type=int,
+        default=env_int("WARMSTART_OPERATOR_LIVENESS_PORT", 8081),
+        help="liveness endpoint port (/healthz), 0 to disable "
+        "[WARMSTART_OPERATOR_LIVENESS_PORT, default 8081]",
+    )
+    parser.add_argument(
+        "--peering",
+        default=env_str("WARMSTART_OPERATOR_PEERING", ""),
+        help="kopf peering object name, for several operator replicas (default standalone) "
+        "[WARMSTART_OPERATOR_PEERING]",
+    )
+    parser.set_defaults(func=run_operator)
+
+
+def resolve_namespaces(args: argparse.Namespace) -> list[str]:
+    """Namespaces to watch; empty means all."""
+    if args.all_namespaces:
+        return []
+    if args.namespace:
+        return list(args.namespace)
+    from_env = os.environ.get("WARMSTART_OPERATOR_NAMESPACES", "")
+    return [ns.strip() for ns in from_env.split(",") if ns.strip()]
+
+
+def _check_port(flag: str, port: int) -> None:
+    if not 0 <= port <= 65535:
+        raise SystemExit(f"{flag} must be between 0 and 65535, got {port}")
+
+
+def run_operator(args: argparse.Namespace) -> int:
+    import asyncio
+
+    import kopf
+
+    from warmstart.operator import handlers  # noqa: F401  (registers the handlers)
+    from warmstart.operator.metrics import METRICS
+
+    _check_port("--metrics-port", args.metrics_port)
+    _check_port("--liveness-port", args.liveness_port)
+    namespaces = resolve_namespaces(args)
+    if args.metrics_port:
+        METRICS.serve(args.metrics_port)
+    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    asyncio.run(
+        kopf.operator(
+            standalone=not args.peering,
+            peering_name=args.peering or None,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
+            liveness_endpoint=liveness,
+        )
+    )
+    return 0

@@ -1,0 +1,39 @@
+"""Names shared by the operator, the agent and the worker pods: API group, labels, annotations."""
+
+from __future__ import annotations
+
+GROUP = "warmstart.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+ENDPOINT_KIND = "InferenceEndpoint"
+ENDPOINT_PLURAL = "inferenceendpoints"
+SNAPSHOT_KIND = "InferenceSnapshot"
+SNAPSHOT_PLURAL = "inferencesnapshots"
+
+FIELD_MANAGER = "warmstart-operator"
+
+ENDPOINT_LABEL = f"{GROUP}/endpoint"
+ROLE_LABEL = f"{GROUP}/role"
+SNAPSHOT_LABEL = f"{GROUP}/snapshot"
+IDENTITY_HASH_LABEL = f"{GROUP}/identity-hash"
+STATUS_ANNOTATION = f"{GROUP}/status"
+STORE_CLEANUP_ANNOTATION = f"{GROUP}/store-cleanup"
+
+ROLE_CAPTURE = "capture"
+ROLE_RESTORE = "restore"
+ROLE_COLD = "cold"
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+WORKER_COMPONENT = "worker"
+CAPTURE_COMPONENT = "capture"
+
+# Label values are limited to 63 characters, a SHA-256 hex digest has 64: labels carry this prefix and
+# spec.identityHash the full digest, which is what matching compares.
+IDENTITY_LABEL_LENGTH = 32
+
+CONTROL_DIR_PATH = "/run/warmstart/control"
+STORE_MOUNT_PATH = "/var/lib/warmstart/store"
+
+
+def identity_label(identity_hash: str) -> str:
+    return identity_hash[:IDENTITY_LABEL_LENGTH]

@@ -1,0 +1,202 @@
+"""One reconcile of an InferenceEndpoint: read state, apply children, drive snapshots, write status.
+
+Idempotent: every write is a server-side apply or a create that tolerates "already exists", so running
+it twice, concurrently with a restart, or after a child was edited by hand converges to the same state.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmstart.operator import children
+from warmstart.operator import labels as L
+from warmstart.operator.identity import endpoint_identity
+from warmstart.operator.kube import Kube, KubeError
+from warmstart.operator.snapshots import Backoff, SnapshotPlan, format_time, plan_snapshots
+from warmstart.operator.spec import EndpointSpec, InvalidSpec, parse_spec
+from warmstart.operator.status import Workload, endpoint_status, invalid_status
+
+log = logging.getLogger(__name__)
+
+AUTOSCALER_KINDS = {"hpa": "HorizontalPodAutoscaler", "keda": "ScaledObject"}
+
+
+class MissingAPI(RuntimeError):
+    """A kind the spec asks for is not served by this cluster (e.g. KEDA or prometheus-operator absent)."""
+
+
+@dataclass
+class Outcome:
+    status: dict[str, Any]
+    plan: SnapshotPlan | None = None
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+def utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def post_event(kube: Kube, involved: dict[str, Any], kind: str, reason: str, message: str) -> None:
+    """A core/v1 Event on `involved`; failures are logged, never raised (events are best effort)."""
+    meta = involved["metadata"]
+    now = format_time(utcnow())
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": involved["apiVersion"],
+            "kind": involved["kind"],
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta["uid"],
+        },
+        "type": kind,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": L.FIELD_MANAGER},
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        kube.create(event)
+    except KubeError as exc:
+        log.warning("event %s on %s not posted: %s", reason, meta["name"], exc)
+
+
+def _apply_optional(kube: Kube, obj: dict[str, Any], hint: str) -> None:
+    try:
+        kube.apply(obj)
+    except KubeError as exc:
+        if exc.status == 404:
+            raise MissingAPI(
+                f"{obj['apiVersion']} {obj['kind']} is not served by this cluster: {hint}"
+            ) from exc
+        raise
+
+
+def apply_autoscaler(kube: Kube, owner: children.Owner, spec: EndpointSpec) -> None:
+    mode = spec.autoscaling.mode
+    for other_mode, kind in AUTOSCALER_KINDS.items():
+        if other_mode != mode and kube.get(kind, owner.namespace, owner.name) is not None:
+            kube.delete(kind, owner.namespace, owner.name)
+    if mode == "hpa":
+        kube.apply(children.horizontal_pod_autoscaler(owner, spec))
+    elif mode == "keda":
+        _apply_optional(kube, children.scaled_object(owner, spec), "install KEDA or use autoscaling.mode hpa")
+
+
+def apply_service_monitor(kube: Kube, owner: children.Owner, spec: EndpointSpec) -> None:
+    if spec.monitoring.service_monitor:
+        hint = "install prometheus-operator or set monitoring.serviceMonitor false"
+        _apply_optional(kube, children.service_monitor(owner, spec), hint)
+
+
+def sync_snapshots(
+    kube: Kube, endpoint: children.Owner, spec: EndpointSpec, plan: SnapshotPlan, identity_hash: str
+) -> None:
+    """Carry out the plan: create/retry/delete InferenceSnapshots and keep exactly the right capture pod."""
+    ns = endpoint.namespace
+    if plan.create is not None:
+        kube.create(plan.create)
+        plan.status_patches.setdefault(plan.active, {"phase": "Pending", "attempts": 1})
+    for name, patch in plan.status_patches.items():
+        kube.patch_status(L.SNAPSHOT_KIND, ns, name, patch)
+    for name in plan.delete:
+        kube.delete(L.SNAPSHOT_KIND, ns, name)
+    wanted = children.capture_pod_name(plan.active, plan.capture_attempt) if plan.capture_attempt else ""
+    selector = {L.ENDPOINT_LABEL: endpoint.name, L.COMPONENT_LABEL: L.CAPTURE_COMPONENT}
+    existing = {p["metadata"]["name"] for p in kube.list("Pod", ns, selector)}
+    for name in existing - {wanted}:
+        kube.delete("Pod", ns, name)
+    if wanted and wanted not in existing:
+        snapshot = kube.get(L.SNAPSHOT_KIND, ns, plan.active)
+        if snapshot is None:
+            return  # created a moment ago and already gone: next reconcile decides again
+        owner = children.Owner.from_body(snapshot)
+        kube.create(children.capture_pod(owner, endpoint.name, spec, plan.capture_attempt, identity_hash))
+        kube.patch_status(L.SNAPSHOT_KIND, ns, plan.active, {"capturePod": wanted})
+
+
+def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) -> Outcome:
+    """Reconcile one endpoint; raises InvalidSpec (permanent), MissingAPI or KubeError."""
+    meta = body["metadata"]
+    owner = children.Owner.from_body(body)
+    generation = int(meta.get("generation") or 0)
+    previous = body.get("status") or {}
+    now = utcnow()
+    try:
+        spec = parse_spec(body.get("spec") or {})
+    except InvalidSpec as exc:
+        kube.patch_status(
+            L.ENDPOINT_KIND, owner.namespace, owner.name, invalid_status(generation, str(exc), previous, now)
+        )
+        raise
+    identity = endpoint_identity(spec)
+    identity_hash = identity.digest()
+    snapshots = (
+        kube.list(L.SNAPSHOT_KIND, owner.namespace, {L.ENDPOINT_LABEL: owner.name})
+        if spec.snapshot.enabled
+        else []
+    )
+    plan = plan_snapshots(owner, spec, identity_hash, identity.to_dict(), snapshots, now, backoff)
+    if spec.snapshot.enabled:
+        sync_snapshots(kube, owner, spec, plan, identity_hash)
+    snapshot = plan.ready if plan.role == L.ROLE_RESTORE else ""
+    deployment = kube.apply(children.deployment(owner, spec, plan.role, snapshot, identity_hash))
+    kube.apply(children.service(owner, spec))
+    apply_autoscaler(kube, owner, spec)
+    apply_service_monitor(kube, owner, spec)
+    pods = kube.list("Pod", owner.namespace, children.worker_selector(owner.name))
+    status = endpoint_status(
+        generation=generation,
+        snapshots_enabled=spec.snapshot.enabled,
+        plan=plan,
+        work=Workload.from_deployment(spec.replicas, deployment),
+        selector=children.selector_string(owner.name),
+        identity_hash=identity_hash,
+        pods=pods,
+        previous=previous,
+        now=now,
+    )
+    events = list(plan.events)
+    if previous.get("workerRole") != plan.role and plan.role == L.ROLE_RESTORE:
+        events.append(("Normal", "RestoreEnabled", f"new replicas restore from snapshot {plan.ready}"))
+    if previous.get("phase") != status["phase"]:
+        events.append(
+            ("Normal", "PhaseChanged", f"phase {previous.get('phase') or 'None'} -> {status['phase']}")
+        )
+    if _status_changed(previous, status):
+        kube.patch_status(L.ENDPOINT_KIND, owner.namespace, owner.name, status)
+    for kind, reason, message in events:
+        post_event(kube, body, kind, reason, message)
+    return Outcome(status=status, plan=plan, events=events)
+
+
+def _status_changed(previous: dict[str, Any], status: dict[str, Any]) -> bool:
+    return any(previous.get(key) != value for key, value in status.items())
+
+
+def finalize(kube: Kube, body: dict[str, Any]) -> list[str]:
+    """On endpoint deletion: mark this endpoint's snapshots for store cleanup, then delete them.
+
+    The node agent's store garbage collection removes store files whose InferenceSnapshot is gone or marked.
+    """
+    meta = body["metadata"]
+    names = []
+    for snap in kube.list(L.SNAPSHOT_KIND, meta["namespace"], {L.ENDPOINT_LABEL: meta["name"]}):
+        name = snap["metadata"]["name"]
+        kube.patch(
+            L.SNAPSHOT_KIND,
+            meta["namespace"],
+            name,
+            {"metadata": {"annotations": {L.STORE_CLEANUP_ANNOTATION: "requested"}}},
+        )
+        kube.delete(L.SNAPSHOT_KIND, meta["namespace"], name)
+        names.append(name)
+    return names

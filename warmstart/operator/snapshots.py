@@ -1,0 +1,216 @@
+"""Snapshot lifecycle decisions: pure functions over the endpoint's InferenceSnapshots.
+
+Per identity hash at most one snapshot is *active*: the newest Ready one is used for restores; otherwise
+the one being captured (Pending, Capturing, or Failed awaiting a retry). Invalid snapshots are never used
+again: a fresh capture gets a new name. Retention keeps the newest N, never the active one.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmstart.operator import labels as L
+from warmstart.operator.children import Owner, common_labels
+from warmstart.operator.spec import EndpointSpec
+
+PENDING, CAPTURING, READY, FAILED, INVALID = "Pending", "Capturing", "Ready", "Failed", "Invalid"
+IN_PROGRESS = (PENDING, CAPTURING)
+NAME_HASH_CHARS = 10
+
+
+@dataclass(frozen=True)
+class Backoff:
+    base_seconds: float = 30.0
+    max_seconds: float = 900.0
+
+    def delay(self, attempts: int) -> float:
+        """Delay before attempt `attempts + 1`: base, 2x base, 4x base, ... capped."""
+        return min(self.max_seconds, self.base_seconds * 2 ** max(0, attempts - 1))
+
+
+@dataclass
+class SnapshotPlan:
+    role: str  # cold | restore: what the Deployment's workers do
+    ready: str = ""  # the Ready snapshot restores use
+    active: str = ""  # the snapshot being captured (or retried) for the current identity
+    active_phase: str = ""
+    attempts: int = 0
+    exhausted: bool = False  # capture failed maxCaptureAttempts times; serving stays cold
+    failure_message: str = ""
+    create: dict[str, Any] | None = None
+    status_patches: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> status merge patch
+    capture_attempt: int = 0  # > 0: a capture pod for (active, attempt) must exist
+    delete: list[str] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+def phase_of(snapshot: dict[str, Any]) -> str:
+    return (snapshot.get("status") or {}).get("phase") or PENDING
+
+
+def attempts_of(snapshot: dict[str, Any]) -> int:
+    return int((snapshot.get("status") or {}).get("attempts") or 1)
+
+
+def _name(snapshot: dict[str, Any]) -> str:
+    return snapshot["metadata"]["name"]
+
+
+def _created(snapshot: dict[str, Any]) -> str:
+    return snapshot["metadata"].get("creationTimestamp") or ""
+
+
+def format_time(moment: dt.datetime) -> str:
+    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def snapshot_name(endpoint: str, identity_hash: str, taken: set[str]) -> str:
+    """`<endpoint>-<hash prefix>`, then `-1`, `-2`, ... while the name is taken (e.g. by an Invalid one)."""
+    base = f"{endpoint}-{identity_hash[:NAME_HASH_CHARS]}"
+    if base not in taken:
+        return base
+    index = 1
+    while f"{base}-{index}" in taken:
+        index += 1
+    return f"{base}-{index}"
+
+
+def snapshot_body(
+    endpoint: Owner, spec: EndpointSpec, name: str, identity_hash: str, identity: dict[str, Any]
+) -> dict[str, Any]:
+    labels = common_labels(endpoint.name, "snapshot")
+    labels[L.IDENTITY_HASH_LABEL] = L.identity_label(identity_hash)
+    body: dict[str, Any] = {
+        "apiVersion": L.API_VERSION,
+        "kind": L.SNAPSHOT_KIND,
+        "metadata": {
+            "name": name,
+            "namespace": endpoint.namespace,
+            "labels": labels,
+            "ownerReferences": [endpoint.reference()],
+        },
+        "spec": {"endpoint": endpoint.name, "identityHash": identity_hash, "identity": identity},
+    }
+    if spec.snapshot.claim_name:
+        storage = {"claimName": spec.snapshot.claim_name}
+        if spec.snapshot.sub_path:
+            storage["subPath"] = spec.snapshot.sub_path
+        body["spec"]["storage"] = storage
+    if spec.snapshot.signing_key_secret:
+        body["spec"]["signingKeySecret"] = spec.snapshot.signing_key_secret
+    return body
+
+
+def _newest_first(snapshots: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(snapshots, key=lambda s: (_created(s), _name(s)), reverse=True)
+
+
+def _plan_failed(
+    plan: SnapshotPlan, snap: dict[str, Any], spec: EndpointSpec, backoff: Backoff, now: dt.datetime
+) -> None:
+    name, status = _name(snap), snap.get("status") or {}
+    attempts = attempts_of(snap)
+    plan.failure_message = status.get("message") or status.get("reason") or "capture failed"
+    if attempts >= spec.snapshot.max_capture_attempts:
+        plan.exhausted = True
+        return
+    retry_after = status.get("retryAfter")
+    if not retry_after:
+        when = now + dt.timedelta(seconds=backoff.delay(attempts))
+        plan.status_patches[name] = {"retryAfter": format_time(when)}
+        plan.events.append(
+            (
+                "Warning",
+                "CaptureFailed",
+                f"snapshot {name} attempt {attempts} failed ({plan.failure_message}); "
+                f"retrying at {format_time(when)}",
+            )
+        )
+        return
+    if parse_time(retry_after) <= now:
+        plan.attempts = attempts + 1
+        plan.active_phase = PENDING
+        plan.capture_attempt = plan.attempts
+        plan.status_patches[name] = {
+            "phase": PENDING,
+            "attempts": plan.attempts,
+            "retryAfter": None,
+            "reason": "Retrying",
+            "message": f"capture attempt {plan.attempts}",
+        }
+        plan.events.append(("Normal", "CaptureRetry", f"snapshot {name}: capture attempt {plan.attempts}"))
+
+
+def plan_snapshots(
+    endpoint: Owner,
+    spec: EndpointSpec,
+    identity_hash: str,
+    identity: dict[str, Any],
+    snapshots: list[dict[str, Any]],
+    now: dt.datetime,
+    backoff: Backoff = Backoff(),
+) -> SnapshotPlan:
+    """Decide what to create, retry and delete, and which role the workers run."""
+    if not spec.snapshot.enabled:
+        return SnapshotPlan(role=L.ROLE_COLD)
+    ordered = _newest_first(snapshots)
+    mine = [s for s in ordered if (s.get("spec") or {}).get("identityHash") == identity_hash]
+    ready = next((s for s in mine if phase_of(s) == READY), None)
+    plan = SnapshotPlan(role=L.ROLE_RESTORE if ready else L.ROLE_COLD, ready=_name(ready) if ready else "")
+    if ready is None:
+        _plan_capture(plan, endpoint, spec, identity_hash, identity, mine, ordered, now, backoff)
+    plan.delete = _retention(ordered, spec.snapshot.retention, keep={plan.ready, plan.active})
+    return plan
+
+
+def _plan_capture(
+    plan: SnapshotPlan,
+    endpoint: Owner,
+    spec: EndpointSpec,
+    identity_hash: str,
+    identity: dict[str, Any],
+    mine: list[dict[str, Any]],
+    everything: list[dict[str, Any]],
+    now: dt.datetime,
+    backoff: Backoff,
+) -> None:
+    active = next((s for s in mine if phase_of(s) != INVALID), None)
+    if active is None:
+        name = snapshot_name(endpoint.name, identity_hash, {_name(s) for s in everything})
+        plan.create = snapshot_body(endpoint, spec, name, identity_hash, identity)
+        plan.active, plan.active_phase, plan.attempts, plan.capture_attempt = name, PENDING, 1, 1
+        plan.events.append(
+            (
+                "Normal",
+                "CaptureStarted",
+                f"no Ready snapshot for identity {identity_hash[:12]}: created {name} and a capture pod",
+            )
+        )
+        return
+    plan.active, plan.active_phase, plan.attempts = _name(active), phase_of(active), attempts_of(active)
+    if plan.active_phase in IN_PROGRESS:
+        plan.capture_attempt = plan.attempts
+    elif plan.active_phase == FAILED:
+        _plan_failed(plan, active, spec, backoff, now)
+
+
+def _retention(ordered: list[dict[str, Any]], retention: int, keep: set[str]) -> list[str]:
+    """Names to delete: everything beyond the newest `retention`, sparing the snapshots in use."""
+    keep = {name for name in keep if name}
+    budget = max(0, retention - len(keep))
+    doomed = []
+    for snap in ordered:
+        name = _name(snap)
+        if name in keep:
+            continue
+        if budget > 0:
+            budget -= 1
+            continue
+        doomed.append(name)
+    return doomed

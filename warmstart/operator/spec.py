@@ -1,0 +1,307 @@
+"""A typed view of InferenceEndpoint.spec, with the CRD's defaults applied.
+
+The API server already validated and defaulted what it stored; this module applies the same defaults so
+the reconcile logic works on objects built elsewhere too (tests, dry runs), and it re-checks the rules the
+operator depends on, so a spec from an older CRD version fails with a message that names the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ENGINES = ("vllm", "builtin")
+AUTOSCALING_MODES = ("none", "hpa", "keda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+METRIC_SOURCES = ("Pods", "External")
+DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+
+
+class InvalidSpec(ValueError):
+    """The spec cannot be reconciled; the message starts with the offending field's path."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"spec.{path}: {problem}")
+        self.path = path
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    uri: str
+    revision: str = ""
+    served_name: str = ""
+
+    @property
+    def name_on_api(self) -> str:
+        return self.served_name or self.uri
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    kind: str
+    image: str
+    version: str = ""
+    args: tuple[str, ...] = ()
+    dtype: str = "auto"
+    tensor_parallel_size: int = 1
+    port: int = 8000
+    image_pull_policy: str = "IfNotPresent"
+
+
+@dataclass(frozen=True)
+class ResourceSpec:
+    gpus: int = 1
+    gpu_product: str = ""
+    cpu: str = ""
+    memory: str = ""
+
+
+@dataclass(frozen=True)
+class MetricSpec:
+    name: str
+    target: str
+    source: str = "Pods"
+    query: str = ""
+
+
+@dataclass(frozen=True)
+class AutoscalingSpec:
+    mode: str = "none"
+    min_replicas: int = 1
+    max_replicas: int = 4
+    metric: MetricSpec | None = None
+    prometheus_address: str = DEFAULT_PROMETHEUS
+    polling_interval_seconds: int = 15
+    cooldown_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class SnapshotPolicy:
+    enabled: bool = True
+    claim_name: str = ""
+    sub_path: str = ""
+    signing_key_secret: str = ""
+    retention: int = 2
+    max_capture_attempts: int = 5
+
+
+@dataclass(frozen=True)
+class PodOverrides:
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: tuple[dict[str, Any], ...] = ()
+    env: tuple[dict[str, Any], ...] = ()
+    labels: dict[str, str] = field(default_factory=dict)
+    annotations: dict[str, str] = field(default_factory=dict)
+    service_account_name: str = ""
+    priority_class_name: str = ""
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    type: str = "ClusterIP"
+    port: int = 80
+
+
+@dataclass(frozen=True)
+class MonitoringSpec:
+    service_monitor: bool = False
+    interval: str = "15s"
+
+
+@dataclass(frozen=True)
+class EndpointSpec:
+    model: ModelSpec
+    engine: EngineSpec
+    resources: ResourceSpec = ResourceSpec()
+    replicas: int = 1
+    autoscaling: AutoscalingSpec = AutoscalingSpec()
+    snapshot: SnapshotPolicy = SnapshotPolicy()
+    template: PodOverrides = PodOverrides()
+    service: ServiceSpec = ServiceSpec()
+    monitoring: MonitoringSpec = MonitoringSpec()
+
+
+def _section(data: dict[str, Any], key: str, path: str) -> dict[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise InvalidSpec(f"{path}{key}", f"must be an object, got {type(value).__name__}")
+    return value
+
+
+def _int(data: dict[str, Any], key: str, default: int, path: str, lo: int, hi: int) -> int:
+    value = data.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidSpec(f"{path}{key}", f"must be an integer, got {value!r}")
+    if not lo <= value <= hi:
+        raise InvalidSpec(f"{path}{key}", f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _choice(data: dict[str, Any], key: str, default: str, path: str, allowed: tuple[str, ...]) -> str:
+    value = data.get(key, default)
+    if value not in allowed:
+        raise InvalidSpec(f"{path}{key}", f"must be one of {', '.join(allowed)}, got {value!r}")
+    return str(value)
+
+
+def _text(data: dict[str, Any], key: str, path: str, required: bool = False) -> str:
+    value = data.get(key, "")
+    if value is None:
+        value = ""
+    if not isinstance(value, str | int | float) or isinstance(value, bool):
+        raise InvalidSpec(f"{path}{key}", f"must be a string, got {value!r}")
+    if required and not str(value):
+        raise InvalidSpec(f"{path}{key}", "is required")
+    return str(value)
+
+
+def parse_model(spec: dict[str, Any]) -> ModelSpec:
+    if "model" not in spec:
+        raise InvalidSpec("model", "is required (model.uri names the weights to serve)")
+    data = _section(spec, "model", "")
+    return ModelSpec(
+        uri=_text(data, "uri", "model.", required=True),
+        revision=_text(data, "revision", "model."),
+        served_name=_text(data, "servedName", "model."),
+    )
+
+
+def parse_engine(spec: dict[str, Any]) -> EngineSpec:
+    if "engine" not in spec:
+        raise InvalidSpec("engine", "is required (engine.kind and engine.image)")
+    data = _section(spec, "engine", "")
+    args = data.get("args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise InvalidSpec("engine.args", "must be a list of strings")
+    return EngineSpec(
+        kind=_choice(data, "kind", "", "engine.", ENGINES),
+        image=_text(data, "image", "engine.", required=True),
+        version=_text(data, "version", "engine."),
+        args=tuple(args),
+        dtype=_choice(data, "dtype", "auto", "engine.", DTYPES),
+        tensor_parallel_size=_int(data, "tensorParallelSize", 1, "engine.", 1, 8),
+        port=_int(data, "port", 8000, "engine.", 1024, 65535),
+        image_pull_policy=_choice(
+            data, "imagePullPolicy", "IfNotPresent", "engine.", ("Always", "IfNotPresent", "Never")
+        ),
+    )
+
+
+def parse_resources(spec: dict[str, Any]) -> ResourceSpec:
+    data = _section(spec, "resources", "")
+    resources = ResourceSpec(
+        gpus=_int(data, "gpus", 1, "resources.", 0, 8),
+        gpu_product=_text(data, "gpuProduct", "resources."),
+        cpu=_text(data, "cpu", "resources."),
+        memory=_text(data, "memory", "resources."),
+    )
+    if resources.gpu_product and resources.gpus == 0:
+        raise InvalidSpec("resources.gpuProduct", "needs resources.gpus > 0")
+    return resources
+
+
+def parse_metric(data: dict[str, Any] | None) -> MetricSpec | None:
+    if not data:
+        return None
+    return MetricSpec(
+        name=_text(data, "name", "autoscaling.metric.", required=True),
+        target=_text(data, "target", "autoscaling.metric.", required=True),
+        source=_choice(data, "source", "Pods", "autoscaling.metric.", METRIC_SOURCES),
+        query=_text(data, "query", "autoscaling.metric."),
+    )
+
+
+def parse_autoscaling(spec: dict[str, Any]) -> AutoscalingSpec:
+    data = _section(spec, "autoscaling", "")
+    prefix = "autoscaling."
+    scaling = AutoscalingSpec(
+        mode=_choice(data, "mode", "none", prefix, AUTOSCALING_MODES),
+        min_replicas=_int(data, "minReplicas", 1, prefix, 0, 1000),
+        max_replicas=_int(data, "maxReplicas", 4, prefix, 1, 1000),
+        metric=parse_metric(_section(data, "metric", prefix)),
+        prometheus_address=_text(
+            _section(data, "prometheus", prefix), "serverAddress", prefix + "prometheus."
+        )
+        or DEFAULT_PROMETHEUS,
+        polling_interval_seconds=_int(data, "pollingIntervalSeconds", 15, prefix, 1, 3600),
+        cooldown_seconds=_int(data, "cooldownSeconds", 300, prefix, 0, 86400),
+    )
+    if scaling.min_replicas > scaling.max_replicas:
+        raise InvalidSpec("autoscaling.minReplicas", "must be less than or equal to autoscaling.maxReplicas")
+    if scaling.min_replicas == 0 and scaling.mode != "keda":
+        raise InvalidSpec("autoscaling.minReplicas", "0 (scale to zero) needs autoscaling.mode keda")
+    if scaling.mode != "none" and scaling.metric is None:
+        raise InvalidSpec("autoscaling.metric", f"is required when autoscaling.mode is {scaling.mode}")
+    return scaling
+
+
+def parse_snapshot(spec: dict[str, Any]) -> SnapshotPolicy:
+    data = _section(spec, "snapshot", "")
+    storage = _section(data, "storage", "snapshot.")
+    enabled = data.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise InvalidSpec("snapshot.enabled", f"must be true or false, got {enabled!r}")
+    policy = SnapshotPolicy(
+        enabled=enabled,
+        claim_name=_text(storage, "claimName", "snapshot.storage."),
+        sub_path=_text(storage, "subPath", "snapshot.storage."),
+        signing_key_secret=_text(data, "signingKeySecret", "snapshot."),
+        retention=_int(data, "retention", 2, "snapshot.", 1, 20),
+        max_capture_attempts=_int(data, "maxCaptureAttempts", 5, "snapshot.", 1, 20),
+    )
+    if policy.enabled and not policy.claim_name:
+        raise InvalidSpec("snapshot.storage.claimName", "is required when snapshot.enabled is true")
+    return policy
+
+
+def _string_map(data: dict[str, Any], key: str, path: str) -> dict[str, str]:
+    value = _section(data, key, path)
+    return {str(k): str(v) for k, v in value.items()}
+
+
+def _object_list(data: dict[str, Any], key: str, path: str) -> tuple[dict[str, Any], ...]:
+    value = data.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+        raise InvalidSpec(f"{path}{key}", "must be a list of objects")
+    return tuple(value)
+
+
+def parse_template(spec: dict[str, Any]) -> PodOverrides:
+    data = _section(spec, "template", "")
+    prefix = "template."
+    return PodOverrides(
+        node_selector=_string_map(data, "nodeSelector", prefix),
+        tolerations=_object_list(data, "tolerations", prefix),
+        env=_object_list(data, "env", prefix),
+        labels=_string_map(data, "labels", prefix),
+        annotations=_string_map(data, "annotations", prefix),
+        service_account_name=_text(data, "serviceAccountName", prefix),
+        priority_class_name=_text(data, "priorityClassName", prefix),
+    )
+
+
+def parse_spec(spec: dict[str, Any]) -> EndpointSpec:
+    """Parse and default an InferenceEndpoint spec; raises InvalidSpec naming the field."""
+    if not isinstance(spec, dict):
+        raise InvalidSpec("", "must be an object")
+    service = _section(spec, "service", "")
+    monitoring = _section(spec, "monitoring", "")
+    return EndpointSpec(
+        model=parse_model(spec),
+        engine=parse_engine(spec),
+        resources=parse_resources(spec),
+        replicas=_int(spec, "replicas", 1, "", 0, 1000),
+        autoscaling=parse_autoscaling(spec),
+        snapshot=parse_snapshot(spec),
+        template=parse_template(spec),
+        service=ServiceSpec(
+            type=_choice(service, "type", "ClusterIP", "service.", ("ClusterIP", "NodePort", "LoadBalancer")),
+            port=_int(service, "port", 80, "service.", 1, 65535),
+        ),
+        monitoring=MonitoringSpec(
+            service_monitor=bool(monitoring.get("serviceMonitor", False)),
+            interval=_text(monitoring, "interval", "monitoring.") or "15s",
+        ),
+    )
