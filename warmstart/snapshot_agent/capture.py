@@ -1,0 +1,220 @@
+"""Capture: turn a quiesced worker (it signalled `ready-for-snapshot`) into a signed snapshot in the store.
+
+Phases, each timed into the manifest: wait for the worker, CUDA lock + checkpoint (only when the process
+uses CUDA), CRIU dump of the engine subtree (always `--leave-running`: CRIU must not kill the engine while
+it still runs inside the engine's namespace), copy of the sandbox files the engine holds open (its stdio
+logs; a restore recreates them so CRIU finds the same files), publish. Then the source either exits
+(`snapshot-complete`) or, after its GPU state is restored in place, keeps serving (`restore-complete`).
+
+Any failure or interruption (timeout, Ctrl-C, an exception) discards the staging directory, so no snapshot
+becomes visible, and the source is resumed (CUDA restore + unlock, `restore-complete`) so it keeps serving.
+If the capturing process itself is killed, its staging directory stays invisible until store GC removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from warmstart.identity import SnapshotIdentity
+from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+from warmstart.snapshot.signing import Signer
+from warmstart.snapshot.store import Snapshot, SnapshotStore
+from warmstart.snapshot_agent import cuda
+from warmstart.snapshot_agent.criu import Criu
+from warmstart.snapshot_agent.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+CRIU_DIR = "criu"  # CRIU image files, relative to the snapshot
+LOGS_DIR = "logs"  # CRIU's own dump log
+SANDBOX_FILES_DIR = "sandbox"  # files the engine holds open under the sandbox mountpoint, by relative path
+
+
+class CaptureError(RuntimeError):
+    """The capture did not produce a snapshot; the message says which phase failed and why."""
+
+
+@dataclass
+class CaptureResult:
+    snapshot: Snapshot
+    timings: dict[str, float]
+    source_keeps_serving: bool
+    uses_cuda: bool
+
+
+@dataclass
+class CaptureOptions:
+    keep_serving: bool = True  # source resumes after the dump (restore in place) instead of exiting
+    resume_payload: dict[str, Any] = field(default_factory=dict)  # e.g. {"port": 8000} for the source
+    ready_timeout: float = 600.0
+    cuda_lock_timeout_ms: int = cuda.DEFAULT_LOCK_TIMEOUT_MS
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+class _Timer:
+    def __init__(self, on_phase: Callable[[str], None] | None) -> None:
+        self.timings: dict[str, float] = {}
+        self.current = "start"
+        self._on_phase = on_phase
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        self.current = name
+        if self._on_phase:
+            self._on_phase(name)
+        started = time.monotonic()
+        try:
+            yield
+        finally:
+            self.timings[name] = round(time.monotonic() - started, 6)
+
+
+def wait_ready(control: ControlDir, sandbox: Sandbox, timeout: float) -> dict[str, Any]:
+    """The `ready-for-snapshot` payload; fails early when the sandbox dies first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        signal = control.read(READY_FOR_SNAPSHOT)
+        if signal is not None:
+            return signal.payload
+        if not sandbox.alive():
+            raise CaptureError(
+                f"the worker exited before ready-for-snapshot (see {sandbox.host_dir} and its logs/)"
+            )
+        if time.monotonic() >= deadline:
+            raise CaptureError(f"no ready-for-snapshot in {control.path} within {timeout:.0f}s")
+        time.sleep(0.02)
+
+
+def identity_from_payload(payload: dict[str, Any]) -> SnapshotIdentity:
+    try:
+        identity = SnapshotIdentity.from_dict(payload["identity"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CaptureError(f"ready-for-snapshot payload has no valid 'identity': {exc}") from exc
+    claimed = payload.get("identity_hash")
+    if claimed and claimed != identity.digest():
+        raise CaptureError(f"ready-for-snapshot identity_hash {claimed} does not match its identity")
+    return identity
+
+
+def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> list[Path]:
+    """Regular files under the sandbox mountpoint that `host_pid` holds open (paths inside the sandbox)."""
+    found: set[Path] = set()
+    for fd in os.listdir(f"/proc/{host_pid}/fd"):
+        with contextlib.suppress(OSError):
+            target = Path(os.readlink(f"/proc/{host_pid}/fd/{fd}"))
+            if target.is_relative_to(sandbox.mountpoint) and sandbox.on_host(target).is_file():
+                found.add(target)
+    return sorted(found)
+
+
+def _copy_sandbox_files(files: list[Path], sandbox: Sandbox, destination: Path) -> None:
+    for inside in files:
+        target = destination / inside.relative_to(sandbox.mountpoint)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(sandbox.on_host(inside), target)
+
+
+def capture(
+    *,
+    store: SnapshotStore,
+    signer: Signer,
+    sandbox: Sandbox,
+    control: ControlDir,
+    criu: Criu,
+    options: CaptureOptions | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> CaptureResult:
+    """Snapshot the worker in `sandbox` whose control directory (host path) is `control`."""
+    options = options or CaptureOptions()
+    timer = _Timer(on_phase)
+    with timer.phase("wait_ready"):
+        payload = wait_ready(control, sandbox, options.ready_timeout)
+    identity = identity_from_payload(payload)
+    namespace_pid = int(payload["pid"])
+    host_pid = sandbox.host_pid(namespace_pid)
+    if host_pid is None:
+        raise CaptureError(f"the worker's pid {namespace_pid} is not running in the sandbox")
+    use = cuda.process_uses_cuda(host_pid)
+    log.info("capturing pid %d (host %d): %s", namespace_pid, host_pid, use.reason)
+    suspended = False
+    try:
+        if use.uses_cuda:
+            with timer.phase("cuda_checkpoint"):
+                cuda.suspend(host_pid, options.cuda_lock_timeout_ms)
+            suspended = True
+        published = _dump_and_publish(
+            store, signer, sandbox, criu, identity, namespace_pid, host_pid, payload, use, options, timer
+        )
+    except BaseException as exc:
+        try:
+            _resume_source(control, host_pid, suspended, options.resume_payload, timer)
+        except Exception as resume_error:  # report the capture failure, not this one
+            log.error("could not resume the source after a failed capture: %s", resume_error)
+        if isinstance(exc, Exception) and not isinstance(exc, CaptureError):
+            raise CaptureError(f"capture failed during {timer.current}: {exc}") from exc
+        raise
+    if options.keep_serving:
+        _resume_source(control, host_pid, suspended, options.resume_payload, timer)
+    else:
+        control.send(SNAPSHOT_COMPLETE, {"snapshot": published.id})
+    return CaptureResult(published, timer.timings, options.keep_serving, use.uses_cuda)
+
+
+def _dump_and_publish(
+    store: SnapshotStore,
+    signer: Signer,
+    sandbox: Sandbox,
+    criu: Criu,
+    identity: SnapshotIdentity,
+    namespace_pid: int,
+    host_pid: int,
+    payload: dict[str, Any],
+    use: cuda.CudaUse,
+    options: CaptureOptions,
+    timer: _Timer,
+) -> Snapshot:
+    meta = {
+        **options.meta,
+        "engine_pid": namespace_pid,
+        "uses_cuda": use.uses_cuda,
+        "cuda_reason": use.reason,
+        "worker": {k: v for k, v in payload.items() if k not in ("identity", "pid")},
+    }
+    node = {"hostname": socket.gethostname()}
+    with store.stage(identity, node=node, meta=meta) as staging:
+        with timer.phase("criu_dump"):
+            criu.in_namespaces_of(sandbox.init_pid).dump(
+                namespace_pid,
+                staging.dir / CRIU_DIR,
+                logs_dir=staging.dir / LOGS_DIR,
+                leave_running=True,
+            )
+        with timer.phase("copy_sandbox_files"):
+            files = open_sandbox_files(host_pid, sandbox)
+            _copy_sandbox_files(files, sandbox, staging.dir / SANDBOX_FILES_DIR)
+        staging.meta["sandbox_files"] = [str(path) for path in files]
+        staging.meta["sandbox_mountpoint"] = str(sandbox.mountpoint)
+        staging.timings.update(timer.timings)
+        with timer.phase("publish"):
+            snapshot = staging.publish(signer)
+    snapshot.timings.update(timer.timings)
+    return snapshot
+
+
+def _resume_source(
+    control: ControlDir, host_pid: int, suspended: bool, payload: dict[str, Any], timer: _Timer
+) -> None:
+    """Let the source carry on serving: GPU state back (when it was checkpointed), then `restore-complete`."""
+    if suspended:
+        with timer.phase("cuda_restore"):
+            cuda.resume(host_pid)
+    control.send(RESTORE_COMPLETE, {**payload, "restored_in_place": True})
