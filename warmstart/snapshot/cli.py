@@ -118,7 +118,9 @@ def human_bytes(count: float) -> str:
 def _console() -> Any:
     from rich.console import Console
 
-    return Console()
+    console = Console()
+    # Piped output (logs, CI) would be squeezed into 80 columns: give tables room instead.
+    return console if console.is_terminal else Console(width=160)
 
 
 # --- commands --------------------------------------------------------------------------------------------
@@ -129,9 +131,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
     if args.json:
         _print_json([snapshot.summary() for snapshot in snapshots])
         return 0
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=f"snapshots in {args.store}")
+    table = Table(title=f"snapshots in {args.store}", box=box.SIMPLE_HEAD)
     table.add_column("id", no_wrap=True)
     table.add_column("identity", no_wrap=True)
     for column in ("engine", "model", "size", "created (UTC)", "files"):
@@ -144,7 +147,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             f"{summary['engine']} {summary['engine_version']}".strip(),
             str(summary["model"] or summary["model_digest"][:19]),
             human_bytes(snapshot.size),
-            snapshot.created.strftime("%Y-%m-%d %H:%M:%S"),
+            snapshot.created.strftime("%Y-%m-%d %H:%M"),
             str(len(snapshot.files)),
         )
     _console().print(table if snapshots else "no snapshots")
