@@ -1,1 +1,34 @@
-"""warmstart.engines"""
+"""Engine adapters behind one interface (`warmstart.engines.base.Engine`).
+
+`create_engine(kind, **options)` builds one by name. Factories import lazily, so naming an engine costs
+nothing until it is created (torch, vLLM and CUDA are heavy imports).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from warmstart.engines.base import Engine
+
+# kind -> "module:factory"; the factory takes keyword options and returns an Engine.
+ENGINE_FACTORIES: dict[str, str] = {
+    "builtin": "warmstart.engines.builtin.engine:BuiltinEngine",
+    # "vllm": "warmstart.engines.vllm:VllmEngine",  # the vLLM adapter registers here
+}
+
+
+def engine_kinds() -> list[str]:
+    return sorted(ENGINE_FACTORIES)
+
+
+def create_engine(kind: str, **options: Any) -> Engine:
+    """Build the engine named `kind` with `options` (engine-specific keyword arguments)."""
+    target = ENGINE_FACTORIES.get(kind)
+    if target is None:
+        known = ", ".join(engine_kinds())
+        raise ValueError(f"unknown engine {kind!r}; choose one of: {known}")
+    module_name, _, factory_name = target.partition(":")
+    factory = getattr(importlib.import_module(module_name), factory_name)
+    return factory(**options)

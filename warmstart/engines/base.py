@@ -1,0 +1,126 @@
+"""The engine interface the worker drives: small enough for the builtin engine and for vLLM.
+
+Lifecycle: `load()` -> `warm_up()` -> [`release()` -> checkpoint -> restore -> `reacquire()`] -> serve with
+`generate()` / `stream()`. `release()` frees what a checkpoint should not carry (KV cache, and weights where
+the engine can re-create them); `reacquire()` brings it back after a resume.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmstart.identity import SnapshotIdentity
+
+
+class EngineError(RuntimeError):
+    """The engine cannot do what was asked (bad options, missing model, wrong state)."""
+
+
+class RequestError(ValueError):
+    """A generation request is invalid; `param` names the offending field."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to pick tokens. `temperature == 0` is greedy; `seed` makes sampled output reproducible."""
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to complete: either text or already-tokenized ids."""
+
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    token_ids: tuple[int, ...]
+    prompt_tokens: int
+    finish_reason: str  # "stop" (EOS or a stop string) or "length"
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """A piece of streamed output; the last one carries `finish_reason`."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+
+
+class Engine(abc.ABC):
+    """What the worker needs from an inference engine."""
+
+    kind: str = ""
+
+    @property
+    @abc.abstractmethod
+    def served_model_name(self) -> str: ...
+
+    @property
+    @abc.abstractmethod
+    def max_model_len(self) -> int: ...
+
+    @abc.abstractmethod
+    def load(self) -> None:
+        """Read the model and allocate what inference needs."""
+
+    @abc.abstractmethod
+    def warm_up(self) -> None:
+        """Run the code paths once (and capture CUDA graphs) so the first real request is fast."""
+
+    @abc.abstractmethod
+    def release(self) -> bool:
+        """Free memory a checkpoint should not carry; return True when the weights were released too."""
+
+    @abc.abstractmethod
+    def reacquire(self) -> None:
+        """Undo `release()` after a resume: re-create the KV cache and reload released weights."""
+
+    @abc.abstractmethod
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        """Complete all `requests` (batched together); results are in request order."""
+
+    @abc.abstractmethod
+    def identity(self) -> SnapshotIdentity:
+        """What a snapshot of this engine is valid for."""
+
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        """How many tokens the prompt takes; engines with a tokenizer override this."""
+        return len(request.prompt_token_ids or ())
+
+    def stream(self, request: GenerationRequest) -> Iterator[TokenDelta]:
+        """Stream one request; engines without incremental output yield the whole result once."""
+        result = self.generate([request])[0]
+        yield TokenDelta(result.text, result.token_ids, result.finish_reason, result.prompt_tokens)
+
+    def close(self) -> None:  # noqa: B027 (optional hook, not abstract)
+        """Stop background work; the default has none."""
+
+    def describe(self) -> dict[str, Any]:
+        """Facts for logs and the `ready-for-snapshot` payload."""
+        return {"engine": self.kind, "model": self.served_model_name, "max_model_len": self.max_model_len}

@@ -1,0 +1,376 @@
+"""The builtin engine: the Qwen3-shaped transformer of `model.py` behind the `Engine` interface.
+
+Memory is arranged for checkpointing: all weights are views of one weight arena and the KV cache is views
+of one KV arena (see `warmstart.engines.arena`). `release()` gives back the KV arena (and the weight arena
+when `release_weights`), `reacquire()` takes them again and refills the weights from the safetensors files.
+Requests are batched continuously by a scheduler thread: each new sequence is prefilled into a free KV slot
+and then joins the running decode batch. On CUDA the decode step is captured as CUDA graphs for a set of
+batch sizes (and optionally compiled).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import warmstart
+from warmstart.engines.arena import Arena, create_arena
+from warmstart.engines.base import (
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    RequestError,
+    TokenDelta,
+)
+from warmstart.engines.builtin.config import PRESETS, ModelConfig
+from warmstart.engines.builtin.graphs import DecodeGraphs
+from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
+from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model, model_digest, weight_files
+from warmstart.engines.builtin.scheduler import Scheduler, Sequence
+from warmstart.engines.builtin.tokenizer import ByteTokenizer
+from warmstart.engines.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
+from warmstart.identity import SnapshotIdentity
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GRAPH_SIZES = (1, 2, 4, 8, 16, 32)
+
+
+class BuiltinEngine(Engine):
+    kind = "builtin"
+
+    def __init__(
+        self,
+        model: str = "tiny",
+        model_dir: str | os.PathLike[str] | None = None,
+        device: str = "cpu",
+        seed: int = 0,
+        dtype: str | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        cuda_graph_sizes: list[int] | tuple[int, ...] | None = None,
+        compile: bool = False,
+        release_weights: bool = False,
+        arena: str = "torch",
+        refill_threads: int = 8,
+        overrides: dict[str, Any] | None = None,
+        served_model_name: str | None = None,
+    ) -> None:
+        self._preset = model if model in PRESETS else None
+        if self._preset is None and model_dir is None and not Path(model).is_dir():
+            raise EngineError(f"--model {model!r} is neither a preset ({', '.join(PRESETS)}) nor a directory")
+        self._overrides = dict(overrides or {})
+        if dtype:
+            self._overrides["torch_dtype"] = dtype
+        self._seed = seed
+        self._model_dir = Path(model_dir) if model_dir else self._default_dir(model)
+        self._device = _parse_device(device)
+        self._requested_max_len = max_model_len
+        self._max_num_seqs = max_num_seqs or (16 if self._device.type == "cuda" else 8)
+        self._graph_sizes = tuple(sorted(set(cuda_graph_sizes or DEFAULT_GRAPH_SIZES)))
+        self._compile = compile
+        self._release_weights = release_weights
+        self._arena_kind = arena
+        self._refill_threads = refill_threads
+        self._name = served_model_name or (self._preset or self._model_dir.name)
+        self.tokenizer = ByteTokenizer()
+        self.config: ModelConfig | None = None
+        self._max_len = 0
+        self._files: list[Path] = []
+        self._layout: Layout = {}
+        self._weight_arena: Arena | None = None
+        self._kv_arena: Arena | None = None
+        self._model: Transformer | None = None
+        self._graphs: DecodeGraphs | None = None
+        self._scheduler: Scheduler | None = None
+        self._digest: str | None = None
+        self._weights_released = False
+
+    # --- Engine interface ----------------------------------------------------------------------------
+
+    @property
+    def served_model_name(self) -> str:
+        return self._name
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_len
+
+    @property
+    def device(self) -> torch.device:
+        return self._device
+
+    @property
+    def model_dir(self) -> Path:
+        return self._model_dir
+
+    def load(self) -> None:
+        if self._preset is not None:
+            generator = "cuda" if self._device.type == "cuda" else "cpu"
+            ensure_model(self._model_dir, self._preset, self._seed, self._overrides, device=generator)
+        config = ModelConfig.load(self._model_dir)
+        self._check_config(config)
+        self.config = config
+        self._max_len = self._resolve_max_len(config)
+        self._files = weight_files(self._model_dir)
+        self._layout, nbytes = plan_layout(self._files)
+        self._weight_arena = create_arena(self._arena_kind, self._device)
+        self._weight_arena.allocate(nbytes)
+        self._fill_weights()
+        self._kv_arena = create_arena(self._arena_kind, self._device)
+        # One slot more than sequences: the scratch slot that padded CUDA-graph rows write into.
+        self._kv_arena.allocate(kv_nbytes(config, self._max_num_seqs + 1, self._max_len))
+        self._model = Transformer(config, self._device, self._max_len)
+        self._bind_all()
+        self._scheduler = Scheduler(
+            self._model, self.tokenizer, self._max_num_seqs, self._max_len, self._decode
+        )
+        log.info(
+            "loaded %s from %s: %.1f M parameters, %s, %s, max_model_len %d",
+            self._name,
+            self._model_dir,
+            config.parameter_count / 1e6,
+            config.torch_dtype,
+            self._device,
+            self._max_len,
+        )
+
+    def warm_up(self) -> None:
+        scheduler = self._require_scheduler()
+        prompt = GenerationRequest(prompt="warm up", request_id="warm-up")
+        scheduler.run_inline([self._sequence(prompt)])
+        if self._device.type == "cuda":
+            self._graphs = DecodeGraphs(
+                self._model, self._graph_sizes_within_limit(), self._max_num_seqs, compile=self._compile
+            )
+            self._graphs.capture()
+            torch.cuda.synchronize(self._device)
+
+    def release(self) -> bool:
+        self._require_scheduler().stop()
+        self._model.bind_kv(None)
+        self._kv_arena.release()
+        if self._release_weights:
+            self._model.unbind()
+            self._weight_arena.release()
+            self._weights_released = True
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+            release_pinned_cache()
+        return self._weights_released
+
+    def reacquire(self) -> None:
+        addresses = self._addresses()
+        self._kv_arena.reacquire()
+        if self._weights_released:
+            self._weight_arena.reacquire()
+            self._fill_weights()
+            self._weights_released = False
+        self._bind_all()
+        if self._graphs is not None and self._addresses() != addresses:
+            log.info("arena addresses moved across the release; capturing CUDA graphs again")
+            self._graphs.capture()
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        sequences = [self._sequence(request) for request in requests]
+        scheduler = self._require_scheduler()
+        for sequence in sequences:
+            scheduler.submit(sequence)
+        return [sequence.result() for sequence in sequences]
+
+    def stream(self, request: GenerationRequest) -> Iterator[TokenDelta]:
+        sequence = self._sequence(request, streaming=True)
+        self._require_scheduler().submit(sequence)
+        yield from sequence.deltas()
+
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        return len(self._prompt_ids(request))
+
+    def identity(self) -> SnapshotIdentity:
+        if self._digest is None:
+            self._digest = model_digest(self._model_dir)
+        gpu_product, capability, driver = _gpu_facts(self._device)
+        return SnapshotIdentity(
+            model_digest=self._digest,
+            engine=self.kind,
+            engine_version=f"warmstart-{warmstart.__version__}/torch-{torch.__version__}",
+            engine_args=self._engine_args(),
+            dtype=self.config.torch_dtype if self.config else "",
+            parallelism=1,
+            device=self._device.type,
+            gpu_product=gpu_product,
+            compute_capability=capability,
+            driver_major=driver,
+            image=os.environ.get("WARMSTART_IMAGE") or _runtime_image(),
+        )
+
+    def close(self) -> None:
+        if self._scheduler is not None:
+            self._scheduler.stop()
+
+    def describe(self) -> dict[str, Any]:
+        facts = super().describe()
+        facts.update(
+            device=str(self._device),
+            model_dir=str(self._model_dir),
+            max_num_seqs=self._max_num_seqs,
+            weights_bytes=self._weight_arena.nbytes if self._weight_arena else 0,
+            kv_bytes=self._kv_arena.nbytes if self._kv_arena else 0,
+        )
+        return facts
+
+    @property
+    def serving(self) -> bool:
+        return self._scheduler is not None and self._scheduler.running
+
+    # --- internals -----------------------------------------------------------------------------------
+
+    def _default_dir(self, model: str) -> Path:
+        if self._preset is None:
+            return Path(model)
+        return default_model_dir(self._preset, self._seed, self._overrides)
+
+    def _check_config(self, config: ModelConfig) -> None:
+        wanted = self._overrides.get("torch_dtype")
+        if wanted and wanted != config.torch_dtype:
+            raise EngineError(
+                f"{self._model_dir} holds {config.torch_dtype} weights; --dtype {wanted} differs"
+            )
+        if config.vocab_size < self.tokenizer.vocab_size:
+            raise EngineError(
+                f"vocab_size {config.vocab_size} is below the tokenizer's {self.tokenizer.vocab_size}"
+            )
+
+    def _resolve_max_len(self, config: ModelConfig) -> int:
+        limit = config.max_position_embeddings
+        wanted = self._requested_max_len or min(limit, 4096)
+        if not 1 < wanted <= limit:
+            raise EngineError(f"max_model_len must be between 2 and {limit} for this model, got {wanted}")
+        return wanted
+
+    def _fill_weights(self) -> None:
+        stats = refill(self._weight_arena.tensor, self._layout, self._files, threads=self._refill_threads)
+        if self._device.type == "cuda":
+            release_pinned_cache()
+        log.info(
+            "weights: %.1f MB in %.3f s (%.2f GB/s, %d threads)",
+            stats.nbytes / 1e6,
+            stats.seconds,
+            stats.gb_per_s,
+            stats.threads,
+        )
+
+    def _bind_all(self) -> None:
+        self._model.bind(views(self._weight_arena.tensor, self._layout))
+        self._model.bind_kv(
+            KVCache(self._kv_arena.tensor, self.config, self._max_num_seqs + 1, self._max_len)
+        )
+
+    def _addresses(self) -> tuple[int, int]:
+        def address(arena: Arena) -> int:
+            return 0 if arena.released else arena.tensor.data_ptr()
+
+        return address(self._weight_arena), address(self._kv_arena)
+
+    def _decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        if self._graphs is not None and self._graphs.fits(tokens.shape[0]):
+            return self._graphs.replay(tokens, positions, slots)
+        return self._model.decode(tokens, positions, slots, context=int(positions.max()) + 1)
+
+    def _graph_sizes_within_limit(self) -> list[int]:
+        sizes = {size for size in self._graph_sizes if size <= self._max_num_seqs} | {self._max_num_seqs}
+        return sorted(sizes)
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt_token_ids is not None:
+            ids = list(request.prompt_token_ids)
+            bad = [i for i in ids if not 0 <= i < self.tokenizer.vocab_size]
+            if bad:
+                raise RequestError(
+                    f"token id {bad[0]} is outside 0..{self.tokenizer.vocab_size - 1}", "prompt"
+                )
+            return ids
+        if request.prompt is None:
+            raise RequestError("a request needs a prompt or prompt_token_ids", "prompt")
+        return self.tokenizer.encode(request.prompt)
+
+    def _sequence(self, request: GenerationRequest, streaming: bool = False) -> Sequence:
+        ids = self._prompt_ids(request)
+        if not ids or ids == [self.tokenizer.bos_id]:
+            raise RequestError("the prompt is empty", "prompt")
+        sampling = request.sampling
+        if len(ids) >= self._max_len:
+            limit = self._max_len - 1
+            raise RequestError(
+                f"the prompt has {len(ids)} tokens; this model takes at most {limit}", "prompt"
+            )
+        if sampling.max_tokens < 1 or len(ids) + sampling.max_tokens > self._max_len:
+            room = self._max_len - len(ids)
+            raise RequestError(
+                f"max_tokens must be between 1 and {room} for this prompt ({len(ids)} tokens, "
+                f"max_model_len {self._max_len}), got {sampling.max_tokens}",
+                "max_tokens",
+            )
+        return Sequence(request, ids, streaming=streaming)
+
+    def _require_scheduler(self) -> Scheduler:
+        if self._scheduler is None:
+            raise EngineError("the engine is not loaded; call load() first")
+        if self._model.kv is None:
+            raise EngineError("the engine is released; call reacquire() first")
+        return self._scheduler
+
+    def _engine_args(self) -> dict[str, Any]:
+        return {
+            "model": self._preset or "",
+            "overrides": self._overrides,
+            "max_model_len": self._max_len,
+            "max_num_seqs": self._max_num_seqs,
+            "cuda_graph_sizes": self._graph_sizes_within_limit() if self._device.type == "cuda" else [],
+            "compile": self._compile,
+            "release_weights": self._release_weights,
+            "arena": self._arena_kind,
+        }
+
+
+def _parse_device(device: str) -> torch.device:
+    if device not in ("cpu", "cuda") and not re.fullmatch(r"cuda:\d+", device):
+        raise EngineError(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    parsed = torch.device(device)
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise EngineError("--device cuda was asked for, but torch sees no CUDA device here")
+        if parsed.index is None:
+            parsed = torch.device("cuda", torch.cuda.current_device())
+        torch.cuda.set_device(parsed)
+    return parsed
+
+
+def _gpu_facts(device: torch.device) -> tuple[str, str, int]:
+    if device.type != "cuda":
+        return "", "", 0
+    major, minor = torch.cuda.get_device_capability(device)
+    return torch.cuda.get_device_name(device), f"{major}.{minor}", _driver_major()
+
+
+def _driver_major() -> int:
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+    except OSError:
+        return 0
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+)\.", text)
+    return int(match.group(1)) if match else 0
+
+
+def _runtime_image() -> str:
+    return f"python-{sys.version_info.major}.{sys.version_info.minor}/warmstart-{warmstart.__version__}"

@@ -1,0 +1,77 @@
+"""CUDA graphs of the decode step, one per batch size (like vLLM's capture sizes).
+
+A batch is padded up to the next captured size; padding rows write into a scratch KV slot nobody reads.
+The graphs read weights and KV cache at fixed addresses, so after those move they must be captured again.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+import torch
+
+from warmstart.engines.builtin.model import Transformer
+
+WARMUP_RUNS = 2
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    slots: torch.Tensor
+    logits: torch.Tensor
+
+
+class DecodeGraphs:
+    def __init__(
+        self, model: Transformer, sizes: list[int], scratch_slot: int, compile: bool = False
+    ) -> None:
+        if not sizes:
+            raise ValueError("CUDA graph capture needs at least one batch size")
+        self._model = model
+        self._sizes = sorted(sizes)
+        self._scratch_slot = scratch_slot
+        self._decode = torch.compile(model.decode, dynamic=False) if compile else model.decode
+        self._captured: dict[int, _Captured] = {}
+
+    def fits(self, batch: int) -> bool:
+        return batch <= self._sizes[-1] and bool(self._captured)
+
+    def capture(self) -> None:
+        """(Re)capture every size, largest first, sharing one memory pool."""
+        self._captured.clear()
+        pool = torch.cuda.graph_pool_handle()
+        with torch.no_grad():
+            for size in reversed(self._sizes):
+                self._captured[size] = self._capture_one(size, pool)
+
+    def replay(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        batch = tokens.shape[0]
+        captured = self._captured[self._sizes[bisect.bisect_left(self._sizes, batch)]]
+        captured.tokens[:batch].copy_(tokens)
+        captured.positions[:batch].copy_(positions)
+        captured.slots[:batch].copy_(slots)
+        captured.tokens[batch:].zero_()
+        captured.positions[batch:].zero_()
+        captured.slots[batch:].fill_(self._scratch_slot)
+        captured.graph.replay()
+        return captured.logits[:batch]
+
+    def _capture_one(self, size: int, pool: object) -> _Captured:
+        device = self._model.device
+        tokens = torch.zeros(size, dtype=torch.long, device=device)
+        positions = torch.zeros(size, dtype=torch.long, device=device)
+        slots = torch.full((size,), self._scratch_slot, dtype=torch.long, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                self._decode(tokens, positions, slots)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            logits = self._decode(tokens, positions, slots)
+        return _Captured(graph, tokens, positions, slots, logits)

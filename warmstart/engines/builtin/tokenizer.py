@@ -1,0 +1,44 @@
+"""A byte-level tokenizer: ids 0-255 are bytes, then a few special tokens. No vocabulary files needed."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+
+BOS_ID = 256
+EOS_ID = 257
+PAD_ID = 258
+UNK_ID = 259
+SPECIAL_TOKENS = {"<|bos|>": BOS_ID, "<|eos|>": EOS_ID, "<|pad|>": PAD_ID, "<|unk|>": UNK_ID}
+VOCAB_SIZE = 260
+
+
+class ByteTokenizer:
+    vocab_size = VOCAB_SIZE
+    bos_id = BOS_ID
+    eos_id = EOS_ID
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = list(text.encode("utf-8"))
+        return [BOS_ID, *ids] if add_bos else ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
+        """A plain chat format: one `<|role|>` header line per message, then the assistant's header."""
+        turns = [f"<|{message['role']}|>\n{message['content']}\n" for message in messages]
+        return "".join(turns) + "<|assistant|>\n"
+
+
+class IncrementalDecoder:
+    """Turns a token stream into text pieces without splitting multi-byte UTF-8 characters."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._decoder.decode(bytes([token_id])) if 0 <= token_id < 256 else ""
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
