@@ -12,6 +12,7 @@ import random
 import sys
 from pathlib import Path
 
+from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 
 
@@ -20,7 +21,11 @@ def main() -> int:
     rng = random.Random(int(sys.argv[2]))
     state = bytes(rng.getrandbits(8) for _ in range(1 << 16))
     print(f"target ready pid={os.getpid()}", flush=True)
-    control.send(READY_FOR_SNAPSHOT, {"pid": os.getpid()})
+    identity = SnapshotIdentity(
+        model_digest=f"sha256:{sys.argv[2]:0>64}", engine="target", engine_version="1"
+    )
+    payload = {"pid": os.getpid(), "identity": identity.to_dict(), "identity_hash": identity.digest()}
+    control.send(READY_FOR_SNAPSHOT, payload)
     signal = control.wait(RESTORE_COMPLETE, SNAPSHOT_COMPLETE)
     if signal.name == SNAPSHOT_COMPLETE:
         return 0

@@ -1,0 +1,225 @@
+"""Capture into a real store and restore from it, with real CRIU, on a small stateful process."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import stat
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from warmstart.identity import SnapshotIdentity
+from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
+from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
+from warmstart.snapshot.store import SnapshotStore
+from warmstart.snapshot_agent.capture import CaptureError, CaptureOptions, capture
+from warmstart.snapshot_agent.criu import Criu
+from warmstart.snapshot_agent.restore import FailureCounter, RestoreFailed, RestoreRefused, restore
+from warmstart.snapshot_agent.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
+
+pytestmark = pytest.mark.integration
+TARGET = Path(__file__).with_name("target_process.py")
+
+
+def _identity(seed: int) -> SnapshotIdentity:
+    return SnapshotIdentity(model_digest=f"sha256:{seed:0>64}", engine="target", engine_version="1")
+
+
+def _wait_for(path: Path, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text().endswith("\n")):
+        assert time.monotonic() < deadline, f"{path} did not appear within {timeout}s"
+        time.sleep(0.02)
+    return path.read_text()
+
+
+@pytest.fixture
+def sandboxes() -> Iterator[list[Sandbox]]:
+    started: list[Sandbox] = []
+    yield started
+    for sandbox in started:
+        sandbox.stop(grace=2)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> SnapshotStore:
+    return SnapshotStore(tmp_path / "store")
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    return generate_hmac_key(tmp_path / "hmac.key")
+
+
+@pytest.fixture
+def counting_criu(tmp_path: Path, criu_command: str) -> tuple[Criu, Callable[[], list[str]]]:
+    """The real CRIU behind a wrapper that records each invocation's subcommand."""
+    calls = tmp_path / "criu-calls"
+    wrapper = tmp_path / "criu-wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {criu_command} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+
+    def invoked() -> list[str]:
+        return calls.read_text().split() if calls.exists() else []
+
+    return Criu(str(wrapper), timeout=120), invoked
+
+
+def _start_target(host_dir: Path, seed: int, sandboxes: list[Sandbox]) -> Sandbox:
+    (host_dir / "control" / "logs").mkdir(parents=True)
+    control = MOUNTPOINT / "control"
+    script = (
+        f"setsid {shlex.quote(sys.executable)} {TARGET} {control} {seed} </dev/null >{control}/logs/out 2>&1"
+    )
+    sandbox = Sandbox.start(host_dir, ["/bin/sh", "-c", script + " & wait"])
+    sandboxes.append(sandbox)
+    return sandbox
+
+
+def _capture(tmp_path: Path, store: SnapshotStore, key: Path, criu: Criu, sandboxes: list[Sandbox], **kw):
+    sandbox = _start_target(tmp_path / "capture", 9, sandboxes)
+    result = capture(
+        store=store, signer=load_signer(key), sandbox=sandbox,
+        control=ControlDir(sandbox.host_dir / "control"), criu=criu, options=CaptureOptions(**kw),
+    )  # fmt: skip
+    return sandbox, result
+
+
+def _restore_into_new_sandbox(
+    tmp_path: Path, name: str, store: SnapshotStore, key: Path, snapshot_id: str, criu: Criu,
+    sandboxes: list[Sandbox], identity: SnapshotIdentity | None = None, port: int = 9100,
+):  # fmt: skip
+    sandbox = Sandbox.start(tmp_path / name, waiting_init_command(), reserve_pids=True)
+    sandboxes.append(sandbox)
+    control = ControlDir(sandbox.host_dir / "control")
+    result = restore(
+        store=store, verifier=load_verifier(key), snapshot_id=snapshot_id,
+        expected_identity=identity or _identity(9), sandbox=sandbox, control=control, criu=criu,
+        work_dir=tmp_path / f"{name}-work", resume_payload={"port": port},
+    )  # fmt: skip
+    return sandbox, result
+
+
+def test_source_keeps_serving_and_restore_answers_identically(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, _ = counting_criu
+    source, captured = _capture(tmp_path, store, key, criu, sandboxes, resume_payload={"port": 9000})
+    assert store.list() and store.list()[0].id == captured.snapshot.id
+    assert {"wait_ready", "criu_dump", "publish"} <= set(captured.timings)
+    assert "criu/inventory.img" in captured.snapshot.files
+    assert "sandbox/control/logs/out" in captured.snapshot.files
+    source_answer = _wait_for(source.host_dir / "control" / "answer").split()
+    assert source_answer[2] == "9000"  # the source resumed in place with its payload
+
+    restored, result = _restore_into_new_sandbox(
+        tmp_path, "restored", store, key, captured.snapshot.id, criu, sandboxes
+    )
+    restored_answer = _wait_for(restored.host_dir / "control" / "answer").split()
+    assert restored_answer[0] == source_answer[0]
+    assert restored_answer[2] == "9100"
+    assert result.host_pid != result.namespace_pid
+    assert restored.process.wait(timeout=30) == 0
+
+
+def test_exit_mode_sends_snapshot_complete_and_source_exits(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, _ = counting_criu
+    source, captured = _capture(tmp_path, store, key, criu, sandboxes, keep_serving=False)
+    assert source.process.wait(timeout=30) == 0
+    assert not (source.host_dir / "control" / "answer").exists()
+    restored, _ = _restore_into_new_sandbox(tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes)
+    assert len(_wait_for(restored.host_dir / "control" / "answer").split()[0]) == 64
+
+
+def test_tampered_snapshot_is_refused_before_criu_runs(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, invoked = counting_criu
+    _, captured = _capture(tmp_path, store, key, criu, sandboxes)
+    pages = max(
+        (name for name in captured.snapshot.files if name.startswith("criu/pages-")),
+        key=lambda name: captured.snapshot.files[name].size,
+    )
+    blob = store.blob_path(captured.snapshot.files[pages].digest)
+    blob.chmod(0o644)
+    with open(blob, "r+b") as handle:  # flip one byte of the memory image
+        first = handle.read(1)
+        handle.seek(0)
+        handle.write(bytes([first[0] ^ 0xFF]))
+    calls_before = invoked()
+    with pytest.raises(RestoreRefused, match="corrupted"):
+        _restore_into_new_sandbox(tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes)
+    assert invoked() == calls_before  # CRIU never saw the tampered image
+    failed = ControlDir(tmp_path / "r" / "control").read(RESTORE_FAILED)
+    assert failed is not None and "corrupted" in failed.payload["reason"]
+    assert FailureCounter(store.root).count(captured.snapshot.id) == 1
+
+
+def test_tampered_manifest_is_refused_by_its_signature(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, invoked = counting_criu
+    _, captured = _capture(tmp_path, store, key, criu, sandboxes)
+    manifest_file = captured.snapshot.path / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["meta"]["engine_pid"] = 1
+    manifest_file.chmod(0o644)
+    manifest_file.write_text(json.dumps(manifest))
+    calls_before = invoked()
+    with pytest.raises(RestoreRefused, match="signature"):
+        _restore_into_new_sandbox(tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes)
+    assert invoked() == calls_before
+
+
+def test_foreign_identity_is_refused_before_criu_runs(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, invoked = counting_criu
+    _, captured = _capture(tmp_path, store, key, criu, sandboxes)
+    calls_before = invoked()
+    with pytest.raises(RestoreRefused, match="model_digest"):
+        _restore_into_new_sandbox(
+            tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes, identity=_identity(10)
+        )
+    assert invoked() == calls_before
+
+
+def test_failed_criu_restore_is_cleaned_up_and_counted(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, _ = counting_criu
+    _, captured = _capture(tmp_path, store, key, criu, sandboxes)
+    broken = Criu([*criu.command, "--no-such-criu-option"], timeout=60)
+    counter = FailureCounter(store.root, max_failures=2)
+    for attempt in (1, 2):
+        with pytest.raises(RestoreFailed, match="CRIU restore failed"):
+            _restore_into_new_sandbox(
+                tmp_path, f"r{attempt}", store, key, captured.snapshot.id, broken, sandboxes
+            )
+        sandbox = sandboxes[-1]
+        assert sandbox.host_pids() == [sandbox.init_pid]
+        assert counter.count(captured.snapshot.id) == attempt
+    assert counter.invalid(captured.snapshot.id)
+
+
+def test_failed_dump_leaves_no_snapshot_and_source_keeps_serving(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, _ = counting_criu
+    broken = Criu([*criu.command, "--no-such-criu-option"], timeout=60)
+    sandbox = _start_target(tmp_path / "capture", 9, sandboxes)
+    with pytest.raises(CaptureError, match="criu_dump"):
+        capture(
+            store=store, signer=load_signer(key), sandbox=sandbox,
+            control=ControlDir(sandbox.host_dir / "control"), criu=broken,
+        )  # fmt: skip
+    assert store.list() == []
+    assert not any((store.root / "staging").iterdir())
+    assert len(_wait_for(sandbox.host_dir / "control" / "answer").split()[0]) == 64
+    assert ControlDir(sandbox.host_dir / "control").read(RESTORE_COMPLETE) is not None
