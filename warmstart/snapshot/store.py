@@ -115,6 +115,16 @@ def _copy_file(source: Path, target: Path, mode: int) -> None:
         temporary.unlink(missing_ok=True)
 
 
+def _newest_mtime(path: Path) -> float:
+    """The latest mtime of `path` and everything under it (a capture writing anywhere keeps it fresh)."""
+    newest = path.lstat().st_mtime
+    for directory, _, names in os.walk(path):
+        for name in [*names, "."]:
+            with contextlib.suppress(FileNotFoundError):
+                newest = max(newest, os.lstat(os.path.join(directory, name)).st_mtime)
+    return newest
+
+
 def _utc_now() -> datetime:
     return datetime.now(UTC)
 
@@ -430,16 +440,18 @@ class SnapshotStore:
             shutil.rmtree(root, ignore_errors=True)
 
     def _create_staging_root(self) -> Path:
-        self._ensure_layout()
-        root = self.staging_dir / uuid.uuid4().hex
-        root.mkdir()
+        """A staging directory and its owner record, made under the shared lock: GC never sees it bare."""
         owner = {
             "pid": os.getpid(),
             "pid_start": _process_start_ticks(os.getpid()),
             "host": _this_host(),
             "created": _utc_now().strftime(CREATED_FORMAT),
         }
-        _write_file(root / OWNER_FILE, json.dumps(owner).encode())
+        with self._lock(exclusive=False):
+            root = self.staging_dir / uuid.uuid4().hex
+            root.mkdir()
+            _write_file(root / OWNER_FILE, json.dumps(owner).encode())
+            (root / "files").mkdir()
         return root
 
     def stage(
@@ -450,10 +462,7 @@ class SnapshotStore:
         meta: dict[str, Any] | None = None,
     ) -> Staging:
         """A new staging area for a snapshot of `identity`; use it as a context manager."""
-        root = self._create_staging_root()
-        staging = Staging(self, root, identity, node, meta)
-        staging.dir.mkdir()
-        return staging
+        return Staging(self, self._create_staging_root(), identity, node, meta)
 
     def _new_snapshot_id(self, identity_hash: str, created: datetime) -> str:
         return f"{identity_hash[:12]}-{created.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
@@ -742,7 +751,10 @@ class SnapshotStore:
     def _gc_staging(self, older_than: float, report: GcReport) -> None:
         here, now = _this_host(), time.time()
         for entry in sorted(self.staging_dir.iterdir()):
-            stale, why = self._staging_is_stale(entry, here, now, older_than)
+            try:
+                stale, why = self._staging_is_stale(entry, here, now, older_than)
+            except FileNotFoundError:  # discarded by its owner meanwhile
+                continue
             if not stale:
                 report.kept_staging.append(f"{entry.name} ({why})")
                 continue
@@ -765,8 +777,7 @@ class SnapshotStore:
             if _process_alive(owner["pid"], owner.get("pid_start")):
                 return False, f"owner pid {owner['pid']} is running"
             return True, f"owner pid {owner['pid']} is gone"
-        mtimes = [p.stat().st_mtime for p in (entry, entry / "files") if p.exists()]
-        age = now - max(mtimes, default=now)
+        age = now - _newest_mtime(entry)
         if age > older_than:
             return True, f"untouched for {age:.0f}s"
         return False, f"touched {age:.0f}s ago"

@@ -1,0 +1,89 @@
+"""Interrupted captures and concurrent publishers, with real processes."""
+
+from __future__ import annotations
+
+import multiprocessing
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import snapshot_helpers
+
+from warmstart.snapshot import SnapshotStore
+from warmstart.snapshot.signing import Verifier
+
+HELPERS_DIR = Path(snapshot_helpers.__file__).parent
+
+KILLED_CAPTURE = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, sys.argv[2])
+    from snapshot_helpers import make_identity
+    from warmstart.snapshot import SnapshotStore
+
+    staging = SnapshotStore(sys.argv[1]).stage(make_identity())
+    (staging.dir / "criu").mkdir()
+    with open(staging.dir / "criu" / "pages-1.img", "wb") as image:
+        image.write(b"x" * 4096)
+        image.flush()
+        print(staging.root, flush=True)
+        while True:  # still writing when it is killed
+            image.write(b"y" * 4096)
+    """
+)
+
+
+def test_a_capture_killed_mid_write_leaves_nothing_listed(store: SnapshotStore) -> None:
+    child = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CAPTURE, str(store.root), str(HELPERS_DIR)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        staging_root = Path(child.stdout.readline().strip())  # type: ignore[union-attr]
+        assert staging_root.parent == store.staging_dir
+        assert (staging_root / "files" / "criu" / "pages-1.img").exists()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+
+    assert store.list() == []
+    assert list(store.snapshots_dir.iterdir()) == []
+    report = store.gc()  # the default bound is an hour: the dead owner alone makes it stale
+    assert [entry.split(" ")[0] for entry in report.removed_staging] == [staging_root.name]
+    assert "is gone" in report.removed_staging[0]
+    assert not staging_root.exists()
+
+
+def test_concurrent_publishers_of_one_identity_all_succeed_while_gc_runs(
+    store: SnapshotStore, hmac_key_path: Path, verifier: Verifier, tmp_path: Path
+) -> None:
+    publishers = 6
+    store.root.mkdir(parents=True)
+    stop_file = tmp_path / "stop-gc"
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(publishers + 1) as pool:
+        collector = pool.apply_async(
+            snapshot_helpers.collect_garbage_until, (str(store.root), str(stop_file))
+        )
+        jobs = [
+            pool.apply_async(
+                snapshot_helpers.publish_in_process, (str(store.root), str(hmac_key_path), index)
+            )
+            for index in range(publishers)
+        ]
+        ids = [job.get(timeout=120) for job in jobs]
+        stop_file.touch()
+        assert collector.get(timeout=120) >= 1
+
+    assert len(set(ids)) == publishers
+    listed = store.list()
+    assert sorted(s.id for s in listed) == sorted(ids)
+    for snapshot_id in ids:
+        store.verify(snapshot_id, verifier)
+    shared_digests = {s.files["criu/shared.img"].digest for s in listed}
+    assert len(shared_digests) == 1
+    assert len(list(store.blobs_dir.iterdir())) == publishers + 1  # one shared blob, one own blob each
