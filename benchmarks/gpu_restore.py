@@ -1,0 +1,982 @@
+#!/usr/bin/env python3
+"""GPU restore benchmark: cold start vs naive restore vs optimised restore of the builtin engine, one run.
+
+For each model shape (Qwen3-0.6B, Qwen3-8B; bf16 weights as safetensors) it measures, in the same run:
+
+* cold start to first token (import, weight load, torch.compile where enabled, warm-up, CUDA graph capture for
+  the decode batch sizes, KV allocation), page cache hot and dropped;
+* naive restore: nothing released, weights and KV cache inside the CUDA checkpoint and the CRIU image; CRIU
+  reads its image serially;
+* optimised restore: the engine releases its KV cache and weights (CUDA VMM arena: the virtual addresses
+  stay, so CUDA graphs stay valid) before the checkpoint; at restore the CRIU image and the weight files are
+  prefetched by parallel readers while CRIU restores, and the engine refills its weights with parallel
+  pinned reads;
+
+each with the page cache dropped and hot, repeated, against the floor computed from measured disk,
+page-cache and pinned host->GPU bandwidth, with the time split by phase and the outputs after every restore
+compared with the source's (token for token).
+
+It orchestrates the mechanics directly in the host PID namespace: the engine process is started by this
+script, checkpointed (CUDA driver API + CRIU dump; the source exits), then restored from the same image as
+many times as asked (the PIDs are free again once the previous copy exited). Needs root, an NVIDIA GPU
+with the checkpoint API (driver >= 570) and CRIU >= 4.
+
+    sudo python3 benchmarks/gpu_restore.py --criu "DIR/ld-linux-x86-64.so.2 --library-path DIR DIR/criu" \\
+        --work /var/tmp/warmstart-bench --out results/
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import mmap
+import os
+import platform
+import shlex
+import shutil
+import signal
+import statistics
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir  # noqa: E402
+
+GB = 1e9
+GiB = 1 << 30
+MODELS = ("qwen3-0.6b", "qwen3-8b")
+PROMPTS = (
+    "The quick brown fox",
+    "Checkpoint and restore make inference workers start",
+    "In a distant galaxy",
+    "def fibonacci(n):",
+)
+RESULT_TOKENS = 16
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+# =========================================================================================================
+# Page cache and parallel reads
+# =========================================================================================================
+
+
+def drop_page_cache() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def files_under(paths: Iterable[Path]) -> list[Path]:
+    found: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found += [p for p in sorted(path.rglob("*")) if p.is_file()]
+        elif path.is_file():
+            found.append(path)
+    return found
+
+
+def parallel_read(
+    files: Sequence[Path], threads: int = 16, chunk: int = 16 << 20, direct: bool = False
+) -> tuple[int, float]:
+    """Read every byte of `files` with `threads` concurrent preadv calls; returns (bytes, seconds).
+
+    Buffered reads leave the files in the page cache (prefetch); `direct=True` measures the disk alone.
+    Biggest files first, so one large file does not end up read by a single thread at the end.
+    """
+    work = []
+    for path in sorted(files, key=lambda p: -p.stat().st_size):
+        size = path.stat().st_size
+        work += [(path, offset, min(chunk, size - offset)) for offset in range(0, size, chunk)]
+    queue = iter(work)
+    lock = threading.Lock()
+    totals: list[int] = []
+
+    def reader() -> None:
+        buffer = mmap.mmap(-1, chunk)  # page-aligned, as O_DIRECT requires
+        fds: dict[Path, int] = {}
+        done = 0
+        try:
+            while True:
+                with lock:
+                    item = next(queue, None)
+                if item is None:
+                    break
+                path, offset, length = item
+                fd = fds.get(path)
+                if fd is None:
+                    fd = fds[path] = os.open(path, os.O_RDONLY | (os.O_DIRECT if direct else 0))
+                view = memoryview(buffer)[: (length + 4095) // 4096 * 4096 if direct else length]
+                done += os.preadv(fd, [view], offset)
+                view.release()
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+            buffer.close()
+            totals.append(done)
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=reader, daemon=True) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(totals), time.perf_counter() - started
+
+
+def set_cache_state(cache: str, hot_files: Sequence[Path]) -> None:
+    if cache == "dropped":
+        drop_page_cache()
+    else:
+        parallel_read(hot_files)
+
+
+# =========================================================================================================
+# Floors: disk, page cache -> pinned, pinned -> GPU, refill variants
+# =========================================================================================================
+
+
+def make_blob(path: Path, nbytes: int) -> None:
+    """A safetensors file holding one uint8 tensor `blob` of random bytes (data page-aligned)."""
+    if path.exists() and path.stat().st_size > nbytes:
+        return
+    import torch
+
+    header = json.dumps({"blob": {"dtype": "U8", "shape": [nbytes], "data_offsets": [0, nbytes]}}).encode()
+    header += b" " * (4096 - 8 - len(header))
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(header)) + header)
+        for offset in range(0, nbytes, GiB):
+            n = min(GiB, nbytes - offset)
+            f.write(
+                torch.randint(0, 256, (n,), dtype=torch.uint8, device="cuda", generator=gen).cpu().numpy()
+            )
+        os.fsync(f.fileno())
+
+
+def pinned_h2d_gbps(nbytes: int = 2 * GiB, repeats: int = 5) -> float:
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    times = []
+    for _ in range(repeats + 1):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return nbytes / statistics.median(times[1:]) / GB
+
+
+def pagecache_to_pinned_gbps(path: Path, threads: int, chunk: int = 32 << 20) -> float:
+    """Hot page cache -> per-thread pinned buffers, no GPU copy: the CPU side of a refill."""
+    import torch
+
+    size = path.stat().st_size
+    offsets = iter(range(0, size, chunk))
+    lock = threading.Lock()
+
+    def reader() -> None:
+        buffer = torch.empty(chunk, dtype=torch.uint8, pin_memory=True)
+        view = memoryview(buffer.numpy())
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            while True:
+                with lock:
+                    offset = next(offsets, None)
+                if offset is None:
+                    return
+                os.preadv(fd, [view], offset)
+        finally:
+            os.close(fd)
+
+    parallel_read([path])  # hot
+    started = time.perf_counter()
+    pool = [threading.Thread(target=reader) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return size / (time.perf_counter() - started) / GB
+
+
+def refill_sweep(path: Path) -> list[dict[str, Any]]:
+    """The weight refill into a CUDA VMM arena, by implementation, threads, chunk and cache state."""
+    import torch
+
+    from warmstart.engines import cuda_arena
+
+    (blob,) = cuda_arena.safetensors_layout(path)
+    size = blob.nbytes
+    arena = cuda_arena.CudaVmmArena("cuda")
+    arena.allocate(size)
+    segments = cuda_arena.segments_for({"blob": 0}, [path])
+    rows = []
+    variants = [("driver", t, c, "hot") for t in (4, 8, 12, 16) for c in (16 << 20, 64 << 20)]
+    variants += [("driver", t, 16 << 20, "dropped-direct") for t in (8, 16)]
+    variants += [("driver", 16, 16 << 20, "dropped-buffered")]
+    variants += [("weights_io", t, 32 << 20, "hot") for t in (8, 16)]
+    reference = None
+    for impl, threads, chunk, cache in variants:
+        set_cache_state("dropped" if cache.startswith("dropped") else "hot", [path])
+        arena.tensor.zero_()
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        if impl == "driver":
+            cuda_arena.refill(
+                arena, segments, threads=threads, chunk_bytes=chunk, direct_io=cache.endswith("direct")
+            )
+        else:
+            _weights_io_refill(arena.tensor, path, threads, chunk)
+        torch.cuda.synchronize()
+        seconds = time.perf_counter() - started
+        check = int(arena.tensor[:: 1 << 20].sum().item())
+        reference = check if reference is None else reference
+        rows.append(
+            {
+                "impl": impl,
+                "threads": threads,
+                "chunk_mib": chunk >> 20,
+                "cache": cache,
+                "seconds": round(seconds, 3),
+                "gb_per_s": round(size / seconds / GB, 2),
+                "bytes_ok": check == reference,
+            }
+        )
+        log(f"refill {impl} threads={threads} chunk={chunk >> 20}MiB {cache}: {size / seconds / GB:.1f} GB/s")
+    arena.close()
+    return rows
+
+
+def _weights_io_refill(target: Any, path: Path, threads: int, chunk: int) -> None:
+    """The engine module's own refill (torch pinned buffers and streams), over the same bytes."""
+    from warmstart.engines import weights_io
+
+    layout, _size = weights_io.plan_layout([path])
+    weights_io.refill(target, layout, [path], threads=threads, chunk_bytes=chunk)
+
+
+def measure_floors(work: Path, gib: int) -> dict[str, Any]:
+    blob = work / "floor.bin"
+    make_blob(blob, gib * GiB)
+    floors: dict[str, Any] = {"file_gib": gib}
+    drop_page_cache()
+    n, s = parallel_read([blob], threads=16, direct=True)
+    floors["disk_direct_gbps"] = round(n / s / GB, 2)
+    drop_page_cache()
+    n, s = parallel_read([blob], threads=16)
+    floors["disk_buffered_gbps"] = round(n / s / GB, 2)
+    n, s = parallel_read([blob], threads=16)
+    floors["pagecache_read_gbps"] = round(n / s / GB, 2)
+    for threads in (1, 8, 16):
+        floors[f"pagecache_to_pinned_{threads}t_gbps"] = round(pagecache_to_pinned_gbps(blob, threads), 2)
+    floors["pinned_h2d_gbps"] = round(pinned_h2d_gbps(), 2)
+    log(f"floors: {json.dumps(floors)}")
+    floors["refill"] = refill_sweep(blob)
+    blob.unlink()
+    return floors
+
+
+# =========================================================================================================
+# The engine process (the worker under test)
+# =========================================================================================================
+
+
+def vllm_like_graph_sizes(max_num_seqs: int) -> list[int]:
+    """vLLM's default decode capture sizes (1, 2, 4, then every 8), up to `max_num_seqs`."""
+    return [size for size in [1, 2, 4, *range(8, 513, 8)] if size <= max_num_seqs]
+
+
+def engine_options(model: str, model_dir: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword options for `create_engine("builtin", ...)`: a realistic, vLLM-like cold start.
+
+    The optimised mode keeps its weights in the CUDA VMM arena (released before the checkpoint, re-mapped at
+    the same addresses after); the others use torch's allocator, as an unmodified engine would.
+    """
+    if args.device == "cpu":  # a dry run of the orchestration, without a GPU
+        return {
+            "model": model,
+            "model_dir": str(model_dir),
+            "device": "cpu",
+            "release_weights": mode == "optimised",
+        }
+    return {
+        "model": model,
+        "model_dir": str(model_dir),
+        "device": "cuda",
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "cuda_graph_sizes": vllm_like_graph_sizes(args.max_num_seqs),
+        "compile": model in args.compile_models.split(","),
+        "release_weights": mode == "optimised",
+        "arena": "cuda-vmm" if mode == "optimised" else "torch",
+        "refill_threads": args.refill_threads,
+    }
+
+
+def outputs_of(engine: Any, requests: list[Any]) -> list[list[int]]:
+    """Greedy tokens per prompt, one request at a time: batch composition then cannot change the numerics."""
+    return [list(engine.generate([request])[0].token_ids) for request in requests]
+
+
+def engine_process(args: argparse.Namespace) -> int:
+    """Cold start, then either exit (mode cold) or release, signal, wait for the restore and report."""
+    spawned_at = float(args.spawned_at)
+    marks: dict[str, float] = {"spawned": spawned_at}
+    import torch
+
+    marks["torch_imported"] = time.time()
+    from warmstart.engines import create_engine
+    from warmstart.engines.base import GenerationRequest, SamplingParams
+
+    options = json.loads(args.options)
+    engine = create_engine("builtin", **options)
+    engine.load()
+    marks["loaded"] = time.time()
+    engine.warm_up()
+    marks["warm"] = time.time()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    first = engine.generate([GenerationRequest(prompt=PROMPTS[0], sampling=SamplingParams(max_tokens=1))])
+    marks["first_token"] = time.time()
+    requests = [
+        GenerationRequest(prompt=p, sampling=SamplingParams(max_tokens=RESULT_TOKENS, ignore_eos=True))
+        for p in PROMPTS
+    ]
+    reference = outputs_of(engine, requests)
+    marks["reference_done"] = time.time()
+    control = ControlDir(args.control)
+    report: dict[str, Any] = {
+        "pid": os.getpid(),
+        "marks": marks,
+        "outputs": reference,
+        "first": list(first[0].token_ids),
+        "gpu_bytes_before_release": torch.cuda.memory_allocated(),
+        "describe": engine.describe(),
+    }
+    if args.mode == "cold":
+        Path(args.control, "cold.json").write_text(json.dumps(report))
+        return 0
+    released_weights = engine.release() if args.mode == "optimised" else False
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        with contextlib.suppress(AttributeError):
+            torch._C._host_emptyCache()  # pinned staging buffers would otherwise ride along in the image
+        free, total = torch.cuda.mem_get_info()
+        report["gpu_used_at_checkpoint"] = total - free
+    report["released_weights"] = released_weights
+    marks["released"] = time.time()
+    control.send(READY_FOR_SNAPSHOT, report)
+    # --- checkpointed here; everything below runs in a restored copy ---
+    resume = control.wait(RESTORE_COMPLETE, timeout=None, interval=0.002).payload
+    after: dict[str, float] = {"resumed": time.time()}
+    if args.mode == "optimised":
+        engine.reacquire()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        after["reacquired"] = time.time()
+    first_after = engine.generate(
+        [GenerationRequest(prompt=PROMPTS[0], sampling=SamplingParams(max_tokens=1))]
+    )
+    after["first_token"] = time.time()
+    outputs = outputs_of(engine, requests)
+    result = {
+        "marks": after,
+        "outputs": outputs,
+        "first": list(first_after[0].token_ids),
+        "weights_refill": getattr(engine, "last_refill_stats", None),
+    }
+    Path(resume["result"]).write_text(json.dumps(result, default=str))
+    return 0
+
+
+# =========================================================================================================
+# Orchestration: cold starts, captures, restores
+# =========================================================================================================
+
+
+@dataclass
+class Capture:
+    mode: str
+    pid: int
+    images: Path
+    control: Path
+    ready: dict[str, Any]
+    timings: dict[str, float]
+    image_bytes: int
+
+
+@dataclass
+class RestoreRun:
+    mode: str
+    cache: str
+    rep: int
+    phases: dict[str, float]
+    total_s: float
+    outputs_identical: bool
+    first_token_identical: bool
+
+
+@dataclass
+class ModelResult:
+    model: str
+    weight_bytes: int
+    cold: list[dict[str, Any]] = field(default_factory=list)
+    captures: dict[str, dict[str, Any]] = field(default_factory=dict)
+    restores: list[RestoreRun] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from warmstart.snapshot_agent import cuda
+        from warmstart.snapshot_agent.criu import Criu
+
+        self.args = args
+        self.work = Path(args.work)
+        self.out = Path(args.out)
+        self.criu = Criu(args.criu, timeout=300)
+        self.cuda = cuda if args.device == "cuda" else None
+        self.deadline = time.monotonic() + args.budget_s
+        self.caches = [c for c in ("hot", "dropped") if c in args.caches.split(",")]
+        libc = ctypes.CDLL(None, use_errno=True)
+        # Restored engines get re-parented to us: we reap them, freeing their PIDs for the next restore.
+        libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+    def time_left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    # -- engine processes --------------------------------------------------------------------------------
+    def spawn_engine(self, mode: str, model: str, model_dir: Path, control: Path) -> subprocess.Popen[bytes]:
+        shutil.rmtree(control, ignore_errors=True)
+        control.mkdir(parents=True)
+        options = engine_options(model, model_dir, mode, self.args)
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            "PYTHONPATH": str(REPO),
+        }
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "engine-process",
+            "--mode",
+            mode,
+            "--control",
+            str(control),
+            "--options",
+            json.dumps(options),
+            "--spawned-at",
+            repr(time.time()),
+        ]
+        out = open(control.parent / f"{control.name}.log", "wb")  # noqa: SIM115 - owned by the child
+        # Own session, stdio on a file: CRIU must not find pipes shared with this script.
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+            cwd=str(self.work),
+        )
+
+    def wait_for(
+        self,
+        child: subprocess.Popen[bytes] | None,
+        check: Callable[[], Any],
+        what: str,
+        log_file: Path,
+        timeout: float = 600,
+    ) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = check()
+            if value is not None:
+                return value
+            if child is not None and child.poll() is not None:
+                raise RuntimeError(f"engine exited {child.returncode} before {what}:\n{_tail(log_file)}")
+            time.sleep(0.002)
+        raise RuntimeError(f"timed out waiting for {what}:\n{_tail(log_file)}")
+
+    def cold_start(self, model: str, model_dir: Path, cache: str) -> dict[str, Any]:
+        set_cache_state(cache, weight_files(model_dir))
+        control = self.work / "cold-control"
+        child = self.spawn_engine("cold", model, model_dir, control)
+        result_file = control / "cold.json"
+        report = self.wait_for(
+            child,
+            lambda: _json_if_exists(result_file),
+            "cold start result",
+            control.parent / "cold-control.log",
+        )
+        child.wait(timeout=120)
+        marks = report["marks"]
+        phases = _phases(marks, ["spawned", "torch_imported", "loaded", "warm", "first_token"])
+        return {
+            "cache": cache,
+            "total_s": round(marks["first_token"] - marks["spawned"], 3),
+            "phases": phases,
+            "outputs": report["outputs"],
+            "describe": report.get("describe"),
+        }
+
+    def capture(self, mode: str, model: str, model_dir: Path) -> tuple[Capture, dict[str, Any]]:
+        control = self.work / f"{mode}-control"
+        images = self.work / f"{mode}-images"
+        shutil.rmtree(images, ignore_errors=True)
+        child = self.spawn_engine(mode, model, model_dir, control)
+        ctl = ControlDir(control)
+        log_file = control.parent / f"{control.name}.log"
+        ready = self.wait_for(
+            child, lambda: _payload(ctl.read(READY_FOR_SNAPSHOT)), "ready-for-snapshot", log_file
+        )
+        pid = ready["pid"]
+        t0 = time.time()
+        if self.cuda:
+            self.cuda.lock(pid)
+        t1 = time.time()
+        if self.cuda:
+            self.cuda.checkpoint(pid)
+        t2 = time.time()
+        self.criu.dump(pid, images, logs_dir=self.work / f"{mode}-logs", extra=["-v1"])
+        t3 = time.time()
+        child.wait(timeout=60)  # CRIU killed the source; reap it so its PID is free
+        ctl.clear(READY_FOR_SNAPSHOT)
+        marks = ready["marks"]
+        cold = {
+            "cache": "hot",
+            "total_s": round(marks["first_token"] - marks["spawned"], 3),
+            "phases": _phases(marks, ["spawned", "torch_imported", "loaded", "warm", "first_token"]),
+            "outputs": ready["outputs"],
+            "describe": ready.get("describe"),
+            "source": f"{mode} capture",
+        }
+        timings = {"cuda_lock_s": t1 - t0, "cuda_checkpoint_s": t2 - t1, "criu_dump_s": t3 - t2}
+        size = sum(p.stat().st_size for p in files_under([images]))
+        return Capture(mode, pid, images, control, ready, timings, size), cold
+
+    def restore(self, cap: Capture, model_dir: Path, cache: str, rep: int) -> RestoreRun:
+        weights = weight_files(model_dir)
+        image_files = files_under([cap.images])
+        set_cache_state(cache, image_files + (weights if cap.mode == "optimised" else []))
+        result_file = self.work / f"result-{cap.mode}-{cache}-{rep}.json"
+        result_file.unlink(missing_ok=True)
+        ctl = ControlDir(cap.control)
+        ctl.clear()
+        prefetchers: list[threading.Thread] = []
+        t0 = time.time()
+        if cap.mode == "optimised" and cache == "dropped":
+            prefetchers = _start_prefetch(image_files, weights)
+        pid = self.criu.restore(cap.images, logs_dir=self.work / f"{cap.mode}-logs", extra=["-v1"])
+        t1 = time.time()
+        if pid != cap.pid:
+            raise RuntimeError(f"CRIU restored pid {pid}, expected {cap.pid}")
+        if self.cuda:
+            self.cuda.restore(pid)
+        t2 = time.time()
+        if self.cuda:
+            self.cuda.unlock(pid)
+        t3 = time.time()
+        ctl.send(RESTORE_COMPLETE, {"result": str(result_file)})
+        log_file = cap.control.parent / f"{cap.control.name}.log"
+        result = self.wait_for(
+            None, lambda: _json_if_exists(result_file), "restored engine's result", log_file
+        )
+        for thread in prefetchers:
+            thread.join()
+        _reap(pid)
+        marks = result["marks"]
+        phases = {
+            "criu_restore": t1 - t0,
+            "cuda_restore": t2 - t1,
+            "cuda_unlock": t3 - t2,
+            "signal_to_resume": marks["resumed"] - t3,
+        }
+        if "reacquired" in marks:
+            phases["reacquire_refill"] = marks["reacquired"] - marks["resumed"]
+            phases["first_token"] = marks["first_token"] - marks["reacquired"]
+        else:
+            phases["first_token"] = marks["first_token"] - marks["resumed"]
+        total = marks["first_token"] - t0
+        return RestoreRun(
+            cap.mode,
+            cache,
+            rep,
+            {k: round(v, 3) for k, v in phases.items()},
+            round(total, 3),
+            result["outputs"] == cap.ready["outputs"],
+            result["first"] == cap.ready["first"],
+        )
+
+    # -- one model -----------------------------------------------------------------------------------------
+    def run_model(self, model: str) -> ModelResult:
+        model_dir = self.prepare_model(model)
+        weights = weight_files(model_dir)
+        result = ModelResult(model, sum(p.stat().st_size for p in weights))
+        reps = self.args.reps
+        for cache in self.caches[::-1]:
+            for _ in range(self.args.cold_reps):
+                if self.time_left() < 60:
+                    result.notes.append(f"cold start ({cache}) repetitions cut short by the time budget")
+                    break
+                cold = self.cold_start(model, model_dir, cache)
+                result.cold.append(cold)
+                log(f"{model} cold start ({cache}): {cold['total_s']} s {cold['phases']}")
+        for mode in self.args.modes.split(","):
+            if self.time_left() < 90:
+                result.notes.append(f"{mode} skipped: time budget spent")
+                continue
+            cap, cold = self.capture(mode, model, model_dir)
+            result.cold.append(cold)
+            result.captures[mode] = {
+                "image_bytes": cap.image_bytes,
+                **{k: round(v, 3) for k, v in cap.timings.items()},
+                "gpu_used_at_checkpoint": cap.ready.get("gpu_used_at_checkpoint"),
+                "released_weights": cap.ready.get("released_weights"),
+            }
+            log(f"{model} {mode} capture: {result.captures[mode]}")
+            for cache in self.caches:
+                for rep in range(reps):
+                    if self.time_left() < 45:
+                        result.notes.append(f"{mode} {cache} restores cut at {rep} by the time budget")
+                        break
+                    run = self.restore(cap, model_dir, cache, rep)
+                    result.restores.append(run)
+                    log(
+                        f"{model} {mode} restore ({cache}) #{rep}: {run.total_s} s {run.phases} "
+                        f"identical={run.outputs_identical}"
+                    )
+            shutil.rmtree(cap.images, ignore_errors=True)
+        self.write_partial(result)
+        return result
+
+    def prepare_model(self, model: str) -> Path:
+        from warmstart.engines.builtin.model_dir import ensure_model
+
+        model_dir = self.work / "models" / model
+        started = time.perf_counter()
+        ensure_model(model_dir, preset_name=model, seed=0, device=self.args.device)
+        log(f"{model}: weights ready in {model_dir} ({time.perf_counter() - started:.1f} s)")
+        return model_dir
+
+    def write_partial(self, result: ModelResult) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / f"gpu_restore_{result.model}.json").write_text(
+            json.dumps(asdict(result), indent=1, default=str)
+        )
+
+
+def _start_prefetch(image_files: list[Path], weights: list[Path]) -> list[threading.Thread]:
+    """Image first (CRIU needs it now), then the weights (the engine's refill needs them next)."""
+
+    def run() -> None:
+        parallel_read(image_files, threads=16)
+        parallel_read(weights, threads=16)
+
+    thread = threading.Thread(target=run, name="prefetch", daemon=True)
+    thread.start()
+    return [thread]
+
+
+def _reap(pid: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not our child (no subreaper): wait until the PID is gone
+            if not Path(f"/proc/{pid}").exists():
+                return
+            time.sleep(0.01)
+            continue
+        if done:
+            return
+        time.sleep(0.01)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def _phases(marks: dict[str, float], order: list[str]) -> dict[str, float]:
+    return {
+        f"{a}->{b}": round(marks[b] - marks[a], 3)
+        for a, b in zip(order, order[1:], strict=False)
+        if b in marks
+    }
+
+
+def _json_if_exists(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+
+
+def _payload(signal_: Any) -> Any:
+    return None if signal_ is None else signal_.payload
+
+
+def _tail(path: Path, chars: int = 4000) -> str:
+    try:
+        return path.read_text(errors="replace")[-chars:]
+    except OSError:
+        return "(no log)"
+
+
+def weight_files(model_dir: Path) -> list[Path]:
+    return sorted(model_dir.glob("*.safetensors"))
+
+
+# =========================================================================================================
+# Report
+# =========================================================================================================
+
+
+def _median_spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f}, n={len(values)})"
+
+
+def floor_seconds(
+    result: ModelResult, capture: dict[str, Any], floors: dict[str, Any], cache: str, mode: str
+) -> float:
+    """Bytes that must be read / storage bandwidth + bytes to the GPU / pinned bandwidth (no fixed cost)."""
+    image = capture["image_bytes"]
+    to_gpu = (
+        result.weight_bytes + (capture.get("gpu_used_at_checkpoint") or 0) if mode == "optimised" else image
+    )
+    read = image + (result.weight_bytes if mode == "optimised" else 0)
+    storage = floors["disk_direct_gbps"] if cache == "dropped" else floors["pagecache_read_gbps"]
+    return read / (storage * GB) + to_gpu / (floors["pinned_h2d_gbps"] * GB)
+
+
+def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dict[str, Any]) -> str:
+    lines = [
+        "# GPU restore benchmark",
+        "",
+        "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items()),
+        "",
+    ]
+    if floors:
+        lines += ["## Measured ceilings", "", "| what | GB/s |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in floors.items() if k.endswith("gbps")]
+        lines += ["", "| refill impl | threads | chunk MiB | cache | GB/s |", "|---|---|---|---|---|"]
+        lines += [
+            f"| {r['impl']} | {r['threads']} | {r['chunk_mib']} | {r['cache']} | {r['gb_per_s']} |"
+            for r in floors.get("refill", [])
+        ]
+        lines.append("")
+    for res in results:
+        lines += [f"## {res.model} (weights {res.weight_bytes / GiB:.2f} GiB)", ""]
+        lines += [
+            "| start | page cache | to first token, s: median (min-max, n) | floor s | vs floor | "
+            "vs cold (same cache) | outputs identical |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        colds = {c: [r["total_s"] for r in res.cold if r["cache"] == c] for c in ("hot", "dropped")}
+        for cache in ("hot", "dropped"):
+            lines.append(f"| cold start | {cache} | {_median_spread(colds[cache])} | | | 1x | |")
+        for mode, capture in res.captures.items():
+            for cache in ("hot", "dropped"):
+                runs = [r for r in res.restores if r.mode == mode and r.cache == cache]
+                if not runs:
+                    continue
+                totals = [r.total_s for r in runs]
+                med = statistics.median(totals)
+                floor = floor_seconds(res, capture, floors, cache, mode) if floors else None
+                vs_floor = f"{med / floor:.2f}x" if floor else "-"
+                cold = statistics.median(colds[cache]) if colds[cache] else None
+                speedup = f"{cold / med:.1f}x faster" if cold else "-"
+                same = all(r.outputs_identical and r.first_token_identical for r in runs)
+                lines.append(
+                    f"| {mode} restore | {cache} | {_median_spread(totals)} | "
+                    f"{floor:.2f} | {vs_floor} | {speedup} | {'yes' if same else 'NO'} |"
+                    if floor
+                    else f"| {mode} restore | {cache} | {_median_spread(totals)} | - | - | "
+                    f"{speedup} | {'yes' if same else 'NO'} |"
+                )
+        lines += ["", "Capture:", ""]
+        for mode, capture in res.captures.items():
+            lines.append(
+                f"- {mode}: image {capture['image_bytes'] / GiB:.2f} GiB, GPU memory at checkpoint "
+                f"{(capture.get('gpu_used_at_checkpoint') or 0) / GiB:.2f} GiB, cuda lock "
+                f"{capture['cuda_lock_s']} s, cuda checkpoint {capture['cuda_checkpoint_s']} s, "
+                f"criu dump {capture['criu_dump_s']} s"
+            )
+        lines += ["", "Phases (median seconds):", ""]
+        keys = sorted({k for r in res.restores for k in r.phases}, key=_phase_order)
+        lines += ["| restore | cache | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
+        for mode in res.captures:
+            for cache in ("hot", "dropped"):
+                runs = [r for r in res.restores if r.mode == mode and r.cache == cache]
+                if runs:
+                    cells = [_median_or_dash([r.phases.get(k) for r in runs]) for k in keys]
+                    lines.append(f"| {mode} | {cache} | " + " | ".join(cells) + " |")
+        cold_keys = sorted({k for c in res.cold for k in c["phases"]}, key=_phase_order)
+        lines += [
+            "",
+            "| cold start | cache | " + " | ".join(cold_keys) + " |",
+            "|---|---|" + "---|" * len(cold_keys),
+        ]
+        for cache in ("hot", "dropped"):
+            runs = [c for c in res.cold if c["cache"] == cache]
+            if runs:
+                cells = [_median_or_dash([c["phases"].get(k) for c in runs]) for k in cold_keys]
+                lines.append(f"| cold | {cache} | " + " | ".join(cells) + " |")
+        lines += [""] + [f"Note: {n}" for n in res.notes] + [""]
+    return "\n".join(lines)
+
+
+def _phase_order(key: str) -> int:
+    order = [
+        "spawned->torch_imported",
+        "torch_imported->loaded",
+        "loaded->warm",
+        "warm->first_token",
+        "criu_restore",
+        "cuda_restore",
+        "cuda_unlock",
+        "signal_to_resume",
+        "reacquire_refill",
+        "first_token",
+    ]
+    return order.index(key) if key in order else len(order)
+
+
+def _median_or_dash(values: list[float | None]) -> str:
+    present = [v for v in values if v is not None]
+    return f"{statistics.median(present):.3f}" if present else "-"
+
+
+def environment(criu_command: str) -> dict[str, Any]:
+    import torch
+
+    env: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host": platform.node(),
+        "kernel": platform.release(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+    }
+    with contextlib.suppress(Exception):
+        env["gpu"] = torch.cuda.get_device_name(0)
+        smi = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        env["driver"] = smi.stdout.strip()
+    with contextlib.suppress(Exception):
+        out = subprocess.run(
+            [*shlex.split(criu_command), "--version"], capture_output=True, text=True, timeout=30
+        )
+        env["criu"] = out.stdout.split()[1]
+    return env
+
+
+# =========================================================================================================
+# Entry point
+# =========================================================================================================
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command")
+    run = sub.add_parser("run", help="the whole benchmark (default)")
+    run.add_argument(
+        "--criu", default=os.environ.get("WARMSTART_CRIU", "criu"), help="CRIU >= 4 command line"
+    )
+    run.add_argument("--work", default="/var/tmp/warmstart-gpu-bench", help="scratch directory on local disk")
+    run.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"), help="where results go")
+    run.add_argument("--models", default=",".join(MODELS))
+    run.add_argument("--modes", default="naive,optimised", help="restore kinds to measure")
+    run.add_argument("--reps", type=int, default=3, help="restores per mode and cache state")
+    run.add_argument("--cold-reps", type=int, default=1, help="extra cold starts per cache state")
+    run.add_argument("--floors-gib", type=int, default=8, help="file size for the bandwidth floors (0: skip)")
+    run.add_argument("--budget-s", type=float, default=540, help="stop starting new steps after this")
+    run.add_argument(
+        "--max-num-seqs", type=int, default=64, help="decode batch limit (graphs: 1,2,4,8,16,..)"
+    )
+    run.add_argument("--max-model-len", type=int, default=1024, help="KV cache length per sequence")
+    run.add_argument(
+        "--compile-models", default=",".join(MODELS), help="models whose engine uses torch.compile"
+    )
+    run.add_argument("--caches", default="hot,dropped", help="page cache states to measure")
+    run.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: dry run, tiny model")
+    run.add_argument("--refill-threads", type=int, default=8, help="the engine's weight refill threads")
+    proc = sub.add_parser("engine-process", help="internal: the engine process under test")
+    proc.add_argument("--mode", choices=("cold", "naive", "optimised"), required=True)
+    proc.add_argument("--control", required=True)
+    proc.add_argument("--options", required=True)
+    proc.add_argument("--spawned-at", required=True)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        args = parser.parse_args(["run", *(argv or sys.argv[1:])])
+    return args
+
+
+def run(args: argparse.Namespace) -> int:
+    if os.geteuid() != 0:
+        raise SystemExit("the benchmark needs root (CRIU, dropping the page cache)")
+    work, out = Path(args.work), Path(args.out)
+    work.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    env = environment(args.criu)
+    log(f"environment: {env}")
+    bench = Bench(args)
+    floors = measure_floors(work, args.floors_gib) if args.floors_gib and args.device == "cuda" else None
+    if floors:
+        (out / "gpu_restore_floors.json").write_text(json.dumps(floors, indent=1))
+    results = []
+    for model in [m for m in args.models.split(",") if m]:
+        if bench.time_left() < 120:
+            log(f"{model}: skipped, time budget spent")
+            continue
+        try:
+            results.append(bench.run_model(model))
+        except Exception as exc:  # report what was measured, then the failure
+            log(f"{model}: FAILED: {exc}")
+            (out / f"gpu_restore_{model}.error.txt").write_text(str(exc))
+        finally:
+            shutil.rmtree(work / "models" / model, ignore_errors=True)
+        table = markdown(results, floors, env)
+        (out / "gpu_restore.md").write_text(table)
+    print(markdown(results, floors, env), flush=True)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.command == "engine-process":
+        return engine_process(args)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
