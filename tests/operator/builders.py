@@ -1,0 +1,45 @@
+"""Test data: InferenceEndpoint and InferenceSnapshot bodies as the API server would return them."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from warmstart.operator import labels as L
+
+UID = "0b3c8f0e-1111-4222-8333-444455556666"
+
+
+def endpoint_spec(**overrides: Any) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "model": {"uri": "Qwen/Qwen3-0.6B", "revision": "main"},
+        "engine": {"kind": "vllm", "image": "registry.example/warmstart-worker:0.1", "args": ["--enforce-eager"]},
+        "resources": {"gpus": 1},
+        "snapshot": {"enabled": True, "storage": {"claimName": "snapshots"}},
+    }
+    spec.update(copy.deepcopy(overrides))
+    return spec
+
+
+def endpoint_body(name: str = "qwen", namespace: str = "ml", **spec_overrides: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": L.API_VERSION,
+        "kind": L.ENDPOINT_KIND,
+        "metadata": {"name": name, "namespace": namespace, "uid": UID, "generation": 1},
+        "spec": endpoint_spec(**spec_overrides),
+    }
+
+
+def snapshot_object(
+    name: str, identity_hash: str, phase: str | None, created: str, **status: Any
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "apiVersion": L.API_VERSION,
+        "kind": L.SNAPSHOT_KIND,
+        "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "creationTimestamp": created},
+        "spec": {"endpoint": "qwen", "identityHash": identity_hash, "identity": {}},
+        "status": dict(status),
+    }
+    if phase is not None:
+        body["status"]["phase"] = phase
+    return body

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from builders import UID, endpoint_body
+
+from warmstart.operator import children
+from warmstart.operator import labels as L
+from warmstart.operator.spec import parse_spec
+
+HASH = "ab" * 32
+
+
+def owner_and_spec(**overrides):
+    body = endpoint_body(**overrides)
+    return children.Owner.from_body(body), parse_spec(body["spec"])
+
+
+def container_of(pod_spec: dict) -> dict:
+    (container,) = pod_spec["containers"]
+    return container
+
+
+def test_cold_deployment_shape():
+    owner, spec = owner_and_spec(replicas=2)
+    dep = children.deployment(owner, spec, L.ROLE_COLD, "", HASH)
+    assert dep["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert dep["metadata"]["ownerReferences"][0]["controller"] is True
+    assert dep["spec"]["replicas"] == 2
+    assert dep["spec"]["selector"]["matchLabels"] == children.worker_selector("qwen")
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels[L.ENDPOINT_LABEL] == "qwen" and labels[L.ROLE_LABEL] == "cold"
+    assert L.SNAPSHOT_LABEL not in labels
+    assert labels["app.kubernetes.io/instance"] == "qwen"
+    pod = dep["spec"]["template"]["spec"]
+    container = container_of(pod)
+    assert container["command"] == ["warmstart"]
+    assert container["args"][:3] == ["worker", "--mode", "cold"]
+    assert container["args"][-2:] == ["--", "--enforce-eager"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["WARMSTART_CONTROL_DIR"] == "/run/warmstart/control"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["control"] == "/run/warmstart/control" and mounts["store"] == L.STORE_MOUNT_PATH
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["control"] == {"name": "control", "emptyDir": {}}
+    assert volumes["store"]["persistentVolumeClaim"]["claimName"] == "snapshots"
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+
+
+def test_restore_deployment_names_the_snapshot():
+    owner, spec = owner_and_spec()
+    dep = children.deployment(owner, spec, L.ROLE_RESTORE, "qwen-abababab", HASH)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert labels[L.ROLE_LABEL] == "restore" and labels[L.SNAPSHOT_LABEL] == "qwen-abababab"
+    assert labels[L.IDENTITY_HASH_LABEL] == HASH[: L.IDENTITY_LABEL_LENGTH]
+    args = container_of(dep["spec"]["template"]["spec"])["args"]
+    assert args[args.index("--snapshot") + 1] == "qwen-abababab"
+
+
+def test_overrides_reach_the_pod():
+    owner, spec = owner_and_spec(
+        template={"nodeSelector": {"pool": "h200"}, "env": [{"name": "WARMSTART_ROLE", "value": "x"}],
+                  "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
+        resources={"gpus": 2, "gpuProduct": "NVIDIA-H200", "memory": "64Gi"},
+        snapshot={"enabled": False},
+    )
+    pod = children.deployment(owner, spec, L.ROLE_COLD, "", HASH)["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"pool": "h200", "nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert {"key": "dedicated", "operator": "Exists"} in pod["tolerations"]
+    container = container_of(pod)
+    roles = [e["value"] for e in container["env"] if e["name"] == "WARMSTART_ROLE"]
+    assert roles == ["x"]  # the override replaces, never duplicates
+    assert "store" not in {v["name"] for v in pod["volumes"]}
+    assert container["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": 2}
+
+
+def test_capture_pod_is_owned_by_the_snapshot_and_not_served():
+    _, spec = owner_and_spec()
+    snap = children.Owner(L.API_VERSION, L.SNAPSHOT_KIND, "qwen-ab", "ml", "snap-uid")
+    pod = children.capture_pod(snap, "qwen", spec, 2, HASH)
+    assert pod["metadata"]["name"] == "qwen-ab-capture-2"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "snap-uid"
+    labels = pod["metadata"]["labels"]
+    assert labels[L.ROLE_LABEL] == "capture" and labels[L.SNAPSHOT_LABEL] == "qwen-ab"
+    service = children.service(*owner_and_spec())
+    assert not set(service["spec"]["selector"].items()) <= set(labels.items())
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_hpa_pods_and_external_metrics():
+    scaling = {"mode": "hpa", "minReplicas": 1, "maxReplicas": 6,
+               "metric": {"name": "vllm:num_requests_waiting", "target": "4"}}
+    hpa = children.horizontal_pod_autoscaler(*owner_and_spec(autoscaling=scaling))
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": L.API_VERSION, "kind": L.ENDPOINT_KIND, "name": "qwen"}
+    (metric,) = hpa["spec"]["metrics"]
+    assert metric["type"] == "Pods" and metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "4"}
+    scaling["metric"]["source"] = "External"
+    (metric,) = children.horizontal_pod_autoscaler(*owner_and_spec(autoscaling=scaling))["spec"]["metrics"]
+    assert metric["type"] == "External"
+    assert metric["external"]["metric"]["selector"] == {"matchLabels": {L.ENDPOINT_LABEL: "qwen"}}
+
+
+def test_scaled_object_allows_zero_and_builds_a_query():
+    scaling = {"mode": "keda", "minReplicas": 0, "maxReplicas": 3,
+               "metric": {"name": "vllm:num_requests_waiting", "target": 2}}
+    so = children.scaled_object(*owner_and_spec(autoscaling=scaling))
+    assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["maxReplicaCount"] == 3
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metadata"]["threshold"] == "2"
+    assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="ml",service="qwen"})'
+
+
+def test_service_and_monitor_select_the_workers():
+    owner, spec = owner_and_spec(monitoring={"serviceMonitor": True})
+    service = children.service(owner, spec)
+    assert service["spec"]["selector"] == children.worker_selector("qwen")
+    assert service["spec"]["ports"][0]["targetPort"] == "http"
+    monitor = children.service_monitor(owner, spec)
+    assert set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(service["metadata"]["labels"].items())
+    assert children.selector_string("qwen") == "app.kubernetes.io/component=worker,warmstart.dev/endpoint=qwen"

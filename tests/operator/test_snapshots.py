@@ -1,0 +1,110 @@
+from __future__ import annotations
+
+import datetime as dt
+
+from builders import endpoint_body, snapshot_object
+
+from warmstart.operator import labels as L
+from warmstart.operator.children import Owner
+from warmstart.operator.identity import endpoint_identity
+from warmstart.operator.snapshots import Backoff, format_time, plan_snapshots
+from warmstart.operator.spec import parse_spec
+
+NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def plan(snapshots, now=NOW, **overrides):
+    body = endpoint_body(**overrides)
+    spec = parse_spec(body["spec"])
+    identity = endpoint_identity(spec)
+    result = plan_snapshots(Owner.from_body(body), spec, identity.digest(), identity.to_dict(), snapshots, now,
+                            Backoff(base_seconds=10, max_seconds=100))
+    return result, identity.digest()
+
+
+def current_hash(**overrides) -> str:
+    return plan([], **overrides)[1]
+
+
+def test_no_snapshot_creates_one_and_runs_cold():
+    result, digest = plan([])
+    assert result.role == L.ROLE_COLD
+    assert result.create is not None
+    assert result.create["metadata"]["name"] == f"qwen-{digest[:10]}"
+    assert result.create["metadata"]["labels"][L.IDENTITY_HASH_LABEL] == digest[: L.IDENTITY_LABEL_LENGTH]
+    assert result.create["spec"]["identityHash"] == digest
+    assert result.create["metadata"]["ownerReferences"][0]["kind"] == L.ENDPOINT_KIND
+    assert result.capture_attempt == 1 and result.active == result.create["metadata"]["name"]
+
+
+def test_snapshots_disabled_plans_nothing():
+    result, _ = plan([], snapshot={"enabled": False})
+    assert result.role == L.ROLE_COLD and result.create is None and not result.capture_attempt
+
+
+def test_pending_snapshot_keeps_its_capture_pod():
+    digest = current_hash()
+    result, _ = plan([snapshot_object("qwen-a", digest, "Capturing", "2026-01-01T11:00:00Z", attempts=2)])
+    assert result.create is None and result.role == L.ROLE_COLD
+    assert (result.active, result.capture_attempt) == ("qwen-a", 2)
+
+
+def test_ready_snapshot_switches_to_restore():
+    digest = current_hash()
+    result, _ = plan([snapshot_object("qwen-a", digest, "Ready", "2026-01-01T11:00:00Z")])
+    assert result.role == L.ROLE_RESTORE and result.ready == "qwen-a"
+    assert result.create is None and not result.capture_attempt
+
+
+def test_identity_change_starts_a_new_capture_and_keeps_the_old_one():
+    old = snapshot_object("qwen-old", "0" * 64, "Ready", "2026-01-01T11:00:00Z")
+    result, digest = plan([old], engine={"kind": "vllm", "image": "registry.example/warmstart-worker:0.2"})
+    assert result.role == L.ROLE_COLD and result.ready == ""
+    assert result.create is not None and result.create["spec"]["identityHash"] == digest
+    assert result.delete == []  # retention 2: the old one stays for a rollback
+
+
+def test_failed_capture_is_retried_with_backoff_then_gives_up():
+    digest = current_hash()
+    failed = snapshot_object("qwen-a", digest, "Failed", "2026-01-01T11:00:00Z", attempts=1, message="OOM")
+    first, _ = plan([failed])
+    assert first.status_patches == {"qwen-a": {"retryAfter": format_time(NOW + dt.timedelta(seconds=10))}}
+    assert not first.capture_attempt and first.events[0][1] == "CaptureFailed"
+
+    failed["status"]["retryAfter"] = format_time(NOW + dt.timedelta(seconds=10))
+    early, _ = plan([failed], now=NOW + dt.timedelta(seconds=5))
+    assert early.status_patches == {} and not early.capture_attempt
+
+    due, _ = plan([failed], now=NOW + dt.timedelta(seconds=11))
+    assert due.status_patches["qwen-a"]["phase"] == "Pending"
+    assert due.status_patches["qwen-a"]["attempts"] == 2 and due.capture_attempt == 2
+
+    failed["status"].update(attempts=5, retryAfter=None)
+    spent, _ = plan([failed])
+    assert spent.exhausted and not spent.capture_attempt and spent.role == L.ROLE_COLD
+
+
+def test_backoff_doubles_and_is_capped():
+    backoff = Backoff(base_seconds=10, max_seconds=100)
+    assert [backoff.delay(n) for n in (1, 2, 3, 4, 5)] == [10, 20, 40, 80, 100]
+
+
+def test_invalid_snapshot_is_never_used_and_gets_a_fresh_name():
+    digest = current_hash()
+    invalid = snapshot_object(f"qwen-{digest[:10]}", digest, "Invalid", "2026-01-01T11:00:00Z")
+    result, _ = plan([invalid])
+    assert result.role == L.ROLE_COLD
+    assert result.create is not None and result.create["metadata"]["name"] == f"qwen-{digest[:10]}-1"
+
+
+def test_retention_deletes_the_oldest_but_never_the_one_in_use():
+    digest = current_hash()
+    snaps = [
+        snapshot_object("s1", "1" * 64, "Ready", "2026-01-01T01:00:00Z"),
+        snapshot_object("s2", "2" * 64, "Ready", "2026-01-01T02:00:00Z"),
+        snapshot_object("s3", "3" * 64, "Ready", "2026-01-01T03:00:00Z"),
+        snapshot_object("current", digest, "Ready", "2026-01-01T00:00:00Z"),
+    ]
+    result, _ = plan(snaps, snapshot={"enabled": True, "storage": {"claimName": "s"}, "retention": 2})
+    assert result.ready == "current"
+    assert sorted(result.delete) == ["s1", "s2"]

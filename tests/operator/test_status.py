@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+from warmstart.operator import labels as L
+from warmstart.operator.snapshots import SnapshotPlan
+from warmstart.operator.status import Workload, endpoint_status, invalid_status, last_timings
+
+T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
+T1 = T0 + dt.timedelta(minutes=5)
+
+
+def status(plan: SnapshotPlan, work: Workload, previous=None, now=T0, enabled=True):
+    return endpoint_status(
+        generation=3, snapshots_enabled=enabled, plan=plan, work=work, selector="a=b", identity_hash="h",
+        pods=[], previous=previous or {}, now=now,
+    )
+
+
+def conditions(result) -> dict[str, dict]:
+    return {c["type"]: c for c in result["conditions"]}
+
+
+def test_capturing_with_cold_replicas_not_yet_ready():
+    plan = SnapshotPlan(role=L.ROLE_COLD, active="s", active_phase="Pending", attempts=1, capture_attempt=1)
+    result = status(plan, Workload(desired=2, replicas=2, ready=1, updated=2))
+    found = conditions(result)
+    assert result["phase"] == "Capturing"
+    assert found["Ready"]["status"] == "False" and found["Ready"]["message"] == "1/2 replicas ready"
+    assert found["SnapshotReady"]["reason"] == "Capturing"
+    assert found["Progressing"]["status"] == "True"
+    assert found["Degraded"]["status"] == "False"
+    assert all(c["observedGeneration"] == 3 for c in result["conditions"])
+    assert result["observedGeneration"] == 3 and result["captureAttempts"] == 1
+
+
+def test_restoring_and_ready():
+    plan = SnapshotPlan(role=L.ROLE_RESTORE, ready="s")
+    result = status(plan, Workload(desired=2, replicas=2, ready=2, updated=2))
+    found = conditions(result)
+    assert result["phase"] == "Ready" and result["currentSnapshot"] == "s" and result["workerRole"] == "restore"
+    assert found["SnapshotReady"]["status"] == "True"
+    assert found["Progressing"]["status"] == "False"
+
+
+def test_transition_time_moves_only_on_status_change():
+    plan = SnapshotPlan(role=L.ROLE_RESTORE, ready="s")
+    first = status(plan, Workload(desired=1, replicas=1, ready=0, updated=1))
+    same = status(plan, Workload(desired=1, replicas=1, ready=0, updated=1), previous=first, now=T1)
+    assert conditions(same)["Ready"]["lastTransitionTime"] == conditions(first)["Ready"]["lastTransitionTime"]
+    flipped = status(plan, Workload(desired=1, replicas=1, ready=1, updated=1), previous=same, now=T1)
+    assert conditions(flipped)["Ready"]["lastTransitionTime"] == "2026-01-01T12:05:00Z"
+
+
+def test_exhausted_capture_is_degraded():
+    plan = SnapshotPlan(role=L.ROLE_COLD, active="s", active_phase="Failed", attempts=5, exhausted=True,
+                        failure_message="criu dump failed")
+    result = status(plan, Workload(desired=1, replicas=1, ready=1, updated=1))
+    assert result["phase"] == "Degraded"
+    assert "criu dump failed" in conditions(result)["SnapshotReady"]["message"]
+    assert conditions(result)["Degraded"]["reason"] == "CaptureFailed"
+
+
+def test_scaled_to_zero_and_disabled_snapshots():
+    result = status(SnapshotPlan(role=L.ROLE_COLD), Workload(desired=0), enabled=False)
+    assert result["phase"] == "ScaledToZero"
+    assert conditions(result)["Ready"]["reason"] == "ScaledToZero"
+    assert conditions(result)["SnapshotReady"]["reason"] == "SnapshotsDisabled"
+
+
+def test_invalid_status_names_the_problem():
+    result = invalid_status(4, "spec.replicas: must be between 0 and 1000, got -1", {}, T0)
+    assert result["phase"] == "Degraded"
+    assert conditions(result)["Degraded"]["message"].startswith("spec.replicas")
+
+
+def pod(annotation, created="2026-01-01T10:00:00Z"):
+    meta = {"creationTimestamp": created, "annotations": {}}
+    if annotation is not None:
+        meta["annotations"][L.STATUS_ANNOTATION] = annotation
+    return {"metadata": meta}
+
+
+def test_timings_come_from_the_newest_pod_reports():
+    pods = [
+        pod(json.dumps({"restoreSeconds": 3.5, "at": "2026-01-01T10:00:00Z"})),
+        pod(json.dumps({"restoreSeconds": 2.25, "at": "2026-01-01T11:00:00Z"})),
+        pod(json.dumps({"coldStartSeconds": 61}), created="2026-01-01T09:00:00Z"),
+        pod("not json"),
+        pod(json.dumps({"restoreSeconds": True})),
+        pod(None),
+    ]
+    assert last_timings(pods) == {"lastRestoreSeconds": 2.25, "lastColdStartSeconds": 61.0}

@@ -1,0 +1,63 @@
+from __future__ import annotations
+
+import threading
+
+from warmstart.operator.workqueue import WorkQueue
+
+
+def test_keys_are_deduplicated_and_rerun_when_added_during_work():
+    seen: list[tuple[str, str]] = []
+    started, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def work(key):
+        seen.append(key)
+        if len(seen) == 1:
+            started.set()
+            release.wait(10)
+        if len(seen) == 2:
+            done.set()
+        return None
+
+    queue = WorkQueue(work, workers=1)
+    queue.start()
+    try:
+        queue.add(("ns", "a"))
+        assert started.wait(10)
+        for _ in range(5):  # while "a" runs: collapse into exactly one more run
+            queue.add(("ns", "a"))
+        release.set()
+        assert done.wait(10)
+    finally:
+        queue.stop()
+    assert seen == [("ns", "a"), ("ns", "a")]
+
+
+def test_pending_duplicates_collapse():
+    queue = WorkQueue(lambda key: None, workers=1)  # not started: nothing drains
+    for name in ("a", "b", "a", "a", "b"):
+        queue.add(("ns", name))
+    assert len(queue) == 2
+
+
+def test_a_returned_delay_requeues_and_crashes_do_not_kill_workers():
+    calls: list[int] = []
+    finished = threading.Event()
+
+    def work(key):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("boom")  # requeued after 30 s: not waited for here
+        if len(calls) == 2:
+            return 0.01
+        finished.set()
+        return None
+
+    queue = WorkQueue(work, workers=1)
+    queue.start()
+    try:
+        queue.add(("ns", "x"))
+        queue.add_after(("ns", "y"), 0.01)
+        assert finished.wait(10)
+    finally:
+        queue.stop()
+    assert len(calls) == 3
