@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Run the GPU measurements on a GPU machine, in one go, from the repository root.
+#
+#   hack/device-gpu-bench.sh smoke   GPU tests (arena, CUDA checkpoint API, CRIU + CUDA round trip),
+#                                    bandwidth floors, and a short Qwen3-0.6B run of the restore benchmark
+#   hack/device-gpu-bench.sh full    the restore benchmark for Qwen3-0.6B and Qwen3-8B (3 repetitions)
+#
+# Needs root, an NVIDIA GPU with driver >= 570, python3 with torch, safetensors and cuda-bindings, and CRIU 4:
+# WARMSTART_CRIU, or the portable folder made by hack/criu-setup copied to .dev/criu. Results go to $OUT
+# (default benchmarks/results/local); scratch files to $BENCH_WORK (default /var/tmp/warmstart-gpu-bench).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+MODE=${1:-smoke}
+OUT=${OUT:-benchmarks/results/local}
+WORK=${BENCH_WORK:-/var/tmp/warmstart-gpu-bench}
+mkdir -p "$OUT" "$WORK"
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1
+if [[ -z "${WARMSTART_CRIU:-}" && -x .dev/criu/criu ]]; then
+    C=$PWD/.dev/criu
+    export WARMSTART_CRIU="$C/ld-linux-x86-64.so.2 --library-path $C $C/criu"
+fi
+: "${WARMSTART_CRIU:=criu}"
+
+echo "== machine"
+date -u
+nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv,noheader
+python3 -c 'import sys, torch, cuda.bindings, safetensors; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda-bindings", cuda.bindings.__version__, "safetensors", safetensors.__version__)'
+echo "cpus $(nproc), $(free -g | awk '/Mem:/{print $2}') GiB RAM, kernel $(uname -r)"
+df -h "$WORK" | tail -1
+$WARMSTART_CRIU --version | head -1
+$WARMSTART_CRIU check 2>&1 | tail -1
+
+case "$MODE" in
+smoke)
+    echo "== GPU tests"
+    python3 -m pytest -q -p no:cacheprovider -o addopts="" -rA tests/gpu 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+    echo "== floors + short Qwen3-0.6B restore run"
+    python3 benchmarks/gpu_restore.py run --criu "$WARMSTART_CRIU" --work "$WORK" --out "$OUT" \
+        --models qwen3-0.6b --reps 1 --cold-reps 1 --floors-gib 8 --max-num-seqs "${MAX_NUM_SEQS:-16}" \
+        --budget-s "${BUDGET_S:-330}" 2>&1 \
+        | tee "$OUT/gpu_restore.log"
+    ;;
+full)
+    python3 benchmarks/gpu_restore.py run --criu "$WARMSTART_CRIU" --work "$WORK" --out "$OUT" \
+        --models "${MODELS:-qwen3-0.6b,qwen3-8b}" --reps "${REPS:-3}" --cold-reps "${COLD_REPS:-1}" \
+        --floors-gib "${FLOORS_GIB:-0}" --compile-models "${COMPILE_MODELS:-qwen3-0.6b,qwen3-8b}" \
+        --max-num-seqs "${MAX_NUM_SEQS:-64}" --budget-s "${BUDGET_S:-540}" 2>&1 | tee "$OUT/gpu_restore.log"
+    ;;
+*)
+    echo "usage: $0 smoke|full" >&2
+    exit 2
+    ;;
+esac
