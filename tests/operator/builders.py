@@ -13,7 +13,11 @@ UID = "0b3c8f0e-1111-4222-8333-444455556666"
 def endpoint_spec(**overrides: Any) -> dict[str, Any]:
     spec: dict[str, Any] = {
         "model": {"uri": "Qwen/Qwen3-0.6B", "revision": "main"},
-        "engine": {"kind": "vllm", "image": "registry.example/warmstart-worker:0.1", "args": ["--enforce-eager"]},
+        "engine": {
+            "kind": "vllm",
+            "image": "registry.example/warmstart-worker:0.1",
+            "args": ["--enforce-eager"],
+        },
         "resources": {"gpus": 1},
         "snapshot": {"enabled": True, "storage": {"claimName": "snapshots"}},
     }

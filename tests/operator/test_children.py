@@ -60,8 +60,11 @@ def test_restore_deployment_names_the_snapshot():
 
 def test_overrides_reach_the_pod():
     owner, spec = owner_and_spec(
-        template={"nodeSelector": {"pool": "h200"}, "env": [{"name": "WARMSTART_ROLE", "value": "x"}],
-                  "tolerations": [{"key": "dedicated", "operator": "Exists"}]},
+        template={
+            "nodeSelector": {"pool": "h200"},
+            "env": [{"name": "WARMSTART_ROLE", "value": "x"}],
+            "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+        },
         resources={"gpus": 2, "gpuProduct": "NVIDIA-H200", "memory": "64Gi"},
         snapshot={"enabled": False},
     )
@@ -89,12 +92,23 @@ def test_capture_pod_is_owned_by_the_snapshot_and_not_served():
 
 
 def test_hpa_pods_and_external_metrics():
-    scaling = {"mode": "hpa", "minReplicas": 1, "maxReplicas": 6,
-               "metric": {"name": "vllm:num_requests_waiting", "target": "4"}}
+    scaling = {
+        "mode": "hpa",
+        "minReplicas": 1,
+        "maxReplicas": 6,
+        "metric": {"name": "vllm:num_requests_waiting", "target": "4"},
+    }
     hpa = children.horizontal_pod_autoscaler(*owner_and_spec(autoscaling=scaling))
-    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": L.API_VERSION, "kind": L.ENDPOINT_KIND, "name": "qwen"}
+    assert hpa["spec"]["scaleTargetRef"] == {
+        "apiVersion": L.API_VERSION,
+        "kind": L.ENDPOINT_KIND,
+        "name": "qwen",
+    }
     (metric,) = hpa["spec"]["metrics"]
-    assert metric["type"] == "Pods" and metric["pods"]["target"] == {"type": "AverageValue", "averageValue": "4"}
+    assert metric["type"] == "Pods" and metric["pods"]["target"] == {
+        "type": "AverageValue",
+        "averageValue": "4",
+    }
     scaling["metric"]["source"] = "External"
     (metric,) = children.horizontal_pod_autoscaler(*owner_and_spec(autoscaling=scaling))["spec"]["metrics"]
     assert metric["type"] == "External"
@@ -102,8 +116,12 @@ def test_hpa_pods_and_external_metrics():
 
 
 def test_scaled_object_allows_zero_and_builds_a_query():
-    scaling = {"mode": "keda", "minReplicas": 0, "maxReplicas": 3,
-               "metric": {"name": "vllm:num_requests_waiting", "target": 2}}
+    scaling = {
+        "mode": "keda",
+        "minReplicas": 0,
+        "maxReplicas": 3,
+        "metric": {"name": "vllm:num_requests_waiting", "target": 2},
+    }
     so = children.scaled_object(*owner_and_spec(autoscaling=scaling))
     assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["maxReplicaCount"] == 3
     (trigger,) = so["spec"]["triggers"]
@@ -118,5 +136,9 @@ def test_service_and_monitor_select_the_workers():
     assert service["spec"]["selector"] == children.worker_selector("qwen")
     assert service["spec"]["ports"][0]["targetPort"] == "http"
     monitor = children.service_monitor(owner, spec)
-    assert set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(service["metadata"]["labels"].items())
-    assert children.selector_string("qwen") == "app.kubernetes.io/component=worker,warmstart.dev/endpoint=qwen"
+    assert set(monitor["spec"]["selector"]["matchLabels"].items()) <= set(
+        service["metadata"]["labels"].items()
+    )
+    assert (
+        children.selector_string("qwen") == "app.kubernetes.io/component=worker,warmstart.dev/endpoint=qwen"
+    )

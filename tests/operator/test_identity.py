@@ -19,10 +19,22 @@ def test_same_spec_same_hash_and_scaling_fields_do_not_count():
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"engine": {"kind": "vllm", "image": "registry.example/warmstart-worker:0.2", "args": ["--enforce-eager"]}},
+        {
+            "engine": {
+                "kind": "vllm",
+                "image": "registry.example/warmstart-worker:0.2",
+                "args": ["--enforce-eager"],
+            }
+        },
         {"engine": {"kind": "vllm", "image": "registry.example/warmstart-worker:0.1", "args": []}},
-        {"engine": {"kind": "vllm", "image": "registry.example/warmstart-worker:0.1", "args": ["--enforce-eager"],
-                    "dtype": "bfloat16"}},
+        {
+            "engine": {
+                "kind": "vllm",
+                "image": "registry.example/warmstart-worker:0.1",
+                "args": ["--enforce-eager"],
+                "dtype": "bfloat16",
+            }
+        },
         {"model": {"uri": "Qwen/Qwen3-8B", "revision": "main"}},
         {"model": {"uri": "Qwen/Qwen3-0.6B", "revision": "abc123"}},
         {"resources": {"gpus": 1, "gpuProduct": "NVIDIA-H200"}},

@@ -17,8 +17,15 @@ def plan(snapshots, now=NOW, **overrides):
     body = endpoint_body(**overrides)
     spec = parse_spec(body["spec"])
     identity = endpoint_identity(spec)
-    result = plan_snapshots(Owner.from_body(body), spec, identity.digest(), identity.to_dict(), snapshots, now,
-                            Backoff(base_seconds=10, max_seconds=100))
+    result = plan_snapshots(
+        Owner.from_body(body),
+        spec,
+        identity.digest(),
+        identity.to_dict(),
+        snapshots,
+        now,
+        Backoff(base_seconds=10, max_seconds=100),
+    )
     return result, identity.digest()
 
 

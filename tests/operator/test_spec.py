@@ -7,8 +7,13 @@ from warmstart.operator.spec import InvalidSpec, parse_spec
 
 
 def test_defaults_match_the_crd_defaults():
-    spec = parse_spec({"model": {"uri": "m"}, "engine": {"kind": "builtin", "image": "img"},
-                       "snapshot": {"storage": {"claimName": "s"}}})
+    spec = parse_spec(
+        {
+            "model": {"uri": "m"},
+            "engine": {"kind": "builtin", "image": "img"},
+            "snapshot": {"storage": {"claimName": "s"}},
+        }
+    )
     assert spec.replicas == 1
     assert spec.resources.gpus == 1
     assert spec.engine.dtype == "auto" and spec.engine.port == 8000
@@ -18,12 +23,18 @@ def test_defaults_match_the_crd_defaults():
 
 
 def test_full_spec_is_parsed():
-    spec = parse_spec(endpoint_spec(
-        replicas=3,
-        autoscaling={"mode": "keda", "minReplicas": 0, "maxReplicas": 5,
-                     "metric": {"name": "vllm:num_requests_waiting", "target": "2"}},
-        template={"nodeSelector": {"pool": "h200"}, "env": [{"name": "A", "value": "1"}]},
-    ))
+    spec = parse_spec(
+        endpoint_spec(
+            replicas=3,
+            autoscaling={
+                "mode": "keda",
+                "minReplicas": 0,
+                "maxReplicas": 5,
+                "metric": {"name": "vllm:num_requests_waiting", "target": "2"},
+            },
+            template={"nodeSelector": {"pool": "h200"}, "env": [{"name": "A", "value": "1"}]},
+        )
+    )
     assert spec.replicas == 3
     assert spec.autoscaling.metric is not None and spec.autoscaling.metric.name == "vllm:num_requests_waiting"
     assert spec.template.node_selector == {"pool": "h200"}
@@ -37,10 +48,21 @@ def test_full_spec_is_parsed():
         ({"engine": {"kind": "tgi", "image": "i"}}, "spec.engine.kind"),
         ({"engine": {"kind": "vllm"}}, "spec.engine.image"),
         ({"model": {"revision": "x"}}, "spec.model.uri"),
-        ({"autoscaling": {"mode": "hpa", "minReplicas": 5, "maxReplicas": 2, "metric": {"name": "m", "target": "1"}}},
-         "spec.autoscaling.minReplicas"),
-        ({"autoscaling": {"mode": "hpa", "minReplicas": 0, "metric": {"name": "m", "target": "1"}}},
-         "spec.autoscaling.minReplicas"),
+        (
+            {
+                "autoscaling": {
+                    "mode": "hpa",
+                    "minReplicas": 5,
+                    "maxReplicas": 2,
+                    "metric": {"name": "m", "target": "1"},
+                }
+            },
+            "spec.autoscaling.minReplicas",
+        ),
+        (
+            {"autoscaling": {"mode": "hpa", "minReplicas": 0, "metric": {"name": "m", "target": "1"}}},
+            "spec.autoscaling.minReplicas",
+        ),
         ({"autoscaling": {"mode": "hpa"}}, "spec.autoscaling.metric"),
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage.claimName"),
         ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-H200"}}, "spec.resources.gpuProduct"),

@@ -13,8 +13,15 @@ T1 = T0 + dt.timedelta(minutes=5)
 
 def status(plan: SnapshotPlan, work: Workload, previous=None, now=T0, enabled=True):
     return endpoint_status(
-        generation=3, snapshots_enabled=enabled, plan=plan, work=work, selector="a=b", identity_hash="h",
-        pods=[], previous=previous or {}, now=now,
+        generation=3,
+        snapshots_enabled=enabled,
+        plan=plan,
+        work=work,
+        selector="a=b",
+        identity_hash="h",
+        pods=[],
+        previous=previous or {},
+        now=now,
     )
 
 
@@ -39,7 +46,9 @@ def test_restoring_and_ready():
     plan = SnapshotPlan(role=L.ROLE_RESTORE, ready="s")
     result = status(plan, Workload(desired=2, replicas=2, ready=2, updated=2))
     found = conditions(result)
-    assert result["phase"] == "Ready" and result["currentSnapshot"] == "s" and result["workerRole"] == "restore"
+    assert (
+        result["phase"] == "Ready" and result["currentSnapshot"] == "s" and result["workerRole"] == "restore"
+    )
     assert found["SnapshotReady"]["status"] == "True"
     assert found["Progressing"]["status"] == "False"
 
@@ -54,8 +63,14 @@ def test_transition_time_moves_only_on_status_change():
 
 
 def test_exhausted_capture_is_degraded():
-    plan = SnapshotPlan(role=L.ROLE_COLD, active="s", active_phase="Failed", attempts=5, exhausted=True,
-                        failure_message="criu dump failed")
+    plan = SnapshotPlan(
+        role=L.ROLE_COLD,
+        active="s",
+        active_phase="Failed",
+        attempts=5,
+        exhausted=True,
+        failure_message="criu dump failed",
+    )
     result = status(plan, Workload(desired=1, replicas=1, ready=1, updated=1))
     assert result["phase"] == "Degraded"
     assert "criu dump failed" in conditions(result)["SnapshotReady"]["message"]

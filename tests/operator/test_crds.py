@@ -1,0 +1,146 @@
+"""Static checks of the CRDs and the chart: one CRD source, the contract's shape, defaults in sync."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from warmstart.operator.spec import parse_spec
+
+REPO = Path(__file__).resolve().parents[2]
+CRDS = REPO / "crds"
+CHART = REPO / "charts" / "warmstart"
+KUBE_VERSION = "1.35.0"  # helm template alone assumes an old Kubernetes; the chart needs >= 1.29
+
+
+def load(name: str) -> dict[str, Any]:
+    return yaml.safe_load((CRDS / name).read_text())
+
+
+def version_of(crd: dict[str, Any]) -> dict[str, Any]:
+    (version,) = crd["spec"]["versions"]
+    return version
+
+
+def test_chart_ships_byte_identical_crds():
+    sources = sorted(p.name for p in CRDS.glob("*.yaml"))
+    assert sources == ["inferenceendpoints.yaml", "inferencesnapshots.yaml"]
+    for name in sources:
+        copy = CHART / "crds" / name
+        assert copy.read_bytes() == (CRDS / name).read_bytes(), f"run hack/sync-chart-crds: {copy} differs"
+    assert sorted(p.name for p in (CHART / "crds").glob("*")) == sources
+
+
+def test_endpoint_crd_contract():
+    crd = load("inferenceendpoints.yaml")
+    assert crd["spec"]["group"] == "warmstart.dev" and crd["spec"]["scope"] == "Namespaced"
+    assert crd["spec"]["names"]["shortNames"] == ["iep"]
+    assert "warmstart" in crd["spec"]["names"]["categories"]
+    version = version_of(crd)
+    assert version["name"] == "v1alpha1"
+    assert version["subresources"]["scale"] == {
+        "specReplicasPath": ".spec.replicas",
+        "statusReplicasPath": ".status.replicas",
+        "labelSelectorPath": ".status.selector",
+    }
+    assert "status" in version["subresources"]
+    columns = {c["name"].upper() for c in version["additionalPrinterColumns"]}
+    assert {"READY", "REPLICAS", "SNAPSHOT", "AGE", "PHASE"} <= columns
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["model", "engine"]
+    assert spec["properties"]["engine"]["properties"]["kind"]["enum"] == ["vllm", "builtin"]
+    assert spec["properties"]["replicas"]["minimum"] == 0
+    rules = " ".join(r["rule"] for r in spec["properties"]["autoscaling"]["x-kubernetes-validations"])
+    assert "self.minReplicas <= self.maxReplicas" in rules and "keda" in rules and "has(self.metric)" in rules
+
+
+def test_snapshot_crd_contract():
+    crd = load("inferencesnapshots.yaml")
+    assert crd["spec"]["names"]["shortNames"] == ["isnap"]
+    status = version_of(crd)["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert status["phase"]["enum"] == ["Pending", "Capturing", "Ready", "Failed", "Invalid"]
+    assert {"node", "gpu", "storagePath", "sizeBytes", "manifestDigest", "timings", "attempts"} <= set(status)
+
+
+def apply_defaults(schema: dict[str, Any], value: dict[str, Any]) -> dict[str, Any]:
+    """The API server's structural defaulting: fill absent fields that have a default, recursively."""
+    for key, sub in schema.get("properties", {}).items():
+        if key not in value and "default" in sub:
+            value[key] = copy.deepcopy(sub["default"])
+        if isinstance(value.get(key), dict):
+            apply_defaults(sub, value[key])
+    return value
+
+
+def test_crd_defaults_agree_with_the_operator_defaults():
+    spec_schema = version_of(load("inferenceendpoints.yaml"))["schema"]["openAPIV3Schema"]["properties"][
+        "spec"
+    ]
+    minimal = {
+        "model": {"uri": "m"},
+        "engine": {"kind": "builtin", "image": "img"},
+        "snapshot": {"storage": {"claimName": "s"}},
+    }
+    defaulted = apply_defaults(spec_schema, copy.deepcopy(minimal))
+    assert defaulted["autoscaling"]["mode"] == "none" and defaulted["replicas"] == 1
+    assert parse_spec(defaulted) == parse_spec(minimal)
+
+
+def helm() -> str:
+    from warmstart.config import cache_dir
+
+    cached = cache_dir() / "k8s" / "bin" / "helm"
+    found = str(cached) if cached.exists() else shutil.which("helm")
+    if not found:
+        pytest.skip("helm is not installed: run `hack/control-plane build` (it builds helm)")
+    return found
+
+
+def test_helm_lint_is_clean():
+    result = subprocess.run([helm(), "lint", "--strict", str(CHART)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_values_schema_rejects_bad_values():
+    bad = subprocess.run(
+        [helm(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION, "--set", "operator.replicas=2"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode != 0 and "peering" in bad.stderr
+    typo = subprocess.run(
+        [helm(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION, "--set", "operator.replica=1"],
+        capture_output=True,
+        text=True,
+    )
+    assert typo.returncode != 0 and "replica" in typo.stderr
+
+
+def test_agent_is_optional_and_privileged_when_on():
+    def kinds(*flags: str) -> dict[str, dict]:
+        out = subprocess.run(
+            [helm(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION, *flags],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(out) if d}
+
+    with_agent = kinds()
+    daemonset = with_agent["DaemonSet/t-warmstart-agent"]
+    pod = daemonset["spec"]["template"]["spec"]
+    assert pod["hostPID"] is True
+    assert pod["containers"][0]["securityContext"]["privileged"] is True
+    assert pod["containers"][0]["args"][-1] == "agent"
+    without = kinds("--set", "agent.enabled=false")
+    assert not any(key.startswith(("DaemonSet/", "ClusterRole/t-warmstart-agent")) for key in without)
+    operator = without["Deployment/t-warmstart-operator"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--all-namespaces" in operator["args"]
+    assert json.dumps(operator["livenessProbe"]["httpGet"]["path"]) == '"/healthz"'
