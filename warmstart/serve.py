@@ -1,0 +1,352 @@
+"""`warmstart serve`: the embedded default, one machine and no cluster.
+
+The first start is a cold start plus a capture: the worker loads, warms up and quiesces, its process is
+snapshotted into the store, and the same process then resumes and serves (restore in place), so the first
+start costs a cold start and one dump, and the snapshot is ready for the next start. Every later start
+restores from the newest valid snapshot of the same identity into a fresh sandbox. Whenever restoring is not
+possible (no CRIU 4, not root, a snapshot refused or failing) it cold-starts and says why.
+
+Each worker runs in its own sandbox (PID + mount namespace) so a restore gets the PIDs and paths its
+process had when it was dumped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from warmstart.identity import SnapshotIdentity
+    from warmstart.snapshot.signing import Signer, Verifier
+    from warmstart.snapshot.store import SnapshotStore
+    from warmstart.snapshot_agent.criu import Criu
+    from warmstart.snapshot_agent.sandbox import Sandbox
+
+log = logging.getLogger(__name__)
+
+CONTROL_SUBDIR = "control"  # a sandbox's control directory, relative to its private directory
+READY_PATHS = ("/health", "/v1/models")
+
+
+class ServeError(RuntimeError):
+    """The worker could not be brought up at all (not even by a cold start)."""
+
+
+@dataclass
+class WorkerSpec:
+    """What to run: the same engine, model and device for cold starts, captures and restores."""
+
+    engine: str = "builtin"
+    model: str = "tiny"
+    device: str = "cpu"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    extra_args: list[str] = field(default_factory=list)
+
+    def command(self, mode: str, control_dir: Path) -> list[str]:
+        return [
+            sys.executable, "-m", "warmstart", "worker", "--engine", self.engine, "--model", self.model,
+            "--device", self.device, "--mode", mode, "--host", self.host, "--port", str(self.port),
+            "--control-dir", str(control_dir), *self.extra_args,
+        ]  # fmt: skip
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+
+@dataclass
+class StartReport:
+    """How a worker came up; what the table prints."""
+
+    mode: str  # "restore", "cold+capture", "cold"
+    seconds_to_ready: float
+    snapshot_id: str = ""
+    snapshot_bytes: int = 0
+    reason: str = ""
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def local_identity(spec: WorkerSpec) -> SnapshotIdentity:
+    """The identity a worker of `spec` has on this machine, computed without loading the model."""
+    from warmstart.worker.identity import identity_for
+
+    return identity_for(engine=spec.engine, model=spec.model, device=spec.device)
+
+
+def wait_http_ready(spec: WorkerSpec, deadline: float, alive: Any) -> None:
+    """Poll the worker until it answers HTTP; `alive()` false means it died first."""
+    while True:
+        for path in READY_PATHS:
+            try:
+                with urllib.request.urlopen(spec.base_url + path, timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, OSError):
+                pass
+        if not alive():
+            raise ServeError("the worker exited before it served; see its logs")
+        if time.monotonic() >= deadline:
+            raise ServeError(f"the worker did not answer on {spec.base_url} in time")
+        time.sleep(0.02)
+
+
+class LocalNode:
+    """Starts workers on this machine: cold, cold + capture, or restored from the store."""
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        store: SnapshotStore,
+        signer: Signer,
+        verifier: Verifier,
+        criu: Criu | None,
+        work_dir: Path,
+        ready_timeout: float = 900.0,
+    ) -> None:
+        self.spec = spec
+        self.store = store
+        self.signer = signer
+        self.verifier = verifier
+        self.criu = criu
+        self.work_dir = work_dir
+        self.ready_timeout = ready_timeout
+        self.sandboxes: list[Sandbox] = []
+
+    def _new_sandbox_dir(self, role: str) -> Path:
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        path = self.work_dir / f"{role}-{len(self.sandboxes)}-{os.getpid()}"
+        shutil.rmtree(path, ignore_errors=True)
+        (path / CONTROL_SUBDIR / "logs").mkdir(parents=True)
+        return path
+
+    def _start_worker_sandbox(self, mode: str) -> Sandbox:
+        from warmstart.snapshot_agent.sandbox import MOUNTPOINT, Sandbox
+
+        host_dir = self._new_sandbox_dir(mode)
+        command = self.spec.command(mode, MOUNTPOINT / CONTROL_SUBDIR)
+        sandbox = Sandbox.start(host_dir, command)
+        self.sandboxes.append(sandbox)
+        return sandbox
+
+    def start_cold(self, reason: str) -> StartReport:
+        started = time.monotonic()
+        sandbox = self._start_worker_sandbox("cold")
+        wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+        return StartReport("cold", time.monotonic() - started, reason=reason)
+
+    def start_cold_and_capture(self) -> StartReport:
+        from warmstart.protocol import ControlDir
+        from warmstart.snapshot_agent.capture import CaptureError, CaptureOptions, capture
+
+        assert self.criu is not None
+        started = time.monotonic()
+        sandbox = self._start_worker_sandbox("capture")
+        options = CaptureOptions(
+            keep_serving=True,
+            resume_payload={"port": self.spec.port, "host": self.spec.host},
+            ready_timeout=self.ready_timeout,
+        )
+        control = ControlDir(sandbox.host_dir / CONTROL_SUBDIR)
+        try:
+            result = capture(
+                store=self.store, signer=self.signer, sandbox=sandbox, control=control, criu=self.criu,
+                options=options,
+            )  # fmt: skip
+        except CaptureError as exc:  # the source was resumed: it serves as a plain cold start
+            wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+            return StartReport("cold", time.monotonic() - started, reason=f"capture failed: {exc}")
+        wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+        snapshot = result.snapshot
+        return StartReport(
+            "cold+capture", time.monotonic() - started, snapshot.id, snapshot.size, timings=result.timings
+        )
+
+    def start_restored(self, snapshot_id: str, identity: SnapshotIdentity) -> StartReport:
+        from warmstart.protocol import ControlDir
+        from warmstart.snapshot_agent.restore import restore
+        from warmstart.snapshot_agent.sandbox import Sandbox, waiting_init_command
+
+        assert self.criu is not None
+        started = time.monotonic()
+        host_dir = self._new_sandbox_dir("restore")
+        sandbox = Sandbox.start(host_dir, waiting_init_command(), reserve_pids=True)
+        self.sandboxes.append(sandbox)
+        result = restore(
+            store=self.store, verifier=self.verifier, snapshot_id=snapshot_id, expected_identity=identity,
+            sandbox=sandbox, control=ControlDir(host_dir / CONTROL_SUBDIR), criu=self.criu,
+            work_dir=host_dir.with_name(host_dir.name + "-images"),
+            resume_payload={"port": self.spec.port, "host": self.spec.host},
+        )  # fmt: skip
+        wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+        return StartReport(
+            "restore", time.monotonic() - started, snapshot_id, result.snapshot.size, timings=result.timings
+        )
+
+    def start(self) -> StartReport:
+        """Restore when a valid snapshot exists, else cold start (and capture when CRIU is usable)."""
+        from warmstart.snapshot_agent.restore import FailureCounter, RestoreFailed, RestoreRefused
+
+        if self.criu is None:
+            return self.start_cold("CRIU 4 is not usable here (see above); snapshots are off")
+        identity = local_identity(self.spec)
+        failures = FailureCounter(self.store.root)
+        skipped: list[str] = []
+        for snapshot in self.store.list(identity.digest()):
+            if failures.invalid(snapshot.id):
+                skipped.append(f"{snapshot.id} failed {failures.count(snapshot.id)} times")
+                continue
+            try:
+                return self.start_restored(snapshot.id, identity)
+            except (RestoreRefused, RestoreFailed) as exc:
+                self.stop_all()
+                log.warning("%s", exc)
+                report = self.start_cold_and_capture()
+                report.reason = f"restore refused or failed, cold start instead: {exc}"
+                return report
+        report = self.start_cold_and_capture()
+        if skipped:
+            report.reason = "snapshots marked invalid: " + "; ".join(skipped)
+        return report
+
+    def stop_all(self) -> None:
+        while self.sandboxes:
+            self.sandboxes.pop().stop()
+
+
+def usable_criu(command: str) -> tuple[Criu | None, str]:
+    """A working CRIU 4 as root, or None with the reason."""
+    from warmstart.snapshot_agent.criu import Criu, CriuError
+
+    if os.geteuid() != 0:
+        return None, "not root: CRIU and sandboxes need root"
+    criu = Criu(command)
+    try:
+        criu.version()
+    except CriuError as exc:
+        return None, str(exc)
+    return criu, ""
+
+
+def signing_keys(store_root: Path, key: str | None) -> tuple[Signer, Verifier, str]:
+    """Signer and verifier from `key`, or from `<store>/keys/hmac.key`, generated once when missing."""
+    from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
+
+    note = ""
+    if key is None:
+        path = store_root / "keys" / "hmac.key"
+        if not path.exists():
+            generate_hmac_key(path)
+            note = f"generated a signing key at {path} (mode 0600); pass --key to use your own"
+        key = str(path)
+    return load_signer(key), load_verifier(key), note
+
+
+def print_report(report: StartReport, spec: WorkerSpec) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"warmstart serve: {spec.engine}/{spec.model} on {spec.device} at {spec.base_url}")
+    for column in ("mode", "time to ready", "snapshot size", "snapshot id"):
+        table.add_column(column)
+    size = f"{report.snapshot_bytes / 2**20:.1f} MiB" if report.snapshot_bytes else "-"
+    table.add_row(report.mode, f"{report.seconds_to_ready:.2f} s", size, report.snapshot_id or "-")
+    console = Console(stderr=False)
+    console.print(table)
+    if report.reason:
+        console.print(f"[yellow]{report.reason}[/yellow]")
+    if report.timings:
+        console.print("phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in report.timings.items()))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from warmstart.config import default_criu_command
+    from warmstart.snapshot.store import SnapshotStore
+
+    store_root = Path(args.store).resolve()
+    store_root.mkdir(parents=True, exist_ok=True)
+    spec = WorkerSpec(args.engine, args.model, args.device, args.host, args.port, list(args.worker_arg))
+    signer, verifier, note = signing_keys(store_root, args.key)
+    if note:
+        print(note)
+    criu, why_not = usable_criu(args.criu or default_criu_command())
+    if criu is None:
+        print(f"snapshots are off: {why_not}")
+    work_dir = Path(args.work_dir) if args.work_dir else store_root / "pods"
+    node = LocalNode(spec, SnapshotStore(store_root), signer, verifier, criu, work_dir, args.ready_timeout)
+    stop = _install_stop_handlers()
+    try:
+        report = node.start()
+        print_report(report, spec)
+        if args.once:
+            return 0
+        print(f"serving on {spec.base_url} (Ctrl-C to stop)")
+        while not stop() and any(sandbox.alive() for sandbox in node.sandboxes):
+            time.sleep(0.2)
+        return 0 if stop() else 1
+    except ServeError as exc:
+        print(f"warmstart serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        node.stop_all()
+
+
+def _install_stop_handlers() -> Any:
+    stopping = {"flag": False}
+
+    def handle(signum: int, _frame: object) -> None:
+        if stopping["flag"]:
+            raise KeyboardInterrupt
+        stopping["flag"] = True
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError):  # not the main thread
+            signal.signal(signum, handle)
+    return lambda: stopping["flag"]
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", default="builtin", help="engine adapter (default builtin)")
+    parser.add_argument("--model", default="tiny", help="model preset or directory (default tiny)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu or cuda (default cpu)")
+    parser.add_argument("--store", required=True, help="snapshot store directory (created if missing)")
+    parser.add_argument("--key", help="signing key file (default: <store>/keys/hmac.key, generated once)")
+    parser.add_argument("--criu", help="CRIU 4 command line (default: WARMSTART_CRIU or criu)")
+    parser.add_argument("--host", default="127.0.0.1", help="address the worker listens on")
+    parser.add_argument("--work-dir", help="where sandboxes keep their files (default <store>/pods)")
+    parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for a worker")
+    parser.add_argument(
+        "--worker-arg", action="append", default=[], help="extra argument for `warmstart worker` (repeatable)"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve an OpenAI-compatible endpoint; first start cold + capture, later starts restore",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_worker_arguments(parser)
+    parser.add_argument("--port", type=int, default=8000, help="port to serve on (default 8000)")
+    parser.add_argument(
+        "--once", "--exit-after-ready", dest="once", action="store_true",
+        help="stop the worker and exit once it served (tests, demos)",
+    )  # fmt: skip
+    parser.set_defaults(func=_serve)
+
+
+def report_json(report: StartReport) -> str:
+    return json.dumps(report.__dict__, sort_keys=True)
