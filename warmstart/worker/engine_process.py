@@ -1,0 +1,194 @@
+"""The engine process: `python -m warmstart.worker.engine_process ...`, spawned by `warmstart worker`.
+
+cold:    load, warm up, serve HTTP.
+capture: load, warm up, release memory, send `ready-for-snapshot`, then wait for the agent:
+         `snapshot-complete` -> exit 0 (the snapshot was taken; this copy is done);
+         `restore-complete`  -> this is a restored copy (or the resumed original): reacquire and serve;
+         `restore-failed`    -> the live original carries on: reacquire and serve.
+Until it serves, the process opens no socket, starts no thread holding one and keeps no descriptor on the
+control directory, so CRIU can dump it as it is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from warmstart.protocol import (
+    READY_FOR_SNAPSHOT,
+    RESTORE_COMPLETE,
+    RESTORE_FAILED,
+    SNAPSHOT_COMPLETE,
+    ControlDir,
+    Signal,
+)
+from warmstart.worker.options import add_worker_arguments, engine_options
+
+log = logging.getLogger("warmstart.worker.engine")
+
+SIGNAL_POLL_SECONDS = 0.02
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="warmstart-engine", description=__doc__)
+    add_worker_arguments(parser)
+    parser.add_argument("--started-at", type=float, help="epoch seconds the worker started (for metrics)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=os.environ.get("WARMSTART_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if args.mode not in ("cold", "capture"):
+        parser.error(f"the engine process runs in cold or capture mode, not {args.mode}")
+    started_at = args.started_at or process_start_time()
+    signal.signal(signal.SIGTERM, _exit_on_signal)  # uvicorn handles it while serving
+
+    from warmstart.engines import create_engine
+    from warmstart.engines.base import EngineError
+
+    try:
+        engine = create_engine(args.engine, **engine_options(args))
+        engine.load()
+        engine.warm_up()
+    except (EngineError, ValueError, OSError) as exc:
+        log.error("the engine could not start: %s", exc)
+        return 2
+    # Build the app now (imports done, nothing opened) so a restored copy only has to bind and serve.
+    runner = _HttpRunner(engine)
+    log.info("engine warm after %.2f s", time.time() - started_at)
+    if args.mode == "cold":
+        return runner.serve(args.host, args.port, "cold", started_at)
+    return capture(engine, runner, args, started_at)
+
+
+def capture(engine: Any, runner: _HttpRunner, args: argparse.Namespace, started_at: float) -> int:
+    control = ControlDir(args.control_dir)
+    identity = engine.identity()
+    weights_released = engine.release()
+    gc.collect()
+    payload = {
+        "pid": os.getpid(),
+        "identity": identity.to_dict(),
+        "identity_hash": identity.digest(),
+        "model_dir": str(getattr(engine, "model_dir", "")),
+        "weights_released": weights_released,
+        "engine": engine.describe(),
+        "host": args.host,
+        "port": args.port,
+    }
+    control.send(READY_FOR_SNAPSHOT, payload)
+    log.info(
+        "ready for snapshot (pid %d, identity %s, weights released: %s)",
+        os.getpid(),
+        identity.short(),
+        weights_released,
+    )
+    # Restore first: a restored copy may find the original's `snapshot-complete` next to its own signal.
+    received = control.wait(RESTORE_COMPLETE, RESTORE_FAILED, SNAPSHOT_COMPLETE, interval=SIGNAL_POLL_SECONDS)
+    resumed_at = time.time()
+    if received.name == SNAPSHOT_COMPLETE:
+        log.info("snapshot complete; this process is done")
+        engine.close()
+        return 0
+    mode, since = _resume_timing(received, resumed_at, started_at)
+    host, port = _resume_address(received, args)
+    engine.reacquire()
+    log.info("resumed (%s) in %.3f s; serving on %s:%d", received.name, time.time() - resumed_at, host, port)
+    return runner.serve(host, port, mode, since)
+
+
+def _resume_timing(received: Signal, resumed_at: float, started_at: float) -> tuple[str, float]:
+    if received.name == RESTORE_FAILED:
+        log.warning(
+            "the agent reports restore-failed (%s); this original process serves instead",
+            received.payload.get("reason", "no reason given"),
+        )
+        return "cold", started_at
+    since = received.payload.get("restore_started_at")
+    return "restore", float(since) if isinstance(since, int | float) else resumed_at
+
+
+def _resume_address(received: Signal, args: argparse.Namespace) -> tuple[str, int]:
+    host, port = received.payload.get("host", args.host), received.payload.get("port", args.port)
+    if not isinstance(host, str) or not host:
+        log.error("ignoring host %r in %s: not a non-empty string", host, received.name)
+        host = args.host
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        log.error("ignoring port %r in %s: not an integer in 0..65535", port, received.name)
+        port = args.port
+    return host, port
+
+
+class _HttpRunner:
+    def __init__(self, engine: Any) -> None:
+        import uvicorn
+
+        from warmstart.worker.metrics import WorkerMetrics
+        from warmstart.worker.server import ServerState, build_app
+
+        self.engine = engine
+        self.metrics = WorkerMetrics()
+        self.state = ServerState()
+        self.app = build_app(engine, self.metrics, self.state)
+        self._uvicorn = uvicorn
+
+    def serve(self, host: str, port: int, mode: str, since: float) -> int:
+        runner = self
+
+        class Server(self._uvicorn.Server):
+            async def startup(self, sockets: Any = None) -> None:
+                await super().startup(sockets=sockets)
+                if not self.should_exit:
+                    runner._mark_serving(mode, since)
+
+        config = self._uvicorn.Config(
+            self.app,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=False,
+            lifespan="off",
+            timeout_graceful_shutdown=5,
+        )
+        server = Server(config)
+        try:
+            server.run()
+        finally:
+            self.engine.close()
+        return 0 if server.started else 1
+
+    def _mark_serving(self, mode: str, since: float) -> None:
+        elapsed = time.time() - since
+        self.metrics.start_seconds.labels(mode).set(elapsed)
+        self.state.ready = True
+        log.info("serving (%s start: %.3f s)", mode, elapsed)
+
+
+def process_start_time() -> float:
+    """When this process started, in epoch seconds (from /proc; now if unavailable)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime")
+        )
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def _exit_on_signal(signum: int, _frame: Any) -> None:
+    log.info("signal %d; exiting", signum)
+    raise SystemExit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

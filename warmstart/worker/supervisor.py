@@ -1,0 +1,185 @@
+"""`warmstart worker`: a small supervisor (PID 1 in a container) around the engine process.
+
+The engine runs as a child in its own session with stdio on files, so its subtree can be checkpointed by
+CRIU on its own. The supervisor forwards SIGTERM/SIGINT, reaps every child (also processes re-parented to
+it, as a restored engine is: it is a child subreaper) and exits with the engine's status.
+
+restore mode: no engine is started at first; the agent restores one into this namespace and writes
+`restore-complete`. On `restore-failed`, or when nothing arrives in time, the supervisor cold-starts one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, SIGNALS, ControlDir
+from warmstart.worker.options import engine_argv, log_dir, restore_timeout
+
+log = logging.getLogger("warmstart.worker")
+
+PR_SET_CHILD_SUBREAPER = 36
+POLL_SECONDS = 0.05
+ENGINE_LOG = "engine.log"
+
+
+class Supervisor:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.engine_pid: int | None = None
+        self.stop_signal: int | None = None
+
+    def run(self) -> int:
+        _become_subreaper()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+        if self.args.mode == "restore":
+            return self._restore()
+        if self.args.mode == "capture":
+            ControlDir(self.args.control_dir).clear(*SIGNALS)  # leftovers of an earlier run mean nothing
+        return self._run_engine(self.args.mode, time.time())
+
+    # --- modes ---------------------------------------------------------------------------------------
+
+    def _restore(self) -> int:
+        control = ControlDir(self.args.control_dir)
+        timeout = restore_timeout(self.args)
+        started = time.time()
+        log.info("restore mode: waiting up to %.0f s for the agent in %s", timeout, control.path)
+        while self.stop_signal is None:
+            self._reap_strays()
+            for name in (RESTORE_COMPLETE, RESTORE_FAILED):
+                received = control.read(name)
+                if received is None:
+                    continue
+                if name == RESTORE_FAILED:
+                    reason = received.payload.get("reason", "no reason given")
+                    log.warning("restore failed (%s); starting the engine cold", reason)
+                    return self._run_engine("cold", started)
+                return self._adopt(received.payload, started)
+            if time.time() - started >= timeout:
+                log.warning("no restore within %.0f s; starting the engine cold", timeout)
+                return self._run_engine("cold", started)
+            time.sleep(POLL_SECONDS)
+        log.info("signal %d while waiting for a restore; exiting", self.stop_signal)
+        return 0
+
+    def _adopt(self, payload: dict, started: float) -> int:
+        pid = payload.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            children = _children()
+            pid = children[0] if children else None
+        if pid is None or not _alive(pid):
+            log.error("restore-complete arrived but no restored engine process is running; starting cold")
+            return self._run_engine("cold", started)
+        self.engine_pid = pid
+        log.info("restored engine is pid %d", pid)
+        return self._wait_for_engine()
+
+    def _run_engine(self, mode: str, started_at: float) -> int:
+        self.engine_pid = self._spawn(mode, started_at)
+        log.info("engine process %d started (%s); logs in %s", self.engine_pid, mode, log_dir(self.args))
+        if self.stop_signal is not None:
+            self._forward(self.stop_signal)
+        return self._wait_for_engine()
+
+    # --- processes -----------------------------------------------------------------------------------
+
+    def _spawn(self, mode: str, started_at: float) -> int:
+        directory = log_dir(self.args)
+        directory.mkdir(parents=True, exist_ok=True)
+        log_fd = os.open(directory / ENGINE_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        argv = [sys.executable, "-m", "warmstart.worker.engine_process", *engine_argv(self.args, mode),
+                "--started-at", repr(started_at)]  # fmt: skip
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        actions = [
+            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+            (os.POSIX_SPAWN_DUP2, log_fd, 1),
+            (os.POSIX_SPAWN_DUP2, log_fd, 2),
+        ]
+        try:
+            # A new session: the engine leads its own session, as CRIU wants of a dumped tree's root. Only
+            # descriptors named in `actions` are inherited (Python opens everything else close-on-exec).
+            return os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
+        finally:
+            os.close(log_fd)
+
+    def _wait_for_engine(self) -> int:
+        assert self.engine_pid is not None
+        while True:
+            try:
+                pid, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                return self._watch_foreign(self.engine_pid)
+            if pid == self.engine_pid:
+                code = _exit_code(status)
+                log.info("engine process %d exited with %d", pid, code)
+                return code
+
+    def _watch_foreign(self, pid: int) -> int:
+        """The engine is not our child (restored outside our namespace): wait until it is gone."""
+        while _alive(pid):
+            time.sleep(POLL_SECONDS)
+        log.info("engine process %d is gone (not our child: exit status unknown)", pid)
+        return 0
+
+    def _reap_strays(self) -> None:
+        while True:
+            try:
+                pid, _status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        self.stop_signal = signum
+        if self.engine_pid is not None:
+            self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        try:
+            os.killpg(self.engine_pid, signum)  # the engine leads its own process group
+        except (ProcessLookupError, PermissionError):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.engine_pid, signum)
+
+
+def _become_subreaper() -> None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            log.warning("could not become a child subreaper (errno %d)", ctypes.get_errno())
+    except OSError as exc:
+        log.warning("could not become a child subreaper: %s", exc)
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            pids += [int(pid) for pid in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return False
+    return fields[0] not in ("Z", "X")
+
+
+def _exit_code(status: int) -> int:
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
