@@ -136,6 +136,17 @@ def test_usage_errors_exit_2_naming_what_to_fix(
     assert message in capsys.readouterr().err
 
 
+def test_verify_of_an_unknown_snapshot_reports_json(
+    store: SnapshotStore, hmac_key_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store.root.mkdir(parents=True)
+    missing = "0123456789ab-20260101000000-abcdef"
+    code, result = run_json(
+        capsys, "verify", missing, "--store", str(store.root), "--key", str(hmac_key_path)
+    )
+    assert code == 1 and result["valid"] is False and f"no snapshot {missing}" in result["reason"]
+
+
 def test_unknown_snapshot_exits_1(store: SnapshotStore, capsys: pytest.CaptureFixture[str]) -> None:
     store.root.mkdir(parents=True)
     assert main(["snapshot", "show", "0123456789ab-20260101000000-abcdef", "--store", str(store.root)]) == 1

@@ -466,6 +466,15 @@ def test_gc_grace_keeps_recent_unreferenced_blobs(store: SnapshotStore, tmp_path
     assert store.gc().removed_blobs == [digest]
 
 
+def test_a_moved_old_file_starts_its_grace_period_when_added(store: SnapshotStore, tmp_path: Path) -> None:
+    source = tmp_path / "old-weights"
+    source.write_bytes(b"weights from last year")
+    os.utime(source, (1, 1))
+    digest = store.add_blob_from_file(source, move=True)
+    assert store.gc().young_blobs == [digest]
+    assert store.has_blob(digest)
+
+
 def test_gc_removes_no_blob_when_a_manifest_is_unreadable(store: SnapshotStore, publish: Publish) -> None:
     kept = publish({"a": b"kept"})
     store.delete(publish({"b": b"orphan"}).id)
@@ -486,7 +495,7 @@ def test_gc_keeps_live_staging_and_removes_abandoned(
             (directory / "files").mkdir(parents=True)
             owner = {"pid": os.getpid(), "host": f"{socket.gethostname()}-elsewhere/boot", "pid_start": 0}
             (directory / "owner.json").write_text(json.dumps(owner))
-        for path in (foreign_old, foreign_old / "files"):
+        for path in (foreign_old, foreign_old / "files", foreign_old / "owner.json"):
             os.utime(path, (1, 1))
 
         report = store.gc(staging_older_than=60)

@@ -201,7 +201,7 @@ def _load_expected_identity(path: Path | None) -> Any:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from warmstart.snapshot import SnapshotInvalid, load_verifier
+    from warmstart.snapshot import SnapshotError, load_verifier
 
     store = _store(args)
     if not args.key:
@@ -210,11 +210,12 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     expected = _load_expected_identity(args.expect_identity)
     try:
         snapshot = store.verify(args.id, verifier, expected, prefix=args.prefix)
-    except SnapshotInvalid as exc:
+    except SnapshotError as exc:  # invalid, or not there at all
+        reason = getattr(exc, "reason", str(exc))
         if args.json:
-            _print_json({"id": args.id, "valid": False, "reason": exc.reason})
+            _print_json({"id": args.id, "valid": False, "reason": reason})
         else:
-            print(f"INVALID {args.id}: {exc.reason}", file=sys.stderr)
+            print(f"INVALID {args.id}: {reason}", file=sys.stderr)
         return EXIT_INVALID
     if args.json:
         _print_json({"id": snapshot.id, "valid": True, "files": len(snapshot.files), "size": snapshot.size})

@@ -393,15 +393,16 @@ class SnapshotStore:
         if existing is not None:  # wrong size: a damaged blob; replace it with good bytes
             log.warning("replacing damaged blob %s (size %d, expected %d)", digest, existing.st_size, size)
             os.replace(source, target)
-            return
-        try:
-            os.link(source, target)
-        except FileExistsError:  # a concurrent publisher stored the same bytes first
-            _touch(target)
-        except OSError as exc:
-            if exc.errno != errno.EXDEV:
-                raise
-            _copy_file(source, target, mode & 0o555)
+        else:
+            try:
+                os.link(source, target)
+            except FileExistsError:  # a concurrent publisher stored the same bytes first
+                pass
+            except OSError as exc:
+                if exc.errno != errno.EXDEV:
+                    raise
+                _copy_file(source, target, mode & 0o555)
+        _touch(target)  # a linked file keeps its old mtime; the GC grace period starts now
 
     def add_blob_from_file(self, path: str | os.PathLike[str], *, move: bool = False) -> str:
         """Store a file's bytes as a blob and return its digest (`sha256:<hex>`).
