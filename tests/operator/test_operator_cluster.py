@@ -1,0 +1,482 @@
+"""The operator against a real API server, controller-manager, scheduler and kwok nodes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from builders import endpoint_spec
+from operator_process import OperatorProcess
+
+from warmstart.operator import labels as L
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+TIMEOUT = 60
+
+
+@pytest.fixture(scope="module")
+def crds(kube) -> None:
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
+
+
+@pytest.fixture(scope="module")
+def operator(kube, crds, tmp_path_factory) -> Iterator[OperatorProcess]:
+    log = tmp_path_factory.mktemp("operator") / "operator.log"
+    process = OperatorProcess(
+        kube.kubeconfig,
+        log,
+        env={"WARMSTART_OPERATOR_RESYNC_SECONDS": "5", "WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS": "1"},
+    )
+    process.start()
+    yield process
+    process.stop()
+    assert "Traceback" not in log.read_text(errors="replace"), process.log_tail(120)
+
+
+def get(kube, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    result = kube.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def items(kube, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+    out = kube.kubectl("get", kind, "-n", namespace, "-l", selector, "-o", "json").stdout
+    return json.loads(out)["items"]
+
+
+def endpoint(name: str, namespace: str, **spec: Any) -> str:
+    body = {
+        "apiVersion": L.API_VERSION,
+        "kind": L.ENDPOINT_KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": endpoint_spec(**spec),
+    }
+    return json.dumps(body)
+
+
+def apply(kube, manifest: str) -> subprocess.CompletedProcess[str]:
+    return kube.kubectl("apply", "-f", "-", input=manifest)
+
+
+def condition(body: dict[str, Any] | None, kind: str) -> dict[str, Any]:
+    for cond in ((body or {}).get("status") or {}).get("conditions") or []:
+        if cond["type"] == kind:
+            return cond
+    return {}
+
+
+def template_role(kube, namespace: str, name: str) -> tuple[str, str]:
+    dep = get(kube, "deployment", namespace, name) or {}
+    labels = dep.get("spec", {}).get("template", {}).get("metadata", {}).get("labels", {})
+    return labels.get(L.ROLE_LABEL, ""), labels.get(L.SNAPSHOT_LABEL, "")
+
+
+def set_snapshot_status(kube, namespace: str, name: str, status: dict[str, Any]) -> None:
+    """What the node agent does: report the capture's outcome on the status subresource."""
+    kube.kubectl(
+        "patch",
+        "isnap",
+        name,
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+
+
+def bound_store_claim(kube, namespace: str) -> str:
+    """A PVC bound to a hostPath PV, so worker pods that mount the snapshot store can be scheduled."""
+    pv_name = f"store-{namespace}"
+    pv = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": pv_name},
+        "spec": {
+            "capacity": {"storage": "1Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "",
+            "hostPath": {"path": f"/tmp/{pv_name}"},
+            "claimRef": {"namespace": namespace, "name": "snapshots"},
+        },
+    }
+    pvc = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "snapshots", "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": pv_name,
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    apply(kube, json.dumps({"apiVersion": "v1", "kind": "List", "items": [pv, pvc]}))
+    kube.wait_for(
+        lambda: (get(kube, "pvc", namespace, "snapshots") or {}).get("status", {}).get("phase") == "Bound",
+        timeout=TIMEOUT,
+        message="store PVC Bound",
+    )
+    return "snapshots"
+
+
+NO_SNAPSHOTS = {"enabled": False}
+HPA = {
+    "mode": "hpa",
+    "minReplicas": 1,
+    "maxReplicas": 5,
+    "metric": {"name": "vllm:num_requests_waiting", "target": "4"},
+}
+
+
+def test_create_makes_owned_children_and_goes_ready(kube, namespace, operator):
+    apply(kube, endpoint("web", namespace, snapshot=NO_SNAPSHOTS, autoscaling=HPA))
+    iep = kube.wait_for(lambda: get(kube, "iep", namespace, "web"), message="endpoint")
+    uid = iep["metadata"]["uid"]
+    for kind in ("deployment", "service", "hpa"):
+        child = kube.wait_for(
+            lambda kind=kind: get(kube, kind, namespace, "web"), timeout=TIMEOUT, message=f"{kind} web"
+        )
+        (ref,) = child["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["uid"], ref["controller"]) == (L.ENDPOINT_KIND, uid, True)
+    hpa = get(kube, "hpa", namespace, "web")
+    assert hpa["spec"]["scaleTargetRef"]["kind"] == L.ENDPOINT_KIND
+
+    ready = kube.wait_for(
+        lambda: (
+            (b := get(kube, "iep", namespace, "web")) and condition(b, "Ready").get("status") == "True" and b
+        ),
+        timeout=TIMEOUT,
+        message="endpoint Ready (kwok makes the pods ready)",
+    )
+    status = ready["status"]
+    assert status["phase"] == "Ready" and status["readyReplicas"] == 1
+    assert status["selector"] == "app.kubernetes.io/component=worker,warmstart.dev/endpoint=web"
+    assert status["observedGeneration"] == ready["metadata"]["generation"]
+    assert condition(ready, "SnapshotReady")["reason"] == "SnapshotsDisabled"
+    events = kube.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "involvedObject.kind=InferenceEndpoint",
+        "-o",
+        "json",
+    ).stdout
+    assert "PhaseChanged" in {e["reason"] for e in json.loads(events)["items"]}
+
+
+def test_kubectl_scale_reaches_the_deployment(kube, namespace, operator):
+    apply(kube, endpoint("scaled", namespace, snapshot=NO_SNAPSHOTS))
+    kube.wait_for(lambda: get(kube, "deployment", namespace, "scaled"), timeout=TIMEOUT, message="deployment")
+    kube.kubectl("scale", "iep/scaled", "-n", namespace, "--replicas=3")
+    kube.wait_for(
+        lambda: get(kube, "deployment", namespace, "scaled")["spec"]["replicas"] == 3,
+        timeout=TIMEOUT,
+        message="Deployment replicas 3",
+    )
+    kube.wait_for(
+        lambda: get(kube, "iep", namespace, "scaled")["status"].get("readyReplicas") == 3,
+        timeout=TIMEOUT,
+        message="3 ready replicas in the endpoint status",
+    )
+    scale = json.loads(
+        kube.kubectl(
+            "get",
+            "--raw",
+            f"/apis/warmstart.dev/v1alpha1/namespaces/{namespace}/inferenceendpoints/scaled/scale",
+        ).stdout
+    )
+    assert scale["spec"]["replicas"] == 3 and scale["status"]["replicas"] == 3
+    assert scale["status"]["selector"].endswith("warmstart.dev/endpoint=scaled")
+
+
+def test_keda_scaled_object_then_switch_to_hpa(kube, namespace, operator):
+    keda = {
+        "mode": "keda",
+        "minReplicas": 0,
+        "maxReplicas": 4,
+        "metric": {"name": "vllm:num_requests_waiting", "target": "2"},
+    }
+    apply(kube, endpoint("burst", namespace, snapshot=NO_SNAPSHOTS, autoscaling=keda, replicas=0))
+    scaled = kube.wait_for(
+        lambda: get(kube, "scaledobject", namespace, "burst"),
+        timeout=TIMEOUT,
+        message="ScaledObject (accepted by KEDA's CRD schema)",
+    )
+    assert scaled["spec"]["minReplicaCount"] == 0
+    assert scaled["spec"]["triggers"][0]["metadata"]["query"].startswith("sum(vllm:num_requests_waiting")
+    kube.wait_for(
+        lambda: get(kube, "iep", namespace, "burst")["status"].get("phase") == "ScaledToZero",
+        timeout=TIMEOUT,
+        message="phase ScaledToZero",
+    )
+    apply(kube, endpoint("burst", namespace, snapshot=NO_SNAPSHOTS, autoscaling=HPA, replicas=1))
+    kube.wait_for(lambda: get(kube, "hpa", namespace, "burst"), timeout=TIMEOUT, message="HPA")
+    kube.wait_for(
+        lambda: get(kube, "scaledobject", namespace, "burst") is None,
+        timeout=TIMEOUT,
+        message="ScaledObject removed",
+    )
+
+
+def test_snapshot_lifecycle_capture_restore_and_identity_change(kube, namespace, operator):
+    bound_store_claim(kube, namespace)
+    apply(kube, endpoint("llm", namespace, replicas=2))
+    snap = kube.wait_for(
+        lambda: (s := items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}=llm")) and s[0],
+        timeout=TIMEOUT,
+        message="an InferenceSnapshot",
+    )
+    name = snap["metadata"]["name"]
+    assert snap["spec"]["identityHash"].startswith(snap["metadata"]["labels"][L.IDENTITY_HASH_LABEL])
+    kube.wait_for(
+        lambda: (get(kube, "isnap", namespace, name) or {}).get("status", {}).get("phase") == "Pending",
+        timeout=TIMEOUT,
+        message="snapshot Pending",
+    )
+    capture = kube.wait_for(
+        lambda: get(kube, "pod", namespace, f"{name}-capture-1"), timeout=TIMEOUT, message="capture pod"
+    )
+    assert capture["metadata"]["labels"][L.ROLE_LABEL] == "capture"
+    assert capture["metadata"]["ownerReferences"][0]["name"] == name
+    assert template_role(kube, namespace, "llm") == ("cold", "")
+
+    set_snapshot_status(kube, namespace, name, {"phase": "Ready", "node": "kwok-gpu-0", "sizeBytes": 1 << 30})
+    kube.wait_for(
+        lambda: template_role(kube, namespace, "llm") == ("restore", name),
+        timeout=TIMEOUT,
+        message="Deployment switched to restore",
+    )
+    kube.wait_for(
+        lambda: (
+            len(
+                [
+                    p
+                    for p in items(kube, "pod", namespace, f"{L.ROLE_LABEL}=restore")
+                    if p["metadata"].get("deletionTimestamp") is None
+                ]
+            )
+            >= 2
+        ),
+        timeout=TIMEOUT,
+        message="2 restore-role pods",
+    )
+    kube.wait_for(
+        lambda: get(kube, "pod", namespace, f"{name}-capture-1") is None,
+        timeout=TIMEOUT,
+        message="capture pod removed once the snapshot is Ready",
+    )
+    iep = kube.wait_for(
+        lambda: (
+            (b := get(kube, "iep", namespace, "llm")) and condition(b, "Ready").get("status") == "True" and b
+        ),
+        timeout=TIMEOUT,
+        message="endpoint Ready on restored replicas",
+    )
+    assert iep["status"]["currentSnapshot"] == name and iep["status"]["workerRole"] == "restore"
+    assert condition(iep, "SnapshotReady")["status"] == "True"
+
+    new_engine = {"kind": "vllm", "image": "registry.example/warmstart-worker:0.2"}
+    apply(kube, endpoint("llm", namespace, replicas=2, engine=new_engine))
+    fresh = kube.wait_for(
+        lambda: [
+            s
+            for s in items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}=llm")
+            if s["metadata"]["name"] != name
+        ],
+        timeout=TIMEOUT,
+        message="a second snapshot for the new identity",
+    )
+    assert fresh[0]["spec"]["identityHash"] != snap["spec"]["identityHash"]
+    kube.wait_for(
+        lambda: get(kube, "pod", namespace, f"{fresh[0]['metadata']['name']}-capture-1"),
+        timeout=TIMEOUT,
+        message="a new capture pod",
+    )
+    assert template_role(kube, namespace, "llm") == ("cold", "")
+    assert get(kube, "isnap", namespace, name) is not None  # retention 2 keeps the previous one
+
+
+def test_failed_capture_is_retried_then_invalid_is_replaced(kube, namespace, operator):
+    apply(
+        kube,
+        endpoint("flaky", namespace, snapshot={"storage": {"claimName": "absent"}, "maxCaptureAttempts": 2}),
+    )
+    snap = kube.wait_for(
+        lambda: (s := items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}=flaky")) and s[0],
+        timeout=TIMEOUT,
+        message="an InferenceSnapshot",
+    )
+    name = snap["metadata"]["name"]
+    kube.wait_for(
+        lambda: get(kube, "pod", namespace, f"{name}-capture-1"), timeout=TIMEOUT, message="capture 1"
+    )
+    set_snapshot_status(
+        kube, namespace, name, {"phase": "Failed", "reason": "DumpFailed", "message": "criu: boom"}
+    )
+    retried = kube.wait_for(
+        lambda: (s := get(kube, "isnap", namespace, name))["status"].get("attempts") == 2 and s,
+        timeout=TIMEOUT,
+        message="attempt 2 (backoff 1 s)",
+    )
+    assert retried["status"]["phase"] == "Pending"
+    kube.wait_for(
+        lambda: get(kube, "pod", namespace, f"{name}-capture-2"), timeout=TIMEOUT, message="capture 2"
+    )
+    set_snapshot_status(kube, namespace, name, {"phase": "Failed", "message": "criu: boom again"})
+    degraded = kube.wait_for(
+        lambda: (
+            (b := get(kube, "iep", namespace, "flaky"))
+            and condition(b, "Degraded").get("status") == "True"
+            and b
+        ),
+        timeout=TIMEOUT,
+        message="Degraded after maxCaptureAttempts",
+    )
+    assert "boom again" in condition(degraded, "SnapshotReady")["message"]
+    assert template_role(kube, namespace, "flaky") == ("cold", "")
+
+    set_snapshot_status(kube, namespace, name, {"phase": "Invalid", "message": "signature mismatch"})
+    kube.wait_for(
+        lambda: get(kube, "isnap", namespace, f"{name}-1"),
+        timeout=TIMEOUT,
+        message="a fresh snapshot replaces the Invalid one",
+    )
+
+
+def test_child_deleted_or_edited_by_hand_comes_back(kube, namespace, operator):
+    apply(kube, endpoint("sturdy", namespace, snapshot=NO_SNAPSHOTS, replicas=2))
+    service = kube.wait_for(
+        lambda: get(kube, "service", namespace, "sturdy"), timeout=TIMEOUT, message="service"
+    )
+    kube.wait_for(lambda: get(kube, "deployment", namespace, "sturdy"), timeout=TIMEOUT, message="deployment")
+    kube.kubectl("delete", "service", "sturdy", "-n", namespace)
+    kube.kubectl("scale", "deployment/sturdy", "-n", namespace, "--replicas=7")
+    back = kube.wait_for(
+        lambda: (
+            (s := get(kube, "service", namespace, "sturdy"))
+            and s["metadata"]["uid"] != service["metadata"]["uid"]
+            and s
+        ),
+        timeout=TIMEOUT,
+        message="service recreated",
+    )
+    assert back["spec"]["selector"][L.ENDPOINT_LABEL] == "sturdy"
+    kube.wait_for(
+        lambda: get(kube, "deployment", namespace, "sturdy")["spec"]["replicas"] == 2,
+        timeout=TIMEOUT,
+        message="hand-edited replicas put back",
+    )
+
+
+def test_deleting_the_endpoint_collects_everything(kube, namespace, operator):
+    apply(kube, endpoint("gone", namespace, autoscaling=HPA, snapshot={"storage": {"claimName": "absent"}}))
+    snap = kube.wait_for(
+        lambda: items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}=gone"),
+        timeout=TIMEOUT,
+        message="snapshot",
+    )
+    for kind in ("deployment", "service", "hpa"):
+        kube.wait_for(lambda kind=kind: get(kube, kind, namespace, "gone"), timeout=TIMEOUT, message=kind)
+    iep = get(kube, "iep", namespace, "gone")
+    assert f"{L.GROUP}/finalizer" in iep["metadata"]["finalizers"]
+    kube.kubectl("delete", "iep", "gone", "-n", namespace, "--wait=true", "--timeout=60s")
+    for kind in ("deployment", "service", "hpa"):
+        kube.wait_for(
+            lambda kind=kind: get(kube, kind, namespace, "gone") is None,
+            timeout=TIMEOUT,
+            message=f"{kind} garbage-collected",
+        )
+    kube.wait_for(
+        lambda: get(kube, "isnap", namespace, snap[0]["metadata"]["name"]) is None,
+        timeout=TIMEOUT,
+        message="snapshot deleted by the finalizer",
+    )
+    kube.wait_for(
+        lambda: not items(kube, "pod", namespace, f"{L.ENDPOINT_LABEL}=gone"),
+        timeout=TIMEOUT,
+        message="worker and capture pods gone",
+    )
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ({"replicas": -1}, "spec.replicas"),
+        ({"engine": {"kind": "tgi", "image": "x"}}, "spec.engine.kind"),
+        (
+            {
+                "autoscaling": {
+                    "mode": "hpa",
+                    "minReplicas": 5,
+                    "maxReplicas": 2,
+                    "metric": {"name": "m", "target": "1"},
+                }
+            },
+            "spec.autoscaling.minReplicas",
+        ),
+        (
+            {"autoscaling": {"mode": "hpa", "minReplicas": 0, "metric": {"name": "m", "target": "1"}}},
+            "spec.autoscaling.minReplicas",
+        ),
+        ({"autoscaling": {"mode": "hpa"}}, "spec.autoscaling.metric"),
+        ({"snapshot": {"enabled": True}}, "spec.snapshot.storage"),
+        ({"model": None}, "spec.model"),
+    ],
+)
+def test_invalid_specs_are_rejected_naming_the_field(kube, namespace, crds, spec, expected):
+    body = json.loads(endpoint("bad", namespace, **spec))
+    body["spec"] = {k: v for k, v in body["spec"].items() if v is not None}
+    result = kube.kubectl("apply", "-f", "-", input=json.dumps(body), check=False)
+    assert result.returncode != 0
+    assert expected in result.stderr, result.stderr
+
+
+def test_operator_metrics_and_liveness(kube, namespace, operator):
+    apply(kube, endpoint("counted", namespace, snapshot=NO_SNAPSHOTS))
+    kube.wait_for(
+        lambda: get(kube, "iep", namespace, "counted")["status"].get("phase") == "Ready",
+        timeout=TIMEOUT,
+        message="endpoint Ready",
+    )
+    assert operator.alive()
+    text = operator.metrics()
+    assert "warmstart_operator_reconciles_total{" in text
+    assert "warmstart_operator_reconcile_seconds_bucket{" in text
+    assert 'warmstart_operator_endpoints{phase="Ready"}' in text
+
+
+def test_chart_renders_to_objects_the_api_server_accepts(kube, namespace, crds):
+    rendered = kube.helm(
+        "template",
+        "ws",
+        str(REPO / "charts" / "warmstart"),
+        "--namespace",
+        namespace,
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+    ).stdout
+    kinds = {doc["kind"] for doc in yaml.safe_load_all(rendered) if doc}
+    assert {
+        "Deployment",
+        "DaemonSet",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "ServiceAccount",
+        "ServiceMonitor",
+    } <= kinds
+    result = kube.kubectl(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", input=rendered, check=False
+    )
+    assert result.returncode == 0, result.stderr
