@@ -160,8 +160,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu: Criu, work: Path) -> int:
-    from warmstart.serve import local_identity
-
     can_drop = os.geteuid() == 0 and args.drop_caches
     cold, hot, dropped = (
         Series("cold start"),
@@ -173,7 +171,10 @@ def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu
     if not capture.snapshot_id:
         print(f"capture failed, nothing to restore: {capture.reason}", file=sys.stderr)
         return 1
-    identity = local_identity(node.spec)
+    identity, unknown = node.identities.lookup(node.spec)
+    if identity is None:
+        print(f"the capture recorded no identity to restore against: {unknown}", file=sys.stderr)
+        return 1
     snapshot = store.get(capture.snapshot_id)
     for _ in range(args.repeat):
         _record(cold, *timed_start(node, lambda: node.start_cold("benchmark")))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -79,11 +80,96 @@ class StartReport:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def local_identity(spec: WorkerSpec) -> SnapshotIdentity:
-    """The identity a worker of `spec` has on this machine, computed without loading the model."""
-    from warmstart.worker.identity import identity_for
+class IdentityCache:
+    """This machine's worker identities, learnt from cold starts, so a restore need not load the engine.
 
-    return identity_for(engine=spec.engine, model=spec.model, device=spec.device)
+    A worker's identity is only known once its engine has loaded (model digest, resolved engine arguments),
+    which is the cost a restore avoids. So each capture records the identity its worker reported, keyed by
+    everything that identity derives from and that is cheap to read here: engine, model, device, worker
+    arguments, Python/torch/warmstart versions, NVIDIA driver and GPU model, the image name; and the model
+    files' sizes and mtimes. Any change there is a miss, and a miss is a cold start that records afresh.
+    Entries are signed with the store's key, like manifests.
+    """
+
+    def __init__(self, store_root: Path, signer: Signer, verifier: Verifier) -> None:
+        self.directory = store_root / "identities"
+        self.signer = signer
+        self.verifier = verifier
+
+    @staticmethod
+    def key(spec: WorkerSpec) -> str:
+        facts = {
+            "engine": spec.engine, "model": spec.model, "device": spec.device, "args": spec.extra_args,
+            "python": sys.version, "torch": _distribution_version("torch"),
+            "warmstart": _distribution_version("warmstart"), "nvidia": _nvidia_facts(),
+            "image": os.environ.get("WARMSTART_IMAGE", ""), "cache": os.environ.get("WARMSTART_CACHE", ""),
+        }  # fmt: skip
+        return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+    def record(self, spec: WorkerSpec, identity: SnapshotIdentity, model_dir: str) -> None:
+        entry = {"identity": identity.to_dict(), "model_dir": model_dir, "files": _fingerprint(model_dir)}
+        data = json.dumps(entry, sort_keys=True).encode()
+        from warmstart.snapshot.signing import signature_document
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        target = self.directory / f"{self.key(spec)}.json"
+        _atomic_write(target, data)
+        _atomic_write(target.with_suffix(".sig"), signature_document(self.signer, data))
+
+    def lookup(self, spec: WorkerSpec) -> tuple[SnapshotIdentity | None, str]:
+        """The identity a worker of `spec` has here, or None with the reason."""
+        from warmstart.identity import SnapshotIdentity
+        from warmstart.snapshot.signing import SignatureInvalid, verify_document
+
+        target = self.directory / f"{self.key(spec)}.json"
+        try:
+            data = target.read_bytes()
+            verify_document(self.verifier, data, target.with_suffix(".sig").read_bytes())
+        except FileNotFoundError:
+            return None, "no earlier start of this engine, model, device and software here"
+        except SignatureInvalid as exc:
+            return None, f"the recorded identity {target} is not trusted: {exc}"
+        entry = json.loads(data)
+        if _fingerprint(entry["model_dir"]) != entry["files"]:
+            return None, f"the model files in {entry['model_dir']} changed since the last capture"
+        return SnapshotIdentity.from_dict(entry["identity"]), ""
+
+
+def _distribution_version(name: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def _nvidia_facts() -> str:
+    """Driver version and GPU models from /proc (empty without an NVIDIA driver)."""
+    parts = []
+    with contextlib.suppress(OSError):
+        parts.append(Path("/proc/driver/nvidia/version").read_text().splitlines()[0])
+    with contextlib.suppress(OSError):
+        for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+            parts += [line for line in info.read_text().splitlines() if line.startswith("Model:")]
+    return "\n".join(parts)
+
+
+def _fingerprint(model_dir: str) -> dict[str, list[int]]:
+    """Name -> [size, mtime_ns] of every file in the model directory (not recursive)."""
+    found: dict[str, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(model_dir):
+            if entry.is_file() and not entry.name.startswith("."):
+                info = entry.stat()
+                found[entry.name] = [info.st_size, info.st_mtime_ns]
+    return found
+
+
+def _atomic_write(target: Path, data: bytes) -> None:
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    temporary.write_bytes(data)
+    os.replace(temporary, target)
 
 
 def wait_http_ready(spec: WorkerSpec, deadline: float, alive: Any) -> None:
@@ -124,6 +210,7 @@ class LocalNode:
         self.work_dir = work_dir
         self.ready_timeout = ready_timeout
         self.sandboxes: list[Sandbox] = []
+        self.identities = IdentityCache(store.root, signer, verifier)
 
     def _new_sandbox_dir(self, role: str) -> Path:
         self.work_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +243,7 @@ class LocalNode:
         sandbox = self._start_worker_sandbox("capture")
         options = CaptureOptions(
             keep_serving=True,
-            resume_payload={"port": self.spec.port, "host": self.spec.host},
+            resume_payload=self._resume_payload(),
             ready_timeout=self.ready_timeout,
         )
         control = ControlDir(sandbox.host_dir / CONTROL_SUBDIR)
@@ -168,57 +255,70 @@ class LocalNode:
         except CaptureError as exc:  # the source was resumed: it serves as a plain cold start
             wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
             return StartReport("cold", time.monotonic() - started, reason=f"capture failed: {exc}")
-        wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
         snapshot = result.snapshot
+        self.identities.record(
+            self.spec, snapshot.identity, str(snapshot.meta["worker"].get("model_dir", ""))
+        )
+        wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
         return StartReport(
             "cold+capture", time.monotonic() - started, snapshot.id, snapshot.size, timings=result.timings
         )
 
     def start_restored(self, snapshot_id: str, identity: SnapshotIdentity) -> StartReport:
         from warmstart.protocol import ControlDir
-        from warmstart.snapshot_agent.restore import restore
-        from warmstart.snapshot_agent.sandbox import Sandbox, waiting_init_command
+        from warmstart.snapshot_agent.restore import RestoreFailed, RestoreRefused, restore
+        from warmstart.snapshot_agent.sandbox import MOUNTPOINT, Sandbox
 
         assert self.criu is not None
-        started = time.monotonic()
+        started, began_at = time.monotonic(), time.time()
         host_dir = self._new_sandbox_dir("restore")
-        sandbox = Sandbox.start(host_dir, waiting_init_command(), reserve_pids=True)
+        # PID 1 is the worker supervisor in restore mode: it adopts the restored engine, or cold-starts one
+        # itself when the restore fails.
+        command = self.spec.command("restore", MOUNTPOINT / CONTROL_SUBDIR)
+        sandbox = Sandbox.start(host_dir, command, reserve_pids=True)
         self.sandboxes.append(sandbox)
-        result = restore(
-            store=self.store, verifier=self.verifier, snapshot_id=snapshot_id, expected_identity=identity,
-            sandbox=sandbox, control=ControlDir(host_dir / CONTROL_SUBDIR), criu=self.criu,
-            work_dir=host_dir.with_name(host_dir.name + "-images"),
-            resume_payload={"port": self.spec.port, "host": self.spec.host},
-        )  # fmt: skip
+        try:
+            result = restore(
+                store=self.store, verifier=self.verifier, snapshot_id=snapshot_id, expected_identity=identity,
+                sandbox=sandbox, control=ControlDir(host_dir / CONTROL_SUBDIR), criu=self.criu,
+                work_dir=host_dir.with_name(host_dir.name + "-images"),
+                resume_payload=self._resume_payload(restore_started_at=began_at),
+            )  # fmt: skip
+        except (RestoreRefused, RestoreFailed) as exc:
+            # restore-failed was sent: the sandbox's supervisor cold-starts the engine itself.
+            wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+            return StartReport("cold", time.monotonic() - started, reason=f"{exc}; the worker cold-started")
         wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
         return StartReport(
             "restore", time.monotonic() - started, snapshot_id, result.snapshot.size, timings=result.timings
         )
 
+    def _resume_payload(self, **extra: Any) -> dict[str, Any]:
+        return {"port": self.spec.port, "host": self.spec.host, **extra}
+
     def start(self) -> StartReport:
         """Restore when a valid snapshot exists, else cold start (and capture when CRIU is usable)."""
-        from warmstart.snapshot_agent.restore import FailureCounter, RestoreFailed, RestoreRefused
+        from warmstart.snapshot_agent.restore import FailureCounter
 
         if self.criu is None:
             return self.start_cold("CRIU 4 is not usable here (see above); snapshots are off")
-        identity = local_identity(self.spec)
+        identity, unknown = self.identities.lookup(self.spec)
+        if identity is None:
+            report = self.start_cold_and_capture()
+            report.reason = "; ".join(filter(None, [unknown, report.reason]))
+            return report
         failures = FailureCounter(self.store.root)
         skipped: list[str] = []
         for snapshot in self.store.list(identity.digest()):
             if failures.invalid(snapshot.id):
                 skipped.append(f"{snapshot.id} failed {failures.count(snapshot.id)} times")
                 continue
-            try:
-                return self.start_restored(snapshot.id, identity)
-            except (RestoreRefused, RestoreFailed) as exc:
-                self.stop_all()
-                log.warning("%s", exc)
-                report = self.start_cold_and_capture()
-                report.reason = f"restore refused or failed, cold start instead: {exc}"
-                return report
+            return self.start_restored(snapshot.id, identity)
         report = self.start_cold_and_capture()
         if skipped:
-            report.reason = "snapshots marked invalid: " + "; ".join(skipped)
+            report.reason = "; ".join(
+                filter(None, ["snapshots marked invalid: " + "; ".join(skipped), report.reason])
+            )
         return report
 
     def stop_all(self) -> None:

@@ -67,6 +67,8 @@ def _split(command: Sequence[str] | str) -> list[str]:
     parts = shlex.split(command) if isinstance(command, str) else list(command)
     if not parts:
         raise ValueError("the CRIU command is empty; " + SETUP_HINT)
+    if "/" in parts[0]:  # a relative path would not survive nsenter's change of namespaces
+        parts[0] = os.path.abspath(parts[0])
     return parts
 
 

@@ -173,7 +173,7 @@ def restore(
         sandbox.kill_all_but_init()
         _fail(control, failures, snapshot_id, "restore interrupted")
         raise
-    control.send(RESTORE_COMPLETE, {**(resume_payload or {}), "snapshot": snapshot_id})
+    control.send(RESTORE_COMPLETE, {**(resume_payload or {}), "snapshot": snapshot_id, "pid": namespace_pid})
     return RestoreResult(snapshot, namespace_pid, host_pid, timings)
 
 
