@@ -1,0 +1,194 @@
+"""The builtin engine on CPU with the tiny preset: determinism, batching, release/reacquire, validation."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch (the `engine` extra)")
+
+from warmstart.engines import create_engine, engine_kinds  # noqa: E402
+from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams  # noqa: E402
+from warmstart.engines.builtin.config import PRESETS, preset, tensor_shapes  # noqa: E402
+from warmstart.engines.builtin.model_dir import ensure_model, model_digest  # noqa: E402
+
+PROMPT = "The quick brown fox"
+
+
+def greedy(prompt: str = PROMPT, max_tokens: int = 24, **extra: object) -> GenerationRequest:
+    return GenerationRequest(prompt=prompt, sampling=SamplingParams(max_tokens=max_tokens, **extra))
+
+
+def test_registry_names_the_known_engines() -> None:
+    assert "builtin" in engine_kinds()
+    with pytest.raises(ValueError, match="unknown engine 'nope'; choose one of: builtin"):
+        create_engine("nope")
+
+
+def test_generated_weights_are_deterministic_per_seed(tmp_path: Path, tiny_model_dir: Path) -> None:
+    again = ensure_model(tmp_path / "again", "tiny", seed=0)
+    other = ensure_model(tmp_path / "other", "tiny", seed=1)
+    assert model_digest(again) == model_digest(tiny_model_dir)
+    assert model_digest(other) != model_digest(tiny_model_dir)
+
+
+def test_digest_follows_the_bytes_not_the_cache(tmp_path: Path) -> None:
+    model = ensure_model(tmp_path / "m", "tiny", seed=3)
+    before = model_digest(model)
+    weights = model / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    assert model_digest(model) != before
+
+
+def test_preset_shapes_match_the_public_qwen3_configs() -> None:
+    assert preset("qwen3-8b").parameter_count == pytest.approx(8.19e9, rel=0.01)
+    assert preset("qwen3-0.6b").parameter_count == pytest.approx(0.596e9, rel=0.01)
+    assert ("lm_head.weight", (151936, 4096)) in tensor_shapes(PRESETS["qwen3-8b"])
+    with pytest.raises(ValueError, match="unknown model preset"):
+        preset("qwen9")
+    with pytest.raises(ValueError, match="num_key_value_heads"):
+        preset("tiny", num_key_value_heads=3)
+
+
+def test_prefill_and_decode_agree(make_engine) -> None:
+    engine = make_engine()
+    model = engine._model
+    ids = torch.tensor(engine.tokenizer.encode("abcdefgh"))
+    with torch.no_grad():
+        whole = model.prefill(ids, slot=0)
+        model.prefill(ids[:-1], slot=1)
+        last = torch.tensor([len(ids) - 1])
+        stepped = model.decode(ids[-1:], last, torch.tensor([1]), context=len(ids))
+        stepped_full = model.decode(ids[-1:], last, torch.tensor([1]))  # the CUDA-graph shape path
+    torch.testing.assert_close(stepped[0], whole, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(stepped_full[0], whole, rtol=1e-4, atol=1e-5)
+
+
+def test_greedy_is_deterministic_and_streaming_matches(make_engine) -> None:
+    engine = make_engine()
+    first = engine.generate([greedy(ignore_eos=True)])[0]
+    second = engine.generate([greedy(ignore_eos=True)])[0]
+    assert first.token_ids == second.token_ids
+    assert len(first.token_ids) == 24 and first.finish_reason == "length"
+    deltas = list(engine.stream(greedy(ignore_eos=True)))
+    assert "".join(delta.text for delta in deltas) == first.text
+    assert deltas[-1].finish_reason == "length"
+    assert all(delta.finish_reason is None for delta in deltas[:-1])
+
+
+def test_seeded_sampling_is_reproducible(make_engine) -> None:
+    engine = make_engine()
+
+    def sampled(seed: int) -> tuple[int, ...]:
+        request = greedy(max_tokens=32, temperature=1.0, seed=seed, ignore_eos=True)
+        return engine.generate([request])[0].token_ids
+
+    assert sampled(11) == sampled(11)
+    assert sampled(11) != sampled(12)
+
+
+def test_release_and_reacquire_keep_outputs(make_engine) -> None:
+    engine = make_engine(release_weights=True)
+    before = engine.generate([greedy(ignore_eos=True)])[0]
+    assert engine.release() is True
+    assert engine._weight_arena.released and engine._kv_arena.released
+    with pytest.raises(EngineError, match="released"):
+        engine.generate([greedy()])
+    engine.reacquire()
+    after = engine.generate([greedy(ignore_eos=True)])[0]
+    assert after.token_ids == before.token_ids
+
+
+def test_release_keeps_weights_unless_asked(make_engine) -> None:
+    engine = make_engine()
+    assert engine.release() is False
+    assert not engine._weight_arena.released and engine._kv_arena.released
+    engine.reacquire()
+    assert engine.generate([greedy(max_tokens=2)])[0].token_ids
+
+
+def test_concurrent_callers_are_all_answered(make_engine) -> None:
+    engine = make_engine(max_num_seqs=4)
+    prompts = [f"request number {i}" for i in range(8)]
+    results: dict[int, object] = {}
+
+    def call(index: int) -> None:
+        results[index] = engine.generate([greedy(prompts[index], max_tokens=10 + index, ignore_eos=True)])[0]
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert sorted(results) == list(range(8))
+    assert [len(results[i].token_ids) for i in range(8)] == [10 + i for i in range(8)]
+
+
+def test_batched_results_come_back_in_request_order(make_engine) -> None:
+    engine = make_engine()
+    requests = [greedy(f"prompt {i}", max_tokens=3 + i, ignore_eos=True) for i in range(12)]
+    results = engine.generate(requests)
+    assert [len(result.token_ids) for result in results] == [3 + i for i in range(12)]
+    assert [result.prompt_tokens for result in results] == [len(f"prompt {i}") + 1 for i in range(12)]
+
+
+def test_stop_string_cuts_the_output(make_engine) -> None:
+    engine = make_engine()
+    full = engine.generate([greedy(max_tokens=40, ignore_eos=True)])[0].text
+    stop = full[5:7]
+    cut = engine.generate([greedy(max_tokens=40, ignore_eos=True, stop=(stop,))])[0]
+    assert cut.finish_reason == "stop"
+    assert cut.text == full[: full.find(stop)]
+    streamed = "".join(d.text for d in engine.stream(greedy(max_tokens=40, ignore_eos=True, stop=(stop,))))
+    assert streamed == cut.text
+
+
+def test_invalid_requests_name_the_field(make_engine) -> None:
+    engine = make_engine(max_model_len=64)
+    with pytest.raises(RequestError, match="max_tokens") as error:
+        engine.generate([greedy(max_tokens=100)])
+    assert error.value.param == "max_tokens"
+    with pytest.raises(RequestError, match="empty") as error:
+        engine.generate([greedy(prompt="")])
+    assert error.value.param == "prompt"
+    with pytest.raises(RequestError, match="prompt has"):
+        engine.generate([greedy(prompt="x" * 80)])
+
+
+def test_identity_describes_what_a_snapshot_depends_on(make_engine, tiny_model_dir: Path) -> None:
+    engine = make_engine()
+    identity = engine.identity()
+    assert identity.engine == "builtin"
+    assert identity.model_digest == model_digest(tiny_model_dir)
+    assert identity.device == "cpu" and identity.dtype == "float32"
+    other = make_engine(max_model_len=128).identity()
+    assert other.digest() != identity.digest()
+    assert any(line.startswith("engine_args") for line in identity.mismatches(other))
+
+
+def test_bad_options_are_clear_errors(tiny_model_dir: Path) -> None:
+    with pytest.raises(EngineError, match="--device"):
+        create_engine("builtin", model="tiny", model_dir=tiny_model_dir, device="tpu")
+    with pytest.raises(EngineError, match="neither a preset"):
+        create_engine("builtin", model="no-such-model")
+    engine = create_engine("builtin", model="tiny", model_dir=tiny_model_dir, max_model_len=100_000)
+    with pytest.raises(EngineError, match="max_model_len"):
+        engine.load()
+
+
+def test_matches_the_reference_qwen3_implementation(make_engine, tiny_model_dir: Path) -> None:
+    transformers = pytest.importorskip("transformers", reason="the reference Qwen3 needs transformers")
+    from safetensors.torch import load_file
+
+    engine = make_engine()
+    reference = transformers.Qwen3ForCausalLM(transformers.Qwen3Config.from_pretrained(tiny_model_dir))
+    reference.load_state_dict(load_file(tiny_model_dir / "model.safetensors"), strict=True)
+    ids = torch.tensor([engine.tokenizer.encode("Reference check: does it agree?")])
+    with torch.no_grad():
+        expected = reference(ids).logits[0, -1].float()
+        got = engine._model.prefill(ids[0], slot=0)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
