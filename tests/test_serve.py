@@ -1,0 +1,179 @@
+"""`warmstart serve` end to end with the builtin engine on CPU and real CRIU: cold start + capture, then
+restores that answer byte-identically, refusals that fall back to a cold start, side-by-side restores."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from warmstart.identity import SnapshotIdentity
+from warmstart.serve import IdentityCache, LocalNode, StartReport, WorkerSpec, signing_keys
+from warmstart.snapshot.store import SnapshotStore
+from warmstart.snapshot_agent.criu import Criu, CriuError
+
+pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = [
+    {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0},
+    {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9, "seed": 1234},
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _complete(spec: WorkerSpec, body: dict) -> str:
+    request = urllib.request.Request(
+        spec.base_url + "/v1/completions",
+        data=json.dumps({"model": spec.model, **body}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=120) as response:
+        return json.loads(response.read())["choices"][0]["text"]
+
+
+def _answers(spec: WorkerSpec) -> list[str]:
+    return [_complete(spec, body) for body in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def criu_for_serve() -> str:
+    if os.geteuid() != 0:
+        pytest.skip("CRIU and sandboxes need root")
+    shim = str(REPO / "hack" / "criu")
+    try:
+        Criu(os.environ.get("WARMSTART_CRIU", shim)).version()
+    except CriuError as exc:
+        pytest.skip(f"no CRIU 4 here ({exc}); run hack/criu-setup")
+    return os.environ.get("WARMSTART_CRIU", shim)
+
+
+@pytest.fixture
+def recording_criu(tmp_path: Path, criu_for_serve: str) -> tuple[Criu, Callable[[], list[str]]]:
+    calls = tmp_path / "criu-calls"
+    wrapper = tmp_path / "criu-wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {criu_for_serve} "$@"\n')
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    return Criu(str(wrapper), timeout=300), lambda: calls.read_text().split() if calls.exists() else []
+
+
+@pytest.fixture
+def make_node(tmp_path: Path, recording_criu) -> Iterator[Callable[..., LocalNode]]:
+    nodes: list[LocalNode] = []
+    store_root = tmp_path / "store"
+    store_root.mkdir(exist_ok=True)
+    signer, verifier, _ = signing_keys(store_root, None)
+
+    def make(port: int | None = None) -> LocalNode:
+        spec = WorkerSpec(port=port or _free_port())
+        node = LocalNode(
+            spec, SnapshotStore(store_root), signer, verifier, recording_criu[0], tmp_path / "pods"
+        )
+        nodes.append(node)
+        return node
+
+    yield make
+    for node in nodes:
+        node.stop_all()
+
+
+@pytest.fixture
+def captured(make_node) -> tuple[StartReport, list[str], LocalNode]:
+    """A first start (cold + capture) whose source keeps serving; its answers before it is stopped."""
+    node = make_node()
+    report = node.start()
+    assert report.mode == "cold+capture", report.reason
+    answers = _answers(node.spec)
+    node.stop_all()
+    return report, answers, node
+
+
+def test_later_start_restores_and_answers_byte_identically(captured, make_node) -> None:
+    first, original_answers, _ = captured
+    node = make_node()
+    report = node.start()
+    assert report.mode == "restore", report.reason
+    assert report.snapshot_id == first.snapshot_id
+    assert _answers(node.spec) == original_answers
+
+
+def test_two_restores_run_side_by_side_and_answer_identically(captured, make_node) -> None:
+    first, original_answers, _ = captured
+    nodes = [make_node(), make_node()]
+    reports = [node.start() for node in nodes]
+    assert [report.mode for report in reports] == ["restore", "restore"]
+    sandboxes = [node.sandboxes[-1] for node in nodes]
+    engines = [[pid for pid in sb.host_pids() if pid != sb.init_pid] for sb in sandboxes]
+    assert engines[0] and engines[1] and not set(engines[0]) & set(engines[1])
+    assert sandboxes[0].pid_namespace != sandboxes[1].pid_namespace
+    assert [_answers(node.spec) for node in nodes] == [original_answers, original_answers]
+
+
+def test_tampered_snapshot_is_refused_before_criu_and_the_worker_cold_starts(
+    captured, make_node, recording_criu
+) -> None:
+    first, original_answers, node = captured
+    snapshot = node.store.get(first.snapshot_id)
+    inventory = node.store.blob_path(snapshot.files["criu/inventory.img"].digest)
+    inventory.chmod(0o644)
+    inventory.write_bytes(inventory.read_bytes()[:-1] + b"\x00")
+    calls_before = recording_criu[1]()
+    node = make_node()
+    report = node.start()
+    assert report.mode == "cold"
+    assert "corrupted" in report.reason or "bytes" in report.reason
+    assert recording_criu[1]() == calls_before  # CRIU never ran on the tampered image
+    assert _answers(node.spec) == original_answers  # the cold-started worker serves the same model
+
+
+def test_foreign_identity_is_refused_before_criu_and_the_worker_cold_starts(
+    captured, make_node, recording_criu
+) -> None:
+    first, _, _ = captured
+    node = make_node()
+    here, _ = node.identities.lookup(node.spec)
+    assert here is not None
+    foreign = SnapshotIdentity.from_dict({**here.to_dict(), "gpu_product": "NVIDIA H200", "device": "cuda"})
+    calls_before = recording_criu[1]()
+    report = node.start_restored(first.snapshot_id, foreign)
+    assert report.mode == "cold"
+    assert "gpu_product" in report.reason and "device" in report.reason
+    assert recording_criu[1]() == calls_before
+
+
+def test_an_edited_identity_record_is_not_trusted(captured) -> None:
+    _, _, node = captured
+    cache = IdentityCache(node.store.root, node.signer, node.verifier)
+    entry_file = next(cache.directory.glob("*.json"))
+    entry = json.loads(entry_file.read_text())
+    entry["files"] = {"model.safetensors": [1, 1]}
+    entry_file.write_text(json.dumps(entry, sort_keys=True))
+    identity, reason = cache.lookup(node.spec)
+    assert identity is None and "not trusted" in reason  # editing the entry breaks its signature
+
+
+def test_serve_command_once_prints_the_table(tmp_path: Path, criu_for_serve: str) -> None:
+    store = tmp_path / "store"
+    command = [sys.executable, "-m", "warmstart", "serve", "--store", str(store), "--port", str(_free_port()),
+               "--criu", criu_for_serve, "--once", "--work-dir", str(tmp_path / "pods")]  # fmt: skip
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "cold+capture" in first.stdout and "generated a signing key" in first.stdout
+    assert stat.S_IMODE((store / "keys" / "hmac.key").stat().st_mode) == 0o600
+    second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert "│ restore " in second.stdout
+    shutil.rmtree(tmp_path / "pods", ignore_errors=True)
