@@ -15,7 +15,8 @@ from warmstart.snapshot.signing import Signer, Verifier
 
 @pytest.fixture
 def store(tmp_path: Path) -> SnapshotStore:
-    return SnapshotStore(tmp_path / "store")
+    # A small chunk size, so the tests' multi-MiB files take the chunked verification path.
+    return SnapshotStore(tmp_path / "store", chunk_size=1 << 20)
 
 
 @pytest.fixture

@@ -91,6 +91,17 @@ def test_blobs_are_read_only_and_named_by_their_sha256(store: SnapshotStore, pub
         assert mode_of(blob) & 0o222 == 0
 
 
+def test_large_files_carry_chunk_digests(store: SnapshotStore, publish: Publish) -> None:
+    snapshot = publish(FILES, MODES)
+    pages = FILES["criu/pages-1.img"]
+    entry = snapshot.files["criu/pages-1.img"]
+    assert entry.chunk_size == 1 << 20
+    assert entry.chunks == tuple(
+        hashlib.sha256(pages[i : i + (1 << 20)]).hexdigest() for i in range(0, 3 << 20, 1 << 20)
+    )
+    assert snapshot.files["criu/core-1.img"].chunks == ()  # small files: the whole-file digest suffices
+
+
 def test_manifest_is_canonical_json_with_the_identity(store: SnapshotStore, publish: Publish) -> None:
     snapshot = publish({"a": b"1"})
     manifest = json.loads((snapshot.path / "manifest.json").read_bytes())
@@ -219,6 +230,10 @@ TAMPERINGS: dict[str, tuple[Callable[[SnapshotStore, Snapshot, Signer], None], l
         lambda st, sn, _: _flip_byte(_blob(st, sn, "criu/pages-1.img"), 0),
         ["'criu/pages-1.img'", "corrupted"],
     ),
+    "flipped byte, last byte of the big blob": (
+        lambda st, sn, _: _flip_byte(_blob(st, sn, "criu/pages-1.img"), -1),
+        ["'criu/pages-1.img'", "chunk 2 (bytes 2097152..3145727) does not match", "corrupted"],
+    ),
     "flipped byte, last byte of a small blob": (
         lambda st, sn, _: _flip_byte(_blob(st, sn, "bin/run.sh"), -1),
         ["'bin/run.sh'", "corrupted"],
@@ -292,6 +307,12 @@ TAMPERINGS: dict[str, tuple[Callable[[SnapshotStore, Snapshot, Signer], None], l
             sn, signer, lambda m: m["files"]["bin/run.sh"].update(mode=0o4755)
         ),
         ["'bin/run.sh'", "mode"],
+    ),
+    "chunk list of the wrong length": (
+        lambda st, sn, signer: _rewrite_manifest(
+            sn, signer, lambda m: m["files"]["criu/pages-1.img"]["chunks"].pop()
+        ),
+        ["'criu/pages-1.img'", "chunks must list 3"],
     ),
     "unknown schema": (
         lambda st, sn, signer: _rewrite_manifest(sn, signer, lambda m: m.update(schema="other/v9")),

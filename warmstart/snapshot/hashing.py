@@ -7,10 +7,12 @@ not finish last alone.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -49,10 +51,72 @@ def parallel_map(function: Callable[[T], R], items: Iterable[T], *, workers: int
         return list(pool.map(function, work))
 
 
+def hash_range(path: Path, offset: int, length: int) -> str:
+    """Hex SHA-256 of `length` bytes of `path` from `offset` (a short file gives a short read: no match)."""
+    digest = hashlib.sha256()
+    buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
+    view = memoryview(buffer)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_SEQUENTIAL)
+        position, end = offset, offset + length
+        while position < end:
+            count = os.preadv(fd, [view[: min(len(buffer), end - position)]], position)
+            if count == 0:
+                break
+            digest.update(view[:count])
+            position += count
+    finally:
+        os.close(fd)
+    return digest.hexdigest()
+
+
+def chunk_ranges(size: int, chunk_size: int) -> list[tuple[int, int]]:
+    """(offset, length) of each `chunk_size` piece of a `size`-byte file."""
+    return [(offset, min(chunk_size, size - offset)) for offset in range(0, size, chunk_size)]
+
+
+@dataclass(frozen=True)
+class FileHash:
+    digest: str  # sha256:<hex> of the whole file
+    size: int
+    chunk_size: int = 0  # 0: not chunked
+    chunks: tuple[str, ...] = ()  # hex SHA-256 of each chunk
+
+
+def run_parallel(jobs: list[tuple[int, Callable[[], R]]], *, workers: int | None = None) -> list[R]:
+    """Run (weight, job) pairs in threads, heaviest first; results in the order given."""
+    order = sorted(range(len(jobs)), key=lambda index: jobs[index][0], reverse=True)
+    results = parallel_map(lambda index: jobs[index][1](), order, workers=workers)
+    by_index = dict(zip(order, results, strict=True))
+    return [by_index[index] for index in range(len(jobs))]
+
+
 def hash_files(
-    paths: Iterable[Path], *, workers: int | None = None, fsync: bool = False
-) -> dict[Path, tuple[str, int]]:
-    """Digest and size of every path, hashed in parallel, largest files first."""
-    ordered = sorted(paths, key=lambda p: p.stat().st_size, reverse=True)
-    results = parallel_map(lambda p: hash_file(p, fsync=fsync), ordered, workers=workers)
-    return dict(zip(ordered, results, strict=True))
+    paths: Iterable[Path], *, workers: int | None = None, fsync: bool = False, chunk_size: int = 0
+) -> dict[Path, FileHash]:
+    """Digest and size of every path, in parallel threads; files above `chunk_size` get chunk digests too.
+
+    The whole-file digests of the largest files start first while the chunk digests fill the other threads.
+    """
+    sizes = {path: path.stat().st_size for path in paths}
+    whole_jobs = [(size, functools.partial(hash_file, path, fsync=fsync)) for path, size in sizes.items()]
+    chunk_owners: list[Path] = []
+    chunk_jobs: list[tuple[int, Callable[[], str]]] = []
+    for path, size in sizes.items():
+        if chunk_size and size > chunk_size:
+            for offset, length in chunk_ranges(size, chunk_size):
+                chunk_owners.append(path)
+                chunk_jobs.append((length, functools.partial(hash_range, path, offset, length)))
+    results: list[object] = run_parallel([*whole_jobs, *chunk_jobs], workers=workers)
+    chunks: dict[Path, list[str]] = {}
+    for owner, chunk in zip(chunk_owners, results[len(whole_jobs) :], strict=True):
+        chunks.setdefault(owner, []).append(str(chunk))
+    hashes: dict[Path, FileHash] = {}
+    for path, result in zip(sizes, results[: len(whole_jobs)], strict=True):
+        digest, size = result  # type: ignore[misc]
+        if size != sizes[path]:
+            raise RuntimeError(f"{path} changed size while it was hashed ({sizes[path]} -> {size} bytes)")
+        own = tuple(chunks.get(path, ()))
+        hashes[path] = FileHash(digest, size, chunk_size if own else 0, own)
+    return hashes

@@ -78,14 +78,30 @@ def check_prefix(prefix: str) -> str:
     return stripped + "/"
 
 
+MIN_CHUNK_SIZE = 1 << 20
+
+
 @dataclass(frozen=True)
 class FileEntry:
+    """One file: its blob's digest, size and mode, and for large files the SHA-256 of each chunk.
+
+    SHA-256 of one stream cannot be split across cores, so a large file also records the hex SHA-256 of
+    every `chunk_size` bytes: verification hashes those chunks in parallel. The chunk digests, signed with
+    the manifest, pin the content as firmly as the whole-file digest that names the blob.
+    """
+
     digest: str
     size: int
     mode: int
+    chunk_size: int = 0
+    chunks: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"digest": self.digest, "size": self.size, "mode": self.mode}
+        data: dict[str, Any] = {"digest": self.digest, "size": self.size, "mode": self.mode}
+        if self.chunks:
+            data["chunk_size"] = self.chunk_size
+            data["chunks"] = list(self.chunks)
+        return data
 
 
 @dataclass(frozen=True)
@@ -229,4 +245,20 @@ def _entry(section: str, path: str, entry: Any) -> FileEntry:
         raise SnapshotInvalid(f"{where}: size must be a non-negative integer, got {size!r}")
     if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
         raise SnapshotInvalid(f"{where}: mode must be an integer permission mask (0..0o777), got {mode!r}")
-    return FileEntry(digest=entry["digest"], size=size, mode=mode)
+    chunk_size, chunks = _chunks(where, entry, size)
+    return FileEntry(digest=entry["digest"], size=size, mode=mode, chunk_size=chunk_size, chunks=chunks)
+
+
+def _chunks(where: str, entry: dict[str, Any], size: int) -> tuple[int, tuple[str, ...]]:
+    if "chunks" not in entry and "chunk_size" not in entry:
+        return 0, ()
+    chunk_size, chunks = entry.get("chunk_size"), entry.get("chunks")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < MIN_CHUNK_SIZE:
+        raise SnapshotInvalid(f"{where}: chunk_size must be an integer of at least {MIN_CHUNK_SIZE}")
+    expected = -(-size // chunk_size)
+    if not isinstance(chunks, list) or len(chunks) != expected:
+        raise SnapshotInvalid(f"{where}: chunks must list {expected} SHA-256 digests for {size} bytes")
+    for index, chunk in enumerate(chunks):
+        if not isinstance(chunk, str) or not _HEX64.fullmatch(chunk):
+            raise SnapshotInvalid(f"{where}: chunks[{index}] is not 64 lowercase hex digits")
+    return chunk_size, tuple(chunks)

@@ -22,8 +22,10 @@ its mtime). On NFS, Linux emulates `flock` with NFS byte-range locks, which hold
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
+import functools
 import json
 import logging
 import os
@@ -33,7 +35,7 @@ import socket
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -41,9 +43,17 @@ from types import TracebackType
 from typing import Any
 
 from warmstart.identity import SnapshotIdentity
-from warmstart.snapshot.hashing import hash_file, hash_files, parallel_map
+from warmstart.snapshot.hashing import (
+    chunk_ranges,
+    hash_file,
+    hash_files,
+    hash_range,
+    parallel_map,
+    run_parallel,
+)
 from warmstart.snapshot.manifest import (
     CREATED_FORMAT,
+    MIN_CHUNK_SIZE,
     SNAPSHOT_ID_PATTERN,
     FileEntry,
     IdentityMismatch,
@@ -70,6 +80,7 @@ OWNER_FILE = "owner.json"
 LOCK_FILE = ".lock"
 DELETING_SUFFIX = ".deleting"
 MAX_REPORTED_PROBLEMS = 5
+DEFAULT_CHUNK_SIZE = 64 << 20  # files above this also get per-chunk digests, verified in parallel
 
 
 class SnapshotNotFound(SnapshotError, LookupError):
@@ -304,10 +315,18 @@ class Staging:
         files = self._collect_files()
         modes = {path: stat.S_IMODE(path.stat().st_mode) for path in files.values()}
         started = time.monotonic()
-        hashed = hash_files(files.values(), workers=self.store.hash_workers, fsync=True)
+        hashed = hash_files(
+            files.values(), workers=self.store.hash_workers, fsync=True, chunk_size=self.store.chunk_size
+        )
         self.timings["store_hash"] = round(time.monotonic() - started, 6)
         entries = {
-            relative: FileEntry(digest=hashed[path][0], size=hashed[path][1], mode=modes[path])
+            relative: FileEntry(
+                digest=hashed[path].digest,
+                size=hashed[path].size,
+                mode=modes[path],
+                chunk_size=hashed[path].chunk_size,
+                chunks=hashed[path].chunks,
+            )
             for relative, path in files.items()
         }
         self.snapshot = self.store._publish(self, files, entries, signer)
@@ -339,9 +358,18 @@ class Staging:
 
 
 class SnapshotStore:
-    def __init__(self, root: str | os.PathLike[str], *, hash_workers: int | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        hash_workers: int | None = None,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+    ) -> None:
+        if chunk_size < MIN_CHUNK_SIZE:
+            raise ValueError(f"chunk_size must be at least {MIN_CHUNK_SIZE} bytes, got {chunk_size}")
         self.root = Path(root)
         self.hash_workers = hash_workers
+        self.chunk_size = chunk_size
         self.blobs_dir = self.root / "blobs" / "sha256"
         self.snapshots_dir = self.root / "snapshots"
         self.staging_dir = self.root / "staging"
@@ -650,25 +678,43 @@ class SnapshotStore:
 
     def _verify_blobs(self, snapshot_id: str, entries: dict[str, FileEntry]) -> None:
         problems: list[str] = []
-        by_digest: dict[str, list[str]] = {}
+        by_blob: dict[FileEntry, list[str]] = {}  # each distinct (blob, chunking) is hashed once
         for path, entry in entries.items():
             problem = self._blob_shape_problem(path, entry)
             if problem:
                 problems.append(problem)
             else:
-                by_digest.setdefault(entry.digest, []).append(path)
-        digests = list(by_digest)
-        actual = parallel_map(lambda d: hash_file(self.blob_path(d))[0], digests, workers=self.hash_workers)
-        for digest, content_digest in zip(digests, actual, strict=True):
-            if content_digest != digest:
-                names = ", ".join(repr(p) for p in by_digest[digest])
-                problems.append(f"file {names}: blob {digest} holds content {content_digest} (corrupted)")
+                by_blob.setdefault(dataclasses.replace(entry, mode=0), []).append(path)
+        checks = [check for entry in by_blob for check in self._content_checks(entry)]
+        outcomes = run_parallel([(weight, job) for weight, job, _ in checks], workers=self.hash_workers)
+        for (_, _, (entry, expected, what)), actual in zip(checks, outcomes, strict=True):
+            if actual != expected:
+                names = ", ".join(repr(p) for p in by_blob[entry])
+                problems.append(f"file {names}: blob {entry.digest} {what} does not match (corrupted)")
         if problems:
             extra = len(problems) - MAX_REPORTED_PROBLEMS
             reason = "; ".join(problems[:MAX_REPORTED_PROBLEMS]) + (
                 f"; and {extra} more" if extra > 0 else ""
             )
             raise SnapshotInvalid(reason, snapshot_id=snapshot_id)
+
+    def _content_checks(
+        self, entry: FileEntry
+    ) -> list[tuple[int, Callable[[], str], tuple[FileEntry, str, str]]]:
+        """(weight, hashing job, (entry, expected result, what is checked)) for one blob."""
+        blob = self.blob_path(entry.digest)
+        if not entry.chunks:
+            return [(entry.size, lambda: hash_file(blob)[0], (entry, entry.digest, "content"))]
+        return [
+            (
+                length,
+                functools.partial(hash_range, blob, offset, length),
+                (entry, expected, f"chunk {index} (bytes {offset}..{offset + length - 1})"),
+            )
+            for index, ((offset, length), expected) in enumerate(
+                zip(chunk_ranges(entry.size, entry.chunk_size), entry.chunks, strict=True)
+            )
+        ]
 
     def _blob_shape_problem(self, path: str, entry: FileEntry) -> str | None:
         blob = self.blob_path(entry.digest)
