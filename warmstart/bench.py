@@ -248,7 +248,7 @@ def _print_tables(
     rows = _rows(series, floors)
     for row in rows:
         table.add_row(*row)
-    console = Console()
+    console = Console(width=max(Console().width, 140))
     console.print(table)
     capture_line = "capture phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
     console.print(capture_line)

@@ -211,10 +211,14 @@ class LocalNode:
         self.ready_timeout = ready_timeout
         self.sandboxes: list[Sandbox] = []
         self.identities = IdentityCache(store.root, signer, verifier)
+        self._started = 0
 
     def _new_sandbox_dir(self, role: str) -> Path:
+        if self._started == 0:
+            prune_work_dir(self.work_dir)
+        self._started += 1
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        path = self.work_dir / f"{role}-{len(self.sandboxes)}-{os.getpid()}"
+        path = self.work_dir / f"{role}-{self._started}-{os.getpid()}"
         shutil.rmtree(path, ignore_errors=True)
         (path / CONTROL_SUBDIR / "logs").mkdir(parents=True)
         return path
@@ -281,7 +285,7 @@ class LocalNode:
             result = restore(
                 store=self.store, verifier=self.verifier, snapshot_id=snapshot_id, expected_identity=identity,
                 sandbox=sandbox, control=ControlDir(host_dir / CONTROL_SUBDIR), criu=self.criu,
-                work_dir=host_dir.with_name(host_dir.name + "-images"),
+                work_dir=_images_dir(host_dir),
                 resume_payload=self._resume_payload(restore_started_at=began_at),
             )  # fmt: skip
         except (RestoreRefused, RestoreFailed) as exc:
@@ -322,8 +326,25 @@ class LocalNode:
         return report
 
     def stop_all(self) -> None:
+        """Stop every sandbox; drop the restored image links (the logs stay until the next run)."""
         while self.sandboxes:
-            self.sandboxes.pop().stop()
+            sandbox = self.sandboxes.pop()
+            sandbox.stop()
+            shutil.rmtree(_images_dir(sandbox.host_dir), ignore_errors=True)
+
+
+def _images_dir(sandbox_dir: Path) -> Path:
+    return sandbox_dir.with_name(sandbox_dir.name + "-images")
+
+
+def prune_work_dir(work_dir: Path) -> None:
+    """Remove sandbox directories left by earlier runs whose serve process is gone."""
+    if not work_dir.is_dir():
+        return
+    for entry in work_dir.iterdir():
+        owner = entry.name.removesuffix("-images").rsplit("-", 1)[-1]
+        if owner.isdigit() and not Path(f"/proc/{owner}").exists():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def usable_criu(command: str) -> tuple[Criu | None, str]:
@@ -363,7 +384,7 @@ def print_report(report: StartReport, spec: WorkerSpec) -> None:
         table.add_column(column)
     size = f"{report.snapshot_bytes / 2**20:.1f} MiB" if report.snapshot_bytes else "-"
     table.add_row(report.mode, f"{report.seconds_to_ready:.2f} s", size, report.snapshot_id or "-")
-    console = Console(stderr=False)
+    console = Console(width=max(Console().width, 120))
     console.print(table)
     if report.reason:
         console.print(f"[yellow]{report.reason}[/yellow]")
