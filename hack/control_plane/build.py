@@ -19,6 +19,28 @@ from . import versions
 
 LDFLAGS = "-s -w"
 
+
+def kubernetes_ldflags() -> str:
+    """Stamp the release into the binaries; without it they report v0.0.0-master, and tools that check
+    the server version (helm's kubeVersion constraints, kubectl's skew warning) misbehave."""
+    major, minor, _patch = versions.KUBERNETES.split(".")
+    stamped = {
+        "gitVersion": f"v{versions.KUBERNETES}",
+        "gitMajor": major,
+        "gitMinor": minor,
+        "gitTreeState": "clean",
+        "buildDate": "1970-01-01T00:00:00Z",
+    }
+    flags = [
+        f"-X k8s.io/{package}.{name}={value}"
+        for package in VERSION_PACKAGES
+        for name, value in stamped.items()
+    ]
+    return " ".join([LDFLAGS, *flags])
+
+
+VERSION_PACKAGES = ("component-base/version", "client-go/pkg/version")
+
 # (Go module, version, file inside the module) for each third-party CRD our objects must satisfy.
 CRD_SOURCES: tuple[tuple[str, str, str], ...] = (
     ("github.com/kedacore/keda/v2", versions.KEDA, "config/crd/bases/keda.sh_scaledobjects.yaml"),
@@ -43,6 +65,15 @@ CRD_SOURCES: tuple[tuple[str, str, str], ...] = (
         versions.PROMETHEUS_OPERATOR,
         "example/prometheus-operator-crd/monitoring.coreos.com_podmonitors.yaml",
     ),
+)
+
+# kwok simulates nothing without stages; these are the "fast" node and pod lifecycles kwok publishes.
+KWOK_STAGES = (
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
 )
 
 ETCD_MAIN = """\
@@ -156,32 +187,42 @@ def build_kubernetes_and_etcd(progress: Progress, out: Path) -> None:
     )
     packages = [f"k8s.io/kubernetes/cmd/{name}" for name in versions.KUBERNETES_COMMANDS]
     run_go(
-        ["build", "-trimpath", f"-ldflags={LDFLAGS}", "-o", f"{out}/", *packages, "./cmd/etcd"],
+        ["build", "-trimpath", f"-ldflags={kubernetes_ldflags()}", "-o", f"{out}/", *packages, "./cmd/etcd"],
         cwd=module_dir,
     )
 
 
-def go_install(progress: Progress, out: Path, package: str, version: str) -> None:
+def go_install(progress: Progress, out: Path, package: str, version: str, ldflags: str = LDFLAGS) -> None:
     progress.step(f"building {package}@v{version}")
     env = go_env()
     env["GOBIN"] = str(out)
-    run_go(["install", "-trimpath", f"-ldflags={LDFLAGS}", f"{package}@v{version}"], cwd=Path("/"), env=env)
+    run_go(["install", "-trimpath", f"-ldflags={ldflags}", f"{package}@v{version}"], cwd=Path("/"), env=env)
+
+
+def copy_from_module(module: str, version: str, relative_paths: tuple[str, ...], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    module_dir = Path(download_module(module, f"v{version}")["Dir"])
+    for relative in relative_paths:
+        source = module_dir / relative
+        if not source.is_file():
+            raise BuildError(f"{module}@v{version} has no {relative}: update {__file__}")
+        target = out / source.name
+        shutil.copyfile(source, target)
+        target.chmod(0o644)
+
+
+def fetch_kwok_stages(progress: Progress, out: Path) -> None:
+    progress.step("fetching kwok's node and pod stages from its Go module")
+    copy_from_module("sigs.k8s.io/kwok", versions.KWOK, KWOK_STAGES, out)
 
 
 def fetch_crds(progress: Progress, out: Path) -> None:
     progress.step("fetching KEDA and prometheus-operator CRDs from their Go modules")
-    out.mkdir(parents=True, exist_ok=True)
-    module_dirs: dict[tuple[str, str], Path] = {}
+    sources: dict[tuple[str, str], list[str]] = {}
     for module, version, relative in CRD_SOURCES:
-        key = (module, version)
-        if key not in module_dirs:
-            module_dirs[key] = Path(download_module(module, f"v{version}")["Dir"])
-        source = module_dirs[key] / relative
-        if not source.is_file():
-            raise BuildError(f"{module}@v{version} has no {relative}: update CRD_SOURCES in {__file__}")
-        target = out / source.name
-        shutil.copyfile(source, target)
-        target.chmod(0o644)
+        sources.setdefault((module, version), []).append(relative)
+    for (module, version), relative_paths in sources.items():
+        copy_from_module(module, version, tuple(relative_paths), out)
 
 
 def is_cached() -> bool:
@@ -207,7 +248,9 @@ def build(force: bool = False) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     build_kubernetes_and_etcd(progress, out)
     go_install(progress, out, "sigs.k8s.io/kwok/cmd/kwok", versions.KWOK)
-    go_install(progress, out, "helm.sh/helm/v3/cmd/helm", versions.HELM)
+    helm_version = f"-X helm.sh/helm/v3/internal/version.version=v{versions.HELM}"
+    go_install(progress, out, "helm.sh/helm/v3/cmd/helm", versions.HELM, f"{LDFLAGS} {helm_version}")
+    fetch_kwok_stages(progress, versions.kwok_stage_dir())
     fetch_crds(progress, versions.crd_dir())
     versions.stamp_path().write_text(json.dumps(versions.wanted_stamp(), indent=2) + "\n")
     progress.step(f"done: binaries in {out}, CRDs in {versions.crd_dir()}")

@@ -71,7 +71,9 @@ def wait_for(
             result = predicate()
             if result:
                 return result
-        except Exception as error:  # any failure means "not yet"
+        except ControlPlaneError:
+            raise
+        except Exception as error:  # any other failure means "not yet"
             last_error = error
         if time.monotonic() >= deadline:
             detail = f" (last error: {last_error!r})" if last_error else ""
@@ -176,6 +178,7 @@ class ControlPlane:
     state_dir: Path
     bin_dir: Path = field(default_factory=versions.bin_dir)
     crd_dir: Path | None = field(default_factory=versions.crd_dir)
+    kwok_stage_dir: Path = field(default_factory=versions.kwok_stage_dir)
     nodes: int = 2
     die_with_parent: bool = True
     components: list[Component] = field(default_factory=list)
@@ -208,6 +211,8 @@ class ControlPlane:
         """Start every component and return once nodes are Ready and third-party CRDs are established."""
         for name in versions.BINARIES:
             self.binary(name)
+        if not any(self.kwok_stage_dir.glob("*.yaml")):
+            raise ControlPlaneError(f"no kwok stages in {self.kwok_stage_dir}: run `hack/control-plane build`")
         started = time.monotonic()
         try:
             self._start_all(started)
@@ -330,6 +335,8 @@ class ControlPlane:
             f"--kubeconfig={self.kubeconfig}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+            *(f"--config={stage}" for stage in sorted(self.kwok_stage_dir.glob("*.yaml"))),
+            "--node-lease-duration-seconds=40",
             "--cidr=10.244.0.0/16",
             "--node-ip=10.244.0.1",
             f"--server-address=127.0.0.1:{free_port()}",

@@ -15,6 +15,9 @@ KEDA = "2.21.0"
 KEDA_HTTP_ADDON = "0.12.0"
 PROMETHEUS_OPERATOR = "0.85.0"
 
+# Bump when the way binaries are built changes (flags, patches), so existing caches are rebuilt.
+BUILD_RECIPE = 3
+
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 BINARIES = (*KUBERNETES_COMMANDS, "etcd", "kwok", "helm")
 
@@ -37,6 +40,10 @@ def crd_dir() -> Path:
     return cache_root() / "crds"
 
 
+def kwok_stage_dir() -> Path:
+    return cache_root() / "kwok-stages"
+
+
 def stamp_path() -> Path:
     return cache_root() / "stamp.json"
 
@@ -44,6 +51,7 @@ def stamp_path() -> Path:
 def wanted_stamp() -> dict[str, object]:
     """What a finished build records; any difference means the cache is stale and gets rebuilt."""
     return {
+        "recipe": BUILD_RECIPE,
         "kubernetes": KUBERNETES,
         "etcd": ETCD,
         "kwok": KWOK,
