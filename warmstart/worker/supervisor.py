@@ -16,6 +16,7 @@ import ctypes
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -36,6 +37,7 @@ class Supervisor:
         self.args = args
         self.engine_pid: int | None = None
         self.stop_signal: int | None = None
+        self._process: subprocess.Popen[bytes] | None = None
 
     def run(self) -> int:
         _become_subreaper()
@@ -96,21 +98,22 @@ class Supervisor:
     def _spawn(self, mode: str, started_at: float) -> int:
         directory = log_dir(self.args)
         directory.mkdir(parents=True, exist_ok=True)
-        log_fd = os.open(directory / ENGINE_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
-        argv = [sys.executable, "-m", "warmstart.worker.engine_process", *engine_argv(self.args, mode),
-                "--started-at", repr(started_at)]  # fmt: skip
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        actions = [
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_DUP2, log_fd, 1),
-            (os.POSIX_SPAWN_DUP2, log_fd, 2),
-        ]
-        try:
-            # A new session: the engine leads its own session, as CRIU wants of a dumped tree's root. Only
-            # descriptors named in `actions` are inherited (Python opens everything else close-on-exec).
-            return os.posix_spawn(sys.executable, argv, env, file_actions=actions, setsid=True)
-        finally:
-            os.close(log_fd)
+        argv = [sys.executable, "-m", "warmstart.worker.engine_process", *engine_argv(self.args, mode)]
+        argv += ["--started-at", repr(started_at)]
+        with open(directory / ENGINE_LOG, "ab") as log_file:
+            # A new session: the engine leads its own session, as CRIU wants of a dumped tree's root. Every
+            # other descriptor is closed in the child, also ones this process inherited: an outside pipe
+            # shared with the engine would make it impossible to checkpoint.
+            self._process = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                close_fds=True,
+                start_new_session=True,
+                env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            )
+        return self._process.pid
 
     def _wait_for_engine(self) -> int:
         assert self.engine_pid is not None
@@ -121,6 +124,8 @@ class Supervisor:
                 return self._watch_foreign(self.engine_pid)
             if pid == self.engine_pid:
                 code = _exit_code(status)
+                if self._process is not None and self._process.pid == pid:
+                    self._process.returncode = code  # reaped here, not by subprocess
                 log.info("engine process %d exited with %d", pid, code)
                 return code
 
