@@ -1,0 +1,95 @@
+"""Pure logic of the node mechanics and the one-machine mode: failure counting, identity records, tables."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from warmstart.bench import Floor, Series, _rows
+from warmstart.identity import SnapshotIdentity
+from warmstart.serve import IdentityCache, WorkerSpec, prune_work_dir, signing_keys
+from warmstart.snapshot_agent.restore import FailureCounter
+
+IDENTITY = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="x")
+
+
+def test_failure_counter_marks_invalid_after_max(tmp_path: Path) -> None:
+    counter = FailureCounter(tmp_path, max_failures=2)
+    assert counter.count("snap") == 0 and not counter.invalid("snap")
+    assert counter.record("snap", "CRIU restore failed: boom") == 1
+    assert not counter.invalid("snap")
+    assert counter.record("snap", "again") == 2
+    assert counter.invalid("snap") and counter.last_reason("snap") == "again"
+    counter.clear("snap")
+    assert counter.count("snap") == 0
+
+
+def test_failure_counter_rejects_path_like_ids(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not a snapshot id"):
+        FailureCounter(tmp_path).record("../etc", "x")
+
+
+def test_identity_cache_round_trip_and_model_change(tmp_path: Path) -> None:
+    signer, verifier, note = signing_keys(tmp_path / "store", None)
+    assert "generated a signing key" in note
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    weights = model_dir / "model.safetensors"
+    weights.write_bytes(b"weights")
+    cache = IdentityCache(tmp_path / "store", signer, verifier)
+    spec = WorkerSpec(model="tiny")
+    assert cache.lookup(spec)[0] is None
+    cache.record(spec, IDENTITY, str(model_dir))
+    assert cache.lookup(spec) == (IDENTITY, "")
+    assert cache.lookup(WorkerSpec(model="tiny", device="cuda"))[0] is None  # another key
+    weights.write_bytes(b"other weights")
+    identity, reason = cache.lookup(spec)
+    assert identity is None and "changed" in reason
+
+
+def test_identity_cache_refuses_another_key(tmp_path: Path) -> None:
+    signer, _, _ = signing_keys(tmp_path / "a", None)
+    _, other_verifier, _ = signing_keys(tmp_path / "b", None)
+    IdentityCache(tmp_path / "a", signer, other_verifier).record(WorkerSpec(), IDENTITY, str(tmp_path))
+    identity, reason = IdentityCache(tmp_path / "a", signer, other_verifier).lookup(WorkerSpec())
+    assert identity is None and "not trusted" in reason
+
+
+def test_generated_key_is_private_and_reused(tmp_path: Path) -> None:
+    signing_keys(tmp_path, None)
+    key = tmp_path / "keys" / "hmac.key"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert signing_keys(tmp_path, None)[2] == ""  # not generated twice
+
+
+def test_prune_removes_only_dead_runs(tmp_path: Path) -> None:
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(dead.stdout)
+    (tmp_path / f"restore-1-{dead_pid}").mkdir()
+    (tmp_path / f"restore-1-{dead_pid}-images").mkdir()
+    (tmp_path / f"restore-1-{os.getpid()}").mkdir()
+    prune_work_dir(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"restore-1-{os.getpid()}"]
+
+
+def test_bench_rows_compare_with_cold_and_floor() -> None:
+    cold = Series("cold start", ready=[4.0, 2.0, 3.0], first_token=[3.1, 2.1, 4.1])
+    restore = Series("restore", ready=[1.0, 0.5, 1.5], first_token=[1.1, 0.6, 1.6])
+    rows = _rows([cold, restore], [Floor("floor", 0.25, "detail")])
+    assert rows[0] == ["cold start", "3.00 s", "2.00-4.00 s", "3.10 s", "1.0x"]
+    assert rows[1] == ["restore", "1.00 s", "0.50-1.50 s", "1.10 s", "3.0x"]
+    assert rows[2] == ["floor", "0.25 s", "detail", "-", "12.0x"]
+
+
+def test_worker_command_carries_mode_port_and_control_dir() -> None:
+    command = WorkerSpec(device="cuda", port=8123).command("restore", Path("/run/x/control"))
+    assert command[1:4] == ["-m", "warmstart", "worker"]
+    joined = " ".join(command)
+    assert "--mode restore" in joined and "--port 8123" in joined and "--device cuda" in joined
+    assert "--control-dir /run/x/control" in joined
