@@ -407,35 +407,37 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"snapshots are off: {why_not}")
     work_dir = Path(args.work_dir) if args.work_dir else store_root / "pods"
     node = LocalNode(spec, SnapshotStore(store_root), signer, verifier, criu, work_dir, args.ready_timeout)
-    stop = _install_stop_handlers()
+    _stop_on_signals()
     try:
         report = node.start()
         print_report(report, spec)
         if args.once:
             return 0
-        print(f"serving on {spec.base_url} (Ctrl-C to stop)")
-        while not stop() and any(sandbox.alive() for sandbox in node.sandboxes):
+        print(f"serving on {spec.base_url} (Ctrl-C to stop)", flush=True)
+        while any(sandbox.alive() for sandbox in node.sandboxes):
             time.sleep(0.2)
-        return 0 if stop() else 1
+        print("the worker exited", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+        return 0
     except ServeError as exc:
         print(f"warmstart serve: {exc}", file=sys.stderr)
         return 1
     finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)  # let the clean-up finish
         node.stop_all()
 
 
-def _install_stop_handlers() -> Any:
-    stopping = {"flag": False}
+def _stop_on_signals() -> None:
+    """SIGTERM stops serve like Ctrl-C does (a KeyboardInterrupt, so every clean-up path runs)."""
 
-    def handle(signum: int, _frame: object) -> None:
-        if stopping["flag"]:
-            raise KeyboardInterrupt
-        stopping["flag"] = True
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(ValueError):  # not the main thread
-            signal.signal(signum, handle)
-    return lambda: stopping["flag"]
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
