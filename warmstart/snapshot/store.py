@@ -833,6 +833,8 @@ class SnapshotStore:
         """Every digest a published manifest names; None (remove no blob) when a manifest is unreadable."""
         referenced: set[str] = set()
         for entry in self.snapshots_dir.iterdir():
+            if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name):
+                continue  # not a snapshot (list() ignores it too)
             try:
                 raw = (entry / MANIFEST_FILE).read_bytes()
                 referenced |= Manifest.from_bytes(raw).digests()
