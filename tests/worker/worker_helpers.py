@@ -29,6 +29,10 @@ class Worker:
     def __init__(self, cache: Path, workdir: Path, *args: str) -> None:
         self.workdir = workdir
         self.log_path = workdir / "supervisor.log"
+        self.log_dir = _engine_log_dir(args)
+        if self.log_dir is None:
+            self.log_dir = workdir / "logs"
+            args = (*args, "--log-dir", str(self.log_dir))
         env = dict(os.environ, WARMSTART_CACHE=str(cache), PYTHONUNBUFFERED="1")
         env.pop("WARMSTART_CONTROL_DIR", None)
         with open(self.log_path, "ab") as log:
@@ -41,7 +45,7 @@ class Worker:
             )
 
     def logs(self) -> str:
-        engine_logs = "".join(path.read_text() for path in self.workdir.rglob("engine.log"))
+        engine_logs = "".join(path.read_text() for path in self.log_dir.glob("engine.log"))
         return f"--- supervisor ---\n{self.log_path.read_text()}\n--- engine ---\n{engine_logs}"
 
     def wait_ready(self, port: int, timeout: float = START_TIMEOUT) -> None:
@@ -67,6 +71,13 @@ class Worker:
             time.sleep(0.05)
         pytest.fail(f"{path.name} did not appear within {timeout}s\n{self.logs()}")
 
+    def wait_for_log(self, text: str, timeout: float = START_TIMEOUT) -> None:
+        deadline = time.monotonic() + timeout
+        while text not in self.logs():
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"{text!r} never appeared in the logs\n{self.logs()}")
+            time.sleep(0.05)
+
     def stop(self, timeout: float = 30) -> int:
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -76,6 +87,14 @@ class Worker:
             self.process.kill()
             self.process.wait()
             pytest.fail(f"worker did not stop within {timeout}s after SIGTERM\n{self.logs()}")
+
+
+def _engine_log_dir(args: tuple[str, ...]) -> Path | None:
+    """Where the supervisor started with `args` puts the engine's log (None: not given)."""
+    for flag, below in (("--log-dir", ""), ("--control-dir", "logs")):
+        if flag in args:
+            return Path(args[args.index(flag) + 1]) / below
+    return None
 
 
 def post(port: int, path: str, body: object, timeout: float = 60) -> httpx.Response:

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from warmstart.config import env_float
+from warmstart.config import cache_dir, env_float
 from warmstart.protocol import CONTROL_DIR_ENV
 
 MODES = ("cold", "capture", "restore")
@@ -48,7 +48,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         default=os.environ.get(CONTROL_DIR_ENV),
         help=f"control directory shared with the agent (default ${CONTROL_DIR_ENV})",
     )
-    worker.add_argument("--log-dir", help="where the engine's stdout/stderr go (default <control-dir>/logs)")
+    worker.add_argument(
+        "--log-dir",
+        help="where the engine's stdout/stderr go (default <control-dir>/logs, else $WARMSTART_CACHE/logs)",
+    )
     worker.add_argument(
         "--restore-timeout",
         type=float,
@@ -115,7 +118,7 @@ def log_dir(args: argparse.Namespace) -> Path:
         return Path(args.log_dir)
     if args.control_dir:
         return Path(args.control_dir) / "logs"
-    return Path(os.environ.get("WARMSTART_LOG_DIR", Path.cwd() / "warmstart-logs"))
+    return Path(os.environ.get("WARMSTART_LOG_DIR", cache_dir() / "logs"))
 
 
 def restore_timeout(args: argparse.Namespace) -> float:
