@@ -1,0 +1,122 @@
+"""The builtin engine on a GPU: CUDA-graph decode, memory released and re-acquired around a checkpoint."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="needs torch (the `engine` extra)")
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs an NVIDIA GPU: torch.cuda.is_available() is False here", allow_module_level=True)
+
+from warmstart.engines.base import GenerationRequest, SamplingParams  # noqa: E402
+from warmstart.engines.builtin.engine import BuiltinEngine  # noqa: E402
+from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
+
+
+def _vmm_available() -> bool:
+    try:
+        from warmstart.engines.arena import create_arena
+
+        create_arena("cuda-vmm", "cuda")
+    except Exception:
+        return False
+    return True
+
+
+VMM_SKIP = pytest.mark.skipif(not _vmm_available(), reason="the cuda-vmm arena is unavailable here")
+ARENAS = ["torch", pytest.param("cuda-vmm", marks=VMM_SKIP)]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gpu-models")
+    return {
+        "tiny": ensure_model(root / "tiny", "tiny", seed=0, device="cuda"),
+        "qwen3-0.6b": ensure_model(root / "qwen3-0.6b", "qwen3-0.6b", seed=0, device="cuda"),
+    }
+
+
+@pytest.fixture
+def make_engine(models: dict[str, Path]) -> Iterator:
+    engines: list[BuiltinEngine] = []
+
+    def make(model: str = "tiny", **options: object) -> BuiltinEngine:
+        engine = BuiltinEngine(model=model, model_dir=models[model], device="cuda", **options)
+        engine.load()
+        engine.warm_up()
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close()
+    torch.cuda.empty_cache()
+
+
+def _greedy(prompt: str = "The GPU test", max_tokens: int = 32) -> GenerationRequest:
+    return GenerationRequest(prompt=prompt, sampling=SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+
+
+def test_graph_replay_matches_eager_decode(make_engine) -> None:
+    engine = make_engine(max_num_seqs=4, cuda_graph_sizes=[1, 2, 4])
+    assert engine._graphs is not None
+    model = engine._model
+    prompts = ["first prompt", "second, longer prompt", "third"]
+    with torch.no_grad():
+        for slot, prompt in enumerate(prompts):
+            model.prefill(torch.tensor(engine.tokenizer.encode(prompt), device="cuda"), slot)
+        tokens = torch.tensor([65, 66, 67], device="cuda")
+        positions = torch.tensor([len(engine.tokenizer.encode(p)) for p in prompts], device="cuda")
+        slots = torch.tensor([0, 1, 2], device="cuda")
+        graphed = engine._decode(tokens, positions, slots).clone()  # batch 3 padded to the size-4 graph
+        eager = model.decode(tokens, positions, slots, context=int(positions.max()) + 1)
+    torch.testing.assert_close(graphed, eager, rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_logits_agree_with_cpu(make_engine, models: dict[str, Path]) -> None:
+    engine = make_engine()
+    cpu = BuiltinEngine(model="tiny", model_dir=models["tiny"], device="cpu")
+    cpu.load()
+    ids = engine.tokenizer.encode("same weights, two devices")
+    with torch.no_grad():
+        on_gpu = engine._model.prefill(torch.tensor(ids, device="cuda"), 0).cpu()
+        on_cpu = cpu._model.prefill(torch.tensor(ids), 0)
+    cpu.close()
+    torch.testing.assert_close(on_gpu, on_cpu, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("arena", ARENAS)
+def test_release_frees_gpu_memory_and_reacquire_restores_outputs(make_engine, arena: str) -> None:
+    engine = make_engine("qwen3-0.6b", arena=arena, release_weights=True, max_model_len=1024, max_num_seqs=4)
+    before = engine.generate([_greedy()])[0].token_ids
+    addresses = engine._addresses()
+    torch.cuda.synchronize()
+    free_before, _ = torch.cuda.mem_get_info()
+    assert engine.release() is True
+    free_released, _ = torch.cuda.mem_get_info()
+    weights = engine._weight_arena.nbytes
+    assert free_released - free_before >= 0.9 * weights, "releasing must hand the weights' memory back"
+    started = time.perf_counter()
+    engine.reacquire()
+    elapsed = time.perf_counter() - started
+    print(f"\n[{arena}] reacquire of {weights / 1e9:.2f} GB weights + KV: {elapsed:.3f} s")
+    if engine._weight_arena.keeps_address:
+        assert engine._addresses() == addresses
+    assert engine.generate([_greedy()])[0].token_ids == before
+
+
+def test_batched_generation_on_qwen3_shapes(make_engine) -> None:
+    engine = make_engine("qwen3-0.6b", max_model_len=1024, max_num_seqs=8)
+    requests = [_greedy(f"request {i}", max_tokens=16 + i) for i in range(8)]
+    started = time.perf_counter()
+    results = engine.generate(requests)
+    elapsed = time.perf_counter() - started
+    assert [len(result.token_ids) for result in results] == [16 + i for i in range(8)]
+    print(f"\n8 requests, {sum(16 + i for i in range(8))} tokens in {elapsed:.3f} s")
