@@ -14,6 +14,7 @@ Needs root (namespaces, mounts) and util-linux `unshare`/`nsenter`.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shlex
 import signal
@@ -24,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 MOUNTPOINT = Path("/run/warmstart/pod")
+PR_SET_PDEATHSIG = 1
 RESERVED_PIDS = 1000
 READY_MARK = ".sandbox-ready"
 MAIN_PID_FILE = ".sandbox-main-pid"  # in-namespace PID whose exit ends a waiting init
@@ -42,6 +44,16 @@ def _setup_script(mountpoint: Path, reserve_pids: bool) -> str:
         steps.append(f"echo {RESERVED_PIDS} > /proc/sys/kernel/ns_last_pid")
     steps.append(f"touch {shlex.quote(str(mountpoint / READY_MARK))}")
     return " && ".join(steps) + ' && exec "$@"'
+
+
+def _die_with_parent() -> None:
+    """In the forked child: SIGKILL when the process that started the sandbox dies.
+
+    With `unshare --kill-child` the namespace's PID 1 dies with `unshare`, and the kernel then kills every
+    process of the namespace: a sandbox never outlives its owner, even one killed with SIGKILL.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def pid_namespace_of(pid: int) -> str:
@@ -93,7 +105,8 @@ class Sandbox:
         host_dir.mkdir(parents=True, exist_ok=True)
         (host_dir / READY_MARK).unlink(missing_ok=True)
         argv = [
-            "unshare", "--pid", "--fork", "--mount-proc", "--mount", "--propagation", "private", "--",
+            "unshare", "--pid", "--fork", "--mount-proc", "--mount", "--propagation", "private",
+            "--kill-child=SIGKILL", "--",
             "/bin/sh", "-c", _setup_script(mountpoint, reserve_pids), "sandbox-init", *init_command,
         ]  # fmt: skip
         full_env = dict(os.environ if env is None else env)
@@ -102,7 +115,7 @@ class Sandbox:
             try:
                 process = subprocess.Popen(
                     argv, stdin=subprocess.DEVNULL, stdout=init_log, stderr=init_log, env=full_env,
-                    start_new_session=True,
+                    start_new_session=True, preexec_fn=_die_with_parent,
                 )  # fmt: skip
             except FileNotFoundError as exc:
                 raise SandboxError("`unshare` (util-linux) is missing: install util-linux") from exc
