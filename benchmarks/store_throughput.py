@@ -13,6 +13,7 @@ posix_fadvise(DONTNEED); as root, /proc/sys/vm/drop_caches is written too (disab
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import mmap
 import os
@@ -45,10 +46,18 @@ class Result:
         return self.bytes / self.seconds / 1e9
 
 
-def timed(function: Callable[[], object]) -> float:
-    started = time.perf_counter()
-    function()
-    return time.perf_counter() - started
+def timed(
+    function: Callable[[], object], *, repeat: int = 1, before: Callable[[], object] | None = None
+) -> float:
+    """Best of `repeat` runs (the least disturbed by other load); `before` runs untimed ahead of each."""
+    best = float("inf")
+    for _ in range(repeat):
+        if before is not None:
+            before()
+        started = time.perf_counter()
+        function()
+        best = min(best, time.perf_counter() - started)
+    return best
 
 
 # --- page cache ------------------------------------------------------------------------------------------
@@ -152,26 +161,29 @@ def run(args: argparse.Namespace) -> list[Result]:
         blobs = [store.blob_path(entry.digest) for entry in snapshot.files.values()]
 
         how = drop_cache(blobs, global_drop=args.global_drop)
-        results.append(
-            Result("verify, page cache dropped", total, timed(lambda: store.verify(snapshot.id, signer)), how)
-        )
-        results.append(
-            Result("verify, page cache hot", total, timed(lambda: store.verify(snapshot.id, signer)), "")
-        )
+        drop = functools.partial(drop_cache, blobs, global_drop=args.global_drop)
 
-        drop_cache(blobs, global_drop=args.global_drop)
-        seconds = timed(lambda: [read_direct(p) for p in blobs])
-        results.append(Result("raw read, O_DIRECT, 1 thread", total, seconds, "4 MiB reads"))
-        drop_cache(blobs, global_drop=args.global_drop)
-        seconds = timed(lambda: [read_buffered(p) for p in blobs])
-        results.append(Result("raw read, cache dropped, 1 thread", total, seconds, "4 MiB reads"))
-        drop_cache(blobs, global_drop=args.global_drop)
-        seconds = timed(lambda: parallel_map(read_buffered, blobs, workers=workers))
-        results.append(Result(f"raw read, cache dropped, {workers} threads", total, seconds, "no hashing"))
+        def add(name: str, function: Callable[[], object], note: str, *, cold: bool) -> None:
+            seconds = timed(function, repeat=args.repeat, before=drop if cold else None)
+            results.append(Result(name, total, seconds, note))
 
+        add("verify, page cache dropped", lambda: store.verify(snapshot.id, signer), how, cold=True)
+        add("verify, page cache hot", lambda: store.verify(snapshot.id, signer), "", cold=False)
+        add("raw read, O_DIRECT, 1 thread", lambda: [read_direct(p) for p in blobs], "4 MiB reads", cold=True)
+        add(
+            "raw read, cache dropped, 1 thread",
+            lambda: [read_buffered(p) for p in blobs],
+            "4 MiB reads",
+            cold=True,
+        )
+        add(
+            f"raw read, cache dropped, {workers} threads",
+            lambda: parallel_map(read_buffered, blobs, workers=workers),
+            "no hashing",
+            cold=True,
+        )
         results.append(Result("sha256, 1 thread, from memory", total, sha256_memory(total), "CPU ceiling"))
-        seconds = timed(lambda: [hash_file(p) for p in blobs])
-        results.append(Result("sha256, 1 thread, files hot", total, seconds, ""))
+        add("sha256, 1 thread, files hot", lambda: [hash_file(p) for p in blobs], "", cold=False)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -183,7 +195,8 @@ def print_table(results: list[Result], args: argparse.Namespace) -> None:
     from rich.table import Table
 
     table = Table(
-        title=f"store throughput: {args.size_gib:g} GiB in {args.files} files, {os.cpu_count()} cores"
+        title=f"store throughput: {args.size_gib:g} GiB in {args.files} files, {os.cpu_count()} cores, "
+        f"best of {args.repeat}"
     )
     table.add_column("measurement")
     table.add_column("GiB", justify="right")
@@ -211,10 +224,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--files", type=int, default=8, help="number of files (default 8)")
     parser.add_argument("--workers", type=int, help="hashing threads (default: the store's default)")
     parser.add_argument("--no-global-drop", dest="global_drop", action="store_false", help="fadvise only")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="best of N for each read and verify (default 3)"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the store afterwards")
     args = parser.parse_args(argv)
-    if args.size_gib <= 0 or args.files < 1:
-        parser.error("--size-gib must be positive and --files at least 1")
+    if args.size_gib <= 0 or args.files < 1 or args.repeat < 1:
+        parser.error("--size-gib must be positive, --files and --repeat at least 1")
     if not Path(args.dir).is_dir():
         parser.error(f"--dir {args.dir} is not a directory")
     free = shutil.disk_usage(args.dir).free
