@@ -108,6 +108,8 @@ def test_curl_gets_a_completion(server: int) -> None:
         ({"model": "tiny", "prompt": "x", "temperature": 3}, "temperature", "between 0 and 2"),
         ({"model": "tiny", "prompt": "x", "stream": "yes"}, "stream", "stream must be a boolean"),
         ({"model": "tiny", "prompt": "x", "stop": [1]}, "stop", "stop must be"),
+        ({"model": "tiny", "prompt": "x", "seed": -1}, "seed", "seed must be between"),
+        ({"model": "tiny", "prompt": "x", "n": 0}, "n", "n must be at least 1"),
         ({"model": "tiny", "prompt": "x" * 600}, "prompt", "context is 512 tokens"),
     ],
 )

@@ -14,6 +14,8 @@ from typing import Any
 
 from warmstart.identity import SnapshotIdentity
 
+GREEDY_BELOW = 1e-5
+
 
 class EngineError(RuntimeError):
     """The engine cannot do what was asked (bad options, missing model, wrong state)."""
@@ -40,7 +42,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # Below this, sampling is greedy in all but name and dividing logits by it overflows.
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)

@@ -229,7 +229,7 @@ class _Api:
             max_tokens=max_tokens if max_tokens is not None else -default_tokens,  # negative: a default
             temperature=temperature,
             top_p=top_p,
-            seed=_field(body, "seed", int, default=None),
+            seed=_seed(body),
             stop=_stop_strings(body.get("stop")),
             ignore_eos=_field(body, "ignore_eos", bool, default=False),
         )
@@ -381,6 +381,13 @@ def _chat_turn(message: Any, index: int) -> dict[str, str]:
     if not isinstance(content, str):
         raise ApiError(400, f"{where}.content must be a string", f"{where}.content")
     return {"role": role, "content": content}
+
+
+def _seed(body: dict[str, Any]) -> int | None:
+    seed = _field(body, "seed", int, default=None)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise ApiError(400, f"seed must be between 0 and 2**63 - 1, got {seed}", "seed")
+    return seed
 
 
 def _stop_strings(stop: Any) -> tuple[str, ...]:
