@@ -246,21 +246,30 @@ class Scheduler:
         for sequence, token in zip(batch, picked, strict=True):
             self._take(sequence, token)
 
-    def _take(self, sequence: Sequence, token: int) -> None:
-        finished = sequence.accept(token, self._tokenizer.eos_id, self._max_len)
-        if finished:
+    def _take(self, sequence: Sequence, token: int | Exception) -> None:
+        if isinstance(token, Exception):  # this request's sampling failed; the others carry on
+            log.error("sampling failed for request %s: %s", sequence.request.request_id, token)
+            if sequence in self._active:
+                self._active.remove(sequence)
+            self._free(sequence)
+            sequence.fail(token)
+            return
+        if sequence.accept(token, self._tokenizer.eos_id, self._max_len):
             if sequence in self._active:
                 self._active.remove(sequence)
             self._free(sequence)
         elif sequence not in self._active:
             self._active.append(sequence)
 
-    def _pick(self, batch: list[Sequence], logits: torch.Tensor) -> list[int]:
+    def _pick(self, batch: list[Sequence], logits: torch.Tensor) -> list[int | Exception]:
         logits = logits[:, : self._tokenizer.vocab_size]
-        tokens = logits.argmax(dim=-1).tolist()
+        tokens: list[int | Exception] = logits.argmax(dim=-1).tolist()
         for row, sequence in enumerate(batch):
             if not sequence.sampling.greedy:
-                tokens[row] = sequence.sample(logits[row])
+                try:
+                    tokens[row] = sequence.sample(logits[row])
+                except (RuntimeError, ValueError) as exc:
+                    tokens[row] = exc
         return tokens
 
     def _free(self, sequence: Sequence) -> None:
