@@ -177,3 +177,41 @@ def test_serve_command_once_prints_the_table(tmp_path: Path, criu_for_serve: str
     assert second.returncode == 0, second.stderr[-2000:]
     assert "│ restore " in second.stdout
     shutil.rmtree(tmp_path / "pods", ignore_errors=True)
+
+
+def _cuda_available() -> bool:
+    from warmstart.snapshot_agent import cuda
+
+    try:
+        cuda.driver()
+    except cuda.CudaUnavailable:
+        return False
+    return True
+
+
+@pytest.mark.gpu
+def test_cuda_worker_restores_byte_identically(tmp_path: Path, recording_criu) -> None:
+    if not _cuda_available():
+        pytest.skip("needs an NVIDIA GPU with driver >= 570 (CUDA checkpoint API)")
+    store_root = tmp_path / "store"
+    signer, verifier, _ = signing_keys(store_root, None)
+    nodes = []
+    try:
+        for expected in ("cold+capture", "restore"):
+            spec = WorkerSpec(device="cuda", port=_free_port())
+            node = LocalNode(
+                spec, SnapshotStore(store_root), signer, verifier, recording_criu[0], tmp_path / "p"
+            )
+            nodes.append(node)
+            report = node.start()
+            assert report.mode == expected, report.reason
+            if expected == "cold+capture":
+                assert "cuda_checkpoint" in report.timings and "cuda_restore" in report.timings
+                original = _answers(spec)
+            else:
+                assert "cuda_restore" in report.timings
+                assert _answers(spec) == original
+            node.stop_all()
+    finally:
+        for node in nodes:
+            node.stop_all()

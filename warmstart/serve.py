@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import urllib.error
@@ -189,6 +190,37 @@ def wait_http_ready(spec: WorkerSpec, deadline: float, alive: Any) -> None:
         time.sleep(0.02)
 
 
+class PlainWorker:
+    """A cold worker as a plain child process, for machines where sandboxes cannot be made (not root)."""
+
+    def __init__(self, host_dir: Path, process: subprocess.Popen[bytes]) -> None:
+        self.host_dir = host_dir
+        self.process = process
+
+    @classmethod
+    def start(cls, host_dir: Path, spec: WorkerSpec) -> PlainWorker:
+        with open(host_dir / "init.log", "ab") as log_file:
+            process = subprocess.Popen(
+                spec.command("cold", host_dir / CONTROL_SUBDIR), stdin=subprocess.DEVNULL, stdout=log_file,
+                stderr=log_file, start_new_session=True,
+            )  # fmt: skip
+        return cls(host_dir, process)
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self, grace: float = 5.0) -> None:
+        if not self.alive():
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+
 class LocalNode:
     """Starts workers on this machine: cold, cold + capture, or restored from the store."""
 
@@ -209,7 +241,7 @@ class LocalNode:
         self.criu = criu
         self.work_dir = work_dir
         self.ready_timeout = ready_timeout
-        self.sandboxes: list[Sandbox] = []
+        self.sandboxes: list[Sandbox | PlainWorker] = []
         self.identities = IdentityCache(store.root, signer, verifier)
         self._started = 0
 
@@ -234,8 +266,12 @@ class LocalNode:
 
     def start_cold(self, reason: str) -> StartReport:
         started = time.monotonic()
-        sandbox = self._start_worker_sandbox("cold")
-        wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+        if os.geteuid() == 0:
+            worker: Sandbox | PlainWorker = self._start_worker_sandbox("cold")
+        else:  # no namespaces without root; nothing will be checkpointed anyway
+            worker = PlainWorker.start(self._new_sandbox_dir("cold"), self.spec)
+            self.sandboxes.append(worker)
+        wait_http_ready(self.spec, started + self.ready_timeout, worker.alive)
         return StartReport("cold", time.monotonic() - started, reason=reason)
 
     def start_cold_and_capture(self) -> StartReport:
@@ -470,6 +506,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )  # fmt: skip
     parser.set_defaults(func=_serve)
 
-
-def report_json(report: StartReport) -> str:
-    return json.dumps(report.__dict__, sort_keys=True)
