@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CONTROL_SUBDIR = "control"  # a sandbox's control directory, relative to its private directory
-READY_PATHS = ("/health", "/v1/models")
+READY_PATH = "/ready"  # 200 once the worker serves
 
 
 class ServeError(RuntimeError):
@@ -176,13 +176,12 @@ def _atomic_write(target: Path, data: bytes) -> None:
 def wait_http_ready(spec: WorkerSpec, deadline: float, alive: Any) -> None:
     """Poll the worker until it answers HTTP; `alive()` false means it died first."""
     while True:
-        for path in READY_PATHS:
-            try:
-                with urllib.request.urlopen(spec.base_url + path, timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, OSError):
-                pass
+        try:
+            with urllib.request.urlopen(spec.base_url + READY_PATH, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
         if not alive():
             raise ServeError("the worker exited before it served; see its logs")
         if time.monotonic() >= deadline:
