@@ -33,6 +33,7 @@ FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STATE_FILE = "state.json"
 STOP_GRACE_SECONDS = 10.0
 PR_SET_PDEATHSIG = 1
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 CONTROLLERS = (
     "deployment-controller",
@@ -50,6 +51,8 @@ CONTROLLERS = (
     "job-controller",
     "disruption-controller",
     "pod-garbage-collector-controller",
+    # Lifts the node.kubernetes.io/not-ready taint that admission puts on every new node.
+    "node-lifecycle-controller",
 )
 
 
@@ -88,9 +91,12 @@ def free_port() -> int:
 
 
 def _die_with_parent() -> None:
-    """Runs in the child between fork and exec: SIGTERM it when the process that started it exits."""
+    """Runs in the child between fork and exec: kill it when the process that started it exits.
+
+    This is the path where nobody is left to stop the control plane in order, so it is SIGKILL: on
+    SIGTERM kube-apiserver waits for an etcd that is going away too, and lingers."""
     libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def process_alive(pid: int) -> bool:
@@ -212,7 +218,9 @@ class ControlPlane:
         for name in versions.BINARIES:
             self.binary(name)
         if not any(self.kwok_stage_dir.glob("*.yaml")):
-            raise ControlPlaneError(f"no kwok stages in {self.kwok_stage_dir}: run `hack/control-plane build`")
+            raise ControlPlaneError(
+                f"no kwok stages in {self.kwok_stage_dir}: run `hack/control-plane build`"
+            )
         started = time.monotonic()
         try:
             self._start_all(started)
@@ -338,7 +346,7 @@ class ControlPlane:
             *(f"--config={stage}" for stage in sorted(self.kwok_stage_dir.glob("*.yaml"))),
             "--node-lease-duration-seconds=40",
             "--cidr=10.244.0.0/16",
-            "--node-ip=10.244.0.1",
+            "--node-ip=10.240.0.1",
             f"--server-address=127.0.0.1:{free_port()}",
         ]
 
@@ -445,10 +453,12 @@ class ControlPlane:
             raise ControlPlaneError(f"{error}\n{tail}") from error
 
     def install_third_party_crds(self) -> None:
-        if self.crd_dir is None or not self.crd_dir.is_dir() or not any(self.crd_dir.glob("*.yaml")):
+        manifests = sorted(self.crd_dir.glob("*.yaml")) if self.crd_dir is not None else []
+        if not manifests:
             return
-        self.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(self.crd_dir))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(self.crd_dir))
+        files = [argument for path in manifests for argument in ("-f", str(path))]
+        self.kubectl("apply", "--server-side", "--force-conflicts", *files)
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", *files)
 
     def register_fake_nodes(self) -> None:
         items = [fake_gpu_node(f"kwok-gpu-{index}") for index in range(self.nodes)]
@@ -488,8 +498,11 @@ class ControlPlane:
 
 
 def node_is_ready(node: dict[str, Any]) -> bool:
+    """Ready, and schedulable: the not-ready taint is gone too."""
     conditions = node.get("status", {}).get("conditions") or []
-    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    taints = node.get("spec", {}).get("taints") or []
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return ready and not any(t.get("key") == NOT_READY_TAINT for t in taints)
 
 
 def fake_gpu_node(name: str) -> dict[str, Any]:

@@ -135,8 +135,8 @@ def test_up_status_down_leaves_no_process(tmp_path: Path):
     # A private cache whose binaries are the built ones, so `up` state never touches the developer's.
     cache = tmp_path / "cache"
     (cache / "k8s").mkdir(parents=True)
-    (cache / "k8s" / "bin").symlink_to(versions.bin_dir())
-    (cache / "k8s" / "stamp.json").write_text(versions.stamp_path().read_text())
+    for built in (versions.bin_dir(), versions.kwok_stage_dir(), versions.crd_dir(), versions.stamp_path()):
+        (cache / "k8s" / built.name).symlink_to(built)
     env = {**os.environ, "WARMSTART_CACHE": str(cache), "PYTHON": sys.executable}
     up = run_cli("up", "--nodes", "1", env=env)
     try:

@@ -97,6 +97,8 @@ def test_fake_node_offers_eight_gpus_and_is_managed_by_kwok():
     assert not node_is_ready(node)
     node["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
     assert node_is_ready(node)
+    node["spec"] = {"taints": [{"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"}]}
+    assert not node_is_ready(node)
 
 
 def test_wait_for_returns_the_first_truthy_value():
