@@ -454,6 +454,7 @@ class ModelResult:
     captures: dict[str, dict[str, Any]] = field(default_factory=dict)
     restores: list[RestoreRun] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    engine: dict[str, Any] = field(default_factory=dict)
 
 
 class Bench:
@@ -644,6 +645,7 @@ class Bench:
         model_dir = self.prepare_model(model)
         weights = weight_files(model_dir)
         result = ModelResult(model, sum(p.stat().st_size for p in weights))
+        result.engine = engine_options(model, model_dir, "naive", self.args)
         reps = self.args.reps
         for cache in self.caches[::-1]:
             for _ in range(self.args.cold_reps):
@@ -666,8 +668,9 @@ class Bench:
                 "released_weights": cap.ready.get("released_weights"),
             }
             log(f"{model} {mode} capture: {result.captures[mode]}")
+            mode_reps = self.args.naive_reps if mode == "naive" and self.args.naive_reps else reps
             for cache in self.caches:
-                for rep in range(reps):
+                for rep in range(mode_reps):
                     if self.time_left() < 45:
                         result.notes.append(f"{mode} {cache} restores cut at {rep} by the time budget")
                         break
@@ -780,7 +783,8 @@ def floor_seconds(
         result.weight_bytes + (capture.get("gpu_used_at_checkpoint") or 0) if mode == "optimised" else image
     )
     read = image + (result.weight_bytes if mode == "optimised" else 0)
-    storage = floors["disk_direct_gbps"] if cache == "dropped" else floors["pagecache_read_gbps"]
+    disk = max(floors["disk_direct_gbps"], floors.get("disk_buffered_gbps", 0))
+    storage = disk if cache == "dropped" else floors["pagecache_read_gbps"]
     return read / (storage * GB) + to_gpu / (floors["pinned_h2d_gbps"] * GB)
 
 
@@ -802,6 +806,15 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
         lines.append("")
     for res in results:
         lines += [f"## {res.model} (weights {res.weight_bytes / GiB:.2f} GiB)", ""]
+        described = next((c.get("describe") for c in res.cold if c.get("describe")), None) or {}
+        eng = res.engine
+        kv_gib, weights_gib = described.get("kv_bytes", 0) / GiB, described.get("weights_bytes", 0) / GiB
+        lines += [
+            f"Engine: torch.compile {'on' if eng.get('compile') else 'off'}, CUDA graphs for decode batches "
+            f"{eng.get('cuda_graph_sizes')}, max_model_len {eng.get('max_model_len')}, "
+            f"KV cache {kv_gib:.2f} GiB, weights {weights_gib:.2f} GiB.",
+            "",
+        ]
         lines += [
             "| start | page cache | to first token, s: median (min-max, n) | floor s | vs floor | "
             "vs cold (same cache) | outputs identical |",
@@ -925,8 +938,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--work", default="/var/tmp/warmstart-gpu-bench", help="scratch directory on local disk")
     run.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"), help="where results go")
     run.add_argument("--models", default=",".join(MODELS))
-    run.add_argument("--modes", default="naive,optimised", help="restore kinds to measure")
+    run.add_argument("--modes", default="optimised,naive", help="restore kinds to measure")
     run.add_argument("--reps", type=int, default=3, help="restores per mode and cache state")
+    run.add_argument(
+        "--naive-reps", type=int, default=0, help="restores per cache state for naive (0: --reps)"
+    )
+    run.add_argument("--floors-json", default="", help="reuse floors measured earlier (a floors JSON file)")
     run.add_argument("--cold-reps", type=int, default=1, help="extra cold starts per cache state")
     run.add_argument("--floors-gib", type=int, default=8, help="file size for the bandwidth floors (0: skip)")
     run.add_argument("--budget-s", type=float, default=540, help="stop starting new steps after this")
@@ -935,7 +952,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     run.add_argument("--max-model-len", type=int, default=1024, help="KV cache length per sequence")
     run.add_argument(
-        "--compile-models", default=",".join(MODELS), help="models whose engine uses torch.compile"
+        "--compile-models", default="", help="models whose engine uses torch.compile (default: none)"
     )
     run.add_argument("--caches", default="hot,dropped", help="page cache states to measure")
     run.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: dry run, tiny model")
@@ -960,7 +977,11 @@ def run(args: argparse.Namespace) -> int:
     env = environment(args.criu)
     log(f"environment: {env}")
     bench = Bench(args)
-    floors = measure_floors(work, args.floors_gib) if args.floors_gib and args.device == "cuda" else None
+    floors = None
+    if args.floors_json:
+        floors = json.loads(Path(args.floors_json).read_text())
+    elif args.floors_gib and args.device == "cuda":
+        floors = measure_floors(work, args.floors_gib)
     if floors:
         (out / "gpu_restore_floors.json").write_text(json.dumps(floors, indent=1))
     results = []

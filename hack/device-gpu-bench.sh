@@ -30,10 +30,17 @@ df -h "$WORK" | tail -1
 $WARMSTART_CRIU --version | head -1
 $WARMSTART_CRIU check 2>&1 | tail -1
 
+# The GPU tests alone: the suite's top-level conftest pulls in the control-plane plugin, not needed here.
+gpu_tests() {
+    timeout 300 python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -o addopts="" -rA tests/gpu 2>&1 \
+        | tee "$OUT/pytest-gpu.txt" | tail -25
+}
+
 case "$MODE" in
 smoke)
     echo "== GPU tests"
-    python3 -m pytest -q -p no:cacheprovider -o addopts="" -rA tests/gpu 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+    gpu_tests
+
     echo "== floors + short Qwen3-0.6B restore run"
     python3 benchmarks/gpu_restore.py run --criu "$WARMSTART_CRIU" --work "$WORK" --out "$OUT" \
         --models qwen3-0.6b --reps 1 --cold-reps 1 --floors-gib 8 --max-num-seqs "${MAX_NUM_SEQS:-16}" \
@@ -41,9 +48,11 @@ smoke)
         | tee "$OUT/gpu_restore.log"
     ;;
 full)
+    [[ -n "${WITH_TESTS:-}" ]] && { echo "== GPU tests"; gpu_tests; }
     python3 benchmarks/gpu_restore.py run --criu "$WARMSTART_CRIU" --work "$WORK" --out "$OUT" \
         --models "${MODELS:-qwen3-0.6b,qwen3-8b}" --reps "${REPS:-3}" --cold-reps "${COLD_REPS:-1}" \
-        --floors-gib "${FLOORS_GIB:-0}" --compile-models "${COMPILE_MODELS:-qwen3-0.6b,qwen3-8b}" \
+        --floors-gib "${FLOORS_GIB:-0}" ${FLOORS_JSON:+--floors-json "$FLOORS_JSON"} \
+        --naive-reps "${NAIVE_REPS:-0}" --modes "${MODES:-optimised,naive}" --compile-models "${COMPILE_MODELS:-}" \
         --max-num-seqs "${MAX_NUM_SEQS:-64}" --budget-s "${BUDGET_S:-540}" 2>&1 | tee "$OUT/gpu_restore.log"
     ;;
 *)
