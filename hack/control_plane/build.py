@@ -13,11 +13,15 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import deque
 from pathlib import Path
 
 from . import versions
 
 LDFLAGS = "-s -w"
+# Where Kubernetes keeps the version a binary reports (server and client side).
+VERSION_PACKAGES = ("component-base/version", "client-go/pkg/version")
+PACKAGES_PER_PROGRESS_LINE = 250
 
 
 def kubernetes_ldflags() -> str:
@@ -38,8 +42,6 @@ def kubernetes_ldflags() -> str:
     ]
     return " ".join([LDFLAGS, *flags])
 
-
-VERSION_PACKAGES = ("component-base/version", "client-go/pkg/version")
 
 # (Go module, version, file inside the module) for each third-party CRD our objects must satisfy.
 CRD_SOURCES: tuple[tuple[str, str, str], ...] = (
@@ -121,6 +123,21 @@ def run_go(args: list[str], cwd: Path | None = None, env: dict[str, str] | None 
     return result.stdout
 
 
+def run_go_with_progress(args: list[str], cwd: Path, progress: Progress) -> None:
+    """Run a `go build -v`-style command, turning its package-per-line output into occasional progress."""
+    process = subprocess.Popen(
+        ["go", *args], cwd=cwd, env=go_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stderr is not None
+    recent: deque[str] = deque(maxlen=40)
+    for count, line in enumerate(process.stderr, start=1):
+        recent.append(line.rstrip())
+        if count % PACKAGES_PER_PROGRESS_LINE == 0:
+            progress.step(f"  ... {count} packages compiled")
+    if process.wait() != 0:
+        raise BuildError(f"`go {' '.join(args)}` failed (exit {process.returncode}):\n" + "\n".join(recent))
+
+
 def download_module(module: str, version: str) -> dict[str, str]:
     """`go mod download -json` one module version; returns its Dir and GoMod paths in the module cache."""
     info = json.loads(run_go(["mod", "download", "-json", f"{module}@{version}"], cwd=Path("/")))
@@ -186,9 +203,19 @@ def build_kubernetes_and_etcd(progress: Progress, out: Path) -> None:
         f"compiling {', '.join(versions.KUBERNETES_COMMANDS)}, etcd (the long step on a fresh machine)"
     )
     packages = [f"k8s.io/kubernetes/cmd/{name}" for name in versions.KUBERNETES_COMMANDS]
-    run_go(
-        ["build", "-trimpath", f"-ldflags={kubernetes_ldflags()}", "-o", f"{out}/", *packages, "./cmd/etcd"],
+    run_go_with_progress(
+        [
+            "build",
+            "-v",
+            "-trimpath",
+            f"-ldflags={kubernetes_ldflags()}",
+            "-o",
+            f"{out}/",
+            *packages,
+            "./cmd/etcd",
+        ],
         cwd=module_dir,
+        progress=progress,
     )
 
 
