@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmstart.serve import LocalNode, ServeError, WorkerSpec, add_worker_arguments
+from warmstart.serve import LocalNode, ServeError, StartReport, WorkerSpec, add_worker_arguments
 
 if TYPE_CHECKING:
     from warmstart.snapshot.store import Snapshot, SnapshotStore
@@ -38,6 +39,7 @@ class Series:
     name: str
     ready: list[float] = field(default_factory=list)
     first_token: list[float] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=dict)
 
     def median(self, values: list[float]) -> float:
         return statistics.median(values) if values else float("nan")
@@ -82,15 +84,16 @@ def read_bandwidth(paths: list[Path]) -> tuple[int, float]:
 
 
 def criu_fixed_cost(criu: Criu, work: Path) -> float:
-    """Seconds for CRIU to restore a trivial process (a sleeping shell) into a fresh sandbox."""
+    """Seconds for CRIU to restore a trivial process (a sleeping `sleep`) into a fresh sandbox."""
     from warmstart.snapshot_agent.sandbox import Sandbox, waiting_init_command
 
     script = "setsid sleep 600 </dev/null >/dev/null 2>&1 & wait"
     source = Sandbox.start(work / "trivial-source", ["/bin/sh", "-c", script])
     try:
         pid = _wait_for_child_pid(source)
+        # leave it running: its exit would end the namespace, and CRIU with it, before CRIU is done
         criu.in_namespaces_of(source.init_pid).dump(
-            pid, work / "trivial-images", logs_dir=work / "trivial-logs"
+            pid, work / "trivial-images", logs_dir=work / "trivial-logs", leave_running=True
         )
     finally:
         source.stop(grace=1)
@@ -123,16 +126,20 @@ def snapshot_blob_paths(store: SnapshotStore, snapshot: Snapshot) -> list[Path]:
     ]
 
 
-def timed_start(node: LocalNode, start: Callable[[], object]) -> tuple[float, float]:
+def timed_start(
+    node: LocalNode, start: Callable[[], StartReport], mode: str
+) -> tuple[float, float, dict[str, float]]:
     """Run `start()` (it returns once the worker serves); seconds to ready and to the first token."""
     began = time.monotonic()
     try:
-        start()
+        report = start()
         ready = time.monotonic() - began
+        if report.mode != mode:
+            raise ServeError(f"expected a {mode} start, got {report.mode}: {report.reason}")
         token = first_token_seconds(node.spec, began)
     finally:
         node.stop_all()
-    return ready, token
+    return ready, token, report.timings
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -155,8 +162,12 @@ def run_bench(args: argparse.Namespace) -> int:
     node = LocalNode(spec, store, signer, verifier, criu, work / "pods", args.ready_timeout)
     try:
         return _bench(args, node, store, criu, work)
+    except ServeError as exc:
+        print(f"warmstart bench restore: {exc}", file=sys.stderr)
+        return 1
     finally:
         node.stop_all()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu: Criu, work: Path) -> int:
@@ -177,19 +188,23 @@ def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu
         return 1
     snapshot = store.get(capture.snapshot_id)
     for _ in range(args.repeat):
-        _record(cold, *timed_start(node, lambda: node.start_cold("benchmark")))
-        _record(hot, *timed_start(node, lambda: node.start_restored(snapshot.id, identity)))
+        _record(cold, *timed_start(node, lambda: node.start_cold("benchmark"), "cold"))
+        _record(hot, *timed_start(node, lambda: node.start_restored(snapshot.id, identity), "restore"))
         if can_drop:
             drop_page_cache()
-            _record(dropped, *timed_start(node, lambda: node.start_restored(snapshot.id, identity)))
+            _record(
+                dropped, *timed_start(node, lambda: node.start_restored(snapshot.id, identity), "restore")
+            )
     floors = _floors(store, snapshot, criu, work, can_drop)
     _print_tables([cold, hot] + ([dropped] if can_drop else []), floors, snapshot, capture.timings, args)
     return 0
 
 
-def _record(series: Series, ready: float, token: float) -> None:
+def _record(series: Series, ready: float, token: float, phases: dict[str, float]) -> None:
     series.ready.append(ready)
     series.first_token.append(token)
+    for name, seconds in phases.items():
+        series.phases.setdefault(name, []).append(seconds)
 
 
 def _floors(store: SnapshotStore, snapshot: Snapshot, criu: Criu, work: Path, can_drop: bool) -> list[Floor]:
@@ -250,12 +265,17 @@ def _print_tables(
         table.add_row(*row)
     console = Console(width=max(Console().width, 140))
     console.print(table)
-    capture_line = "capture phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())
-    console.print(capture_line)
+    notes = ["capture phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())]
+    for item in series:
+        if item.phases:
+            medians = ", ".join(f"{k} {statistics.median(v):.2f}s" for k, v in item.phases.items())
+            notes.append(f"{item.name} phases (median): {medians}")
+    for note in notes:
+        console.print(note)
     if args.markdown:
         lines = [f"**{title}**", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
-        lines += ["", capture_line, ""]
+        lines += [""] + [f"- {note}" for note in notes] + [""]
         Path(args.markdown).write_text("\n".join(lines))
 
 
