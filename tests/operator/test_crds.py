@@ -54,7 +54,7 @@ def test_endpoint_crd_contract():
     columns = {c["name"].upper() for c in version["additionalPrinterColumns"]}
     assert {"READY", "REPLICAS", "SNAPSHOT", "AGE", "PHASE"} <= columns
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["required"] == ["model", "engine"]
+    assert spec["required"] == ["model", "engine", "snapshot"]
     assert spec["properties"]["engine"]["properties"]["kind"]["enum"] == ["vllm", "builtin"]
     assert spec["properties"]["replicas"]["minimum"] == 0
     rules = " ".join(r["rule"] for r in spec["properties"]["autoscaling"]["x-kubernetes-validations"])

@@ -94,7 +94,11 @@ def set_snapshot_status(kube, namespace: str, name: str, status: dict[str, Any])
 
 
 def bound_store_claim(kube, namespace: str) -> str:
-    """A PVC bound to a hostPath PV, so worker pods that mount the snapshot store can be scheduled."""
+    """A PVC pre-bound to a hostPath PV, so worker pods that mount the snapshot store can be scheduled.
+
+    The test control plane runs no volume binder, so the test does the binder's part: volumeName plus the
+    bind-completed annotation (what the scheduler checks) and the Bound phases.
+    """
     pv_name = f"store-{namespace}"
     pv = {
         "apiVersion": "v1",
@@ -103,7 +107,7 @@ def bound_store_claim(kube, namespace: str) -> str:
         "spec": {
             "capacity": {"storage": "1Gi"},
             "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Delete",
+            "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": "",
             "hostPath": {"path": f"/tmp/{pv_name}"},
             "claimRef": {"namespace": namespace, "name": "snapshots"},
@@ -112,7 +116,11 @@ def bound_store_claim(kube, namespace: str) -> str:
     pvc = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "snapshots", "namespace": namespace},
+        "metadata": {
+            "name": "snapshots",
+            "namespace": namespace,
+            "annotations": {"pv.kubernetes.io/bind-completed": "yes"},
+        },
         "spec": {
             "accessModes": ["ReadWriteMany"],
             "storageClassName": "",
@@ -121,10 +129,19 @@ def bound_store_claim(kube, namespace: str) -> str:
         },
     }
     apply(kube, json.dumps({"apiVersion": "v1", "kind": "List", "items": [pv, pvc]}))
-    kube.wait_for(
-        lambda: (get(kube, "pvc", namespace, "snapshots") or {}).get("status", {}).get("phase") == "Bound",
-        timeout=TIMEOUT,
-        message="store PVC Bound",
+    bound = {"status": {"phase": "Bound"}}
+    kube.kubectl("patch", "pv", pv_name, "--subresource=status", "--type=merge", "-p", json.dumps(bound))
+    bound["status"].update(accessModes=["ReadWriteMany"], capacity={"storage": "1Gi"})
+    kube.kubectl(
+        "patch",
+        "pvc",
+        "snapshots",
+        "-n",
+        namespace,
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        json.dumps(bound),
     )
     return "snapshots"
 
@@ -458,12 +475,15 @@ def test_operator_metrics_and_liveness(kube, namespace, operator):
 
 
 def test_chart_renders_to_objects_the_api_server_accepts(kube, namespace, crds):
+    server = json.loads(kube.kubectl("version", "-o", "json").stdout)["serverVersion"]["gitVersion"]
     rendered = kube.helm(
         "template",
         "ws",
         str(REPO / "charts" / "warmstart"),
         "--namespace",
         namespace,
+        "--kube-version",
+        server,
         "--set",
         "metrics.serviceMonitor.enabled=true",
     ).stdout

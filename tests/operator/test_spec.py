@@ -81,5 +81,12 @@ def test_missing_model_is_named():
         parse_spec(spec)
 
 
+def test_missing_snapshot_policy_is_named():
+    spec = endpoint_spec()
+    del spec["snapshot"]
+    with pytest.raises(InvalidSpec, match=r"^spec\.snapshot: is required"):
+        parse_spec(spec)
+
+
 def test_snapshots_disabled_needs_no_storage():
     assert not parse_spec(endpoint_spec(snapshot={"enabled": False})).snapshot.enabled

@@ -77,13 +77,17 @@ def _requeue_delay(outcome: Outcome) -> float | None:
     return None
 
 
-def run_reconcile(handler: str, body: dict[str, Any]) -> Outcome:
-    """Reconcile under the endpoint's lock, count it, and map failures to kopf's retry semantics."""
-    key = (body["metadata"]["namespace"], body["metadata"]["name"])
+def run_reconcile(handler: str, key: Key) -> Outcome | None:
+    """Reconcile one endpoint under its lock, from a fresh read (so status transitions are never computed
+    from a stale copy), count it, and map failures to kopf's retry semantics. None: the endpoint is gone."""
     started = time.perf_counter()
     result = "error"
     try:
         with Runtime.locks.lock(key):
+            body = _kube().get(L.ENDPOINT_KIND, *key)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                result = "gone"
+                return None
             outcome = reconcile(_kube(), body, Runtime.backoff)
         METRICS.endpoints.set(*key, outcome.status["phase"])
         result = "success"
@@ -106,21 +110,14 @@ def run_reconcile(handler: str, body: dict[str, Any]) -> Outcome:
 
 
 def reconcile_key(key: Key) -> float | None:
-    """Queue worker: fetch the endpoint fresh and reconcile it; returns a requeue delay."""
+    """Queue worker: reconcile the endpoint; returns a requeue delay."""
     try:
-        body = _kube().get(L.ENDPOINT_KIND, *key)
-    except KubeError as exc:
-        log.warning("cannot read %s/%s: %s", *key, exc)
-        return 5.0
-    if body is None or body["metadata"].get("deletionTimestamp"):
-        return None
-    try:
-        outcome = run_reconcile("watch", body)
+        run_reconcile("watch", key)
     except kopf.PermanentError:
         return None
     except kopf.TemporaryError as exc:
         return float(exc.delay or 10)
-    return _requeue_delay(outcome)
+    return None  # run_reconcile already scheduled any follow-up
 
 
 @kopf.on.startup()
@@ -145,15 +142,14 @@ def on_cleanup(**_: Any) -> None:
 @kopf.on.resume(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
 @kopf.on.create(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
 @kopf.on.update(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
-def on_endpoint_change(body: kopf.Body, reason: str, **_: Any) -> dict[str, Any]:
-    outcome = run_reconcile(str(reason), plain(body))
-    return {"phase": outcome.status["phase"]}
+def on_endpoint_change(namespace: str, name: str, reason: str, **_: Any) -> None:
+    run_reconcile(str(reason), (namespace, name))
 
 
 @kopf.timer(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL, interval=SETTINGS.resync_seconds, initial_delay=5.0)
-def resync(body: kopf.Body, **_: Any) -> None:
+def resync(namespace: str, name: str, **_: Any) -> None:
     """Drift repair: a child edited or deleted by hand comes back; status catches up."""
-    run_reconcile("timer", plain(body))
+    run_reconcile("timer", (namespace, name))
 
 
 @kopf.on.delete(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)

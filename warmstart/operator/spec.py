@@ -238,6 +238,8 @@ def parse_autoscaling(spec: dict[str, Any]) -> AutoscalingSpec:
 
 
 def parse_snapshot(spec: dict[str, Any]) -> SnapshotPolicy:
+    if "snapshot" not in spec:
+        raise InvalidSpec("snapshot", "is required: give snapshot.storage.claimName or enabled false")
     data = _section(spec, "snapshot", "")
     storage = _section(data, "storage", "snapshot.")
     enabled = data.get("enabled", True)
