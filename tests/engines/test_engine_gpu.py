@@ -109,6 +109,9 @@ def test_release_frees_gpu_memory_and_reacquire_restores_outputs(make_engine, ar
     print(f"\n[{arena}] reacquire of {weights / 1e9:.2f} GB weights + KV: {elapsed:.3f} s")
     if engine._weight_arena.keeps_address:
         assert engine._addresses() == addresses
+        assert engine._graphs.captures == 1, "graphs over unmoved memory must not be captured again"
+    else:
+        assert engine._graphs.captures == (1 if engine._addresses() == addresses else 2)
     assert engine.generate([_greedy()])[0].token_ids == before
 
 

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 ARENA_ALIGNMENT = 256  # bytes; enough for every dtype and for CUDA's vectorised loads
 HEADER_ALIGNMENT = 4096  # data of files we write starts page-aligned (friendly to O_DIRECT readers)
-DEFAULT_CHUNK_BYTES = 32 << 20
+DEFAULT_CHUNK_BYTES = 16 << 20  # measured on an H200: 16 MiB beat 32 and 64 MiB at 4-16 threads
 
 DTYPE_SIZES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,

@@ -93,6 +93,7 @@ class BuiltinEngine(Engine):
         self._scheduler: Scheduler | None = None
         self._digest: str | None = None
         self._weights_released = False
+        self._addresses_at_release: tuple[int, int] = (0, 0)
 
     # --- Engine interface ----------------------------------------------------------------------------
 
@@ -156,6 +157,7 @@ class BuiltinEngine(Engine):
 
     def release(self) -> bool:
         self._require_scheduler().stop()
+        self._addresses_at_release = self._addresses()
         self._model.bind_kv(None)
         self._kv_arena.release()
         if self._release_weights:
@@ -168,14 +170,15 @@ class BuiltinEngine(Engine):
         return self._weights_released
 
     def reacquire(self) -> None:
-        addresses = self._addresses()
+        if not self._kv_arena.released:
+            return  # nothing was released
         self._kv_arena.reacquire()
         if self._weights_released:
             self._weight_arena.reacquire()
             self._fill_weights()
             self._weights_released = False
         self._bind_all()
-        if self._graphs is not None and self._addresses() != addresses:
+        if self._graphs is not None and self._addresses() != self._addresses_at_release:
             log.info("arena addresses moved across the release; capturing CUDA graphs again")
             self._graphs.capture()
         if self._device.type == "cuda":

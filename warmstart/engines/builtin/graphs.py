@@ -36,6 +36,7 @@ class DecodeGraphs:
         self._scratch_slot = scratch_slot
         self._decode = torch.compile(model.decode, dynamic=False) if compile else model.decode
         self._captured: dict[int, _Captured] = {}
+        self.captures = 0  # how many times the whole set was captured
 
     def fits(self, batch: int) -> bool:
         return batch <= self._sizes[-1] and bool(self._captured)
@@ -43,6 +44,7 @@ class DecodeGraphs:
     def capture(self) -> None:
         """(Re)capture every size, largest first, sharing one memory pool."""
         self._captured.clear()
+        self.captures += 1
         pool = torch.cuda.graph_pool_handle()
         with torch.no_grad():
             for size in reversed(self._sizes):
