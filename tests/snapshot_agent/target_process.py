@@ -1,7 +1,9 @@
 """A small stateful process to checkpoint in tests: its answer depends on memory built before the dump.
 
-Usage: target_process.py CONTROL_DIR SEED. Builds a random state, signals ready-for-snapshot with its PID,
-waits for restore-complete, then writes `answer` (a digest of the state continued after the restore).
+Usage: target_process.py CONTROL_DIR SEED [chatty]. Builds a random state, signals ready-for-snapshot
+with its PID, waits for restore-complete, then writes `answer` (a digest of the state continued after
+the restore).
+`chatty` keeps printing after ready-for-snapshot, as a worker that does not quiesce would.
 """
 
 from __future__ import annotations
@@ -10,10 +12,18 @@ import hashlib
 import os
 import random
 import sys
+import threading
+import time
 from pathlib import Path
 
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+
+
+def _chatter() -> None:
+    while True:
+        print("still busy", flush=True)
+        time.sleep(0.001)
 
 
 def main() -> int:
@@ -26,6 +36,8 @@ def main() -> int:
     )
     payload = {"pid": os.getpid(), "identity": identity.to_dict(), "identity_hash": identity.digest()}
     control.send(READY_FOR_SNAPSHOT, payload)
+    if sys.argv[3:] == ["chatty"]:
+        threading.Thread(target=_chatter, daemon=True).start()
     signal = control.wait(RESTORE_COMPLETE, SNAPSHOT_COMPLETE)
     if signal.name == SNAPSHOT_COMPLETE:
         return 0

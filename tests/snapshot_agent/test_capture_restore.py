@@ -69,12 +69,11 @@ def counting_criu(tmp_path: Path, criu_command: str) -> tuple[Criu, Callable[[],
     return Criu(str(wrapper), timeout=120), invoked
 
 
-def _start_target(host_dir: Path, seed: int, sandboxes: list[Sandbox]) -> Sandbox:
+def _start_target(host_dir: Path, seed: int, sandboxes: list[Sandbox], *extra: str) -> Sandbox:
     (host_dir / "control" / "logs").mkdir(parents=True)
     control = MOUNTPOINT / "control"
-    script = (
-        f"setsid {shlex.quote(sys.executable)} {TARGET} {control} {seed} </dev/null >{control}/logs/out 2>&1"
-    )
+    target = f"{shlex.quote(sys.executable)} {TARGET} {control} {seed} {' '.join(extra)}"
+    script = f"setsid {target} </dev/null >{control}/logs/out 2>&1"
     sandbox = Sandbox.start(host_dir, ["/bin/sh", "-c", script + " & wait"])
     sandboxes.append(sandbox)
     return sandbox
@@ -223,3 +222,16 @@ def test_failed_dump_leaves_no_snapshot_and_source_keeps_serving(
     assert not any((store.root / "staging").iterdir())
     assert len(_wait_for(sandbox.host_dir / "control" / "answer").split()[0]) == 64
     assert ControlDir(sandbox.host_dir / "control").read(RESTORE_COMPLETE) is not None
+
+
+def test_a_worker_writing_during_the_capture_is_refused(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, _ = counting_criu
+    sandbox = _start_target(tmp_path / "capture", 9, sandboxes, "chatty")
+    with pytest.raises(CaptureError, match=r"wrote to .*logs/out during the capture"):
+        capture(
+            store=store, signer=load_signer(key), sandbox=sandbox,
+            control=ControlDir(sandbox.host_dir / "control"), criu=criu,
+        )  # fmt: skip
+    assert store.list() == []

@@ -1,9 +1,10 @@
 """Capture: turn a quiesced worker (it signalled `ready-for-snapshot`) into a signed snapshot in the store.
 
 Phases, each timed into the manifest: wait for the worker, CUDA lock + checkpoint (only when the process
-uses CUDA), CRIU dump of the engine subtree (always `--leave-running`: CRIU must not kill the engine while
-it still runs inside the engine's namespace), copy of the sandbox files the engine holds open (its stdio
-logs; a restore recreates them so CRIU finds the same files), publish. Then the source either exits
+uses CUDA), copy of the sandbox files the engine holds open (its stdio logs; a restore recreates them so
+CRIU finds the same files, and CRIU insists on the same size: the sizes are checked again after the dump),
+CRIU dump of the engine subtree (always `--leave-running`: CRIU runs inside the engine's namespace and must
+not end it by killing the engine), publish. Then the source either exits
 (`snapshot-complete`) or, after its GPU state is restored in place, keeps serving (`restore-complete`).
 
 Any failure or interruption (timeout, Ctrl-C, an exception) discards the staging directory, so no snapshot
@@ -116,11 +117,26 @@ def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> list[Path]:
     return sorted(found)
 
 
-def _copy_sandbox_files(files: list[Path], sandbox: Sandbox, destination: Path) -> None:
+def _copy_sandbox_files(files: list[Path], sandbox: Sandbox, destination: Path) -> dict[Path, int]:
+    """Copy the files; returns the sizes copied (CRIU refuses to restore a file of another size)."""
+    sizes = {}
     for inside in files:
         target = destination / inside.relative_to(sandbox.mountpoint)
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(sandbox.on_host(inside), target)
+        sizes[inside] = target.stat().st_size
+    return sizes
+
+
+def _check_unchanged(files: list[Path], sandbox: Sandbox, sizes: dict[Path, int]) -> None:
+    """The copies must match what CRIU saw: the quiesced engine must not write while it is captured."""
+    for inside in files:
+        now = sandbox.on_host(inside).stat().st_size
+        if now != sizes[inside]:
+            raise CaptureError(
+                f"the worker wrote to {inside} during the capture ({sizes[inside]} -> {now} bytes); "
+                "it must stay quiet after ready-for-snapshot"
+            )
 
 
 def capture(
@@ -191,6 +207,9 @@ def _dump_and_publish(
     }
     node = {"hostname": socket.gethostname()}
     with store.stage(identity, node=node, meta=meta) as staging:
+        with timer.phase("copy_sandbox_files"):
+            files = open_sandbox_files(host_pid, sandbox)
+            sizes = _copy_sandbox_files(files, sandbox, staging.dir / SANDBOX_FILES_DIR)
         with timer.phase("criu_dump"):
             criu.in_namespaces_of(sandbox.init_pid).dump(
                 namespace_pid,
@@ -198,9 +217,7 @@ def _dump_and_publish(
                 logs_dir=staging.dir / LOGS_DIR,
                 leave_running=True,
             )
-        with timer.phase("copy_sandbox_files"):
-            files = open_sandbox_files(host_pid, sandbox)
-            _copy_sandbox_files(files, sandbox, staging.dir / SANDBOX_FILES_DIR)
+        _check_unchanged(files, sandbox, sizes)
         staging.meta["sandbox_files"] = [str(path) for path in files]
         staging.meta["sandbox_mountpoint"] = str(sandbox.mountpoint)
         staging.timings.update(timer.timings)
