@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> list[Result]:
     total = int(args.size_gib * GIB)
     workers = args.workers or default_workers()
     root = Path(args.dir) / f"store-throughput-{os.getpid()}"
-    store = SnapshotStore(root / "store", hash_workers=workers)
+    store = SnapshotStore(root / "store", hash_workers=workers, chunk_size=int(args.chunk_mib * (1 << 20)))
     signer = HmacKey(os.urandom(32))
     identity = SnapshotIdentity(model_digest="sha256:" + "0" * 64, engine="benchmark", engine_version="1")
     results: list[Result] = []
@@ -196,7 +196,7 @@ def print_table(results: list[Result], args: argparse.Namespace) -> None:
 
     table = Table(
         title=f"store throughput: {args.size_gib:g} GiB in {args.files} files, {os.cpu_count()} cores, "
-        f"best of {args.repeat}"
+        f"chunks {args.chunk_mib:g} MiB, best of {args.repeat}"
     )
     table.add_column("measurement")
     table.add_column("GiB", justify="right")
@@ -224,6 +224,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--files", type=int, default=8, help="number of files (default 8)")
     parser.add_argument("--workers", type=int, help="hashing threads (default: the store's default)")
     parser.add_argument("--no-global-drop", dest="global_drop", action="store_false", help="fadvise only")
+    parser.add_argument(
+        "--chunk-mib", type=float, default=64, help="chunk digest size in MiB, 0 for none (default 64)"
+    )
     parser.add_argument(
         "--repeat", type=int, default=3, help="best of N for each read and verify (default 3)"
     )

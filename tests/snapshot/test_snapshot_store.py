@@ -102,6 +102,23 @@ def test_large_files_carry_chunk_digests(store: SnapshotStore, publish: Publish)
     assert snapshot.files["criu/core-1.img"].chunks == ()  # small files: the whole-file digest suffices
 
 
+def test_chunk_digests_can_be_turned_off(
+    tmp_path: Path, identity: SnapshotIdentity, signer: Signer, verifier: Verifier
+) -> None:
+    plain = SnapshotStore(tmp_path / "plain", chunk_size=0)
+    with plain.stage(identity) as staging:
+        write_files(staging.dir, FILES)
+        snapshot = staging.publish(signer)
+    assert all(entry.chunks == () for entry in snapshot.files.values())
+    _flip_byte(plain.blob_path(snapshot.files["criu/pages-1.img"].digest), 1 << 20)
+    with pytest.raises(
+        SnapshotInvalid, match="'criu/pages-1.img': blob sha256:[0-9a-f]+ content does not match"
+    ):
+        plain.verify(snapshot.id, verifier)
+    with pytest.raises(ValueError, match="chunk_size must be 0"):
+        SnapshotStore(tmp_path / "x", chunk_size=4096)
+
+
 def test_manifest_is_canonical_json_with_the_identity(store: SnapshotStore, publish: Publish) -> None:
     snapshot = publish({"a": b"1"})
     manifest = json.loads((snapshot.path / "manifest.json").read_bytes())

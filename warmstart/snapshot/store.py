@@ -365,8 +365,10 @@ class SnapshotStore:
         hash_workers: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
     ) -> None:
-        if chunk_size < MIN_CHUNK_SIZE:
-            raise ValueError(f"chunk_size must be at least {MIN_CHUNK_SIZE} bytes, got {chunk_size}")
+        if chunk_size != 0 and chunk_size < MIN_CHUNK_SIZE:
+            raise ValueError(
+                f"chunk_size must be 0 (no chunk digests) or at least {MIN_CHUNK_SIZE}, got {chunk_size}"
+            )
         self.root = Path(root)
         self.hash_workers = hash_workers
         self.chunk_size = chunk_size
