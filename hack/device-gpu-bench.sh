@@ -13,6 +13,7 @@ cd "$(dirname "$0")/.."
 MODE=${1:-smoke}
 OUT=${OUT:-benchmarks/results/local}
 WORK=${BENCH_WORK:-/var/tmp/warmstart-gpu-bench}
+[[ "$WORK" == *warmstart* ]] && rm -rf "$WORK"  # our own scratch directory: start clean, the disk is small
 mkdir -p "$OUT" "$WORK"
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1
 if [[ -z "${WARMSTART_CRIU:-}" && -x .dev/criu/criu ]]; then
