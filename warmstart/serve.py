@@ -87,9 +87,9 @@ class IdentityCache:
     A worker's identity is only known once its engine has loaded (model digest, resolved engine arguments),
     which is the cost a restore avoids. So each capture records the identity its worker reported, keyed by
     everything that identity derives from and that is cheap to read here: engine, model, device, worker
-    arguments, Python/torch/warmstart versions, NVIDIA driver and GPU model, the image name; and the model
-    files' sizes and mtimes. Any change there is a miss, and a miss is a cold start that records afresh.
-    Entries are signed with the store's key, like manifests.
+    arguments, Python/torch/warmstart versions and warmstart's own source files, NVIDIA driver and GPU
+    model, the image name; and the model files' sizes and mtimes. Any change there is a miss, and a miss is
+    a cold start that records afresh. Entries are signed with the store's key, like manifests.
     """
 
     def __init__(self, store_root: Path, signer: Signer, verifier: Verifier) -> None:
@@ -104,6 +104,7 @@ class IdentityCache:
             "python": sys.version, "torch": _distribution_version("torch"),
             "warmstart": _distribution_version("warmstart"), "nvidia": _nvidia_facts(),
             "image": os.environ.get("WARMSTART_IMAGE", ""), "cache": os.environ.get("WARMSTART_CACHE", ""),
+            "code": _code_fingerprint(),
         }  # fmt: skip
         return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
@@ -134,6 +135,16 @@ class IdentityCache:
         if _fingerprint(entry["model_dir"]) != entry["files"]:
             return None, f"the model files in {entry['model_dir']} changed since the last capture"
         return SnapshotIdentity.from_dict(entry["identity"]), ""
+
+
+def _code_fingerprint() -> str:
+    """Sizes and mtimes of warmstart's own modules: an edited checkout is another worker image."""
+    package = Path(__file__).resolve().parent
+    entries = sorted(
+        (str(path.relative_to(package)), path.stat().st_size, path.stat().st_mtime_ns)
+        for path in package.rglob("*.py")
+    )
+    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
 
 
 def _distribution_version(name: str) -> str:
