@@ -23,6 +23,7 @@ from warmstart.operator.status import Workload, endpoint_status, invalid_status
 log = logging.getLogger(__name__)
 
 AUTOSCALER_KINDS = {"hpa": "HorizontalPodAutoscaler", "keda": "ScaledObject"}
+OPTIONAL_KINDS = ("HorizontalPodAutoscaler", "ScaledObject", "ServiceMonitor")
 
 
 class MissingAPI(RuntimeError):
@@ -80,21 +81,34 @@ def _apply_optional(kube: Kube, obj: dict[str, Any], hint: str) -> None:
         raise
 
 
-def apply_autoscaler(kube: Kube, owner: children.Owner, spec: EndpointSpec) -> None:
-    mode = spec.autoscaling.mode
-    for other_mode, kind in AUTOSCALER_KINDS.items():
-        if other_mode != mode and kube.get(kind, owner.namespace, owner.name) is not None:
+def optional_children(spec: EndpointSpec) -> list[str]:
+    """Kinds beyond Deployment and Service that this spec asks for."""
+    kinds = [AUTOSCALER_KINDS[spec.autoscaling.mode]] if spec.autoscaling.mode in AUTOSCALER_KINDS else []
+    if spec.monitoring.service_monitor:
+        kinds.append("ServiceMonitor")
+    return kinds
+
+
+def apply_optional_children(
+    kube: Kube, owner: children.Owner, spec: EndpointSpec, previous: list[str] | None
+) -> list[str]:
+    """Apply the autoscaler and ServiceMonitor the spec wants, delete the ones it no longer wants.
+
+    `previous` is what the last reconcile recorded in status.children (None: unknown, so check them all);
+    returns the kinds that exist now, Deployment and Service included.
+    """
+    wanted = optional_children(spec)
+    for kind in OPTIONAL_KINDS:
+        if kind not in wanted and (previous is None or kind in previous):
             kube.delete(kind, owner.namespace, owner.name)
-    if mode == "hpa":
+    if spec.autoscaling.mode == "hpa":
         kube.apply(children.horizontal_pod_autoscaler(owner, spec))
-    elif mode == "keda":
+    elif spec.autoscaling.mode == "keda":
         _apply_optional(kube, children.scaled_object(owner, spec), "install KEDA or use autoscaling.mode hpa")
-
-
-def apply_service_monitor(kube: Kube, owner: children.Owner, spec: EndpointSpec) -> None:
     if spec.monitoring.service_monitor:
         hint = "install prometheus-operator or set monitoring.serviceMonitor false"
         _apply_optional(kube, children.service_monitor(owner, spec), hint)
+    return ["Deployment", "Service", *wanted]
 
 
 def sync_snapshots(
@@ -150,8 +164,7 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
     snapshot = plan.ready if plan.role == L.ROLE_RESTORE else ""
     deployment = kube.apply(children.deployment(owner, spec, plan.role, snapshot, identity_hash))
     kube.apply(children.service(owner, spec))
-    apply_autoscaler(kube, owner, spec)
-    apply_service_monitor(kube, owner, spec)
+    existing = apply_optional_children(kube, owner, spec, previous.get("children"))
     pods = kube.list("Pod", owner.namespace, children.worker_selector(owner.name))
     status = endpoint_status(
         generation=generation,
@@ -164,6 +177,7 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
         previous=previous,
         now=now,
     )
+    status["children"] = existing
     events = list(plan.events)
     if previous.get("workerRole") != plan.role and plan.role == L.ROLE_RESTORE:
         events.append(("Normal", "RestoreEnabled", f"new replicas restore from snapshot {plan.ready}"))
