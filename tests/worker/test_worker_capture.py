@@ -92,6 +92,7 @@ def test_capture_then_restore_complete_serves_on_the_new_port(start_worker, tmp_
     assert ready["identity_hash"] == identity.digest()
     assert identity.engine == "builtin" and ready["weights_released"] is False
     assert Path(ready["model_dir"]).is_dir()
+    assert all(Path(path).is_file() for path in ready["engine"]["weight_files"])
 
     # Quiesced: no socket at all, nothing listening on the port, no descriptor on the control directory.
     assert socket_inodes(engine) == set()

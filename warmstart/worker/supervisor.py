@@ -23,6 +23,7 @@ from pathlib import Path
 from types import FrameType
 
 from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, SIGNALS, ControlDir
+from warmstart.worker.engine_process import process_start_time
 from warmstart.worker.options import engine_argv, log_dir, restore_timeout
 
 log = logging.getLogger("warmstart.worker")
@@ -43,18 +44,19 @@ class Supervisor:
         _become_subreaper()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
+        started = process_start_time()
         if self.args.mode == "restore":
-            return self._restore()
+            return self._restore(started)
         if self.args.mode == "capture":
             ControlDir(self.args.control_dir).clear(*SIGNALS)  # leftovers of an earlier run mean nothing
-        return self._run_engine(self.args.mode, time.time())
+        return self._run_engine(self.args.mode, started)
 
     # --- modes ---------------------------------------------------------------------------------------
 
-    def _restore(self) -> int:
+    def _restore(self, started: float) -> int:
         control = ControlDir(self.args.control_dir)
         timeout = restore_timeout(self.args)
-        started = time.time()
+        waiting_since = time.time()
         log.info("restore mode: waiting up to %.0f s for the agent in %s", timeout, control.path)
         while self.stop_signal is None:
             self._reap_strays()
@@ -67,7 +69,7 @@ class Supervisor:
                     log.warning("restore failed (%s); starting the engine cold", reason)
                     return self._run_engine("cold", started)
                 return self._adopt(received.payload, started)
-            if time.time() - started >= timeout:
+            if time.time() - waiting_since >= timeout:
                 log.warning("no restore within %.0f s; starting the engine cold", timeout)
                 return self._run_engine("cold", started)
             time.sleep(POLL_SECONDS)

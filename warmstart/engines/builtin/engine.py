@@ -229,6 +229,7 @@ class BuiltinEngine(Engine):
             max_num_seqs=self._max_num_seqs,
             weights_bytes=self._weight_arena.nbytes if self._weight_arena else 0,
             kv_bytes=self._kv_arena.nbytes if self._kv_arena else 0,
+            weight_files=[str(path) for path in self._files],
         )
         return facts
 
