@@ -112,6 +112,7 @@ def run(endpoints: int, timeout: float, state_dir: Path) -> list[tuple[str, str]
         operator.start()
         time.sleep(2)
         rss_idle = operator.rss_bytes()
+        cpu_before = operator.cpu_seconds()
         sampler.start()
         api = Kube(kube.api_client())
         started = time.monotonic()
@@ -135,6 +136,7 @@ def run(endpoints: int, timeout: float, state_dir: Path) -> list[tuple[str, str]
         sampler.stop_flag.set()
         sampler.join()
         rss_after = operator.rss_bytes()
+        cpu_used = operator.cpu_seconds() - cpu_before
     finally:
         sampler.stop_flag.set()
         operator.stop()
@@ -161,6 +163,7 @@ def run(endpoints: int, timeout: float, state_dir: Path) -> list[tuple[str, str]
         ("endpoints Ready", f"{len(per_endpoint)}/{endpoints}"),
         ("reconciles (all handlers)", f"{reconciles:.0f}"),
         ("mean reconcile latency", f"{latency * 1000:.0f} ms"),
+        ("operator CPU time during the run", f"{cpu_used:.1f} s"),
         (
             "operator RSS idle / peak / after",
             f"{rss_idle / mib:.0f} / {sampler.peak / mib:.0f} / {rss_after / mib:.0f} MiB",

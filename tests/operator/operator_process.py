@@ -74,6 +74,13 @@ class OperatorProcess:
                 return int(line.split()[1]) * 1024
         return 0
 
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the operator process has used so far."""
+        if self.process is None:
+            return 0.0
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def log_tail(self, lines: int = 60) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

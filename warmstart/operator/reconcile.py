@@ -164,7 +164,9 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
     snapshot = plan.ready if plan.role == L.ROLE_RESTORE else ""
     deployment = kube.apply(children.deployment(owner, spec, plan.role, snapshot, identity_hash))
     kube.apply(children.service(owner, spec))
-    existing = apply_optional_children(kube, owner, spec, previous.get("children"))
+    # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.
+    recorded = previous.get("children") if previous else []
+    existing = apply_optional_children(kube, owner, spec, recorded)
     pods = kube.list("Pod", owner.namespace, children.worker_selector(owner.name))
     status = endpoint_status(
         generation=generation,
