@@ -123,3 +123,10 @@ def test_batched_generation_on_qwen3_shapes(make_engine) -> None:
     elapsed = time.perf_counter() - started
     assert [len(result.token_ids) for result in results] == [16 + i for i in range(8)]
     print(f"\n8 requests, {sum(16 + i for i in range(8))} tokens in {elapsed:.3f} s")
+
+
+def test_compiled_decode_matches_eager(make_engine) -> None:
+    engine = make_engine(compile=True, max_num_seqs=2, cuda_graph_sizes=[1, 2])
+    plain = make_engine(max_num_seqs=2, cuda_graph_sizes=[1, 2])
+    compiled_tokens = engine.generate([_greedy(max_tokens=16)])[0].token_ids
+    assert compiled_tokens == plain.generate([_greedy(max_tokens=16)])[0].token_ids

@@ -116,6 +116,10 @@ class Engine(abc.ABC):
         """How many tokens the prompt takes; engines with a tokenizer override this."""
         return len(request.prompt_token_ids or ())
 
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        """The prompt text for chat `messages` ({role, content}); engines apply their model's template."""
+        return "".join(f"{message['role']}: {message['content']}\n" for message in messages) + "assistant: "
+
     def stream(self, request: GenerationRequest) -> Iterator[TokenDelta]:
         """Stream one request; engines without incremental output yield the whole result once."""
         result = self.generate([request])[0]

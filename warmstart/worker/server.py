@@ -209,9 +209,7 @@ class _Api:
         if not isinstance(messages, list) or not messages:
             raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
         turns = [_chat_turn(message, index) for index, message in enumerate(messages)]
-        template = getattr(getattr(self.engine, "tokenizer", None), "apply_chat_template", None)
-        text = template(turns) if template else "".join(f"{t['role']}: {t['content']}\n" for t in turns)
-        return [{"prompt": text}]
+        return [{"prompt": self.engine.chat_prompt(turns)}]
 
     def _sampling(self, body: dict[str, Any], chat: bool) -> SamplingParams:
         default_tokens = DEFAULT_CHAT_TOKENS if chat else DEFAULT_COMPLETION_TOKENS

@@ -196,6 +196,9 @@ class BuiltinEngine(Engine):
         self._require_scheduler().submit(sequence)
         yield from sequence.deltas()
 
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(messages)
+
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         return len(self._prompt_ids(request))
 
