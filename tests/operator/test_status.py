@@ -107,3 +107,21 @@ def test_timings_come_from_the_newest_pod_reports():
         pod(None),
     ]
     assert last_timings(pods) == {"lastRestoreSeconds": 2.25, "lastColdStartSeconds": 61.0}
+
+
+def test_missing_api_is_degraded_with_the_fix_named():
+    result = endpoint_status(
+        generation=1,
+        snapshots_enabled=False,
+        plan=SnapshotPlan(role=L.ROLE_COLD),
+        work=Workload(desired=1, replicas=1, ready=1, updated=1),
+        selector="a=b",
+        identity_hash="h",
+        pods=[],
+        previous={},
+        now=T0,
+        missing_api="keda.sh/v1alpha1 ScaledObject is not served: install KEDA",
+    )
+    assert result["phase"] == "Degraded"
+    assert conditions(result)["Degraded"]["reason"] == "MissingAPI"
+    assert "install KEDA" in conditions(result)["Degraded"]["message"]

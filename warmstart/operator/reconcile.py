@@ -166,7 +166,11 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
     kube.apply(children.service(owner, spec))
     # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.
     recorded = previous.get("children") if previous else []
-    existing = apply_optional_children(kube, owner, spec, recorded)
+    missing: MissingAPI | None = None
+    try:
+        existing = apply_optional_children(kube, owner, spec, recorded)
+    except MissingAPI as exc:  # report it in status, then let the caller retry later
+        missing, existing = exc, ["Deployment", "Service"]
     pods = kube.list("Pod", owner.namespace, children.worker_selector(owner.name))
     status = endpoint_status(
         generation=generation,
@@ -178,20 +182,32 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
         pods=pods,
         previous=previous,
         now=now,
+        missing_api=str(missing or ""),
     )
     status["children"] = existing
-    events = list(plan.events)
-    if previous.get("workerRole") != plan.role and plan.role == L.ROLE_RESTORE:
-        events.append(("Normal", "RestoreEnabled", f"new replicas restore from snapshot {plan.ready}"))
-    if previous.get("phase") != status["phase"]:
-        events.append(
-            ("Normal", "PhaseChanged", f"phase {previous.get('phase') or 'None'} -> {status['phase']}")
-        )
+    events = transition_events(plan, previous, status, missing)
     if _status_changed(previous, status):
         kube.patch_status(L.ENDPOINT_KIND, owner.namespace, owner.name, status)
     for kind, reason, message in events:
         post_event(kube, body, kind, reason, message)
+    if missing is not None:
+        raise missing
     return Outcome(status=status, plan=plan, events=events)
+
+
+def transition_events(
+    plan: SnapshotPlan, previous: dict[str, Any], status: dict[str, Any], missing: MissingAPI | None
+) -> list[tuple[str, str, str]]:
+    """Events worth a line in `kubectl describe`: snapshot steps, the switch to restores, phase changes."""
+    events = list(plan.events)
+    if previous.get("workerRole") != plan.role and plan.role == L.ROLE_RESTORE:
+        events.append(("Normal", "RestoreEnabled", f"new replicas restore from snapshot {plan.ready}"))
+    if previous.get("phase") != status["phase"]:
+        before = previous.get("phase") or "None"
+        events.append(("Normal", "PhaseChanged", f"phase {before} -> {status['phase']}"))
+        if missing is not None:
+            events.append(("Warning", "MissingAPI", str(missing)))
+    return events
 
 
 def _status_changed(previous: dict[str, Any], status: dict[str, Any]) -> bool:

@@ -88,9 +88,11 @@ def _progressing(work: Workload, plan: SnapshotPlan) -> tuple[bool, str, str]:
     return False, "Stable", "nothing to do"
 
 
-def _degraded(plan: SnapshotPlan, invalid_spec: str) -> tuple[bool, str, str]:
+def _degraded(plan: SnapshotPlan, invalid_spec: str, missing_api: str) -> tuple[bool, str, str]:
     if invalid_spec:
         return True, "InvalidSpec", invalid_spec
+    if missing_api:
+        return True, "MissingAPI", missing_api
     if plan.exhausted:
         return True, "CaptureFailed", f"snapshot capture gave up after {plan.attempts} attempts"
     return False, "AsExpected", "no problems"
@@ -148,13 +150,14 @@ def endpoint_status(
     previous: dict[str, Any],
     now: dt.datetime,
     invalid_spec: str = "",
+    missing_api: str = "",
 ) -> dict[str, Any]:
     before = previous.get("conditions") or []
     verdicts = {
         READY: _ready(work),
         SNAPSHOT_READY: _snapshot_ready(snapshots_enabled, plan),
         PROGRESSING: _progressing(work, plan),
-        DEGRADED: _degraded(plan, invalid_spec),
+        DEGRADED: _degraded(plan, invalid_spec, missing_api),
     }
     conditions = [condition(kind, *verdict, generation, before, now) for kind, verdict in verdicts.items()]
     status: dict[str, Any] = {
