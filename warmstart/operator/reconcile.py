@@ -223,12 +223,13 @@ def finalize(kube: Kube, body: dict[str, Any]) -> list[str]:
     names = []
     for snap in kube.list(L.SNAPSHOT_KIND, meta["namespace"], {L.ENDPOINT_LABEL: meta["name"]}):
         name = snap["metadata"]["name"]
-        kube.patch(
-            L.SNAPSHOT_KIND,
-            meta["namespace"],
-            name,
-            {"metadata": {"annotations": {L.STORE_CLEANUP_ANNOTATION: "requested"}}},
-        )
+        mark = {"metadata": {"annotations": {L.STORE_CLEANUP_ANNOTATION: "requested"}}}
+        try:
+            kube.patch(L.SNAPSHOT_KIND, meta["namespace"], name, mark)
+        except KubeError as exc:
+            if exc.status == 404:  # already gone (e.g. its namespace is being deleted)
+                continue
+            raise
         kube.delete(L.SNAPSHOT_KIND, meta["namespace"], name)
         names.append(name)
     return names
