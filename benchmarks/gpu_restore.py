@@ -338,6 +338,25 @@ def outputs_of(engine: Any, requests: list[Any]) -> list[list[int]]:
     return [list(engine.generate([request])[0].token_ids) for request in requests]
 
 
+def trim_host_heap() -> None:
+    """Give freed malloc memory back to the kernel, so CRIU does not dump it (glibc keeps it otherwise)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def host_memory() -> dict[str, int]:
+    """This process's resident memory by kind, in bytes (what a CRIU image mostly holds: RssAnon)."""
+    wanted = ("VmRSS", "RssAnon", "RssFile", "RssShmem")
+    found: dict[str, int] = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in wanted:
+            found[key] = int(value.split()[0]) * 1024
+        elif key == "Threads":
+            found[key] = int(value)
+    return found
+
+
 def keep_graphs_across_release(engine: Any) -> None:
     """Hook (until the engine does this itself): with arenas that keep their address (CUDA VMM), captured
     CUDA graphs stay valid across release/reacquire, so compare the arenas' stable addresses instead of
@@ -400,7 +419,10 @@ def engine_process(args: argparse.Namespace) -> int:
             torch._C._host_emptyCache()  # pinned staging buffers would otherwise ride along in the image
         free, total = torch.cuda.mem_get_info()
         report["gpu_used_at_checkpoint"] = total - free
+    if args.mode == "optimised":
+        trim_host_heap()
     report["released_weights"] = released_weights
+    report["host_memory_at_checkpoint"] = host_memory()
     marks["released"] = time.time()
     control.send(READY_FOR_SNAPSHOT, report)
     # --- checkpointed here; everything below runs in a restored copy ---
@@ -570,6 +592,7 @@ class Bench:
             child, lambda: _payload(ctl.read(READY_FOR_SNAPSHOT)), "ready-for-snapshot", log_file
         )
         pid = ready["pid"]
+        ready["gpu_used_by_engine"] = gpu_memory_of(pid) if self.cuda else None
         t0 = time.time()
         if self.cuda:
             self.cuda.lock(pid)
@@ -672,6 +695,8 @@ class Bench:
                 "image_bytes": cap.image_bytes,
                 **{k: round(v, 3) for k, v in cap.timings.items()},
                 "gpu_used_at_checkpoint": cap.ready.get("gpu_used_at_checkpoint"),
+                "gpu_used_by_engine": cap.ready.get("gpu_used_by_engine"),
+                "host_memory_at_checkpoint": cap.ready.get("host_memory_at_checkpoint"),
                 "released_weights": cap.ready.get("released_weights"),
                 **{
                     k: cap.ready.get(k)
@@ -705,6 +730,10 @@ class Bench:
         model_dir = self.work / "models" / model
         started = time.perf_counter()
         ensure_model(model_dir, preset_name=model, seed=0, device=self.args.device)
+        if self.args.device == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()  # our own generator's blocks must not count as the engine's memory
         log(f"{model}: weights ready in {model_dir} ({time.perf_counter() - started:.1f} s)")
         return model_dir
 
@@ -713,6 +742,20 @@ class Bench:
         (self.out / f"gpu_restore_{result.model}.json").write_text(
             json.dumps(asdict(result), indent=1, default=str)
         )
+
+
+def gpu_memory_of(pid: int) -> int | None:
+    """Device memory `pid` holds, per nvidia-smi (bytes), or None when it cannot tell."""
+    query = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    try:
+        out = subprocess.run(query, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0] == str(pid) and fields[1].isdigit():
+            return int(fields[1]) << 20
+    return None
 
 
 def _start_prefetch(image_files: list[Path], weights: list[Path]) -> list[threading.Thread]:
@@ -794,13 +837,16 @@ def floor_seconds(
 ) -> float:
     """Bytes that must be read / storage bandwidth + bytes to the GPU / pinned bandwidth (no fixed cost)."""
     image = capture["image_bytes"]
-    to_gpu = (
-        result.weight_bytes + (capture.get("gpu_used_at_checkpoint") or 0) if mode == "optimised" else image
-    )
+    to_gpu = result.weight_bytes + (_engine_gpu_bytes(capture) or 0) if mode == "optimised" else image
     read = image + (result.weight_bytes if mode == "optimised" else 0)
     disk = max(floors["disk_direct_gbps"], floors.get("disk_buffered_gbps", 0))
     storage = disk if cache == "dropped" else floors["pagecache_read_gbps"]
     return read / (storage * GB) + to_gpu / (floors["pinned_h2d_gbps"] * GB)
+
+
+def _engine_gpu_bytes(capture: dict[str, Any]) -> int | None:
+    """The engine's own device memory at checkpoint: nvidia-smi's per-process figure when it had one."""
+    return capture.get("gpu_used_by_engine") or capture.get("gpu_used_at_checkpoint")
 
 
 def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dict[str, Any]) -> str:
@@ -859,9 +905,12 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
                 )
         lines += ["", "Capture:", ""]
         for mode, capture in res.captures.items():
+            host = capture.get("host_memory_at_checkpoint") or {}
             lines.append(
-                f"- {mode}: image {capture['image_bytes'] / GiB:.2f} GiB, GPU memory at checkpoint "
-                f"{(capture.get('gpu_used_at_checkpoint') or 0) / GiB:.2f} GiB, cuda lock "
+                f"- {mode}: image {capture['image_bytes'] / GiB:.2f} GiB, engine's GPU memory at checkpoint "
+                f"{(_engine_gpu_bytes(capture) or 0) / GiB:.2f} GiB (torch reserved "
+                f"{(capture.get('torch_reserved_at_checkpoint') or 0) / GiB:.2f} GiB), host anonymous memory "
+                f"{host.get('RssAnon', 0) / GiB:.2f} GiB, {host.get('Threads', '?')} threads; cuda lock "
                 f"{capture['cuda_lock_s']} s, cuda checkpoint {capture['cuda_checkpoint_s']} s, "
                 f"criu dump {capture['criu_dump_s']} s"
             )
