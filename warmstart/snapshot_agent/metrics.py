@@ -1,0 +1,45 @@
+"""Prometheus metrics of the node agent: captures and restores by result, their durations and bytes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+DURATION_BUCKETS = (0.5, 1, 2, 4, 8, 15, 30, 60, 120, 300, 600)
+
+
+@dataclass
+class AgentMetrics:
+    """One registry per agent, so several agents (tests) never share series."""
+
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+
+    def __post_init__(self) -> None:
+        r = self.registry
+        self.captures = Counter("warmstart_agent_captures_total", "Captures", ["result"], registry=r)
+        self.restores = Counter("warmstart_agent_restores_total", "Restores", ["result"], registry=r)
+        self.capture_seconds = Histogram(
+            "warmstart_agent_capture_seconds", "Capture duration", buckets=DURATION_BUCKETS, registry=r
+        )
+        self.restore_seconds = Histogram(
+            "warmstart_agent_restore_seconds", "Restore duration", buckets=DURATION_BUCKETS, registry=r
+        )
+        self.captured_bytes = Counter(
+            "warmstart_agent_captured_bytes_total", "Bytes of snapshots captured", registry=r
+        )
+        self.restored_bytes = Counter(
+            "warmstart_agent_restored_bytes_total", "Bytes of snapshots restored", registry=r
+        )
+        self.in_flight = Gauge("warmstart_agent_in_flight", "Operations running", ["operation"], registry=r)
+        self.store_deleted = Counter(
+            "warmstart_agent_store_snapshots_deleted_total", "Store snapshots removed by cleanup", registry=r
+        )
+
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=address, registry=self.registry)
+
+    def value(self, name: str, labels: dict[str, str] | None = None) -> float:
+        """The current value of one sample (0 when absent): for tests and the gRPC Status."""
+        found = self.registry.get_sample_value(name, labels or {})
+        return found or 0.0

@@ -1,0 +1,152 @@
+"""From a pod to what the node agent acts on: the pod's host processes and its control directory.
+
+The agent runs with the host's PID namespace. A worker pod's processes carry `WARMSTART_POD_UID=<uid>` in
+their environment (the operator sets it from the downward API); when a process lacks it, its cgroup path
+(which names the pod uid) is the fallback. The container's PID 1, the worker supervisor, is the process
+whose NSpid ends in 1; PIDs the worker reports (e.g. in `ready-for-snapshot`) are in-namespace PIDs and are
+translated to host PIDs through NSpid. The control directory is the pod's `control` emptyDir as the kubelet
+lays it out on the host.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from warmstart.operator.labels import CONTROL_DIR_PATH
+from warmstart.snapshot_agent.sandbox import RESERVED_PIDS, Sandbox, namespace_pids, pid_namespace_of
+
+DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
+CONTROL_VOLUME = "control"
+POD_UID_ENV = "WARMSTART_POD_UID"
+PROC = Path("/proc")
+
+
+class PodProcessError(RuntimeError):
+    """The pod's processes could not be found or prepared on this node."""
+
+
+def control_dir_on_host(kubelet_root: Path, pod_uid: str) -> Path:
+    """Where the kubelet keeps the pod's `control` emptyDir on the host."""
+    if not pod_uid or "/" in pod_uid or pod_uid.startswith("."):
+        raise ValueError(f"{pod_uid!r} is not a pod uid")
+    return Path(kubelet_root) / "pods" / pod_uid / "volumes" / "kubernetes.io~empty-dir" / CONTROL_VOLUME
+
+
+def _process_ids(proc: Path) -> list[int]:
+    return [int(entry.name) for entry in os.scandir(proc) if entry.name.isdigit()]
+
+
+def read_environ(pid: int, proc: Path = PROC) -> dict[str, str]:
+    """The environment host process `pid` was started with (empty when it is gone or unreadable)."""
+    try:
+        raw = (proc / str(pid) / "environ").read_bytes()
+    except OSError:
+        return {}
+    found = {}
+    for item in raw.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            found[name.decode(errors="replace")] = value.decode(errors="replace")
+    return found
+
+
+def _cgroup_names(pid: int, pod_uid: str, proc: Path) -> bool:
+    """True when the process's cgroup path names the pod (kubelets write the uid with '-' or '_')."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return False
+    return pod_uid in text or pod_uid.replace("-", "_") in text
+
+
+def pod_processes(pod_uid: str, proc: Path = PROC) -> list[int]:
+    """Host PIDs of the pod's processes: by environment, else (none found that way) by cgroup."""
+    by_env = [pid for pid in _process_ids(proc) if read_environ(pid, proc).get(POD_UID_ENV) == pod_uid]
+    if by_env:
+        return sorted(by_env)
+    return sorted(pid for pid in _process_ids(proc) if _cgroup_names(pid, pod_uid, proc))
+
+
+def supervisor_of(host_pids: Iterable[int]) -> int | None:
+    """The container's PID 1 among `host_pids` (its NSpid ends in 1), None when there is none."""
+    for pid in host_pids:
+        try:
+            nspid = namespace_pids(pid)
+        except OSError:
+            continue
+        if len(nspid) > 1 and nspid[-1] == 1:
+            return pid
+    return None
+
+
+class PodSandbox(Sandbox):
+    """A running pod seen from the host, shaped like `Sandbox` so the capture and restore paths serve both.
+
+    `host_dir` is the control emptyDir on the host and `mountpoint` where the container mounts it: the
+    files the engine holds open there (its logs) travel with the snapshot, like a sandbox's files.
+    """
+
+    def __init__(self, host_dir: Path, init_pid: int, mountpoint: Path = Path(CONTROL_DIR_PATH)) -> None:
+        self.host_dir = host_dir
+        self.init_pid = init_pid
+        self.mountpoint = mountpoint
+        self.pid_namespace = pid_namespace_of(init_pid)
+        self._init_identity = _start_ticks(init_pid)
+
+    @classmethod
+    def find(cls, pod_uid: str, kubelet_root: Path, timeout: float = 0.0) -> PodSandbox:
+        """The pod's supervisor and control directory; waits up to `timeout` s for the container to start."""
+        host_dir = control_dir_on_host(kubelet_root, pod_uid)
+        deadline = time.monotonic() + timeout
+        while True:
+            init_pid = supervisor_of(pod_processes(pod_uid))
+            if init_pid is not None and host_dir.is_dir():
+                return cls(host_dir, init_pid)
+            if time.monotonic() >= deadline:
+                where = "no process" if init_pid is None else f"no control directory at {host_dir}"
+                raise PodProcessError(
+                    f"pod {pod_uid}: {where} on this node (is the worker running with {POD_UID_ENV} set "
+                    "and the kubelet root right?)"
+                )
+            time.sleep(0.1)
+
+    def alive(self) -> bool:
+        started = _start_ticks(self.init_pid)
+        return started is not None and started == self._init_identity
+
+    def workers(self) -> list[int]:
+        """Host PIDs of the pod's processes other than its supervisor."""
+        return [pid for pid in self.host_pids() if pid != self.init_pid]
+
+    def reserve_low_pids(self, timeout: float = 10.0) -> None:
+        """Move the namespace's PID counter past the PIDs a restored engine needs (fresh namespaces only).
+
+        CRIU runs inside the namespace and would otherwise take the low PIDs the engine had at dump time.
+        """
+        script = (
+            f"last=$(cat /proc/sys/kernel/ns_last_pid); "
+            f'[ "$last" -ge {RESERVED_PIDS} ] || echo {RESERVED_PIDS} > /proc/sys/kernel/ns_last_pid'
+        )
+        command = ["nsenter", f"--target={self.init_pid}", "--pid", "--", "/bin/sh", "-c", script]
+        try:
+            subprocess.run(command, check=True, capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.SubprocessError) as exc:
+            detail = getattr(exc, "stderr", "") or str(exc)
+            message = f"could not reserve PIDs in the pod of pid {self.init_pid}: {detail}"
+            raise PodProcessError(message) from exc
+
+    def stop(self, grace: float = 5.0) -> None:  # the kubelet owns the pod's lifetime, never the agent
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks: tells a PID apart from a later process reusing it."""
+    try:
+        stat = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[19])
