@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -84,7 +85,7 @@ def main() -> int:
     if mode == "arena-release":
         assert arena is not None
         arena.release()
-    control.send(READY_FOR_SNAPSHOT, {"pid": __import__("os").getpid(), "before": before})
+    control.send(READY_FOR_SNAPSHOT, {"pid": os.getpid(), "before": before})
     control.wait(RESTORE_COMPLETE, timeout=600)
     if mode == "arena-release":
         assert arena is not None
