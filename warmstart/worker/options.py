@@ -36,7 +36,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="drop the weights before a checkpoint and reload them after resume",
     )
-    engine.add_argument("--arena", default="torch", help="weight/KV memory backend: torch or cuda-vmm")
+    engine.add_argument(
+        "--arena", default="auto", choices=("auto", "torch", "cuda-vmm"),
+        help="weight/KV memory backend (auto: cuda-vmm on CUDA, which keeps addresses; torch on CPU)",
+    )
     worker = parser.add_argument_group("worker")
     worker.add_argument(
         "--mode", choices=MODES, default="cold", help="cold, capture or restore (default cold)"

@@ -59,7 +59,7 @@ class BuiltinEngine(Engine):
         cuda_graph_sizes: list[int] | tuple[int, ...] | None = None,
         compile: bool = False,
         release_weights: bool = False,
-        arena: str = "torch",
+        arena: str = "auto",
         refill_threads: int = 8,
         overrides: dict[str, Any] | None = None,
         served_model_name: str | None = None,
@@ -78,7 +78,10 @@ class BuiltinEngine(Engine):
         self._graph_sizes = tuple(sorted(set(cuda_graph_sizes or DEFAULT_GRAPH_SIZES)))
         self._compile = compile
         self._release_weights = release_weights
-        self._arena_kind = arena
+        # CUDA graphs survive a weight release only if the weights come back at the same address.
+        self._arena_kind = (
+            ("cuda-vmm" if self._device.type == "cuda" else "torch") if arena == "auto" else arena
+        )
         self._refill_threads = refill_threads
         self._name = served_model_name or (self._preset or self._model_dir.name)
         self.tokenizer = ByteTokenizer()
@@ -166,6 +169,7 @@ class BuiltinEngine(Engine):
             self._weights_released = True
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
+            torch.cuda.empty_cache()  # cached blocks would otherwise travel in the checkpoint
             release_pinned_cache()
         return self._weights_released
 
