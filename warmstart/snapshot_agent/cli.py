@@ -1,0 +1,128 @@
+"""`warmstart agent`: run the node agent (flags, or the environment the chart's DaemonSet sets)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DEFAULT_METRICS_PORT = 9400
+DEFAULT_GRPC_PORT = 9401
+
+
+def _env_int(name: str, default: int) -> int:
+    from warmstart.config import env_int
+
+    return env_int(name, default)
+
+
+def api_client(kubeconfig: str | None) -> Any:
+    """In-cluster service account when there is one, else `kubeconfig` (or KUBECONFIG, ~/.kube/config)."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    if kubeconfig:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = 16
+    return client.ApiClient(configuration)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from warmstart.serve import signing_keys
+    from warmstart.snapshot_agent import grpc_api
+    from warmstart.snapshot_agent.agent import Agent, AgentConfig
+    from warmstart.snapshot_agent.kube_status import KubeStatus
+    from warmstart.snapshot_agent.metrics import AgentMetrics
+
+    try:
+        if args.metrics_port is None:
+            args.metrics_port = _env_int("WARMSTART_AGENT_METRICS_PORT", DEFAULT_METRICS_PORT)
+        if args.grpc_port is None:
+            args.grpc_port = _env_int("WARMSTART_AGENT_GRPC_PORT", DEFAULT_GRPC_PORT)
+        config = AgentConfig(
+            node=args.node, store=Path(args.store).resolve(), criu_command=args.criu,
+            kubelet_root=Path(args.kubelet_root), key=args.key, max_captures=args.max_captures,
+            max_restores=args.max_restores, resync_seconds=args.resync,
+        )  # fmt: skip
+    except ValueError as exc:
+        print(f"warmstart agent: {exc}", file=sys.stderr)
+        return 2
+    config.store.mkdir(parents=True, exist_ok=True)
+    signer, verifier, note = signing_keys(config.store, config.key)
+    if note:
+        log.info(note)
+    metrics = AgentMetrics()
+    agent = Agent(config, KubeStatus(api_client(args.kubeconfig), config.node), signer, verifier, metrics)
+    if args.metrics_port:
+        metrics.serve(args.metrics_port, args.listen_address)
+    server = None
+    if args.grpc_port:
+        server, port = grpc_api.serve(agent, f"{args.listen_address}:{args.grpc_port}")
+        log.info("gRPC API on %s:%d", args.listen_address, port)
+
+    def stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        agent.stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("agent on node %s: store %s, kubelet root %s", config.node, config.store, config.kubelet_root)
+    agent.run()
+    if server is not None:
+        server.stop(grace=2)
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    parser = subparsers.add_parser(
+        "agent",
+        help="the node agent: captures and restores worker pods on this node",
+        description=(
+            "The node agent (one per node, privileged, host PID namespace): captures worker pods into the "
+            "snapshot store and restores snapshots into new worker pods. Every flag has an environment "
+            "fallback, named in its help."
+        ),
+    )
+    env = os.environ.get
+    parser.add_argument("--node", default=env("WARMSTART_NODE_NAME", ""), help="(WARMSTART_NODE_NAME)")
+    parser.add_argument(
+        "--store", default=env("WARMSTART_STORE", "/var/lib/warmstart/store"),
+        help="snapshot store directory (WARMSTART_STORE)",
+    )  # fmt: skip
+    parser.add_argument("--criu", default=env("WARMSTART_CRIU", "criu"), help="CRIU 4 (WARMSTART_CRIU)")
+    parser.add_argument(
+        "--kubelet-root", default=env("WARMSTART_KUBELET_ROOT", "/var/lib/kubelet"),
+        help="the kubelet's root directory as mounted in the agent (WARMSTART_KUBELET_ROOT)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--key", default=env("WARMSTART_SIGNING_KEY") or None,
+        help="signing key file, e.g. a mounted Secret (WARMSTART_SIGNING_KEY; default <store>/keys/hmac.key)",
+    )  # fmt: skip
+    parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else KUBECONFIG)")
+    parser.add_argument(
+        "--metrics-port", type=int, default=None,
+        help="Prometheus port, 0 for none (WARMSTART_AGENT_METRICS_PORT)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--grpc-port", type=int, default=None,
+        help="gRPC API port, 0 for none (WARMSTART_AGENT_GRPC_PORT)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--listen-address", default=env("WARMSTART_AGENT_LISTEN_ADDRESS", "0.0.0.0"),
+        help="address for metrics and gRPC (WARMSTART_AGENT_LISTEN_ADDRESS)",
+    )  # fmt: skip
+    parser.add_argument("--max-captures", type=int, default=1, help="concurrent captures on this node")
+    parser.add_argument("--max-restores", type=int, default=2, help="concurrent restores on this node")
+    parser.add_argument("--resync", type=float, default=30.0, help="seconds between full relists of pods")
+    parser.set_defaults(func=_run)
