@@ -99,6 +99,7 @@ def _env(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identity_h
         {"name": "WARMSTART_IDENTITY_HASH", "value": identity_hash},
         {"name": "WARMSTART_POD_NAME", **field_ref("metadata.name")},
         {"name": "WARMSTART_POD_NAMESPACE", **field_ref("metadata.namespace")},
+        {"name": L.POD_UID_ENV, **field_ref("metadata.uid")},  # how the node agent finds its processes
         {"name": "WARMSTART_NODE_NAME", **field_ref("spec.nodeName")},
     ]
     if snapshot:

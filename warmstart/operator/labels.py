@@ -32,6 +32,7 @@ CAPTURE_COMPONENT = "capture"
 IDENTITY_LABEL_LENGTH = 32
 
 CONTROL_DIR_PATH = "/run/warmstart/control"
+POD_UID_ENV = "WARMSTART_POD_UID"  # worker containers carry their pod uid (downward API)
 STORE_MOUNT_PATH = "/var/lib/warmstart/store"
 
 

@@ -16,12 +16,12 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from warmstart.operator.labels import CONTROL_DIR_PATH
+from warmstart.operator import labels as L
 from warmstart.snapshot_agent.sandbox import RESERVED_PIDS, Sandbox, namespace_pids, pid_namespace_of
 
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 CONTROL_VOLUME = "control"
-POD_UID_ENV = "WARMSTART_POD_UID"
+POD_UID_ENV = L.POD_UID_ENV
 PROC = Path("/proc")
 
 
@@ -90,7 +90,7 @@ class PodSandbox(Sandbox):
     files the engine holds open there (its logs) travel with the snapshot, like a sandbox's files.
     """
 
-    def __init__(self, host_dir: Path, init_pid: int, mountpoint: Path = Path(CONTROL_DIR_PATH)) -> None:
+    def __init__(self, host_dir: Path, init_pid: int, mountpoint: Path = Path(L.CONTROL_DIR_PATH)) -> None:
         self.host_dir = host_dir
         self.init_pid = init_pid
         self.mountpoint = mountpoint
