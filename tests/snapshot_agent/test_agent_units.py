@@ -1,0 +1,266 @@
+"""The node agent's parts that need no cluster: /proc scanning and NSpid translation (real processes in an
+unshare'd PID namespace), store-cleanup decisions, pod facts, the gRPC API and the metrics endpoint."""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from warmstart.operator import labels as L
+from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
+from warmstart.snapshot.store import Snapshot, SnapshotStore
+from warmstart.snapshot_agent.agent import (
+    Agent,
+    AgentConfig,
+    snapshots_to_remove,
+    store_snapshot_id,
+    worker_port,
+)
+from warmstart.snapshot_agent.grpc_api import AgentClient, serve
+from warmstart.snapshot_agent.kube_status import KubeStatus
+from warmstart.snapshot_agent.metrics import AgentMetrics
+from warmstart.snapshot_agent.pods import (
+    PodProcessError,
+    PodSandbox,
+    control_dir_on_host,
+    pod_processes,
+    read_environ,
+    supervisor_of,
+)
+from warmstart.snapshot_agent.sandbox import namespace_pids
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces (unshare) need root")
+
+
+def _wait(predicate, timeout: float = 10.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError(f"{what} not reached within {timeout}s")
+
+
+# --- /proc scanning ----------------------------------------------------------------------------------
+
+
+def test_control_dir_is_the_pods_control_empty_dir(tmp_path: Path) -> None:
+    uid = "0b3c8f0e-1111-4222-8333-444455556666"
+    assert control_dir_on_host(tmp_path, uid) == (
+        tmp_path / "pods" / uid / "volumes" / "kubernetes.io~empty-dir" / "control"
+    )
+    for bad in ("", "../etc", "a/b", ".hidden"):
+        with pytest.raises(ValueError, match="not a pod uid"):
+            control_dir_on_host(tmp_path, bad)
+
+
+@pytest.fixture
+def pod_uid() -> str:
+    return str(uuid.uuid4())
+
+
+@pytest.fixture
+def plain_process(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
+    process = subprocess.Popen(["sleep", "60"], env={**os.environ, L.POD_UID_ENV: pod_uid})
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_processes_are_found_by_their_pod_uid_environment(
+    plain_process: subprocess.Popen[bytes], pod_uid: str
+) -> None:
+    _wait(lambda: pod_processes(pod_uid) == [plain_process.pid], what="the process found by its pod uid")
+    assert read_environ(plain_process.pid)[L.POD_UID_ENV] == pod_uid
+    assert pod_processes(str(uuid.uuid4())) == []
+    assert supervisor_of([plain_process.pid]) is None  # not in a PID namespace of its own: no container init
+
+
+def test_cgroup_path_is_the_fallback(tmp_path: Path) -> None:
+    """A process without the variable is found by the kubelet's cgroup path (uid written with '_')."""
+    uid = "0b3c8f0e-1111-4222-8333-444455556666"
+    for pid, cgroup in ((10, f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-x"),
+                        (11, "0::/system.slice/other.service")):  # fmt: skip
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "environ").write_bytes(b"PATH=/bin\0HOME=/\0")
+        (tmp_path / str(pid) / "cgroup").write_text(cgroup + "\n")
+    assert pod_processes(uid, proc=tmp_path) == [10]
+
+
+@pytest.fixture
+def namespaced_pod(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
+    """A "container": a new PID namespace whose PID 1 is a shell that started one more process (PID 2)."""
+    if os.geteuid() != 0:
+        pytest.skip("PID namespaces (unshare) need root")
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux unshare is missing")
+    process = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
+         "/bin/sh", "-c", "sleep 60 & exec sleep 61"],
+        env={**os.environ, L.POD_UID_ENV: pod_uid}, start_new_session=True,
+    )  # fmt: skip
+    _wait(lambda: len(pod_processes(pod_uid)) == 3, what="unshare, its init and its second process")
+    yield process
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@needs_root
+def test_supervisor_is_the_process_whose_nspid_ends_in_one(
+    namespaced_pod: subprocess.Popen[bytes], pod_uid: str
+) -> None:
+    found = pod_processes(pod_uid)
+    init = supervisor_of(found)
+    assert init is not None and init != namespaced_pod.pid  # `unshare` itself lives in the host namespace
+    assert namespace_pids(init)[-1] == 1
+    assert Path(f"/proc/{init}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
+
+
+@needs_root
+def test_namespace_pids_translate_to_host_pids(
+    namespaced_pod: subprocess.Popen[bytes], pod_uid: str, tmp_path: Path
+) -> None:
+    init = supervisor_of(pod_processes(pod_uid))
+    assert init is not None
+    pod = PodSandbox(tmp_path, init)
+    (second,) = pod.workers()
+    assert namespace_pids(second) == [second, 2]
+    assert pod.host_pid(2) == second
+    assert pod.host_pid(1) == init
+    assert pod.host_pid(3) is None
+    assert pod.alive()
+    os.kill(init, signal.SIGKILL)  # the container ends: its supervisor is gone
+    _wait(lambda: not pod.alive(), what="the pod seen as gone")
+
+
+@needs_root
+def test_find_needs_the_control_dir_and_reserve_moves_the_pid_counter(
+    namespaced_pod: subprocess.Popen[bytes], pod_uid: str, tmp_path: Path
+) -> None:
+    with pytest.raises(PodProcessError, match="no control directory"):
+        PodSandbox.find(pod_uid, tmp_path)
+    control_dir_on_host(tmp_path, pod_uid).mkdir(parents=True)
+    pod = PodSandbox.find(pod_uid, tmp_path)
+    assert namespace_pids(pod.init_pid)[-1] == 1
+    pod.reserve_low_pids()
+    probe = subprocess.run(
+        ["nsenter", f"--target={pod.init_pid}", "--pid", "--", "/bin/sh", "-c", "echo $$"],
+        capture_output=True, text=True, check=True, timeout=10,
+    )  # fmt: skip
+    assert int(probe.stdout) > 1000
+
+
+def test_find_names_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(PodProcessError, match="no process .* WARMSTART_POD_UID"):
+        PodSandbox.find(str(uuid.uuid4()), tmp_path)
+
+
+# --- decisions over pods and snapshots ---------------------------------------------------------------
+
+
+def _publish(store: SnapshotStore, key: Path, content: bytes, namespace: str = "ml") -> Snapshot:
+    from warmstart.identity import SnapshotIdentity
+
+    identity = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="1")
+    with store.stage(identity, meta={"namespace": namespace, "inferenceSnapshot": "s"}) as staging:
+        (staging.dir / "criu").mkdir()
+        (staging.dir / "criu" / "pages.img").write_bytes(content)
+        return staging.publish(load_signer(key))
+
+
+def _isnap(snapshot_id: str, marked: bool = False) -> dict:
+    annotations = {L.STORE_CLEANUP_ANNOTATION: "requested"} if marked else {}
+    return {"metadata": {"name": "s", "annotations": annotations}, "status": {"snapshotId": snapshot_id}}
+
+
+def test_store_cleanup_takes_marked_and_long_unreferenced_snapshots(tmp_path: Path) -> None:
+    store, key = SnapshotStore(tmp_path / "store"), generate_hmac_key(tmp_path / "key")
+    kept, marked, orphan = (_publish(store, key, bytes([i]) * 100) for i in range(3))
+    snaps = [_isnap(kept.id), _isnap(marked.id, marked=True)]
+    now = dt.datetime.now(dt.UTC).timestamp()
+    assert snapshots_to_remove(store.list(), snaps, grace=3600, now=now) == [marked.id]
+    later = sorted(snapshots_to_remove(store.list(), snaps, grace=3600, now=now + 7200))
+    assert later == sorted([marked.id, orphan.id])
+
+
+def test_store_snapshot_id_and_worker_port() -> None:
+    assert store_snapshot_id({"status": {"storagePath": "abc"}}) == "abc"
+    assert store_snapshot_id({"status": {}}) == ""
+    by_port = {"spec": {"containers": [{"ports": [{"containerPort": 8080}], "args": ["--port", "1"]}]}}
+    assert worker_port(by_port) == 8080
+    assert worker_port({"spec": {"containers": [{"args": ["worker", "--port", "8001"]}]}}) == 8001
+    assert worker_port({"spec": {"containers": [{"args": ["worker", "--port"]}]}}) is None
+
+
+def test_config_names_what_to_fix(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="WARMSTART_NODE_NAME"):
+        AgentConfig(node="", store=tmp_path, criu_command="criu")
+    with pytest.raises(ValueError, match="--max-captures"):
+        AgentConfig(node="n", store=tmp_path, criu_command="criu", max_captures=0)
+
+
+# --- gRPC and metrics --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def offline_agent(tmp_path: Path) -> Agent:
+    """A real agent that never reaches an API server (the gRPC API reads only local state)."""
+    from kubernetes import client
+
+    key = generate_hmac_key(tmp_path / "key")
+    config = AgentConfig(node="node-a", store=tmp_path / "store", criu_command=str(tmp_path / "no-criu"))
+    kube = KubeStatus(client.ApiClient(client.Configuration()), "node-a")
+    return Agent(config, kube, load_signer(key), load_verifier(key))
+
+
+def test_grpc_status_and_list_snapshots(offline_agent: Agent, tmp_path: Path) -> None:
+    published = _publish(offline_agent.store, tmp_path / "key", b"x" * 1000, namespace="team-a")
+    server, port = serve(offline_agent, "127.0.0.1:0")
+    try:
+        with AgentClient(f"127.0.0.1:{port}") as client:
+            status = client.status()
+            listed = client.list_snapshots()
+            assert client.list_snapshots("ff" * 6) == []
+    finally:
+        server.stop(grace=None)
+    assert status["node"] == "node-a"
+    assert status["criu_version"] == "" and "no-criu" in status["criu_error"]
+    assert isinstance(status["cuda_available"], bool) and status["in_flight"] == []
+    if not status["cuda_available"]:
+        assert status["cuda_reason"]
+    assert [(s["id"], s["namespace"], s["size"]) for s in listed] == [(published.id, "team-a", 1000)]
+
+
+def test_metrics_endpoint_serves_the_agents_series() -> None:
+    import socket
+
+    metrics = AgentMetrics()
+    metrics.restores.labels("failed").inc()
+    metrics.restore_seconds.observe(1.5)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    metrics.serve(port, "127.0.0.1")
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    assert 'warmstart_agent_restores_total{result="failed"} 1.0' in text
+    assert "warmstart_agent_restore_seconds_count 1.0" in text
+    assert metrics.value("warmstart_agent_restores_total", {"result": "failed"}) == 1.0
+
+
+def test_agent_cli_is_registered() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "warmstart", "agent", "--node", ""], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2 and "WARMSTART_NODE_NAME" in result.stderr
