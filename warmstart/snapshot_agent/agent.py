@@ -437,16 +437,17 @@ class Agent:
         control = ControlDir(control_dir_on_host(self.config.kubelet_root, uid))
         if control.path.is_dir() and (control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED)):
             return True
+        try:
+            snap, snapshot_id, identity = self.restorable(pod)
+        except Refused as exc:
+            self._wait_control_dir(control)
+            self._refuse(pod, control, str(exc))
+            return True
         sandbox = PodSandbox.find(uid, self.config.kubelet_root, self.config.start_timeout)
         if control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED):
             return True
         if sandbox.workers():
             log.info("pod %s already runs an engine (it gave up waiting): no restore", _pod_key(pod))
-            return True
-        try:
-            snap, snapshot_id, identity = self.restorable(pod)
-        except Refused as exc:
-            self._refuse(pod, control, str(exc))
             return True
         with self._restores:
             self._restore(pod, snap, snapshot_id, identity, sandbox, control)
@@ -480,6 +481,14 @@ class Agent:
                 f"another namespace ({namespace})"
             )
         return snap, snapshot_id, identity
+
+    def _wait_control_dir(self, control: ControlDir) -> None:
+        """The kubelet makes the emptyDir before the container starts; a refusal needs only the directory."""
+        deadline = time.monotonic() + self.config.start_timeout
+        while not control.path.is_dir():
+            if time.monotonic() >= deadline or self.stopping.is_set():
+                raise PodProcessError(f"no control directory at {control.path} (is the kubelet root right?)")
+            time.sleep(0.1)
 
     def _refuse(self, pod: dict[str, Any], control: ControlDir, reason: str) -> None:
         log.warning("restore into %s refused: %s", _pod_key(pod), reason)
