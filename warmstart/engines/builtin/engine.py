@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import os
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
 from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model, model_digest, weight_files
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
+from warmstart.engines.host import gpu_facts, runtime_image
 from warmstart.engines.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
 from warmstart.identity import SnapshotIdentity
 
@@ -209,7 +209,7 @@ class BuiltinEngine(Engine):
     def identity(self) -> SnapshotIdentity:
         if self._digest is None:
             self._digest = model_digest(self._model_dir)
-        gpu_product, capability, driver = _gpu_facts(self._device)
+        gpu_product, capability, driver = gpu_facts(self._device)
         return SnapshotIdentity(
             model_digest=self._digest,
             engine=self.kind,
@@ -221,7 +221,7 @@ class BuiltinEngine(Engine):
             gpu_product=gpu_product,
             compute_capability=capability,
             driver_major=driver,
-            image=os.environ.get("WARMSTART_IMAGE") or _runtime_image(),
+            image=os.environ.get("WARMSTART_IMAGE") or runtime_image(),
         )
 
     def close(self) -> None:
@@ -365,23 +365,3 @@ def _parse_device(device: str) -> torch.device:
             parsed = torch.device("cuda", torch.cuda.current_device())
         torch.cuda.set_device(parsed)
     return parsed
-
-
-def _gpu_facts(device: torch.device) -> tuple[str, str, int]:
-    if device.type != "cuda":
-        return "", "", 0
-    major, minor = torch.cuda.get_device_capability(device)
-    return torch.cuda.get_device_name(device), f"{major}.{minor}", _driver_major()
-
-
-def _driver_major() -> int:
-    try:
-        text = Path("/proc/driver/nvidia/version").read_text()
-    except OSError:
-        return 0
-    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+)\.", text)
-    return int(match.group(1)) if match else 0
-
-
-def _runtime_image() -> str:
-    return f"python-{sys.version_info.major}.{sys.version_info.minor}/warmstart-{warmstart.__version__}"

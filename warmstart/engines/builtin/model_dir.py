@@ -1,8 +1,8 @@
 """Model directories: `config.json` plus safetensors weight files, and a digest of the weights.
 
 `ensure_model()` generates a preset's weights deterministically from a seed (no download needed) and writes
-them once; `model_digest()` is SHA-256 over the weight files' bytes, cached in a sidecar file so later starts
-do not re-read gigabytes.
+them once. `model_digest()` and `weight_files()` live in `warmstart.engines.digest` (shared with the other
+engines) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -18,14 +18,15 @@ from typing import Any
 
 from warmstart.config import cache_dir
 from warmstart.engines.builtin.config import ModelConfig, preset, tensor_shapes
+from warmstart.engines.digest import model_digest, weight_files, write_sidecar
 from warmstart.engines.weights_io import dtype_code, torch_dtype, write_safetensors
+
+__all__ = ["default_model_dir", "ensure_model", "model_digest", "weight_files"]
 
 log = logging.getLogger(__name__)
 
 WEIGHTS_FILE = "model.safetensors"
-DIGEST_SIDECAR = ".warmstart-digest.json"
 INIT_STD = 0.02
-HASH_BLOCK = 8 << 20
 
 
 def default_model_dir(preset_name: str, seed: int, overrides: dict[str, Any] | None = None) -> Path:
@@ -35,13 +36,6 @@ def default_model_dir(preset_name: str, seed: int, overrides: dict[str, Any] | N
         suffix = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:10]
         name = f"{name}-{suffix}"
     return cache_dir() / "models" / name
-
-
-def weight_files(model_dir: str | Path) -> list[Path]:
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{model_dir} holds no *.safetensors weight files")
-    return files
 
 
 def ensure_model(
@@ -74,7 +68,7 @@ def ensure_model(
         )
         config.save(staging)
         digest = _write_random_weights(staging / WEIGHTS_FILE, config, seed, device)
-        _write_sidecar(staging, {WEIGHTS_FILE: digest})
+        write_sidecar(staging, {WEIGHTS_FILE: digest})
         try:
             os.rename(staging, model_dir)
         except OSError:
@@ -113,68 +107,3 @@ def _tensor_seed(seed: int, name: str) -> int:
 
 def _code_for(torch_dtype_name: str) -> str:
     return {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[torch_dtype_name]
-
-
-# --- digest -----------------------------------------------------------------------------------------------
-
-
-def model_digest(model_dir: str | Path) -> str:
-    """`sha256:<hex>` over the weight files (each file's SHA-256 and name, in name order).
-
-    Per-file hashes are cached in a sidecar keyed by size and mtime; a changed file is hashed again.
-    """
-    model_dir = Path(model_dir)
-    cached = _read_sidecar(model_dir)
-    hashes: dict[str, str] = {}
-    changed = False
-    for path in weight_files(model_dir):
-        stat = path.stat()
-        entry = cached.get(path.name)
-        if entry and entry.get("size") == stat.st_size and entry.get("mtime_ns") == stat.st_mtime_ns:
-            hashes[path.name] = entry["sha256"]
-        else:
-            hashes[path.name] = _hash_file(path)
-            changed = True
-    if changed:
-        _write_sidecar(model_dir, hashes)
-    return combine_digests(hashes)
-
-
-def combine_digests(file_hashes: dict[str, str]) -> str:
-    lines = "".join(f"{file_hashes[name]}  {name}\n" for name in sorted(file_hashes))
-    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
-
-
-def _hash_file(path: Path) -> str:
-    hasher = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        while block := os.read(fd, HASH_BLOCK):
-            hasher.update(block)
-    finally:
-        os.close(fd)
-    return hasher.hexdigest()
-
-
-def _read_sidecar(model_dir: Path) -> dict[str, dict[str, Any]]:
-    try:
-        data = json.loads((model_dir / DIGEST_SIDECAR).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-    files = data.get("files")
-    return files if isinstance(files, dict) else {}
-
-
-def _write_sidecar(model_dir: Path, file_hashes: dict[str, str]) -> None:
-    files = {}
-    for name, sha in file_hashes.items():
-        stat = (model_dir / name).stat()
-        files[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
-    body = json.dumps({"files": files, "digest": combine_digests(file_hashes)}, indent=2, sort_keys=True)
-    tmp = model_dir / f"{DIGEST_SIDECAR}.{os.getpid()}.tmp"
-    try:
-        tmp.write_text(body + "\n")
-        os.replace(tmp, model_dir / DIGEST_SIDECAR)
-    except OSError as exc:  # a read-only model directory: the digest is simply not cached
-        log.warning("cannot cache the weights digest in %s: %s", model_dir, exc)
-        tmp.unlink(missing_ok=True)

@@ -1,0 +1,92 @@
+"""Digests of model files, shared by the engines.
+
+A model digest is `sha256:<hex>` over `<file sha256>  <file name>` lines in name order, so it follows the
+files' bytes, not the model's name. Per-file hashes are cached in a sidecar file keyed by size and mtime, so
+later starts do not re-read gigabytes; a changed file is hashed again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DIGEST_SIDECAR = ".warmstart-digest.json"
+HASH_BLOCK = 8 << 20
+
+
+def weight_files(model_dir: str | Path) -> list[Path]:
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{model_dir} holds no *.safetensors weight files")
+    return files
+
+
+def model_digest(model_dir: str | Path) -> str:
+    """The digest over the directory's safetensors weight files."""
+    return files_digest(model_dir, weight_files(model_dir))
+
+
+def files_digest(model_dir: str | Path, files: Iterable[Path]) -> str:
+    """The digest over `files` (inside `model_dir`), hashing only those the sidecar does not know."""
+    model_dir = Path(model_dir)
+    cached = read_sidecar(model_dir)
+    hashes: dict[str, str] = {}
+    changed = False
+    for path in files:
+        stat = path.stat()
+        entry = cached.get(path.name)
+        if entry and entry.get("size") == stat.st_size and entry.get("mtime_ns") == stat.st_mtime_ns:
+            hashes[path.name] = entry["sha256"]
+        else:
+            hashes[path.name] = hash_file(path)
+            changed = True
+    if changed:
+        write_sidecar(model_dir, hashes)
+    return combine_digests(hashes)
+
+
+def combine_digests(file_hashes: dict[str, str]) -> str:
+    lines = "".join(f"{file_hashes[name]}  {name}\n" for name in sorted(file_hashes))
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
+def hash_file(path: Path) -> str:
+    hasher = hashlib.sha256()
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        while block := os.read(fd, HASH_BLOCK):
+            hasher.update(block)
+    finally:
+        os.close(fd)
+    return hasher.hexdigest()
+
+
+def read_sidecar(model_dir: Path) -> dict[str, dict[str, Any]]:
+    try:
+        data = json.loads((model_dir / DIGEST_SIDECAR).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+    files = data.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def write_sidecar(model_dir: Path, file_hashes: dict[str, str]) -> None:
+    files = {}
+    for name, sha in file_hashes.items():
+        stat = (model_dir / name).stat()
+        files[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
+    body = json.dumps({"files": files, "digest": combine_digests(file_hashes)}, indent=2, sort_keys=True)
+    tmp = model_dir / f"{DIGEST_SIDECAR}.{os.getpid()}.tmp"
+    try:
+        tmp.write_text(body + "\n")
+        os.replace(tmp, model_dir / DIGEST_SIDECAR)
+    except OSError as exc:  # a read-only model directory: the digest is simply not cached
+        log.warning("cannot cache the weights digest in %s: %s", model_dir, exc)
+        tmp.unlink(missing_ok=True)
