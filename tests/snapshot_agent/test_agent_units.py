@@ -31,6 +31,7 @@ from warmstart.snapshot_agent.grpc_api import AgentClient, serve
 from warmstart.snapshot_agent.kube_status import KubeStatus
 from warmstart.snapshot_agent.metrics import AgentMetrics
 from warmstart.snapshot_agent.pods import (
+    ENGINE_MODULE,
     PodProcessError,
     PodSandbox,
     control_dir_on_host,
@@ -140,9 +141,26 @@ def test_namespace_pids_translate_to_host_pids(
     assert pod.host_pid(2) == second
     assert pod.host_pid(1) == init
     assert pod.host_pid(3) is None
-    assert pod.alive()
+    assert pod.alive() and not pod.engine_running()  # a process, but not an engine
     os.kill(init, signal.SIGKILL)  # the container ends: its supervisor is gone
     _wait(lambda: not pod.alive(), what="the pod seen as gone")
+
+
+@needs_root
+def test_an_engine_in_the_pod_is_recognised(pod_uid: str, tmp_path: Path) -> None:
+    engine = f"import time; time.sleep(60)  # {ENGINE_MODULE}"
+    process = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
+         "/bin/sh", "-c", f'{sys.executable} -c "{engine}" & exec sleep 61'],
+        env={**os.environ, L.POD_UID_ENV: pod_uid}, start_new_session=True,
+    )  # fmt: skip
+    try:
+        init = _wait(lambda: supervisor_of(pod_processes(pod_uid)), what="the pod's init")
+        pod = PodSandbox(tmp_path, init)
+        _wait(pod.engine_running, what="the engine seen")
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
 
 @needs_root

@@ -446,7 +446,7 @@ class Agent:
         sandbox = PodSandbox.find(uid, self.config.kubelet_root, self.config.start_timeout)
         if control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED):
             return True
-        if sandbox.workers():
+        if sandbox.engine_running():
             log.info("pod %s already runs an engine (it gave up waiting): no restore", _pod_key(pod))
             return True
         with self._restores:

@@ -23,6 +23,7 @@ DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 CONTROL_VOLUME = "control"
 POD_UID_ENV = L.POD_UID_ENV
 PROC = Path("/proc")
+ENGINE_MODULE = "warmstart.worker.engine_process"  # what the worker supervisor runs as its engine
 
 
 class PodProcessError(RuntimeError):
@@ -122,6 +123,13 @@ class PodSandbox(Sandbox):
         """Host PIDs of the pod's processes other than its supervisor."""
         return [pid for pid in self.host_pids() if pid != self.init_pid]
 
+    def engine_running(self) -> bool:
+        """True when an engine already runs in the pod (e.g. its supervisor gave up waiting and went cold).
+
+        Other short-lived processes (a container's entrypoint steps) do not count.
+        """
+        return any(ENGINE_MODULE in _cmdline(pid) for pid in self.workers())
+
     def reserve_low_pids(self, timeout: float = 10.0) -> None:
         """Move the namespace's PID counter past the PIDs a restored engine needs (fresh namespaces only).
 
@@ -150,3 +158,10 @@ def _start_ticks(pid: int) -> int | None:
     except OSError:
         return None
     return int(stat.rsplit(")", 1)[1].split()[19])
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -1,0 +1,313 @@
+"""The node agent end to end: a real kube-apiserver (kwok node named like the agent's node), real CRIU, real
+workers (builtin engine on CPU) in PID + mount namespaces standing in for the pods' containers.
+
+The test plays the kubelet and the container runtime: it creates pod objects (kwok marks them Running), then
+starts each "container" as a sandbox running `warmstart worker` with WARMSTART_POD_UID=<pod uid> and its
+control directory bound from where the kubelet keeps the pod's emptyDir (kubelet root = a tmp dir).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from warmstart.operator import labels as L
+from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
+from warmstart.serve import signing_keys
+from warmstart.snapshot.store import MANIFEST_FILE, SnapshotStore
+from warmstart.snapshot_agent.agent import Agent, AgentConfig
+from warmstart.snapshot_agent.kube_status import KubeStatus
+from warmstart.snapshot_agent.pods import control_dir_on_host
+from warmstart.snapshot_agent.sandbox import Sandbox
+
+pytestmark = pytest.mark.integration
+
+NODE = "kwok-gpu-0"
+ENDPOINT = "tiny"
+PROMPTS = [
+    {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0},
+    {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9, "seed": 1234},
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _answers(port: int) -> list[str]:
+    texts = []
+    for body in PROMPTS:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps({"model": "tiny", **body}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            texts.append(json.loads(response.read())["choices"][0]["text"])
+    return texts
+
+
+def _serving(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+class Cluster:
+    """The API calls this test makes, on the real apiserver."""
+
+    def __init__(self, kube: Any) -> None:
+        from kubernetes import client
+
+        self.kube = kube
+        self.api = kube.api_client()
+        self.core = client.CoreV1Api(self.api)
+        self.custom = client.CustomObjectsApi(self.api)
+
+    def endpoint(self, namespace: str) -> dict[str, Any]:
+        body = {
+            "apiVersion": L.API_VERSION, "kind": L.ENDPOINT_KIND,
+            "metadata": {"name": ENDPOINT, "namespace": namespace},
+            "spec": {
+                "model": {"uri": "tiny"}, "engine": {"kind": "builtin", "image": "warmstart:test"},
+                "resources": {"gpus": 1},
+                "snapshot": {"enabled": True, "storage": {"claimName": "snapshots"}},
+            },
+        }  # fmt: skip
+        return self.custom.create_namespaced_custom_object(
+            L.GROUP, L.VERSION, namespace, L.ENDPOINT_PLURAL, body
+        )
+
+    def snapshot(self, namespace: str, name: str, identity: dict[str, Any], identity_hash: str) -> dict:
+        body = {
+            "apiVersion": L.API_VERSION, "kind": L.SNAPSHOT_KIND,
+            "metadata": {"name": name, "namespace": namespace, "labels": {L.ENDPOINT_LABEL: ENDPOINT}},
+            "spec": {"endpoint": ENDPOINT, "identityHash": identity_hash, "identity": identity},
+        }  # fmt: skip
+        return self.custom.create_namespaced_custom_object(
+            L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, body
+        )
+
+    def get_snapshot(self, namespace: str, name: str) -> dict[str, Any]:
+        return self.custom.get_namespaced_custom_object(
+            L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, name
+        )
+
+    def pod(self, namespace: str, name: str, role: str, snapshot: str, port: int, owner: dict | None) -> dict:
+        metadata: dict[str, Any] = {
+            "name": name, "namespace": namespace,
+            "labels": {L.ENDPOINT_LABEL: ENDPOINT, L.ROLE_LABEL: role, L.SNAPSHOT_LABEL: snapshot},
+        }  # fmt: skip
+        if owner is not None:
+            metadata["ownerReferences"] = [_reference(owner)]
+        container = {"name": "worker", "image": "warmstart:test", "ports": [{"containerPort": port}]}
+        body = {
+            "apiVersion": "v1", "kind": "Pod", "metadata": metadata,
+            "spec": {"nodeName": NODE, "containers": [container]},
+        }  # fmt: skip
+        return self.api.sanitize_for_serialization(self.core.create_namespaced_pod(namespace, body))
+
+    def set_owner(self, pod: dict[str, Any], owner: dict[str, Any]) -> None:
+        meta = pod["metadata"]
+        patch = {"metadata": {"ownerReferences": [_reference(owner)]}}
+        self.core.patch_namespaced_pod(meta["name"], meta["namespace"], patch)
+
+    def events(self, namespace: str, name: str) -> list[tuple[str, str]]:
+        found = self.core.list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+        return [(event.reason, event.message) for event in found.items]
+
+    def annotation(self, namespace: str, name: str) -> dict[str, Any]:
+        pod = self.core.read_namespaced_pod(name, namespace)
+        return json.loads((pod.metadata.annotations or {}).get(L.STATUS_ANNOTATION, "{}"))
+
+
+def _reference(owner: dict[str, Any]) -> dict[str, Any]:
+    meta = owner["metadata"]
+    return {
+        "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"], "uid": meta["uid"]
+    }  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def crds(kube: Any) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(repo / "crds"))
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(repo / "crds"))
+
+
+@pytest.fixture
+def cluster(kube: Any, crds: None) -> Cluster:
+    return Cluster(kube)
+
+
+@pytest.fixture
+def containers() -> Iterator[list[Sandbox]]:
+    started: list[Sandbox] = []
+    yield started
+    for sandbox in started:
+        sandbox.stop(grace=3)
+
+
+@pytest.fixture
+def agent(kube: Any, tmp_path: Path, criu_command: str) -> Iterator[Agent]:
+    store = tmp_path / "store"
+    store.mkdir()
+    signer, verifier, _ = signing_keys(store, None)
+    config = AgentConfig(
+        node=NODE, store=store, criu_command=criu_command, kubelet_root=tmp_path / "kubelet",
+        resync_seconds=2, start_timeout=60, ready_timeout=300, criu_timeout=300,
+    )  # fmt: skip
+    node_agent = Agent(config, KubeStatus(kube.api_client(), NODE), signer, verifier)
+    yield node_agent
+    node_agent.stopping.set()
+    node_agent.wait_idle(60)
+
+
+def _start_agent(node_agent: Agent) -> threading.Thread:
+    thread = threading.Thread(target=node_agent.run, name="agent", daemon=True)
+    thread.start()
+    return thread
+
+
+def _container(pod: dict[str, Any], kubelet_root: Path, mode: str, port: int) -> Sandbox:
+    """What the kubelet and the runtime would do: the emptyDir, then the worker with its pod uid."""
+    uid = pod["metadata"]["uid"]
+    control = control_dir_on_host(kubelet_root, uid)
+    command = [
+        sys.executable, "-m", "warmstart", "worker", "--mode", mode, "--engine", "builtin", "--model", "tiny",
+        "--device", "cpu", "--host", "127.0.0.1", "--port", str(port), "--control-dir", L.CONTROL_DIR_PATH,
+    ]  # fmt: skip
+    env = {**os.environ, L.POD_UID_ENV: uid, "WARMSTART_RESTORE_TIMEOUT": "300"}
+    return Sandbox.start(control, command, env=env, mountpoint=Path(L.CONTROL_DIR_PATH))
+
+
+def test_agent_captures_restores_and_refuses(
+    kube: Any, namespace: str, cluster: Cluster, agent: Agent, containers: list[Sandbox], tmp_path: Path
+) -> None:
+    kubelet_root = agent.config.kubelet_root
+    port = _free_port()
+    endpoint = cluster.endpoint(namespace)
+
+    # A capture pod: its worker warms up and says ready-for-snapshot; the snapshot object names its identity.
+    capture_pod = cluster.pod(namespace, "tiny-capture-1", L.ROLE_CAPTURE, "tiny-snap", port, owner=None)
+    containers.append(_container(capture_pod, kubelet_root, "capture", port))
+    control = ControlDir(control_dir_on_host(kubelet_root, capture_pod["metadata"]["uid"]))
+    ready = kube.wait_for(lambda: control.read(READY_FOR_SNAPSHOT), timeout=180, message="ready-for-snapshot")
+    snap = cluster.snapshot(namespace, "tiny-snap", ready.payload["identity"], ready.payload["identity_hash"])
+    cluster.set_owner(capture_pod, snap)
+    # A pod of no InferenceEndpoint on this node: the agent must leave it alone.
+    stranger = cluster.pod(namespace, "stranger", L.ROLE_RESTORE, "tiny-snap", port, owner=None)
+    stranger_control = control_dir_on_host(kubelet_root, stranger["metadata"]["uid"])
+    stranger_control.mkdir(parents=True)
+
+    _start_agent(agent)
+    status = kube.wait_for(
+        lambda: (cluster.get_snapshot(namespace, "tiny-snap").get("status") or {}).get("phase") == "Ready"
+        and cluster.get_snapshot(namespace, "tiny-snap")["status"],
+        timeout=240, message="InferenceSnapshot Ready",
+    )  # fmt: skip
+    store = SnapshotStore(agent.config.store)
+    snapshot_id = status["snapshotId"]
+    manifest = (store.snapshots_dir / snapshot_id / MANIFEST_FILE).read_bytes()
+    assert status["manifestDigest"] == "sha256:" + hashlib.sha256(manifest).hexdigest()
+    assert status["sizeBytes"] == store.get(snapshot_id).size > 0
+    assert status["node"] == NODE and status["storagePath"] == snapshot_id
+    assert status["timings"]["criu_dump"] > 0
+    verified = store.verify(snapshot_id, agent.verifier, expected_identity=store.get(snapshot_id).identity)
+    assert verified.meta["namespace"] == namespace
+    kube.wait_for(lambda: not containers[0].alive(), timeout=60, message="capture worker exits when done")
+
+    # A restore pod of the endpoint: restored, it answers like a cold worker of the same model would.
+    restore_pod = cluster.pod(namespace, "tiny-restore-1", L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
+    containers.append(_container(restore_pod, kubelet_root, "restore", port))
+    kube.wait_for(lambda: _serving(port), timeout=120, message="restored worker serving")
+    restored_answers = _answers(port)
+    restored_status = kube.wait_for(lambda: cluster.annotation(namespace, "tiny-restore-1"), timeout=30)
+    assert restored_status["restoreSeconds"] > 0
+    assert "Restored" in [reason for reason, _ in cluster.events(namespace, "tiny-restore-1")]
+    assert agent.metrics.value("warmstart_agent_restores_total", {"result": "succeeded"}) == 1
+    assert not (stranger_control / RESTORE_FAILED).exists() and not any(stranger_control.iterdir())
+    containers[-1].stop(grace=3)
+
+    # Another namespace whose InferenceSnapshot points at this snapshot's store id: refused, nothing restored.
+    other = f"{namespace}-b"
+    kube.kubectl("create", "namespace", other)
+    try:
+        _refused_in_other_namespace(kube, cluster, other, ready.payload, snapshot_id, port, kubelet_root)
+    finally:
+        kube.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+    # A tampered store: verification fails, restore-failed, the worker cold-starts and answers the same.
+    _tamper_largest_blob(store, snapshot_id)
+    second = cluster.pod(namespace, "tiny-restore-2", L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
+    containers.append(_container(second, kubelet_root, "restore", port))
+    second_control = ControlDir(control_dir_on_host(kubelet_root, second["metadata"]["uid"]))
+    failed = kube.wait_for(lambda: second_control.read(RESTORE_FAILED), timeout=120, message="restore-failed")
+    assert "digest" in failed.payload["reason"] or "refused" in failed.payload["reason"]
+    kube.wait_for(lambda: _serving(port), timeout=180, message="cold-started worker serving")
+    assert _answers(port) == restored_answers
+    assert "RestoreFailed" in [reason for reason, _ in cluster.events(namespace, "tiny-restore-2")]
+    kube.wait_for(
+        lambda: cluster.get_snapshot(namespace, "tiny-snap")["status"].get("restoreFailures") == 1,
+        timeout=30, message="restoreFailures recorded",
+    )  # fmt: skip
+
+    # The operator's cleanup mark, then deletion: the agent removes the store files.
+    cluster.custom.patch_namespaced_custom_object(
+        L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, "tiny-snap",
+        {"metadata": {"annotations": {L.STORE_CLEANUP_ANNOTATION: "requested"}}},
+    )  # fmt: skip
+    cluster.custom.delete_namespaced_custom_object(
+        L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, "tiny-snap"
+    )
+    gone = store.snapshots_dir / snapshot_id
+    kube.wait_for(lambda: not gone.exists(), timeout=30, message="store cleanup")
+
+
+def _refused_in_other_namespace(
+    kube: Any,
+    cluster: Cluster,
+    other: str,
+    ready: dict[str, Any],
+    snapshot_id: str,
+    port: int,
+    kubelet_root: Path,
+) -> None:
+    kube.wait_default_service_account(other)
+    endpoint = cluster.endpoint(other)
+    cluster.snapshot(other, "tiny-snap", ready["identity"], ready["identity_hash"])
+    cluster.custom.patch_namespaced_custom_object_status(
+        L.GROUP, L.VERSION, other, L.SNAPSHOT_PLURAL, "tiny-snap",
+        {"status": {"phase": "Ready", "snapshotId": snapshot_id, "storagePath": snapshot_id}},
+    )  # fmt: skip
+    pod = cluster.pod(other, "tiny-restore-1", L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
+    control = control_dir_on_host(kubelet_root, pod["metadata"]["uid"])
+    control.mkdir(parents=True)  # the kubelet's emptyDir; no container needed for a refusal
+    failed = kube.wait_for(lambda: ControlDir(control).read(RESTORE_FAILED), timeout=60, message="refusal")
+    assert "never restored into another namespace" in failed.payload["reason"]
+    assert "RestoreRefused" in [reason for reason, _ in cluster.events(other, "tiny-restore-1")]
+
+
+def _tamper_largest_blob(store: SnapshotStore, snapshot_id: str) -> None:
+    entry = max(store.get(snapshot_id).files.values(), key=lambda file: file.size)
+    blob = store.blob_path(entry.digest)
+    blob.chmod(0o644)
+    with open(blob, "r+b") as handle:
+        handle.seek(entry.size // 2)
+        byte = handle.read(1)
+        handle.seek(entry.size // 2)
+        handle.write(bytes([byte[0] ^ 0xFF]))
