@@ -9,8 +9,10 @@ RUN apt-get update \
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY warmstart ./warmstart
-# Engines (torch, vLLM) come from the worker image built on top of this one; see README.
-RUN pip install --no-cache-dir . && rm -rf /src
+# The control-plane image (operator, agent) needs the CUDA checkpoint bindings only; the worker image adds the
+# engines: docker build --build-arg EXTRAS=gpu,engine,vllm -t warmstart-worker .
+ARG EXTRAS=gpu
+RUN pip install --no-cache-dir ".[${EXTRAS}]" && rm -rf /src
 
 # The operator runs as this user; the agent's DaemonSet runs privileged as root.
 RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin warmstart
