@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # kind -> "module:factory"; the factory takes keyword options and returns an Engine.
 ENGINE_FACTORIES: dict[str, str] = {
     "builtin": "warmstart.engines.builtin.engine:BuiltinEngine",
-    # "vllm": "warmstart.engines.vllm:VllmEngine",  # the vLLM adapter registers here
+    "vllm": "warmstart.engines.vllm:VllmEngine",  # needs the `vllm` extra only when loaded
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,21 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--arena", default="auto", choices=("auto", "torch", "cuda-vmm"),
         help="weight/KV memory backend (auto: cuda-vmm on CUDA, which keeps addresses; torch on CPU)",
     )
+    vllm = parser.add_argument_group("vllm engine (--engine vllm)")
+    vllm.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model (default 1)")
+    vllm.add_argument(
+        "--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory to take (default 0.9)"
+    )
+    vllm.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+    vllm.add_argument(
+        "--sleep-level", type=int, choices=(1, 2), default=2,
+        help="before a checkpoint: 2 drops the weights and reloads them from the model files after resume, "
+        "1 keeps them in CPU memory, inside the snapshot (default 2)",
+    )  # fmt: skip
+    vllm.add_argument(
+        "--engine-arg", action="append", type=_engine_arg, metavar="KEY=VALUE",
+        help="any other vLLM engine argument (repeatable; VALUE is JSON where it parses)",
+    )  # fmt: skip
     worker = parser.add_argument_group("worker")
     worker.add_argument(
         "--mode", choices=MODES, default="cold", help="cold, capture or restore (default cold)"
@@ -80,6 +96,15 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
         options.update(
             seed=args.seed, compile=args.compile, release_weights=args.release_weights, arena=args.arena
         )
+    elif args.engine == "vllm":
+        options.update(
+            seed=args.seed,
+            tensor_parallel_size=args.tensor_parallel_size,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enforce_eager=args.enforce_eager,
+            sleep_level=args.sleep_level,
+            engine_args=dict(args.engine_arg or []),
+        )
     return options
 
 
@@ -101,6 +126,13 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
         argv += ["--cuda-graph-sizes", ",".join(map(str, args.cuda_graph_sizes))]
     argv += ["--compile"] if args.compile else []
     argv += ["--release-weights"] if args.release_weights else []
+    if args.engine == "vllm":
+        argv += ["--tensor-parallel-size", str(args.tensor_parallel_size),
+                 "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+                 "--sleep-level", str(args.sleep_level)]  # fmt: skip
+        argv += ["--enforce-eager"] if args.enforce_eager else []
+        for key, value in args.engine_arg or []:
+            argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
     return argv
 
 
@@ -138,6 +170,15 @@ def _int_list(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _engine_arg(text: str) -> tuple[str, object]:
+    from warmstart.engines.vllm import parse_engine_arg
+
+    try:
+        return parse_engine_arg(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _port(text: str) -> int:
