@@ -18,9 +18,9 @@ def _gpu_skip_reason() -> str | None:
         import torch
     except ImportError:
         return "torch is not installed (pip install 'warmstart[engine]')"
-    from warmstart.engines.cuda_arena import cuda_device_count
+    from warmstart.cuda_driver import device_count
 
-    if cuda_device_count() == 0 or not torch.cuda.is_available():
+    if device_count() == 0 or not torch.cuda.is_available():
         return "no NVIDIA GPU with a CUDA driver on this machine (GPU tests run on a GPU host)"
     return None
 

@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from warmstart.engines.cuda_arena import CudaVmmArena, refill, segments_for
+from warmstart.engines.cuda_arena import CudaVmmArena
+from warmstart.engines.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir
-
-ALIGN = 256  # bytes between tensors in the arena, as cuBLAS likes
 
 
 def digest(t: torch.Tensor) -> str:
@@ -34,26 +33,17 @@ def load_plain(path: str) -> dict[str, torch.Tensor]:
     return load_file(path, device="cuda")
 
 
-def load_into_arena(path: str) -> tuple[CudaVmmArena, dict[str, torch.Tensor], dict[str, int]]:
-    from safetensors import safe_open
+def refill_arena(arena: CudaVmmArena, layout: Layout, path: str) -> None:
+    refill(arena.tensor, layout, [path])
+    release_pinned_cache()  # the staging buffers must not sit in the process (and its checkpoint)
 
-    with safe_open(path, framework="pt") as f:
-        shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}  # noqa: SIM118
-    placement: dict[str, int] = {}
-    offset = 0
-    for name, shape in shapes.items():
-        placement[name] = offset
-        offset += (int(torch.tensor(shape).prod()) * 2 + ALIGN - 1) // ALIGN * ALIGN
+
+def load_into_arena(path: str) -> tuple[CudaVmmArena, dict[str, torch.Tensor], Layout]:
+    layout, nbytes = plan_layout([path])  # 256-byte aligned tensors, as cuBLAS likes
     arena = CudaVmmArena()
-    flat = arena.allocate(offset)
-    tensors = {
-        name: flat[placement[name] : placement[name] + int(torch.tensor(s).prod()) * 2]
-        .view(torch.bfloat16)
-        .view(*s)
-        for name, s in shapes.items()
-    }
-    refill(arena, segments_for(placement, [path]))
-    return arena, tensors, placement
+    flat = arena.allocate(nbytes)
+    refill_arena(arena, layout, path)
+    return arena, views(flat, layout), layout
 
 
 def main() -> int:
@@ -62,7 +52,7 @@ def main() -> int:
     if mode == "plain":
         tensors = load_plain(weights)
     else:
-        arena, tensors, placement = load_into_arena(weights)
+        arena, tensors, layout = load_into_arena(weights)
     layers = [tensors[k] for k in sorted(tensors) if k.startswith("w")]
     x = tensors["x"].clone()
 
@@ -90,7 +80,7 @@ def main() -> int:
     if mode == "arena-release":
         assert arena is not None
         arena.reacquire()
-        refill(arena, segments_for(placement, [weights]))
+        refill_arena(arena, layout, weights)
     y.zero_()
     graph.replay()
     torch.cuda.synchronize()

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from warmstart.engines.arena import ArenaReleasedError
-from warmstart.engines.cuda_arena import CudaVmmArena, file_segments, refill, safetensors_layout, segments_for
+from warmstart.engines.cuda_arena import CudaVmmArena
+from warmstart.engines.weights_io import Layout, TensorSlot, plan_layout, read_header, refill, views
 
 pytestmark = pytest.mark.gpu
 
@@ -26,13 +27,14 @@ def arena(gpu: None):
     arena.close()
 
 
-def _random_file(path: Path, nbytes: int, seed: int) -> bytes:
+def _random_blob(path: Path, nbytes: int, seed: int) -> bytes:
+    """A safetensors file holding one uint8 tensor `blob` of `nbytes` random bytes; returns those bytes."""
     import torch
+    from safetensors.torch import save_file
 
     data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
-    raw = data.numpy().tobytes()
-    path.write_bytes(raw)
-    return raw
+    save_file({"blob": data}, str(path))  # its data does not start on a page boundary
+    return data.numpy().tobytes()
 
 
 @pytest.mark.parametrize("direct_io", [False, True])
@@ -42,11 +44,13 @@ def test_release_reacquire_keeps_address_and_refill_restores_bytes(
     import torch
 
     nbytes = (48 << 20) + 12345  # not a multiple of the chunk or of the page size
-    raw = _random_file(tmp_path / "blob", nbytes, seed=1)
-    flat = arena.allocate(nbytes)
+    blob = tmp_path / "blob.safetensors"
+    raw = _random_blob(blob, nbytes, seed=1)
+    layout, size = plan_layout([blob])
+    flat = arena.allocate(size)
     address = arena.address
-    refill(arena, file_segments(tmp_path / "blob"), threads=3, chunk_bytes=8 << 20, direct_io=direct_io)
-    assert flat.cpu().numpy().tobytes() == raw
+    refill(arena.tensor, layout, [blob], threads=3, chunk_bytes=8 << 20, direct_io=direct_io)
+    assert flat[:nbytes].cpu().numpy().tobytes() == raw
 
     free_mapped = _free_device_bytes()
     arena.release()
@@ -55,13 +59,11 @@ def test_release_reacquire_keeps_address_and_refill_restores_bytes(
 
     arena.reacquire()
     assert arena.address == address and flat.data_ptr() == address
-    flat.zero_()
-    stats = refill(
-        arena, file_segments(tmp_path / "blob"), threads=4, chunk_bytes=4 << 20, direct_io=direct_io
-    )
+    flat.zero_()  # refill waits for this before it copies
+    stats = refill(arena.tensor, layout, [blob], threads=4, chunk_bytes=4 << 20, direct_io=direct_io)
     torch.cuda.synchronize()
     assert stats.nbytes == nbytes
-    assert flat.cpu().numpy().tobytes() == raw
+    assert flat[:nbytes].cpu().numpy().tobytes() == raw
 
 
 def test_refill_from_safetensors_places_each_tensor(arena: CudaVmmArena, weights_file: Path) -> None:
@@ -69,17 +71,17 @@ def test_refill_from_safetensors_places_each_tensor(arena: CudaVmmArena, weights
     from safetensors.torch import load_file
 
     expected = load_file(str(weights_file))
-    layout = safetensors_layout(weights_file)
     # Place tensors in reverse order with gaps, so file order and arena order differ.
-    placement, offset = {}, 0
-    for t in reversed(layout):
-        placement[t.name] = offset
-        offset += t.nbytes + 4096
+    layout: Layout = {}
+    offset = 0
+    for entry in reversed(read_header(weights_file)):
+        layout[entry.name] = TensorSlot(entry.name, offset, entry.shape, entry.dtype)
+        offset += layout[entry.name].nbytes + 4096
     flat = arena.allocate(offset)
-    refill(arena, segments_for(placement, [weights_file]), threads=2, chunk_bytes=1 << 20, direct_io=True)
-    for t in layout:
-        view = flat[placement[t.name] : placement[t.name] + t.nbytes].view(torch.bfloat16).view(*t.shape)
-        assert torch.equal(view.cpu(), expected[t.name]), t.name
+    refill(flat, layout, [weights_file], threads=2, chunk_bytes=1 << 20, direct_io=True)
+    for name, view in views(flat, layout).items():
+        assert view.dtype == torch.bfloat16
+        assert torch.equal(view.cpu(), expected[name]), name
 
 
 def test_cuda_graph_over_arena_replays_identically_after_release_and_refill(
@@ -87,21 +89,12 @@ def test_cuda_graph_over_arena_replays_identically_after_release_and_refill(
 ) -> None:
     import torch
 
-    layout = {t.name: t for t in safetensors_layout(weights_file)}
-    placement, offset = {}, 0
-    for name, t in layout.items():
-        placement[name] = offset
-        offset += (t.nbytes + 255) // 256 * 256
-    flat = arena.allocate(offset)
-    segments = segments_for(placement, [weights_file])
-    refill(arena, segments)
-
-    def view(name: str) -> torch.Tensor:
-        t = layout[name]
-        return flat[placement[name] : placement[name] + t.nbytes].view(torch.bfloat16).view(*t.shape)
-
-    weights = [view(f"w{i}") for i in range(8)]
-    x = view("x").clone()
+    layout, size = plan_layout([weights_file])
+    flat = arena.allocate(size)
+    refill(flat, layout, [weights_file])
+    tensors = views(flat, layout)
+    weights = [tensors[f"w{i}"] for i in range(8)]
+    x = tensors["x"].clone()
 
     def forward(inp: torch.Tensor) -> torch.Tensor:
         for w in weights:
@@ -124,20 +117,21 @@ def test_cuda_graph_over_arena_replays_identically_after_release_and_refill(
     graph.replay()
     assert not torch.equal(y, before)
 
-    refill(arena, segments)
+    refill(arena.tensor, layout, [weights_file])
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(y, before)
 
 
 def test_allocate_twice_and_refill_while_released_are_refused(arena: CudaVmmArena, tmp_path: Path) -> None:
-    _random_file(tmp_path / "blob", 1 << 20, seed=2)
-    arena.allocate(1 << 20)
+    blob = tmp_path / "blob.safetensors"
+    _random_blob(blob, 1 << 20, seed=2)
+    layout, size = plan_layout([blob])
+    arena.allocate(size)
     with pytest.raises(RuntimeError, match="allocate once"):
-        arena.allocate(1 << 20)
+        arena.allocate(size)
     arena.release()
-    with pytest.raises(RuntimeError, match="reacquire"):
-        refill(arena, file_segments(tmp_path / "blob"))
-    with pytest.raises(ArenaReleasedError):
-        _ = arena.tensor
+    with pytest.raises(ArenaReleasedError, match="reacquire"):
+        refill(arena.tensor, layout, [blob])
     assert arena.reacquire().data_ptr() == arena.address
+    assert refill(arena.tensor, layout, [blob]).nbytes == 1 << 20

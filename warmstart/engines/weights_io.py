@@ -3,11 +3,14 @@
 A *layout* maps each tensor name to where it lives in the arena (offset, shape, dtype). `refill()` copies
 the tensors' bytes from safetensors files into the arena at those offsets with parallel `preadv` calls:
 straight into the arena on CPU, through per-thread pinned buffers and non-blocking copies on per-thread
-streams on CUDA. The safetensors format is simple enough to read and write here without loading whole files.
+streams on CUDA. `direct_io=True` reads with O_DIRECT instead, bypassing the page cache (a cold disk),
+through aligned staging buffers on either device. The safetensors format is simple enough to read and write
+here without loading whole files.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
@@ -24,6 +27,7 @@ if TYPE_CHECKING:
 ARENA_ALIGNMENT = 256  # bytes; enough for every dtype and for CUDA's vectorised loads
 HEADER_ALIGNMENT = 4096  # data of files we write starts page-aligned (friendly to O_DIRECT readers)
 DEFAULT_CHUNK_BYTES = 16 << 20  # measured on an H200: 16 MiB beat 32 and 64 MiB at 4-16 threads
+DIRECT_IO_ALIGNMENT = 4096  # O_DIRECT file offsets, lengths and buffer addresses are multiples of this
 
 DTYPE_SIZES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -187,19 +191,28 @@ def refill(
     files: Sequence[str | os.PathLike[str]],
     threads: int = 8,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    direct_io: bool = False,
 ) -> RefillStats:
-    """Read every slot of `layout` from `files` into `arena` (a flat uint8 tensor) with parallel reads."""
+    """Read every slot of `layout` from `files` into `arena` (a flat uint8 tensor) with parallel reads.
+
+    `direct_io=True` opens the files with O_DIRECT, so the bytes come from the disk and do not stay in the
+    page cache (for a cold disk; the files' filesystem must support O_DIRECT).
+    """
     if threads < 1 or chunk_bytes < 1:
         raise ValueError(f"threads and chunk_bytes must be >= 1, got {threads} and {chunk_bytes}")
     chunks = plan_chunks(layout, files, chunk_bytes)
     total = sum(chunk.nbytes for chunk in chunks)
     threads = max(1, min(threads, len(chunks)))
     started = time.perf_counter()
-    with _OpenFiles({chunk.path for chunk in chunks}) as fds:
+    with _OpenFiles({chunk.path for chunk in chunks}, direct_io) as fds:
+        buffer_bytes = min(chunk_bytes, max(chunk.nbytes for chunk in chunks))
         if arena.device.type == "cpu":
-            worker = _cpu_worker(arena, fds)
+            worker = _cpu_direct_worker(arena, fds, buffer_bytes) if direct_io else _cpu_worker(arena, fds)
         else:
-            worker = _cuda_worker(arena, fds, min(chunk_bytes, max(chunk.nbytes for chunk in chunks)))
+            import torch
+
+            torch.cuda.synchronize(arena.device)  # no earlier kernel may still be using the destination
+            worker = _cuda_worker(arena, fds, buffer_bytes, direct_io)
         _run_parallel(worker, iter(chunks), threads)
     return RefillStats(total, time.perf_counter() - started, threads)
 
@@ -219,23 +232,46 @@ def _cpu_worker(arena: torch.Tensor, fds: dict[Path, int]) -> Callable[[Iterator
     return work
 
 
-def _cuda_worker(
+def _cpu_direct_worker(
     arena: torch.Tensor, fds: dict[Path, int], buffer_bytes: int
+) -> Callable[[Iterator[Chunk]], None]:
+    # O_DIRECT needs aligned offsets, lengths and addresses, which arena offsets are not: stage each chunk.
+    target = memoryview(arena.numpy())
+
+    def work(chunks: Iterator[Chunk]) -> None:
+        staging = memoryview(_direct_staging_buffer(buffer_bytes, pinned=False).numpy())
+        for chunk in chunks:
+            begin, end = _pread_direct(fds[chunk.path], staging, chunk.file_offset, chunk.nbytes)
+            target[chunk.arena_offset : chunk.arena_offset + chunk.nbytes] = staging[begin:end]
+
+    return work
+
+
+def _cuda_worker(
+    arena: torch.Tensor, fds: dict[Path, int], buffer_bytes: int, direct_io: bool = False
 ) -> Callable[[Iterator[Chunk]], None]:
     import torch
 
     def work(chunks: Iterator[Chunk]) -> None:
         stream = torch.cuda.Stream(device=arena.device)
         # Two pinned buffers: read the next chunk while the previous one is still being copied.
-        buffers = [torch.empty(buffer_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        if direct_io:
+            buffers = [_direct_staging_buffer(buffer_bytes, pinned=True) for _ in range(2)]
+        else:
+            buffers = [torch.empty(buffer_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
         events: list[torch.cuda.Event | None] = [None, None]
         try:
             for number, chunk in enumerate(chunks):
                 slot = number % 2
                 if events[slot] is not None:
                     events[slot].synchronize()
-                staging = buffers[slot][: chunk.nbytes]
-                _pread_exact(fds[chunk.path], memoryview(staging.numpy()), chunk.file_offset)
+                if direct_io:
+                    view = memoryview(buffers[slot].numpy())
+                    begin, end = _pread_direct(fds[chunk.path], view, chunk.file_offset, chunk.nbytes)
+                    staging = buffers[slot][begin:end]
+                else:
+                    staging = buffers[slot][: chunk.nbytes]
+                    _pread_exact(fds[chunk.path], memoryview(staging.numpy()), chunk.file_offset)
                 target = arena[chunk.arena_offset : chunk.arena_offset + chunk.nbytes]
                 with torch.cuda.stream(stream):
                     target.copy_(staging, non_blocking=True)
@@ -299,14 +335,15 @@ class _LockedIterator:
 class _OpenFiles:
     """Open each file once for all threads (pread is position-free) and close them all afterwards."""
 
-    def __init__(self, paths: Iterable[Path]) -> None:
+    def __init__(self, paths: Iterable[Path], direct_io: bool = False) -> None:
         self._paths = sorted(paths)
+        self._flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct_io else 0)
         self.fds: dict[Path, int] = {}
 
     def __enter__(self) -> dict[Path, int]:
         try:
             for path in self._paths:
-                self.fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                self.fds[path] = _open(path, self._flags)
         except BaseException:
             self.__exit__()
             raise
@@ -325,6 +362,46 @@ def _pread_exact(fd: int, target: memoryview, offset: int) -> None:
         if count == 0:
             raise ValueError(f"unexpected end of file at offset {offset + done} (file truncated?)")
         done += count
+
+
+def _open(path: Path, flags: int) -> int:
+    try:
+        return os.open(path, flags)
+    except OSError as exc:
+        if flags & os.O_DIRECT and exc.errno == errno.EINVAL:
+            raise OSError(
+                exc.errno, f"{path}: its filesystem does not support O_DIRECT reads; refill without direct_io"
+            ) from exc
+        raise
+
+
+def _direct_staging_buffer(nbytes: int, pinned: bool) -> torch.Tensor:
+    """A uint8 host buffer for O_DIRECT reads of chunks up to `nbytes`, its first byte aligned."""
+    import torch
+
+    # A read starts on the aligned offset before the chunk and ends on the aligned offset after it.
+    capacity = nbytes + 2 * DIRECT_IO_ALIGNMENT
+    raw = torch.empty(capacity + DIRECT_IO_ALIGNMENT, dtype=torch.uint8, pin_memory=pinned)
+    lead = -raw.data_ptr() % DIRECT_IO_ALIGNMENT
+    return raw[lead : lead + capacity]
+
+
+def _pread_direct(fd: int, buffer: memoryview, offset: int, nbytes: int) -> tuple[int, int]:
+    """Read bytes [offset, offset + nbytes) of an O_DIRECT `fd` through the aligned `buffer`.
+
+    Reads whole aligned blocks around the range; returns where the range's bytes are inside `buffer`.
+    """
+    start = offset - offset % DIRECT_IO_ALIGNMENT
+    skip = offset - start
+    window = buffer[: _align(skip + nbytes, DIRECT_IO_ALIGNMENT)]
+    done = 0
+    while done < skip + nbytes:
+        count = os.preadv(fd, [window[done:]], start + done)
+        if count == 0 or (count % DIRECT_IO_ALIGNMENT and done + count < skip + nbytes):
+            # A short read that is not a whole number of blocks is the end of the file.
+            raise ValueError(f"unexpected end of file at offset {start + done + count} (file truncated?)")
+        done += count
+    return skip, skip + nbytes
 
 
 def _align(value: int, alignment: int) -> int:

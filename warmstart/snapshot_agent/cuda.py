@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import enum
 import os
-import threading
 from dataclasses import dataclass
 from typing import Any
 
+from warmstart import cuda_driver
+from warmstart.cuda_driver import CudaError, CudaUnavailable
+
 DEFAULT_LOCK_TIMEOUT_MS = 20_000
+_CHECKPOINT_CALLS = ("cuCheckpointProcessLock", "cuCheckpointProcessGetState")
 
 
-class CudaUnavailable(RuntimeError):
-    """No usable CUDA driver on this machine (no libcuda, no device, or a driver without the API)."""
-
-
-class CudaCheckpointError(RuntimeError):
+class CudaCheckpointError(CudaError):
     """A checkpoint API call failed; the message names the call, the PID and the driver's error."""
 
 
@@ -61,51 +60,17 @@ def process_uses_cuda(pid: int) -> CudaUse:
     return CudaUse(False, f"pid {pid} neither maps libcuda nor opens /dev/nvidia*: a CPU process")
 
 
-_init_lock = threading.Lock()
-_driver: Any = None
-
-
 def driver() -> Any:
-    """`cuda.bindings.driver`, initialised once; `CudaUnavailable` with the reason when it cannot be."""
-    global _driver
-    with _init_lock:
-        if _driver is not None:
-            return _driver
-        try:
-            from cuda.bindings import driver as cu
-        except ImportError as exc:
-            raise CudaUnavailable(
-                f"cuda-python is not installed ({exc}): pip install 'warmstart[gpu]'"
-            ) from exc
-        try:
-            (error,) = cu.cuInit(0)
-        except Exception as exc:  # DynamicLibNotFoundError and kin: no libcuda here
-            raise CudaUnavailable(f"no CUDA driver here: {exc}") from exc
-        if int(error) != 0:
-            raise CudaUnavailable(f"cuInit failed: {_error_name(cu, error)}")
-        for name in ("cuCheckpointProcessLock", "cuCheckpointProcessGetState"):
-            if not hasattr(cu, name):
-                raise CudaUnavailable(
-                    f"cuda-python lacks {name}: needs cuda-python >= 12.8 and driver >= 570"
-                )
-        _driver = cu
-        return cu
+    """`cuda.bindings.driver`, initialised and with the checkpoint API; else `CudaUnavailable` saying why."""
+    cu = cuda_driver.driver()
+    for name in _CHECKPOINT_CALLS:
+        if not hasattr(cu, name):
+            raise CudaUnavailable(f"cuda-python lacks {name}: needs cuda-python >= 12.8 and driver >= 570")
+    return cu
 
 
-def _error_name(cu: Any, error: Any) -> str:
-    try:
-        result = cu.cuGetErrorName(error)
-        name = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
-        return f"{name} ({int(error)})"
-    except Exception:
-        return repr(error)
-
-
-def _check(cu: Any, result: Any, call: str, pid: int) -> Any:
-    error = result[0] if isinstance(result, tuple) else result
-    if int(error) != 0:
-        raise CudaCheckpointError(f"{call}(pid {pid}) failed: {_error_name(cu, error)}")
-    return result[1] if isinstance(result, tuple) and len(result) > 1 else None
+def _check(result: Any, call: str, pid: int) -> Any:
+    return cuda_driver.check(result, f"{call}(pid {pid})", error_type=CudaCheckpointError)
 
 
 def lock(pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
@@ -113,14 +78,13 @@ def lock(pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
     cu = driver()
     args = cu.CUcheckpointLockArgs()
     args.timeoutMs = timeout_ms
-    _check(cu, cu.cuCheckpointProcessLock(pid, args), "cuCheckpointProcessLock", pid)
+    _check(cu.cuCheckpointProcessLock(pid, args), "cuCheckpointProcessLock", pid)
 
 
 def checkpoint(pid: int) -> None:
     """Copy `pid`'s device memory to host memory and release its GPU resources (needs LOCKED)."""
     cu = driver()
     _check(
-        cu,
         cu.cuCheckpointProcessCheckpoint(pid, cu.CUcheckpointCheckpointArgs()),
         "cuCheckpointProcessCheckpoint",
         pid,
@@ -131,7 +95,6 @@ def restore(pid: int) -> None:
     """Re-acquire the GPU and copy device memory back (needs CHECKPOINTED); the process stays LOCKED."""
     cu = driver()
     _check(
-        cu,
         cu.cuCheckpointProcessRestore(pid, cu.CUcheckpointRestoreArgs()),
         "cuCheckpointProcessRestore",
         pid,
@@ -141,14 +104,12 @@ def restore(pid: int) -> None:
 def unlock(pid: int) -> None:
     """Let `pid` make CUDA calls again (needs LOCKED)."""
     cu = driver()
-    _check(
-        cu, cu.cuCheckpointProcessUnlock(pid, cu.CUcheckpointUnlockArgs()), "cuCheckpointProcessUnlock", pid
-    )
+    _check(cu.cuCheckpointProcessUnlock(pid, cu.CUcheckpointUnlockArgs()), "cuCheckpointProcessUnlock", pid)
 
 
 def state(pid: int) -> CheckpointState:
     cu = driver()
-    raw = _check(cu, cu.cuCheckpointProcessGetState(pid), "cuCheckpointProcessGetState", pid)
+    raw = _check(cu.cuCheckpointProcessGetState(pid), "cuCheckpointProcessGetState", pid)
     name = getattr(raw, "name", str(raw)).removeprefix("CU_PROCESS_STATE_").lower()
     try:
         return CheckpointState(name)

@@ -1,0 +1,77 @@
+"""The CUDA driver API through cuda-python, for the engines' VMM arena and the agent's checkpoint calls.
+
+`driver()` imports `cuda.bindings.driver` lazily and runs `cuInit` once: importing this module needs neither
+a GPU nor libcuda, and a machine without them gets `CudaUnavailable` with the reason, never a crash.
+`check()` unpacks cuda-python's `(error, value...)` result tuples and raises `CudaError` naming the call.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class CudaUnavailable(RuntimeError):
+    """No usable CUDA driver here (cuda-python missing, no libcuda, no device, or a driver lacking an API)."""
+
+
+class CudaError(RuntimeError):
+    """A CUDA driver call failed; the message names the call and the driver's error."""
+
+
+_init_lock = threading.Lock()
+_initialised: Any = None
+
+
+def driver() -> Any:
+    """`cuda.bindings.driver` with `cuInit` done; `CudaUnavailable` with the reason when it cannot be."""
+    global _initialised
+    with _init_lock:
+        if _initialised is not None:
+            return _initialised
+        try:
+            from cuda.bindings import driver as cu
+        except ImportError as exc:
+            raise CudaUnavailable(
+                f"cuda-python is not installed ({exc}): pip install 'warmstart[gpu]'"
+            ) from exc
+        try:
+            (error,) = cu.cuInit(0)
+        except Exception as exc:  # the loader's error (DynamicLibNotFoundError and kin): no libcuda here
+            raise CudaUnavailable(f"no CUDA driver here: {exc}") from exc
+        if int(error) != 0:
+            raise CudaUnavailable(f"cuInit failed: {error_name(cu, error)}")
+        _initialised = cu
+        return cu
+
+
+def error_name(cu: Any, error: Any) -> str:
+    """The driver's name for `error` with its number, e.g. `CUDA_ERROR_INVALID_VALUE (1)`."""
+    try:
+        result = cu.cuGetErrorName(error)
+        name = result[1].decode() if isinstance(result[1], bytes) else str(result[1])
+        return f"{name} ({int(error)})"
+    except Exception:  # no driver module to ask, or a driver that does not know the code
+        return repr(error)
+
+
+def check(result: Any, call: str, error_type: type[Exception] = CudaError) -> Any:
+    """Unpack a cuda-python result; raise `error_type` naming `call` when the driver reports an error.
+
+    Returns the single value after the error code, a tuple of them when there are several, or None.
+    """
+    error = result[0] if isinstance(result, tuple) else result
+    if int(error) != 0:
+        raise error_type(f"{call} failed: {error_name(_initialised, error)}")
+    values = result[1:] if isinstance(result, tuple) else ()
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else values
+
+
+def device_count() -> int:
+    """GPUs the CUDA driver sees; 0 when there is no driver, no libcuda, no device or no cuda-python."""
+    try:
+        return int(check(driver().cuDeviceGetCount(), "cuDeviceGetCount"))
+    except (CudaUnavailable, CudaError):
+        return 0
