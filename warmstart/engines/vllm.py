@@ -319,7 +319,12 @@ class VllmEngine(Engine):
         return [submission.result() for submission in submissions]
 
     def stream(self, request: GenerationRequest) -> Iterator[TokenDelta]:
-        yield from self._submit(request).deltas()
+        submission = self._submit(request)
+        try:
+            yield from submission.deltas()
+        finally:
+            if not submission.done and self._driver is not None:  # the reader went away: stop its work
+                self._driver.cancel(submission.request_id)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         return len(self._prompt_ids(request))
@@ -487,14 +492,18 @@ class _Submission:
         self._events: queue.SimpleQueue[TokenDelta | Exception] = queue.SimpleQueue()
         self._text = ""
         self._token_count = 0
+        self.done = False
 
     def deltas(self) -> Iterator[TokenDelta]:
         while True:
             event = self._events.get()
             if isinstance(event, Exception):
+                self.done = True
                 raise event
-            yield event
             if event.finish_reason is not None:
+                self.done = True
+            yield event
+            if self.done:
                 return
 
     def result(self) -> GenerationResult:
@@ -525,7 +534,7 @@ class _Submission:
         return True
 
 
-_STOP = None
+_STOP = None  # in the driver's inbox: stop the thread; a str there: abort the request with that id
 
 
 class _Driver:
@@ -533,17 +542,22 @@ class _Driver:
 
     def __init__(self, engine: Any) -> None:
         self._engine = engine
-        self._inbox: queue.SimpleQueue[_Submission | None] = queue.SimpleQueue()
+        self._inbox: queue.SimpleQueue[_Submission | str | None] = queue.SimpleQueue()
         self._active: dict[str, _Submission] = {}
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
 
     def submit(self, submission: _Submission) -> None:
         with self._lock:
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name="vllm-driver", daemon=True)
                 self._thread.start()
             self._inbox.put(submission)
+
+    def cancel(self, request_id: str) -> None:
+        with self._lock:
+            if self._thread is not None:
+                self._inbox.put(request_id)
 
     def stop(self) -> None:
         with self._lock:
@@ -554,10 +568,25 @@ class _Driver:
             self._thread = None
 
     def _run(self) -> None:
-        while self._take_new(block=not self._active):
-            if self._active:
-                self._step()
+        try:
+            while self._take_new(block=not self._active):
+                if self._active:
+                    self._step()
+        except Exception as exc:  # noqa: BLE001 (a dead driver must not leave callers waiting forever)
+            log.exception("the vLLM driver thread failed")
+            self._abort_all(EngineError(f"the vLLM driver failed: {exc}"))
+            self._fail_queued(EngineError(f"the vLLM driver failed: {exc}"))
+            return
         self._abort_all(EngineError("the engine was released or closed while this request ran"))
+
+    def _fail_queued(self, error: Exception) -> None:
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Submission):
+                item.fail(error)
 
     def _take_new(self, block: bool) -> bool:
         """Add queued submissions to the engine; False once asked to stop."""
@@ -568,7 +597,10 @@ class _Driver:
         while True:
             if item is _STOP:
                 return False
-            self._add(item)
+            if isinstance(item, str):
+                self._cancel(item)
+            else:
+                self._add(item)
             try:
                 item = self._inbox.get_nowait()
             except queue.Empty:
@@ -584,6 +616,13 @@ class _Driver:
             submission.fail(EngineError(f"vLLM refused request {submission.request_id}: {exc}"))
             return
         self._active[submission.request_id] = submission
+
+    def _cancel(self, request_id: str) -> None:
+        submission = self._active.pop(request_id, None)
+        if submission is None:
+            return  # finished meanwhile
+        self._engine.abort_request([request_id])
+        submission.fail(EngineError(f"request {request_id} was cancelled"))
 
     def _step(self) -> None:
         try:
