@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -163,18 +163,36 @@ def containers() -> Iterator[list[Sandbox]]:
 
 
 @pytest.fixture
-def agent(kube: Any, tmp_path: Path, criu_command: str) -> Iterator[Agent]:
+def make_agent(kube: Any, tmp_path: Path) -> Iterator[Callable[[str], Agent]]:
+    """Agents of one node sharing one store and kubelet root (a second one plays the restarted agent)."""
     store = tmp_path / "store"
     store.mkdir()
     signer, verifier, _ = signing_keys(store, None)
-    config = AgentConfig(
-        node=NODE, store=store, criu_command=criu_command, kubelet_root=tmp_path / "kubelet",
-        resync_seconds=2, start_timeout=60, ready_timeout=300, criu_timeout=300,
-    )  # fmt: skip
-    node_agent = Agent(config, KubeStatus(kube.api_client(), NODE), signer, verifier)
-    yield node_agent
-    node_agent.stopping.set()
-    node_agent.wait_idle(60)
+    started: list[Agent] = []
+
+    def make(criu_command: str) -> Agent:
+        config = AgentConfig(
+            node=NODE, store=store, criu_command=criu_command, kubelet_root=tmp_path / "kubelet",
+            resync_seconds=2, start_timeout=60, ready_timeout=300, criu_timeout=300,
+        )  # fmt: skip
+        started.append(Agent(config, KubeStatus(kube.api_client(), NODE), signer, verifier))
+        return started[-1]
+
+    yield make
+    for node_agent in started:
+        node_agent.stopping.set()
+    for node_agent in started:
+        node_agent.wait_idle(60)
+
+
+@pytest.fixture
+def recording_criu(tmp_path: Path, criu_command: str) -> tuple[str, Path]:
+    """The real CRIU behind a wrapper that records each invocation's subcommand."""
+    calls = tmp_path / "criu-calls"
+    wrapper = tmp_path / "criu-wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {criu_command} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), calls
 
 
 def _start_agent(node_agent: Agent) -> threading.Thread:
@@ -196,8 +214,15 @@ def _container(pod: dict[str, Any], kubelet_root: Path, mode: str, port: int) ->
 
 
 def test_agent_captures_restores_and_refuses(
-    kube: Any, namespace: str, cluster: Cluster, agent: Agent, containers: list[Sandbox], tmp_path: Path
+    kube: Any,
+    namespace: str,
+    cluster: Cluster,
+    make_agent: Callable[[str], Agent],
+    criu_command: str,
+    recording_criu: tuple[str, Path],
+    containers: list[Sandbox],
 ) -> None:
+    agent = make_agent(criu_command)
     kubelet_root = agent.config.kubelet_root
     port = _free_port()
     endpoint = cluster.endpoint(namespace)
@@ -238,10 +263,21 @@ def test_agent_captures_restores_and_refuses(
     restored_answers = _answers(port)
     restored_status = kube.wait_for(lambda: cluster.annotation(namespace, "tiny-restore-1"), timeout=30)
     assert restored_status["restoreSeconds"] > 0
+    print(f"capture phases {status['timings']}, {status['sizeBytes']} bytes; restore {restored_status}")
     assert "Restored" in [reason for reason, _ in cluster.events(namespace, "tiny-restore-1")]
     assert agent.metrics.value("warmstart_agent_restores_total", {"result": "succeeded"}) == 1
     assert not (stranger_control / RESTORE_FAILED).exists() and not any(stranger_control.iterdir())
     containers[-1].stop(grace=3)
+
+    # The agent restarts: the new one neither captures the Ready snapshot again nor restores the pod again.
+    agent.stopping.set()
+    assert agent.wait_idle(30)
+    agent = make_agent(recording_criu[0])
+    _start_agent(agent)
+    handled = {capture_pod["metadata"]["uid"], restore_pod["metadata"]["uid"], stranger["metadata"]["uid"]}
+    kube.wait_for(lambda: handled <= agent.settled_pods(), timeout=30, message="restarted agent caught up")
+    assert not recording_criu[1].exists(), "the restarted agent ran CRIU for work already done"
+    assert cluster.get_snapshot(namespace, "tiny-snap")["status"]["snapshotId"] == snapshot_id
 
     # Another namespace whose InferenceSnapshot points at this snapshot's store id: refused, nothing restored.
     other = f"{namespace}-b"

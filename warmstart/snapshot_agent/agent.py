@@ -269,6 +269,11 @@ class Agent:
                 if settled:
                     self._settled.add(uid)
 
+    def settled_pods(self) -> set[str]:
+        """Uids of the pods that need nothing more from this agent."""
+        with self._lock:
+            return set(self._settled)
+
     def wait_idle(self, timeout: float) -> bool:
         """True once nothing is in flight (tests, shutdown)."""
         deadline = time.monotonic() + timeout
