@@ -8,6 +8,7 @@ import sys
 
 import pytest
 
+from warmstart import cuda_driver
 from warmstart.snapshot_agent import cuda
 
 
@@ -40,6 +41,25 @@ def test_no_libcuda_is_unavailable_not_a_crash() -> None:
         pytest.skip("this machine has a CUDA driver")
     with pytest.raises(cuda.CudaUnavailable, match="no CUDA driver here|cuInit failed"):
         cuda.state(os.getpid())
+
+
+def test_no_libcuda_means_no_devices() -> None:
+    if _has_libcuda():
+        pytest.skip("this machine has a CUDA driver")
+    assert cuda_driver.device_count() == 0
+
+
+def test_driver_results_are_unpacked_and_errors_name_the_call() -> None:
+    # cuda-python returns (error, values...); error codes convert with int().
+    assert cuda_driver.check((0,), "cuMemUnmap") is None
+    assert cuda_driver.check((0, 7), "cuDeviceGetCount") == 7
+    assert cuda_driver.check((0, 1, 2), "cuTwo") == (1, 2)
+    with pytest.raises(cuda_driver.CudaError, match="cuMemMap failed"):
+        cuda_driver.check((2,), "cuMemMap")
+    with pytest.raises(cuda.CudaCheckpointError, match=r"cuCheckpointProcessLock\(pid 42\) failed"):
+        cuda._check((1,), "cuCheckpointProcessLock", 42)
+    assert issubclass(cuda.CudaCheckpointError, cuda_driver.CudaError)
+    assert cuda.CudaUnavailable is cuda_driver.CudaUnavailable
 
 
 @pytest.mark.gpu
