@@ -347,3 +347,41 @@ def _tamper_largest_blob(store: SnapshotStore, snapshot_id: str) -> None:
         byte = handle.read(1)
         handle.seek(entry.size // 2)
         handle.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_failed_capture_marks_the_snapshot_failed_and_the_worker_serves(
+    kube: Any,
+    namespace: str,
+    cluster: Cluster,
+    make_agent: Callable[[str], Agent],
+    criu_command: str,
+    containers: list[Sandbox],
+) -> None:
+    """The InferenceSnapshot describes another identity than the worker reports: no snapshot, the worker
+    carries on serving, the InferenceSnapshot goes Failed with the reason and an Event says so."""
+    import dataclasses
+
+    from warmstart.identity import SnapshotIdentity
+
+    agent = make_agent(criu_command)
+    port = _free_port()
+    pod = cluster.pod(namespace, "tiny-capture-1", L.ROLE_CAPTURE, "tiny-snap", port, owner=None)
+    containers.append(_container(pod, agent.config.kubelet_root, "capture", port))
+    control = ControlDir(control_dir_on_host(agent.config.kubelet_root, pod["metadata"]["uid"]))
+    ready = kube.wait_for(lambda: control.read(READY_FOR_SNAPSHOT), timeout=180, message="ready-for-snapshot")
+    reported = SnapshotIdentity.from_dict(ready.payload["identity"])
+    other = dataclasses.replace(reported, engine_version=reported.engine_version + "-other")
+    snap = cluster.snapshot(namespace, "tiny-snap", other.to_dict(), other.digest())
+    cluster.set_owner(pod, snap)
+
+    _start_agent(agent)
+    status = kube.wait_for(
+        lambda: (cluster.get_snapshot(namespace, "tiny-snap").get("status") or {}).get("phase") == "Failed"
+        and cluster.get_snapshot(namespace, "tiny-snap")["status"],
+        timeout=60, message="InferenceSnapshot Failed",
+    )  # fmt: skip
+    assert status["reason"] == "CaptureFailed" and "identity" in status["message"]
+    assert "CaptureFailed" in [reason for reason, _ in cluster.events(namespace, "tiny-snap")]
+    assert SnapshotStore(agent.config.store).list() == []
+    kube.wait_for(lambda: _serving(port), timeout=60, message="the source serving after the failed capture")
+    assert containers[0].alive()

@@ -340,7 +340,14 @@ class Agent:
             self._mark_ready(snap, name, snapshot, snapshot.timings)
             return True
         sandbox = PodSandbox.find(uid, self.config.kubelet_root, self.config.start_timeout)
-        payload = self._wait_ready(control, sandbox)
+        try:
+            payload = self._wait_ready(control, sandbox)
+        except PodProcessError as exc:  # the worker died or never got ready: this attempt failed
+            if self.stopping.is_set():
+                raise
+            self.metrics.captures.labels("failed").inc()
+            self._mark_capture_failed(snap, pod, str(exc))
+            return True
         with self._captures:
             self._capture(pod, snap, sandbox, control, payload)
         return True
@@ -387,6 +394,8 @@ class Agent:
             wanted = (snap.get("spec") or {}).get("identityHash", "")
             reported = identity_from_payload(payload).digest()
             if reported != wanted:
+                # Not captured: the worker carries on serving, as after any failed capture.
+                control.send(RESTORE_COMPLETE, {"restored_in_place": True})
                 raise CaptureError(
                     f"the worker reports identity {reported[:12]}, the snapshot wants {wanted[:12]}: "
                     "the pod runs another image, model or engine arguments than the snapshot describes"

@@ -14,6 +14,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_GRPC_PORT = 9401
+STOP_GRACE_SECONDS = 20.0
 
 
 def _env_int(name: str, default: int) -> int:
@@ -79,6 +80,8 @@ def _run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, stop)
     log.info("agent on node %s: store %s, kubelet root %s", config.node, config.store, config.kubelet_root)
     agent.run()
+    if not agent.wait_idle(STOP_GRACE_SECONDS):
+        log.warning("stopping with work in flight; interrupted captures leave nothing visible")
     if server is not None:
         server.stop(grace=2)
     return 0
