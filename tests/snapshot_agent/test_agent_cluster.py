@@ -302,6 +302,24 @@ def test_agent_captures_restores_and_refuses(
         timeout=30, message="restoreFailures recorded",
     )  # fmt: skip
 
+    # Two more failures make three: the InferenceSnapshot turns Invalid (each worker is stopped before it
+    # finishes its cold start, which the first failure already showed).
+    for index in (3, 4):
+        spare, name = _free_port(), f"tiny-restore-{index}"
+        failing = cluster.pod(namespace, name, L.ROLE_RESTORE, "tiny-snap", spare, endpoint)
+        containers.append(_container(failing, kubelet_root, "restore", spare))
+        answer = control_dir_on_host(kubelet_root, failing["metadata"]["uid"]) / RESTORE_FAILED
+        kube.wait_for(answer.exists, timeout=120, message=f"restore-failed in {name}")
+        containers[-1].stop(grace=1)
+    invalid = kube.wait_for(
+        lambda: cluster.get_snapshot(namespace, "tiny-snap")["status"].get("phase") == "Invalid"
+        and cluster.get_snapshot(namespace, "tiny-snap")["status"],
+        timeout=30, message="InferenceSnapshot Invalid",
+    )  # fmt: skip
+    assert invalid["restoreFailures"] == 3 and invalid["reason"] == "RestoreFailures"
+    assert "Invalid" in [reason for reason, _ in cluster.events(namespace, "tiny-snap")]
+    assert not recording_criu[1].exists(), "CRIU ran on a snapshot that failed verification"
+
     # The operator's cleanup mark, then deletion: the agent removes the store files.
     cluster.custom.patch_namespaced_custom_object(
         L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, "tiny-snap",
