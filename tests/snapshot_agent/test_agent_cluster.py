@@ -403,3 +403,39 @@ def test_failed_capture_marks_the_snapshot_failed_and_the_worker_serves(
     assert SnapshotStore(agent.config.store).list() == []
     kube.wait_for(lambda: _serving(port), timeout=60, message="the source serving after the failed capture")
     assert containers[0].alive()
+
+
+def test_agent_command_serves_grpc_and_metrics_and_stops_on_sigterm(
+    kube: Any, cluster: Cluster, tmp_path: Path
+) -> None:
+    """`warmstart agent` as the DaemonSet runs it (environment fallbacks), on loopback."""
+    import signal
+    import subprocess
+
+    from warmstart.snapshot_agent.grpc_api import AgentClient
+
+    grpc_port, metrics_port = _free_port(), _free_port()
+    env = {
+        **os.environ, "WARMSTART_NODE_NAME": NODE, "WARMSTART_STORE": str(tmp_path / "store"),
+        "WARMSTART_KUBELET_ROOT": str(tmp_path / "kubelet"), "WARMSTART_AGENT_GRPC_PORT": str(grpc_port),
+        "WARMSTART_AGENT_METRICS_PORT": str(metrics_port), "WARMSTART_AGENT_LISTEN_ADDRESS": "127.0.0.1",
+        "KUBECONFIG": str(kube.kubeconfig),
+    }  # fmt: skip
+    with open(tmp_path / "agent.log", "wb") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "warmstart", "agent", "--resync", "2"], env=env, stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        with AgentClient(f"127.0.0.1:{grpc_port}", timeout=5) as client:
+            status = kube.wait_for(client.status, timeout=60, message="the agent's gRPC Status")
+            assert status["node"] == NODE and status["in_flight"] == []
+            assert client.list_snapshots() == []
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read()
+        assert b"warmstart_agent_captures_total" in metrics
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=30) == 0, (tmp_path / "agent.log").read_text()[-2000:]
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
