@@ -339,7 +339,7 @@ class Agent:
             snapshot = self.store.get(str(done.payload["snapshot"]))
             self._mark_ready(snap, name, snapshot, snapshot.timings)
             return True
-        sandbox = PodSandbox.find(uid, self.config.kubelet_root, self.config.start_timeout)
+        sandbox = self._find_pod(uid)
         try:
             payload = self._wait_ready(control, sandbox)
         except PodProcessError as exc:  # the worker died or never got ready: this attempt failed
@@ -351,6 +351,10 @@ class Agent:
         with self._captures:
             self._capture(pod, snap, sandbox, control, payload)
         return True
+
+    def _find_pod(self, uid: str) -> PodSandbox:
+        root, timeout = self.config.kubelet_root, self.config.start_timeout
+        return PodSandbox.find(uid, root, timeout, cancelled=self.stopping.is_set)
 
     def _wait_ready(self, control: ControlDir, sandbox: PodSandbox) -> dict[str, Any]:
         deadline = time.monotonic() + self.config.ready_timeout
@@ -457,7 +461,7 @@ class Agent:
             self._wait_control_dir(control)
             self._refuse(pod, control, str(exc))
             return True
-        sandbox = PodSandbox.find(uid, self.config.kubelet_root, self.config.start_timeout)
+        sandbox = self._find_pod(uid)
         if control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED):
             return True
         if sandbox.engine_running():

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from warmstart.operator import labels as L
@@ -99,15 +99,22 @@ class PodSandbox(Sandbox):
         self._init_identity = _start_ticks(init_pid)
 
     @classmethod
-    def find(cls, pod_uid: str, kubelet_root: Path, timeout: float = 0.0) -> PodSandbox:
-        """The pod's supervisor and control directory; waits up to `timeout` s for the container to start."""
+    def find(
+        cls,
+        pod_uid: str,
+        kubelet_root: Path,
+        timeout: float = 0.0,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> PodSandbox:
+        """The pod's supervisor and control directory; waits up to `timeout` s for the container to start
+        (or until `cancelled()`)."""
         host_dir = control_dir_on_host(kubelet_root, pod_uid)
         deadline = time.monotonic() + timeout
         while True:
             init_pid = supervisor_of(pod_processes(pod_uid))
             if init_pid is not None and host_dir.is_dir():
                 return cls(host_dir, init_pid)
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= deadline or cancelled():
                 where = "no process" if init_pid is None else f"no control directory at {host_dir}"
                 raise PodProcessError(
                     f"pod {pod_uid}: {where} on this node (is the worker running with {POD_UID_ENV} set "
