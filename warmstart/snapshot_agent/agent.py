@@ -184,7 +184,6 @@ class Agent:
         self._lock = threading.Lock()
         self._in_flight: dict[str, Operation] = {}  # pod uid -> what runs for it
         self._settled: set[str] = set()  # pod uids that need nothing more
-        self._threads: list[threading.Thread] = []
         self.stopping = threading.Event()
 
     # --- the loop ------------------------------------------------------------------------------------
@@ -245,7 +244,6 @@ class Agent:
         worker = threading.Thread(
             target=self._handle, args=(pod,), name=f"{role}-{meta['name']}", daemon=True
         )
-        self._threads.append(worker)
         worker.start()
 
     def _handle(self, pod: dict[str, Any]) -> None:
