@@ -15,7 +15,8 @@ OUT=${OUT:-benchmarks/results/local}
 WORK=${BENCH_WORK:-/var/tmp/warmstart-gpu-bench}
 [[ "$WORK" == *warmstart* ]] && rm -rf "$WORK"  # our own scratch directory: start clean, the disk is small
 mkdir -p "$OUT" "$WORK"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1
+# tests/ too: the GPU tests run with --confcutdir=tests/gpu and share tests/support.py
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH} PYTHONDONTWRITEBYTECODE=1
 if [[ -z "${WARMSTART_CRIU:-}" && -x .dev/criu/criu ]]; then
     C=$PWD/.dev/criu
     export WARMSTART_CRIU="$C/ld-linux-x86-64.so.2 --library-path $C $C/criu"

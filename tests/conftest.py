@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import criu_command_or_skip
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,6 +22,12 @@ def repo_root() -> Path:
 @pytest.fixture
 def python_exe() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def criu_command() -> str:
+    """A CRIU >= 4 command line; skips when not root (CRIU and namespaces need it) or none is set up."""
+    return criu_command_or_skip()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

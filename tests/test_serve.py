@@ -4,68 +4,28 @@ restores that answer byte-identically, refusals that fall back to a cold start, 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import socket
 import stat
 import subprocess
 import sys
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import answers, free_port
 
 from warmstart.identity import SnapshotIdentity
 from warmstart.serve import IdentityCache, LocalNode, StartReport, WorkerSpec, signing_keys
 from warmstart.snapshot.store import SnapshotStore
-from warmstart.snapshot_agent.criu import Criu, CriuError
+from warmstart.snapshot_agent.criu import Criu
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]
-PROMPTS = [
-    {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0},
-    {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9, "seed": 1234},
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _complete(spec: WorkerSpec, body: dict) -> str:
-    request = urllib.request.Request(
-        spec.base_url + "/v1/completions",
-        data=json.dumps({"model": spec.model, **body}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=120) as response:
-        return json.loads(response.read())["choices"][0]["text"]
-
-
-def _answers(spec: WorkerSpec) -> list[str]:
-    return [_complete(spec, body) for body in PROMPTS]
-
-
-@pytest.fixture(scope="module")
-def criu_for_serve() -> str:
-    if os.geteuid() != 0:
-        pytest.skip("CRIU and sandboxes need root")
-    shim = str(REPO / "hack" / "criu")
-    try:
-        Criu(os.environ.get("WARMSTART_CRIU", shim)).version()
-    except CriuError as exc:
-        pytest.skip(f"no CRIU 4 here ({exc}); run hack/criu-setup")
-    return os.environ.get("WARMSTART_CRIU", shim)
-
-
 @pytest.fixture
-def recording_criu(tmp_path: Path, criu_for_serve: str) -> tuple[Criu, Callable[[], list[str]]]:
+def recording_criu(tmp_path: Path, criu_command: str) -> tuple[Criu, Callable[[], list[str]]]:
     calls = tmp_path / "criu-calls"
     wrapper = tmp_path / "criu-wrapper"
-    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {criu_for_serve} "$@"\n')
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {criu_command} "$@"\n')
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     return Criu(str(wrapper), timeout=300), lambda: calls.read_text().split() if calls.exists() else []
 
@@ -78,7 +38,7 @@ def make_node(tmp_path: Path, recording_criu) -> Iterator[Callable[..., LocalNod
     signer, verifier, _ = signing_keys(store_root, None)
 
     def make(port: int | None = None) -> LocalNode:
-        spec = WorkerSpec(port=port or _free_port())
+        spec = WorkerSpec(port=port or free_port())
         node = LocalNode(
             spec, SnapshotStore(store_root), signer, verifier, recording_criu[0], tmp_path / "pods"
         )
@@ -96,9 +56,9 @@ def captured(make_node) -> tuple[StartReport, list[str], LocalNode]:
     node = make_node()
     report = node.start()
     assert report.mode == "cold+capture", report.reason
-    answers = _answers(node.spec)
+    original = answers(node.spec.base_url)
     node.stop_all()
-    return report, answers, node
+    return report, original, node
 
 
 def test_later_start_restores_and_answers_byte_identically(captured, make_node) -> None:
@@ -107,7 +67,7 @@ def test_later_start_restores_and_answers_byte_identically(captured, make_node) 
     report = node.start()
     assert report.mode == "restore", report.reason
     assert report.snapshot_id == first.snapshot_id
-    assert _answers(node.spec) == original_answers
+    assert answers(node.spec.base_url) == original_answers
 
 
 def test_two_restores_run_side_by_side_and_answer_identically(captured, make_node) -> None:
@@ -119,7 +79,7 @@ def test_two_restores_run_side_by_side_and_answer_identically(captured, make_nod
     engines = [[pid for pid in sb.host_pids() if pid != sb.init_pid] for sb in sandboxes]
     assert engines[0] and engines[1] and not set(engines[0]) & set(engines[1])
     assert sandboxes[0].pid_namespace != sandboxes[1].pid_namespace
-    assert [_answers(node.spec) for node in nodes] == [original_answers, original_answers]
+    assert [answers(node.spec.base_url) for node in nodes] == [original_answers, original_answers]
 
 
 def test_tampered_snapshot_is_refused_before_criu_and_the_worker_cold_starts(
@@ -136,7 +96,7 @@ def test_tampered_snapshot_is_refused_before_criu_and_the_worker_cold_starts(
     assert report.mode == "cold"
     assert "corrupted" in report.reason or "bytes" in report.reason
     assert recording_criu[1]() == calls_before  # CRIU never ran on the tampered image
-    assert _answers(node.spec) == original_answers  # the cold-started worker serves the same model
+    assert answers(node.spec.base_url) == original_answers  # the cold-started worker serves the same model
 
 
 def test_foreign_identity_is_refused_before_criu_and_the_worker_cold_starts(
@@ -165,10 +125,10 @@ def test_an_edited_identity_record_is_not_trusted(captured) -> None:
     assert identity is None and "not trusted" in reason  # editing the entry breaks its signature
 
 
-def test_serve_command_once_prints_the_table(tmp_path: Path, criu_for_serve: str) -> None:
+def test_serve_command_once_prints_the_table(tmp_path: Path, criu_command: str) -> None:
     store = tmp_path / "store"
-    command = [sys.executable, "-m", "warmstart", "serve", "--store", str(store), "--port", str(_free_port()),
-               "--criu", criu_for_serve, "--once", "--work-dir", str(tmp_path / "pods")]  # fmt: skip
+    command = [sys.executable, "-m", "warmstart", "serve", "--store", str(store), "--port", str(free_port()),
+               "--criu", criu_command, "--once", "--work-dir", str(tmp_path / "pods")]  # fmt: skip
     first = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "cold+capture" in first.stdout and "generated a signing key" in first.stdout
@@ -198,7 +158,7 @@ def test_cuda_worker_restores_byte_identically(tmp_path: Path, recording_criu) -
     nodes = []
     try:
         for expected in ("cold+capture", "restore"):
-            spec = WorkerSpec(device="cuda", port=_free_port())
+            spec = WorkerSpec(device="cuda", port=free_port())
             node = LocalNode(
                 spec, SnapshotStore(store_root), signer, verifier, recording_criu[0], tmp_path / "p"
             )
@@ -207,10 +167,10 @@ def test_cuda_worker_restores_byte_identically(tmp_path: Path, recording_criu) -
             assert report.mode == expected, report.reason
             if expected == "cold+capture":
                 assert "cuda_checkpoint" in report.timings and "cuda_restore" in report.timings
-                original = _answers(spec)
+                original = answers(spec.base_url)
             else:
                 assert "cuda_restore" in report.timings
-                assert _answers(spec) == original
+                assert answers(spec.base_url) == original
             node.stop_all()
     finally:
         for node in nodes:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from support import criu_command_or_skip
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("gpu_child.py")
@@ -49,23 +48,9 @@ def weights_file(tmp_path_factory: pytest.TempPathFactory, gpu: None) -> Path:
     return path
 
 
-def _criu_command() -> str | None:
-    if os.environ.get("WARMSTART_CRIU"):
-        return os.environ["WARMSTART_CRIU"]
-    portable = REPO / ".dev" / "criu"
-    if (portable / "criu").exists():
-        return f"{portable}/ld-linux-x86-64.so.2 --library-path {portable} {portable}/criu"
-    return shutil.which("criu")
-
-
 @pytest.fixture(scope="session")
 def criu_command(gpu: None) -> str:
-    if os.geteuid() != 0:
-        pytest.skip("CRIU dump/restore needs root")
-    command = _criu_command()
-    if command is None:
-        pytest.skip("no CRIU 4 here: set WARMSTART_CRIU or run hack/criu-setup and copy its portable folder")
-    return command
+    return criu_command_or_skip()
 
 
 @pytest.fixture(scope="session")

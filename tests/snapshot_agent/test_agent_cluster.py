@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import socket
 import sys
 import threading
 import urllib.request
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import answers, free_port
 
 from warmstart.operator import labels as L
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
@@ -34,31 +34,6 @@ pytestmark = pytest.mark.integration
 
 NODE = "kwok-gpu-0"
 ENDPOINT = "tiny"
-PROMPTS = [
-    {"prompt": "The quick brown fox", "max_tokens": 12, "temperature": 0},
-    {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9, "seed": 1234},
-]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _answers(port: int) -> list[str]:
-    texts = []
-    for body in PROMPTS:
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/v1/completions",
-            data=json.dumps({"model": "tiny", **body}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=120) as response:
-            texts.append(json.loads(response.read())["choices"][0]["text"])
-    return texts
-
-
 def _serving(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:
@@ -224,7 +199,7 @@ def test_agent_captures_restores_and_refuses(
 ) -> None:
     agent = make_agent(criu_command)
     kubelet_root = agent.config.kubelet_root
-    port = _free_port()
+    port = free_port()
     endpoint = cluster.endpoint(namespace)
 
     # A capture pod: its worker warms up and says ready-for-snapshot; the snapshot object names its identity.
@@ -260,7 +235,7 @@ def test_agent_captures_restores_and_refuses(
     restore_pod = cluster.pod(namespace, "tiny-restore-1", L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
     containers.append(_container(restore_pod, kubelet_root, "restore", port))
     kube.wait_for(lambda: _serving(port), timeout=120, message="restored worker serving")
-    restored_answers = _answers(port)
+    restored_answers = answers(f"http://127.0.0.1:{port}")
     restored_status = kube.wait_for(lambda: cluster.annotation(namespace, "tiny-restore-1"), timeout=30)
     assert restored_status["restoreSeconds"] > 0
     print(f"capture phases {status['timings']}, {status['sizeBytes']} bytes; restore {restored_status}")
@@ -295,7 +270,7 @@ def test_agent_captures_restores_and_refuses(
     failed = kube.wait_for(lambda: second_control.read(RESTORE_FAILED), timeout=120, message="restore-failed")
     assert "digest" in failed.payload["reason"] or "refused" in failed.payload["reason"]
     kube.wait_for(lambda: _serving(port), timeout=180, message="cold-started worker serving")
-    assert _answers(port) == restored_answers
+    assert answers(f"http://127.0.0.1:{port}") == restored_answers
     assert "RestoreFailed" in [reason for reason, _ in cluster.events(namespace, "tiny-restore-2")]
     kube.wait_for(
         lambda: cluster.get_snapshot(namespace, "tiny-snap")["status"].get("restoreFailures") == 1,
@@ -305,7 +280,7 @@ def test_agent_captures_restores_and_refuses(
     # Two more failures make three: the InferenceSnapshot turns Invalid (each worker is stopped before it
     # finishes its cold start, which the first failure already showed).
     for index in (3, 4):
-        spare, name = _free_port(), f"tiny-restore-{index}"
+        spare, name = free_port(), f"tiny-restore-{index}"
         failing = cluster.pod(namespace, name, L.ROLE_RESTORE, "tiny-snap", spare, endpoint)
         containers.append(_container(failing, kubelet_root, "restore", spare))
         answer = control_dir_on_host(kubelet_root, failing["metadata"]["uid"]) / RESTORE_FAILED
@@ -382,7 +357,7 @@ def test_failed_capture_marks_the_snapshot_failed_and_the_worker_serves(
     from warmstart.identity import SnapshotIdentity
 
     agent = make_agent(criu_command)
-    port = _free_port()
+    port = free_port()
     pod = cluster.pod(namespace, "tiny-capture-1", L.ROLE_CAPTURE, "tiny-snap", port, owner=None)
     containers.append(_container(pod, agent.config.kubelet_root, "capture", port))
     control = ControlDir(control_dir_on_host(agent.config.kubelet_root, pod["metadata"]["uid"]))
@@ -414,7 +389,7 @@ def test_agent_command_serves_grpc_and_metrics_and_stops_on_sigterm(
 
     from warmstart.snapshot_agent.grpc_api import AgentClient
 
-    grpc_port, metrics_port = _free_port(), _free_port()
+    grpc_port, metrics_port = free_port(), free_port()
     env = {
         **os.environ, "WARMSTART_NODE_NAME": NODE, "WARMSTART_STORE": str(tmp_path / "store"),
         "WARMSTART_KUBELET_ROOT": str(tmp_path / "kubelet"), "WARMSTART_AGENT_GRPC_PORT": str(grpc_port),

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from worker_helpers import START_TIMEOUT, free_port, post
+from support import free_port
+from worker_helpers import START_TIMEOUT, post
 
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import (

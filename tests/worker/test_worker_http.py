@@ -11,7 +11,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from worker_helpers import Worker, free_port, post
+from support import free_port
+from worker_helpers import Worker, post
 
 GREEDY = {
     "model": "tiny",
