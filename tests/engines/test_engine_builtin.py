@@ -170,6 +170,15 @@ def test_identity_describes_what_a_snapshot_depends_on(make_engine, tiny_model_d
     assert any(line.startswith("engine_args") for line in identity.mismatches(other))
 
 
+def test_identity_records_the_image_named_by_the_environment(
+    make_engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("WARMSTART_IMAGE", raising=False)
+    assert make_engine().identity().image.startswith("python-")
+    monkeypatch.setenv("WARMSTART_IMAGE", "registry.example/worker:1.2")
+    assert make_engine().identity().image == "registry.example/worker:1.2"
+
+
 def test_bad_options_are_clear_errors(tiny_model_dir: Path) -> None:
     with pytest.raises(EngineError, match="--device"):
         create_engine("builtin", model="tiny", model_dir=tiny_model_dir, device="tpu")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -34,5 +35,8 @@ def driver_major() -> int:
 
 
 def runtime_image() -> str:
-    """The image name outside a cluster: the Python runtime and warmstart version."""
+    """The image this process runs in: $WARMSTART_IMAGE, else (outside a cluster) the Python runtime and
+    warmstart version."""
+    if image := os.environ.get("WARMSTART_IMAGE"):
+        return image
     return f"python-{sys.version_info.major}.{sys.version_info.minor}/warmstart-{warmstart.__version__}"

@@ -439,7 +439,7 @@ def snapshot_identity(
         gpu_product=gpu_product,
         compute_capability=capability,
         driver_major=driver,
-        image=os.environ.get("WARMSTART_IMAGE") or runtime_image(),
+        image=runtime_image(),
     )
 
 

@@ -221,7 +221,7 @@ class BuiltinEngine(Engine):
             gpu_product=gpu_product,
             compute_capability=capability,
             driver_major=driver,
-            image=os.environ.get("WARMSTART_IMAGE") or runtime_image(),
+            image=runtime_image(),
         )
 
     def close(self) -> None:
