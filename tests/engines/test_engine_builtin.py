@@ -13,6 +13,7 @@ from warmstart.engines import create_engine, engine_kinds  # noqa: E402
 from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams  # noqa: E402
 from warmstart.engines.builtin.config import PRESETS, preset, tensor_shapes  # noqa: E402
 from warmstart.engines.builtin.model_dir import ensure_model, model_digest  # noqa: E402
+from warmstart.engines.digest import DIGEST_SIDECAR  # noqa: E402
 
 PROMPT = "The quick brown fox"
 
@@ -42,6 +43,14 @@ def test_digest_follows_the_bytes_not_the_cache(tmp_path: Path) -> None:
     data[-1] ^= 0xFF
     weights.write_bytes(bytes(data))
     assert model_digest(model) != before
+
+
+def test_hashing_the_files_gives_the_digest_the_writer_recorded(tmp_path: Path) -> None:
+    model = ensure_model(tmp_path / "m", "tiny", seed=3)
+    recorded = model_digest(model)  # from the sidecar written while the weights were generated
+    (model / DIGEST_SIDECAR).unlink()
+    assert model_digest(model) == recorded
+    assert (model / DIGEST_SIDECAR).is_file()
 
 
 def test_preset_shapes_match_the_public_qwen3_configs() -> None:
