@@ -250,17 +250,7 @@ class GcReport:
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "dry_run": self.dry_run,
-            "removed_blobs": self.removed_blobs,
-            "freed_bytes": self.freed_bytes,
-            "removed_staging": self.removed_staging,
-            "kept_staging": self.kept_staging,
-            "young_blobs": self.young_blobs,
-            "referenced_blobs": self.referenced_blobs,
-            "deleted_snapshots": self.deleted_snapshots,
-            "errors": self.errors,
-        }
+        return dataclasses.asdict(self)
 
 
 # --- staging ---------------------------------------------------------------------------------------------
@@ -305,7 +295,7 @@ class Staging:
     def add_reference(self, name: str, digest: str) -> None:
         """Reference a blob stored on its own (e.g. weights): GC keeps it while a snapshot references it."""
         check_relative_path(name)
-        if not self.store.blob_path(digest).is_file():
+        if not self.store.has_blob(digest):
             raise SnapshotError(f"reference {name!r}: blob {digest} is not in the store {self.store.root}")
         self.refs[name] = digest
 
