@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
+from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.store import SnapshotStore
 from warmstart.snapshot_agent.capture import CaptureError, CaptureOptions, capture
@@ -235,3 +235,28 @@ def test_a_worker_writing_during_the_capture_is_refused(
             control=ControlDir(sandbox.host_dir / "control"), criu=criu,
         )  # fmt: skip
     assert store.list() == []
+
+
+@pytest.mark.parametrize(
+    ("payload", "complaint"),
+    [
+        ({"identity": _identity(9).to_dict()}, "no 'pid'"),
+        ({"identity": _identity(9).to_dict(), "pid": "one"}, "'pid'"),
+        ({"pid": 2}, "no valid 'identity'"),
+        ({"identity": _identity(9).to_dict(), "pid": 4242}, "not running in the sandbox"),
+    ],
+)
+def test_a_bad_ready_payload_is_a_capture_error_and_the_worker_is_resumed(
+    tmp_path: Path, store: SnapshotStore, key: Path, sandboxes: list[Sandbox], payload, complaint: str
+) -> None:
+    sandbox = Sandbox.start(tmp_path / "capture", ["/bin/sh", "-c", "sleep 600 & wait"])
+    sandboxes.append(sandbox)
+    control = ControlDir(sandbox.host_dir / "control")
+    control.send(READY_FOR_SNAPSHOT, payload)
+    with pytest.raises(CaptureError, match=complaint):
+        capture(
+            store=store, signer=load_signer(key), sandbox=sandbox, control=control,
+            criu=Criu("criu-is-never-reached"), options=CaptureOptions(resume_payload={"port": 9000}),
+        )  # fmt: skip
+    resumed = control.read(RESTORE_COMPLETE)  # a worker left waiting would never serve
+    assert resumed is not None and resumed.payload["port"] == 9000

@@ -106,6 +106,19 @@ def identity_from_payload(payload: dict[str, Any]) -> SnapshotIdentity:
     return identity
 
 
+def engine_pids(payload: dict[str, Any], sandbox: Sandbox) -> tuple[int, int]:
+    """The engine's PID inside the sandbox (as the payload reports it) and on the host."""
+    namespace_pid = payload.get("pid")
+    if namespace_pid is None:
+        raise CaptureError("ready-for-snapshot payload has no 'pid': the worker must report its own PID")
+    if not isinstance(namespace_pid, int) or isinstance(namespace_pid, bool) or namespace_pid <= 0:
+        raise CaptureError(f"ready-for-snapshot 'pid' must be a positive integer, got {namespace_pid!r}")
+    host_pid = sandbox.host_pid(namespace_pid)
+    if host_pid is None:
+        raise CaptureError(f"the worker's pid {namespace_pid} is not running in the sandbox")
+    return namespace_pid, host_pid
+
+
 def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> list[Path]:
     """Regular files under the sandbox mountpoint that `host_pid` holds open (paths inside the sandbox)."""
     found: set[Path] = set()
@@ -154,11 +167,12 @@ def capture(
     timer = _Timer(on_phase)
     with timer.phase("wait_ready"):
         payload = wait_ready(control, sandbox, options.ready_timeout)
-    identity = identity_from_payload(payload)
-    namespace_pid = int(payload["pid"])
-    host_pid = sandbox.host_pid(namespace_pid)
-    if host_pid is None:
-        raise CaptureError(f"the worker's pid {namespace_pid} is not running in the sandbox")
+    try:
+        identity = identity_from_payload(payload)
+        namespace_pid, host_pid = engine_pids(payload, sandbox)
+    except CaptureError:  # nothing was suspended: the worker only waits for word to serve
+        control.send(RESTORE_COMPLETE, {**options.resume_payload, "restored_in_place": True})
+        raise
     use = cuda.process_uses_cuda(host_pid)
     log.info("capturing pid %d (host %d): %s", namespace_pid, host_pid, use.reason)
     suspended = False
