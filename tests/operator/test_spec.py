@@ -66,6 +66,8 @@ def test_full_spec_is_parsed():
         ({"autoscaling": {"mode": "hpa"}}, "spec.autoscaling.metric"),
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage.claimName"),
         ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-H200"}}, "spec.resources.gpuProduct"),
+        ({"snapshot": {"enabled": "yes", "storage": {"claimName": "s"}}}, "spec.snapshot.enabled"),
+        ({"monitoring": {"serviceMonitor": "false"}}, "spec.monitoring.serviceMonitor"),
     ],
 )
 def test_invalid_specs_name_the_field(overrides, field):

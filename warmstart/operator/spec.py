@@ -146,6 +146,13 @@ def _choice(data: dict[str, Any], key: str, default: str, path: str, allowed: tu
     return str(value)
 
 
+def _flag(data: dict[str, Any], key: str, default: bool, path: str) -> bool:
+    value = data.get(key, default)
+    if not isinstance(value, bool):
+        raise InvalidSpec(f"{path}{key}", f"must be true or false, got {value!r}")
+    return value
+
+
 def _text(data: dict[str, Any], key: str, path: str, required: bool = False) -> str:
     value = data.get(key, "")
     if value is None:
@@ -242,11 +249,8 @@ def parse_snapshot(spec: dict[str, Any]) -> SnapshotPolicy:
         raise InvalidSpec("snapshot", "is required: give snapshot.storage.claimName or enabled false")
     data = _section(spec, "snapshot", "")
     storage = _section(data, "storage", "snapshot.")
-    enabled = data.get("enabled", True)
-    if not isinstance(enabled, bool):
-        raise InvalidSpec("snapshot.enabled", f"must be true or false, got {enabled!r}")
     policy = SnapshotPolicy(
-        enabled=enabled,
+        enabled=_flag(data, "enabled", True, "snapshot."),
         claim_name=_text(storage, "claimName", "snapshot.storage."),
         sub_path=_text(storage, "subPath", "snapshot.storage."),
         signing_key_secret=_text(data, "signingKeySecret", "snapshot."),
@@ -303,7 +307,7 @@ def parse_spec(spec: dict[str, Any]) -> EndpointSpec:
             port=_int(service, "port", 80, "service.", 1, 65535),
         ),
         monitoring=MonitoringSpec(
-            service_monitor=bool(monitoring.get("serviceMonitor", False)),
+            service_monitor=_flag(monitoring, "serviceMonitor", False, "monitoring."),
             interval=_text(monitoring, "interval", "monitoring.") or "15s",
         ),
     )
