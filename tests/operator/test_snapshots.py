@@ -42,6 +42,7 @@ def test_no_snapshot_creates_one_and_runs_cold():
     assert result.create["spec"]["identityHash"] == digest
     assert result.create["metadata"]["ownerReferences"][0]["kind"] == L.ENDPOINT_KIND
     assert result.capture_attempt == 1 and result.active == result.create["metadata"]["name"]
+    assert result.status_patches == {result.active: {"phase": "Pending", "attempts": 1}}
 
 
 def test_snapshots_disabled_plans_nothing():

@@ -18,7 +18,7 @@ from warmstart.operator import labels as L
 from warmstart.operator.kube import Kube, KubeError, TransientKubeError
 from warmstart.operator.metrics import METRICS
 from warmstart.operator.reconcile import MissingAPI, Outcome, finalize, reconcile
-from warmstart.operator.snapshots import Backoff
+from warmstart.operator.snapshots import FAILED, Backoff
 from warmstart.operator.spec import InvalidSpec
 from warmstart.operator.workqueue import Key, KeyLocks, WorkQueue
 
@@ -72,7 +72,7 @@ def _kube() -> Kube:
 def _requeue_delay(outcome: Outcome) -> float | None:
     """Come back for a Failed snapshot awaiting its retry; the resync timer covers everything else."""
     plan = outcome.plan
-    if plan is not None and plan.active_phase == "Failed" and not plan.exhausted:
+    if plan is not None and plan.active_phase == FAILED and not plan.exhausted:
         return max(1.0, Runtime.backoff.base_seconds / 4)
     return None
 

@@ -118,7 +118,6 @@ def sync_snapshots(
     ns = endpoint.namespace
     if plan.create is not None:
         kube.create(plan.create)
-        plan.status_patches.setdefault(plan.active, {"phase": "Pending", "attempts": 1})
     for name, patch in plan.status_patches.items():
         kube.patch_status(L.SNAPSHOT_KIND, ns, name, patch)
     for name in plan.delete:

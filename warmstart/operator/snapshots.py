@@ -185,6 +185,7 @@ def _plan_capture(
         name = snapshot_name(endpoint.name, identity_hash, {_name(s) for s in everything})
         plan.create = snapshot_body(endpoint, spec, name, identity_hash, identity)
         plan.active, plan.active_phase, plan.attempts, plan.capture_attempt = name, PENDING, 1, 1
+        plan.status_patches[name] = {"phase": PENDING, "attempts": 1}
         plan.events.append(
             (
                 "Normal",

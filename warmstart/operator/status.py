@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmstart.operator import labels as L
-from warmstart.operator.snapshots import SnapshotPlan, format_time
+from warmstart.operator.snapshots import FAILED, SnapshotPlan, format_time
 
 READY, SNAPSHOT_READY, PROGRESSING, DEGRADED = "Ready", "SnapshotReady", "Progressing", "Degraded"
 
@@ -75,7 +75,7 @@ def _snapshot_ready(enabled: bool, plan: SnapshotPlan) -> tuple[bool, str, str]:
             "CaptureFailed",
             (f"{plan.active} failed {plan.attempts} times ({plan.failure_message}); replicas cold-start"),
         )
-    if plan.active_phase == "Failed":
+    if plan.active_phase == FAILED:
         return False, "CaptureRetryPending", f"{plan.active} failed ({plan.failure_message}); retry scheduled"
     return False, "Capturing", f"capturing {plan.active} (attempt {plan.attempts}); replicas cold-start"
 
