@@ -23,6 +23,7 @@ from warmstart.snapshot.store import Snapshot, SnapshotStore
 from warmstart.snapshot_agent.agent import (
     Agent,
     AgentConfig,
+    identity_problem,
     snapshots_to_remove,
     store_snapshot_id,
     worker_port,
@@ -220,6 +221,17 @@ def test_store_snapshot_id_and_worker_port() -> None:
     assert worker_port(by_port) == 8080
     assert worker_port({"spec": {"containers": [{"args": ["worker", "--port", "8001"]}]}}) == 8001
     assert worker_port({"spec": {"containers": [{"args": ["worker", "--port"]}]}}) is None
+
+
+def test_identity_problem_covers_a_malformed_payload_as_well_as_a_mismatch() -> None:
+    """Both mean no capture, and both must resume the waiting worker (the agent acts on any problem)."""
+    from warmstart.identity import SnapshotIdentity
+
+    identity = SnapshotIdentity(model_digest="sha256:" + "cd" * 32, engine="builtin", engine_version="1")
+    payload = {"identity": identity.to_dict(), "pid": 2}
+    assert identity_problem(payload, identity.digest()) is None
+    assert "the snapshot wants" in (identity_problem(payload, "0" * 64) or "")
+    assert "no valid 'identity'" in (identity_problem({"pid": 2}, identity.digest()) or "")
 
 
 def test_config_names_what_to_fix(tmp_path: Path) -> None:

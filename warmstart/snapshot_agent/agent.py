@@ -142,6 +142,22 @@ def gpu_status(identity: SnapshotIdentity) -> dict[str, str]:
     return {key: value for key, value in facts.items() if value}
 
 
+def identity_problem(payload: dict[str, Any], wanted: str) -> str | None:
+    """Why a worker's `ready-for-snapshot` does not match the InferenceSnapshot's identity hash, or None."""
+    from warmstart.snapshot_agent.capture import CaptureError, identity_from_payload
+
+    try:
+        reported = identity_from_payload(payload).digest()
+    except CaptureError as exc:
+        return str(exc)
+    if reported != wanted:
+        return (
+            f"the worker reports identity {reported[:12]}, the snapshot wants {wanted[:12]}: "
+            "the pod runs another image, model or engine arguments than the snapshot describes"
+        )
+    return None
+
+
 def snapshots_to_remove(
     store_snapshots: list[Snapshot], inference_snapshots: list[dict[str, Any]], grace: float, now: float
 ) -> list[str]:
@@ -377,12 +393,7 @@ class Agent:
         control: ControlDir,
         payload: dict[str, Any],
     ) -> None:
-        from warmstart.snapshot_agent.capture import (
-            CaptureError,
-            CaptureOptions,
-            capture,
-            identity_from_payload,
-        )
+        from warmstart.snapshot_agent.capture import CaptureError, CaptureOptions, capture
 
         namespace, snap_name = _meta(snap)["namespace"], _meta(snap)["name"]
         pod_name = _meta(pod)["name"]
@@ -393,15 +404,11 @@ class Agent:
         })  # fmt: skip
         self.metrics.in_flight.labels(CAPTURE).inc()
         try:
-            wanted = (snap.get("spec") or {}).get("identityHash", "")
-            reported = identity_from_payload(payload).digest()
-            if reported != wanted:
+            problem = identity_problem(payload, (snap.get("spec") or {}).get("identityHash", ""))
+            if problem:
                 # Not captured: the worker carries on serving, as after any failed capture.
                 control.send(RESTORE_COMPLETE, {"restored_in_place": True})
-                raise CaptureError(
-                    f"the worker reports identity {reported[:12]}, the snapshot wants {wanted[:12]}: "
-                    "the pod runs another image, model or engine arguments than the snapshot describes"
-                )
+                raise CaptureError(problem)
             options = CaptureOptions(
                 keep_serving=False,
                 ready_timeout=self.config.ready_timeout,
