@@ -215,32 +215,30 @@ def _load_pem(path: Path, content: bytes) -> Ed25519Signer | Ed25519Verifier:
         raise SigningKeyError(f"key file {path}: {exc}") from exc
 
 
-def load_signer(path: str | os.PathLike[str] | None = None) -> Signer:
-    """The signer for a key file (or the file named by WARMSTART_SIGNING_KEY)."""
+def _load_key(path: str | os.PathLike[str] | None) -> tuple[Path, HmacKey | Ed25519Signer | Ed25519Verifier]:
+    """The key file's path and the key it holds (the file named by WARMSTART_SIGNING_KEY without `path`)."""
     key_path = _key_path(path)
     content = _read_key_file(key_path)
     if content.lstrip().startswith(_PEM_MARKER):
-        key = _load_pem(key_path, content)
-        if isinstance(key, Ed25519Verifier):
-            raise SigningKeyError(f"key file {key_path} is a public key; signing needs the private key")
-        return key
+        return key_path, _load_pem(key_path, content)
     try:
-        return HmacKey(content)
+        return key_path, HmacKey(content)
     except SigningKeyError as exc:
         raise SigningKeyError(f"key file {key_path}: {exc}") from exc
+
+
+def load_signer(path: str | os.PathLike[str] | None = None) -> Signer:
+    """The signer for a key file (or the file named by WARMSTART_SIGNING_KEY)."""
+    key_path, key = _load_key(path)
+    if isinstance(key, Ed25519Verifier):
+        raise SigningKeyError(f"key file {key_path} is a public key; signing needs the private key")
+    return key
 
 
 def load_verifier(path: str | os.PathLike[str] | None = None) -> Verifier:
     """The verifier for a key file: an Ed25519 public (or private) key, or an HMAC secret."""
-    key_path = _key_path(path)
-    content = _read_key_file(key_path)
-    if content.lstrip().startswith(_PEM_MARKER):
-        key = _load_pem(key_path, content)
-        return key.verifier() if isinstance(key, Ed25519Signer) else key
-    try:
-        return HmacKey(content)
-    except SigningKeyError as exc:
-        raise SigningKeyError(f"key file {key_path}: {exc}") from exc
+    _, key = _load_key(path)
+    return key.verifier() if isinstance(key, Ed25519Signer) else key
 
 
 def _write_secret(path: Path, content: bytes, mode: int) -> None:
