@@ -14,7 +14,7 @@ import re
 import shlex
 import signal
 import subprocess
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,12 +104,6 @@ class Criu:
             )
         return version
 
-    def check(self) -> str:
-        """The verdict line of `criu check` (e.g. "Looks good.")."""
-        result = self._run(["check"], timeout=min(self.timeout, 60.0))
-        lines = (result.stdout + result.stderr).strip().splitlines()
-        return lines[-1] if lines else f"criu check exited {result.returncode}"
-
     def dump(
         self,
         pid: int,
@@ -117,10 +111,7 @@ class Criu:
         *,
         logs_dir: Path,
         leave_running: bool = False,
-        tcp_established: bool = False,
-        external: Iterable[str] = (),
         extra: Sequence[str] = (),
-        timeout: float | None = None,
     ) -> Path:
         """Dump the process tree rooted at `pid` into `images_dir`; returns the log file."""
         images_dir.mkdir(parents=True, exist_ok=True)
@@ -129,11 +120,8 @@ class Criu:
         args += self._log_args(log_file)
         if leave_running:
             args.append("--leave-running")
-        if tcp_established:
-            args.append("--tcp-established")
-        args += _external_args(external)
         args += list(extra)
-        self._run_logged(args, log_file, what=f"dump of pid {pid}", timeout=timeout)
+        self._run_logged(args, log_file, what=f"dump of pid {pid}")
         return log_file
 
     def restore(
@@ -142,34 +130,18 @@ class Criu:
         *,
         logs_dir: Path,
         detach: bool = True,
-        pidfile: Path | None = None,
-        inherit_fds: Mapping[int, str] | None = None,
-        root: Path | None = None,
-        external: Iterable[str] = (),
         extra: Sequence[str] = (),
-        timeout: float | None = None,
     ) -> int:
-        """Restore the tree in `images_dir`; returns the restored root's PID (as seen where CRIU ran).
-
-        `inherit_fds` maps a descriptor number of this process to the resource CRIU recorded (for a
-        regular file its path without the leading slash); the descriptor is handed to CRIU and used instead.
-        """
+        """Restore the tree in `images_dir`; returns the restored root's PID (as seen where CRIU ran)."""
         log_file = self._log_file(logs_dir, "restore.log")
-        pidfile = pidfile or logs_dir / "restore.pid"
+        pidfile = logs_dir / "restore.pid"
         pidfile.unlink(missing_ok=True)
         args = ["restore", "--images-dir", str(images_dir), "--pidfile", str(pidfile)]
         args += self._log_args(log_file)
         if detach:
             args.append("--restore-detached")
-        for fd, resource in (inherit_fds or {}).items():
-            args += ["--inherit-fd", f"fd[{fd}]:{resource}"]
-        if root is not None:
-            args += ["--root", str(root)]
-        args += _external_args(external)
         args += list(extra)
-        self._run_logged(
-            args, log_file, what="restore", timeout=timeout, pass_fds=tuple((inherit_fds or {}).keys())
-        )
+        self._run_logged(args, log_file, what="restore")
         try:
             return int(pidfile.read_text().strip())
         except (OSError, ValueError) as exc:
@@ -186,30 +158,19 @@ class Criu:
     def _log_args(log_file: Path) -> list[str]:
         return ["--log-file", str(log_file.resolve()), "-v4"]
 
-    def _run_logged(
-        self,
-        args: list[str],
-        log_file: Path,
-        *,
-        what: str,
-        timeout: float | None,
-        pass_fds: tuple[int, ...] = (),
-    ) -> None:
-        limit = self.timeout if timeout is None else timeout
-        result = self._run(args, timeout=limit, pass_fds=pass_fds)
+    def _run_logged(self, args: list[str], log_file: Path, *, what: str) -> None:
+        result = self._run(args, timeout=self.timeout)
         if result.returncode == 0:
             return
         if result.returncode == -signal.SIGKILL and result.stderr == "timeout":
-            reason = f"timed out after {limit:.0f}s"
+            reason = f"timed out after {self.timeout:.0f}s"
         else:
             reason = first_error_line(log_file) or (
                 result.stderr.strip()[-300:] or f"exit {result.returncode}"
             )
         raise CriuError(f"CRIU {what} failed: {reason} (log: {log_file})", log_file=log_file)
 
-    def _run(
-        self, args: list[str], *, timeout: float, pass_fds: tuple[int, ...] = ()
-    ) -> subprocess.CompletedProcess[str]:
+    def _run(self, args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
         argv = self._prefix + self.command + args
         try:
             process = subprocess.Popen(
@@ -218,7 +179,6 @@ class Criu:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                pass_fds=pass_fds,
                 start_new_session=True,  # a timeout kills nsenter and CRIU together
             )
         except FileNotFoundError as exc:
@@ -238,10 +198,3 @@ def _kill_group(process: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()
-
-
-def _external_args(external: Iterable[str]) -> list[str]:
-    args: list[str] = []
-    for item in external:
-        args += ["--external", item]
-    return args

@@ -138,10 +138,6 @@ class Sandbox:
         process.kill()
         raise SandboxError(f"the sandbox in {host_dir} was not ready within {timeout}s (needs root)")
 
-    def inside(self, host_path: Path) -> Path:
-        """Where a file under `host_dir` appears inside the sandbox."""
-        return self.mountpoint / Path(host_path).resolve().relative_to(self.host_dir.resolve())
-
     def on_host(self, inside_path: Path) -> Path:
         """Where a file under the sandbox's mountpoint lives on the host."""
         return self.host_dir / Path(inside_path).relative_to(self.mountpoint)
@@ -182,9 +178,6 @@ class Sandbox:
             if pid != self.init_pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-
-    def enter_command(self, argv: Sequence[str]) -> list[str]:
-        return ["nsenter", f"--target={self.init_pid}", "--pid", "--mount", "--", *argv]
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM PID 1, then SIGKILL it (which the kernel extends to every process in the namespace)."""
