@@ -32,7 +32,6 @@ from typing import Any
 from warmstart.identity import SnapshotIdentity
 from warmstart.operator import labels as L
 from warmstart.protocol import (
-    READY_FOR_SNAPSHOT,
     RESTORE_COMPLETE,
     RESTORE_FAILED,
     SNAPSHOT_COMPLETE,
@@ -334,6 +333,8 @@ class Agent:
 
     def handle_capture(self, pod: dict[str, Any]) -> bool:
         """Capture the pod's worker into its InferenceSnapshot; True when nothing more is to be done."""
+        from warmstart.snapshot_agent.capture import CaptureError, wait_ready
+
         namespace, name, uid = _meta(pod)["namespace"], _meta(pod)["name"], _meta(pod)["uid"]
         snap = self.kube.get_snapshot(namespace, _labels(pod)[L.SNAPSHOT_LABEL])
         if snap is None:
@@ -355,8 +356,8 @@ class Agent:
             return True
         sandbox = self._find_pod(uid)
         try:
-            payload = self._wait_ready(control, sandbox)
-        except PodProcessError as exc:  # the worker died or never got ready: this attempt failed
+            payload = wait_ready(control, sandbox, self.config.ready_timeout, cancelled=self.stopping.is_set)
+        except CaptureError as exc:  # the worker died or never got ready: this attempt failed
             if self.stopping.is_set():
                 raise
             self.metrics.captures.labels("failed").inc()
@@ -369,21 +370,6 @@ class Agent:
     def _find_pod(self, uid: str) -> PodSandbox:
         root, timeout = self.config.kubelet_root, self.config.start_timeout
         return PodSandbox.find(uid, root, timeout, cancelled=self.stopping.is_set)
-
-    def _wait_ready(self, control: ControlDir, sandbox: PodSandbox) -> dict[str, Any]:
-        deadline = time.monotonic() + self.config.ready_timeout
-        while not self.stopping.is_set():
-            signal = control.read(READY_FOR_SNAPSHOT)
-            if signal is not None:
-                return signal.payload
-            if not sandbox.alive():
-                raise PodProcessError(f"the worker in {control.path} exited before ready-for-snapshot")
-            if time.monotonic() >= deadline:
-                raise PodProcessError(
-                    f"no ready-for-snapshot in {control.path} in {self.config.ready_timeout}s"
-                )
-            time.sleep(0.05)
-        raise PodProcessError("the agent is stopping")
 
     def _capture(
         self,

@@ -79,8 +79,10 @@ class _Timer:
             self.timings[name] = round(time.monotonic() - started, 6)
 
 
-def wait_ready(control: ControlDir, sandbox: Sandbox, timeout: float) -> dict[str, Any]:
-    """The `ready-for-snapshot` payload; fails early when the sandbox dies first."""
+def wait_ready(
+    control: ControlDir, sandbox: Sandbox, timeout: float, cancelled: Callable[[], bool] = lambda: False
+) -> dict[str, Any]:
+    """The `ready-for-snapshot` payload; fails early when the sandbox dies first or `cancelled()`."""
     deadline = time.monotonic() + timeout
     while True:
         signal = control.read(READY_FOR_SNAPSHOT)
@@ -92,6 +94,8 @@ def wait_ready(control: ControlDir, sandbox: Sandbox, timeout: float) -> dict[st
             )
         if time.monotonic() >= deadline:
             raise CaptureError(f"no ready-for-snapshot in {control.path} within {timeout:.0f}s")
+        if cancelled():
+            raise CaptureError(f"stopped waiting for ready-for-snapshot in {control.path}")
         time.sleep(0.02)
 
 
