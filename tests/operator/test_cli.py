@@ -32,3 +32,19 @@ def test_ports_and_peering_default_from_env(monkeypatch):
 def test_namespace_and_all_namespaces_exclude_each_other():
     with pytest.raises(SystemExit):
         parse("-n", "a", "-A")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("WARMSTART_OPERATOR_WORKERS", "0"),
+        ("WARMSTART_OPERATOR_RESYNC_SECONDS", "0"),
+        ("WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS", "-1"),
+    ],
+)
+def test_unusable_operator_settings_name_the_variable(monkeypatch, variable, value):
+    from warmstart.operator.handlers import OperatorSettings
+
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ValueError, match=f"^{variable} must be"):
+        OperatorSettings.from_env()

@@ -68,7 +68,10 @@ def run_operator(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from warmstart.operator import handlers  # noqa: F401  (registers the handlers)
+    try:
+        from warmstart.operator import handlers  # noqa: F401  (registers the handlers; reads its settings)
+    except ValueError as exc:  # a WARMSTART_OPERATOR_* variable that cannot be used
+        raise SystemExit(f"error: {exc}") from exc
     from warmstart.operator.metrics import METRICS
 
     _check_port("--metrics-port", args.metrics_port)

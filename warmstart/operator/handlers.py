@@ -33,6 +33,16 @@ class OperatorSettings:
     capture_backoff_seconds: float
     workers: int
 
+    def __post_init__(self) -> None:
+        # Zero workers would leave every queued event unprocessed; a zero interval spins kopf's timer.
+        for variable, value in (
+            ("WARMSTART_OPERATOR_RESYNC_SECONDS", self.resync_seconds),
+            ("WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS", self.capture_backoff_seconds),
+            ("WARMSTART_OPERATOR_WORKERS", self.workers),
+        ):
+            if value <= 0:
+                raise ValueError(f"{variable} must be above 0, got {value}")
+
     @classmethod
     def from_env(cls) -> OperatorSettings:
         return cls(
