@@ -61,6 +61,16 @@ class CaptureOptions:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+@contextlib.contextmanager
+def timed(timings: dict[str, float], name: str) -> Iterator[None]:
+    """Record the seconds the block took as `timings[name]` (also when it raises)."""
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        timings[name] = round(time.monotonic() - started, 6)
+
+
 class _Timer:
     def __init__(self, on_phase: Callable[[str], None] | None) -> None:
         self.timings: dict[str, float] = {}
@@ -72,11 +82,8 @@ class _Timer:
         self.current = name
         if self._on_phase:
             self._on_phase(name)
-        started = time.monotonic()
-        try:
+        with timed(self.timings, name):
             yield
-        finally:
-            self.timings[name] = round(time.monotonic() - started, 6)
 
 
 def wait_ready(

@@ -11,13 +11,11 @@ so the caller can mark a snapshot that keeps failing Invalid.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +26,7 @@ from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 from warmstart.snapshot_agent import cuda
-from warmstart.snapshot_agent.capture import CRIU_DIR, SANDBOX_FILES_DIR
+from warmstart.snapshot_agent.capture import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.snapshot_agent.criu import Criu, CriuError
 from warmstart.snapshot_agent.sandbox import Sandbox
 
@@ -95,15 +93,6 @@ class FailureCounter:
         self._file(snapshot_id).unlink(missing_ok=True)
 
 
-@contextlib.contextmanager
-def _phase(timings: dict[str, float], name: str) -> Iterator[None]:
-    started = time.monotonic()
-    try:
-        yield
-    finally:
-        timings[name] = round(time.monotonic() - started, 6)
-
-
 def verify_and_materialize(
     store: SnapshotStore,
     snapshot_id: str,
@@ -157,9 +146,9 @@ def restore(
     failures = failures or FailureCounter(store.root)
     timings: dict[str, float] = {}
     try:
-        with _phase(timings, "verify_materialize"):
+        with timed(timings, "verify_materialize"):
             snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
-        with _phase(timings, "place_sandbox_files"):
+        with timed(timings, "place_sandbox_files"):
             place_sandbox_files(snapshot, work_dir, sandbox)
         namespace_pid, host_pid = _restore_process(snapshot, sandbox, criu, work_dir, timings)
     except (RestoreRefused, RestoreFailed) as exc:
@@ -180,7 +169,7 @@ def restore(
 def _restore_process(
     snapshot: Snapshot, sandbox: Sandbox, criu: Criu, work_dir: Path, timings: dict[str, float]
 ) -> tuple[int, int]:
-    with _phase(timings, "criu_restore"):
+    with timed(timings, "criu_restore"):
         namespace_pid = criu.in_namespaces_of(sandbox.init_pid).restore(
             work_dir / CRIU_DIR, logs_dir=sandbox.host_dir / "restore-logs"
         )
@@ -189,7 +178,7 @@ def _restore_process(
     if host_pid is None:
         raise RestoreFailed(f"CRIU reported pid {namespace_pid} but no such process runs in the sandbox")
     if snapshot.meta.get("uses_cuda"):
-        with _phase(timings, "cuda_restore"):
+        with timed(timings, "cuda_restore"):
             cuda.resume(host_pid)
     return namespace_pid, host_pid
 
