@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import struct
 import threading
@@ -66,10 +67,7 @@ class TensorSlot:
 
     @property
     def nbytes(self) -> int:
-        count = 1
-        for dim in self.shape:
-            count *= dim
-        return count * DTYPE_SIZES[self.dtype]
+        return math.prod(self.shape) * DTYPE_SIZES[self.dtype]
 
 
 Layout = dict[str, TensorSlot]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,7 +50,7 @@ class ModelConfig:
 
     @property
     def parameter_count(self) -> int:
-        return sum(_count(shape) for _, shape in tensor_shapes(self))
+        return sum(math.prod(shape) for _, shape in tensor_shapes(self))
 
     def to_hf_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -142,10 +143,3 @@ def tensor_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
     if not config.tie_word_embeddings:
         shapes.append(("lm_head.weight", (config.vocab_size, hidden)))
     return shapes
-
-
-def _count(shape: tuple[int, ...]) -> int:
-    total = 1
-    for dim in shape:
-        total *= dim
-    return total

@@ -8,6 +8,8 @@ slot per running sequence, SwiGLU MLP.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -28,10 +30,7 @@ def kv_shape(config: ModelConfig, slots: int, max_len: int) -> tuple[int, ...]:
 
 
 def kv_nbytes(config: ModelConfig, slots: int, max_len: int) -> int:
-    count = 1
-    for dim in kv_shape(config, slots, max_len):
-        count *= dim
-    return count * torch.finfo(torch_dtype_of(config)).bits // 8
+    return math.prod(kv_shape(config, slots, max_len)) * torch.finfo(torch_dtype_of(config)).bits // 8
 
 
 def torch_dtype_of(config: ModelConfig) -> torch.dtype:
