@@ -10,17 +10,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from warmstart.config import default_criu_command, env_int
+
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_GRPC_PORT = 9401
 STOP_GRACE_SECONDS = 20.0
-
-
-def _env_int(name: str, default: int) -> int:
-    from warmstart.config import env_int
-
-    return env_int(name, default)
 
 
 def api_client(kubeconfig: str | None) -> Any:
@@ -48,9 +44,9 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         if args.metrics_port is None:
-            args.metrics_port = _env_int("WARMSTART_AGENT_METRICS_PORT", DEFAULT_METRICS_PORT)
+            args.metrics_port = env_int("WARMSTART_AGENT_METRICS_PORT", DEFAULT_METRICS_PORT)
         if args.grpc_port is None:
-            args.grpc_port = _env_int("WARMSTART_AGENT_GRPC_PORT", DEFAULT_GRPC_PORT)
+            args.grpc_port = env_int("WARMSTART_AGENT_GRPC_PORT", DEFAULT_GRPC_PORT)
         config = AgentConfig(
             node=args.node, store=Path(args.store).resolve(), criu_command=args.criu,
             kubelet_root=Path(args.kubelet_root), key=args.key, max_captures=args.max_captures,
@@ -103,7 +99,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--store", default=env("WARMSTART_STORE", "/var/lib/warmstart/store"),
         help="snapshot store directory (WARMSTART_STORE)",
     )  # fmt: skip
-    parser.add_argument("--criu", default=env("WARMSTART_CRIU", "criu"), help="CRIU 4 (WARMSTART_CRIU)")
+    parser.add_argument("--criu", default=default_criu_command(), help="CRIU 4 (WARMSTART_CRIU)")
     parser.add_argument(
         "--kubelet-root", default=env("WARMSTART_KUBELET_ROOT", "/var/lib/kubelet"),
         help="the kubelet's root directory as mounted in the agent (WARMSTART_KUBELET_ROOT)",
