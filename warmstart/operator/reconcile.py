@@ -116,8 +116,7 @@ def sync_snapshots(
 ) -> None:
     """Carry out the plan: create/retry/delete InferenceSnapshots and keep exactly the right capture pod."""
     ns = endpoint.namespace
-    if plan.create is not None:
-        kube.create(plan.create)
+    created = kube.create(plan.create) if plan.create is not None else None
     for name, patch in plan.status_patches.items():
         kube.patch_status(L.SNAPSHOT_KIND, ns, name, patch)
     for name in plan.delete:
@@ -128,7 +127,7 @@ def sync_snapshots(
     for name in existing - {wanted}:
         kube.delete("Pod", ns, name)
     if wanted and wanted not in existing:
-        snapshot = kube.get(L.SNAPSHOT_KIND, ns, plan.active)
+        snapshot = created or kube.get(L.SNAPSHOT_KIND, ns, plan.active)
         if snapshot is None:
             return  # created a moment ago and already gone: next reconcile decides again
         owner = children.Owner.from_body(snapshot)
