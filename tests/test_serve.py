@@ -15,9 +15,10 @@ import pytest
 from support import answers, free_port
 
 from warmstart.identity import SnapshotIdentity
-from warmstart.serve import IdentityCache, LocalNode, StartReport, WorkerSpec, signing_keys
+from warmstart.serve import IdentityCache, LocalNode, StartReport, WorkerSpec
 from warmstart.snapshot.store import SnapshotStore
 from warmstart.snapshot_agent.criu import Criu
+from warmstart.snapshot_agent.keys import signing_keys
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]

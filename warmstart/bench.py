@@ -144,8 +144,9 @@ def timed_start(
 
 def run_bench(args: argparse.Namespace) -> int:
     from warmstart.config import default_criu_command
-    from warmstart.serve import signing_keys, usable_criu
+    from warmstart.serve import usable_criu
     from warmstart.snapshot.store import SnapshotStore
+    from warmstart.snapshot_agent.keys import signing_keys
 
     criu, why_not = usable_criu(args.criu or default_criu_command())
     if criu is None:

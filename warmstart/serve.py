@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmstart.snapshot_agent.keys import signing_keys
+
 if TYPE_CHECKING:
     from warmstart.identity import SnapshotIdentity
     from warmstart.snapshot.signing import Signer, Verifier
@@ -405,20 +407,6 @@ def usable_criu(command: str) -> tuple[Criu | None, str]:
     except CriuError as exc:
         return None, str(exc)
     return criu, ""
-
-
-def signing_keys(store_root: Path, key: str | None) -> tuple[Signer, Verifier, str]:
-    """Signer and verifier from `key`, or from `<store>/keys/hmac.key`, generated once when missing."""
-    from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
-
-    note = ""
-    if key is None:
-        path = store_root / "keys" / "hmac.key"
-        if not path.exists():
-            generate_hmac_key(path)
-            note = f"generated a signing key at {path} (mode 0600); pass --key to use your own"
-        key = str(path)
-    return load_signer(key), load_verifier(key), note
 
 
 def print_report(report: StartReport, spec: WorkerSpec) -> None:

@@ -23,9 +23,9 @@ from support import answers, free_port
 
 from warmstart.operator import labels as L
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
-from warmstart.serve import signing_keys
 from warmstart.snapshot.store import MANIFEST_FILE, SnapshotStore
 from warmstart.snapshot_agent.agent import Agent, AgentConfig
+from warmstart.snapshot_agent.keys import signing_keys
 from warmstart.snapshot_agent.kube_status import KubeStatus
 from warmstart.snapshot_agent.pods import control_dir_on_host
 from warmstart.snapshot_agent.sandbox import Sandbox

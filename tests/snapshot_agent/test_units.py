@@ -11,7 +11,8 @@ import pytest
 
 from warmstart.bench import Floor, Series, _rows
 from warmstart.identity import SnapshotIdentity
-from warmstart.serve import IdentityCache, WorkerSpec, prune_work_dir, signing_keys
+from warmstart.serve import IdentityCache, WorkerSpec, prune_work_dir
+from warmstart.snapshot_agent.keys import signing_keys
 from warmstart.snapshot_agent.restore import FailureCounter
 
 IDENTITY = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="x")

@@ -36,9 +36,9 @@ def api_client(kubeconfig: str | None) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from warmstart.serve import signing_keys
     from warmstart.snapshot_agent import grpc_api
     from warmstart.snapshot_agent.agent import Agent, AgentConfig
+    from warmstart.snapshot_agent.keys import signing_keys
     from warmstart.snapshot_agent.kube_status import KubeStatus
     from warmstart.snapshot_agent.metrics import AgentMetrics
 
