@@ -7,11 +7,13 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import snapshot_helpers
 
-from warmstart.snapshot import SnapshotStore
+from warmstart.snapshot import Snapshot, SnapshotStore
 from warmstart.snapshot.signing import Verifier
 
 HELPERS_DIR = Path(snapshot_helpers.__file__).parent
@@ -87,3 +89,16 @@ def test_concurrent_publishers_of_one_identity_all_succeed_while_gc_runs(
     shared_digests = {s.files["criu/shared.img"].digest for s in listed}
     assert len(shared_digests) == 1
     assert len(list(store.blobs_dir.iterdir())) == publishers + 1  # one shared blob, one own blob each
+
+
+def test_a_delete_waits_for_a_running_gc(store: SnapshotStore, publish: Callable[..., Snapshot]) -> None:
+    snapshot = publish({"criu/a.img": b"a"})
+    with store._lock(exclusive=True):  # what gc() holds while it reads every manifest
+        deleting = threading.Thread(target=store.delete, args=(snapshot.id,))
+        deleting.start()
+        deleting.join(timeout=0.5)
+        assert deleting.is_alive(), "delete renamed a snapshot away under a running GC"
+        assert (store.snapshots_dir / snapshot.id / "manifest.json").is_file()
+    deleting.join()
+    assert store.list() == []
+    assert store.gc().errors == []

@@ -593,12 +593,15 @@ class SnapshotStore:
         return snapshots[0] if snapshots else None
 
     def delete(self, snapshot_id: str) -> None:
-        """Unpublish a snapshot at once (one rename); its blobs stay until GC finds them unreferenced."""
+        """Unpublish a snapshot at once (one rename); its blobs stay until GC finds them unreferenced.
+
+        The rename waits for a running GC: a manifest vanishing while GC reads them all would look unreadable.
+        """
         directory = self._snapshot_dir(snapshot_id)
-        self._ensure_layout()
         doomed = self.staging_dir / f"{uuid.uuid4().hex}{DELETING_SUFFIX}"
         try:
-            os.rename(directory, doomed)
+            with self._lock(exclusive=False):
+                os.rename(directory, doomed)
         except FileNotFoundError as exc:
             raise SnapshotNotFound(f"no snapshot {snapshot_id} in {self.root}") from exc
         shutil.rmtree(doomed, ignore_errors=True)
