@@ -345,9 +345,7 @@ def service_monitor(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
         "kind": "ServiceMonitor",
         "metadata": _metadata(owner, owner.name, "monitoring"),
         "spec": {
-            "selector": {
-                "matchLabels": {L.ENDPOINT_LABEL: owner.name, L.COMPONENT_LABEL: L.WORKER_COMPONENT}
-            },
+            "selector": {"matchLabels": worker_selector(owner.name)},
             "endpoints": [{"port": "http", "path": "/metrics", "interval": spec.monitoring.interval}],
         },
     }
