@@ -55,7 +55,7 @@ def worker_selector(endpoint: str) -> dict[str, str]:
 
 
 def selector_string(endpoint: str) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(worker_selector(endpoint).items()))
+    return L.label_selector(worker_selector(endpoint))
 
 
 def _metadata(owner: Owner, name: str, component: str) -> dict[str, Any]:

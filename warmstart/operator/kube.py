@@ -143,8 +143,8 @@ class Kube:
             raise
 
     def list(self, kind: str, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
-        label_selector = ",".join(f"{k}={v}" for k, v in sorted(selector.items()))
-        data = self.request("GET", RESOURCES[kind].path(namespace), query=[("labelSelector", label_selector)])
+        query = [("labelSelector", L.label_selector(selector))]
+        data = self.request("GET", RESOURCES[kind].path(namespace), query=query)
         return list(data.get("items") or [])
 
     def delete(self, kind: str, namespace: str, name: str) -> bool:

@@ -38,3 +38,8 @@ STORE_MOUNT_PATH = "/var/lib/warmstart/store"
 
 def identity_label(identity_hash: str) -> str:
     return identity_hash[:IDENTITY_LABEL_LENGTH]
+
+
+def label_selector(labels: dict[str, str]) -> str:
+    """`k1=v1,k2=v2` (keys sorted): the form of a list query's labelSelector and of status.selector."""
+    return ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
