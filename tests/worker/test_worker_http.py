@@ -230,3 +230,19 @@ def test_health_ready_models_and_metrics(server: int) -> None:
     assert "warmstart_worker_time_to_first_token_seconds_count" in metrics
     assert "warmstart_worker_prompt_tokens_total" in metrics
     assert "warmstart_worker_request_duration_seconds_bucket" in metrics
+
+
+def _prompt_tokens_total(port: int) -> float:
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines():
+        if line.startswith("warmstart_worker_prompt_tokens_total "):
+            return float(line.split()[1])
+    raise AssertionError("no warmstart_worker_prompt_tokens_total sample")
+
+
+def test_a_refused_stream_request_counts_no_prompt_tokens(server: int) -> None:
+    before = _prompt_tokens_total(server)
+    response = post(server, "/v1/completions", {**GREEDY, "stream": True, "n": 2})
+    assert response.status_code == 400 and response.json()["error"]["param"] == "stream"
+    assert _prompt_tokens_total(server) == before
+    post(server, "/v1/completions", GREEDY)
+    assert _prompt_tokens_total(server) == before + 17  # the counter itself moves

@@ -138,6 +138,9 @@ class _Api:
         n = _field(body, "n", int, default=1)
         if n < 1:
             raise ApiError(400, f"n must be at least 1, got {n}", "n")
+        stream = _field(body, "stream", bool, default=False)
+        if stream and len(prompts) * n != 1:
+            raise ApiError(400, "stream: true supports one prompt and n = 1", "stream")
         requests: list[GenerationRequest] = []
         prompt_tokens = 0
         for prompt in prompts:
@@ -146,9 +149,7 @@ class _Api:
             requests += [dataclasses.replace(fitted, request_id=uuid.uuid4().hex) for _ in range(n)]
         self.metrics.prompt_tokens.inc(prompt_tokens)
         reply = _Reply(chat, self.engine.served_model_name)
-        if _field(body, "stream", bool, default=False):
-            if len(requests) != 1:
-                raise ApiError(400, "stream: true supports one prompt and n = 1", "stream")
+        if stream:
             return await self._stream(requests[0], reply)
         results = await run_in_threadpool(self._generate, requests)
         self.metrics.completion_tokens.inc(sum(len(result.token_ids) for result in results))
