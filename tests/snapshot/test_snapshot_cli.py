@@ -120,10 +120,16 @@ def test_verify_against_an_expected_identity(
         (["verify", "0123456789ab-20260101000000-abcdef", "--store", "{store}"], "needs a key"),
         (["verify", "x", "--store", "{store}", "--key", "/nonexistent/key"], "key file /nonexistent/key"),
         (["gc", "--store", "{store}", "--keep", "0"], "--keep must be at least 1"),
+        (
+            ["verify", "0123456789ab-20260101000000-abcdef", "--store", "{store}", "--key", "{key}"]
+            + ["--prefix", "../criu"],
+            "--prefix: prefix '../criu' is not a relative path",
+        ),
     ],
 )
 def test_usage_errors_exit_2_naming_what_to_fix(
     store: SnapshotStore,
+    hmac_key_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     argv: list[str],
@@ -132,7 +138,8 @@ def test_usage_errors_exit_2_naming_what_to_fix(
     monkeypatch.delenv("WARMSTART_STORE", raising=False)
     monkeypatch.delenv("WARMSTART_SIGNING_KEY", raising=False)
     store.root.mkdir(parents=True)
-    assert main(["snapshot", *[a.replace("{store}", str(store.root)) for a in argv]]) == 2
+    places = {"{store}": str(store.root), "{key}": str(hmac_key_path)}
+    assert main(["snapshot", *[places.get(a, a) for a in argv]]) == 2
     assert message in capsys.readouterr().err
 
 

@@ -200,6 +200,16 @@ def _load_expected_identity(path: Path | None) -> Any:
         raise UsageError(f"--expect-identity file {path} is not a valid identity: {exc}") from exc
 
 
+def _check_prefix_flag(prefix: str | None) -> None:
+    from warmstart.snapshot.manifest import check_prefix
+
+    if prefix is not None:
+        try:
+            check_prefix(prefix)
+        except ValueError as exc:
+            raise UsageError(f"--prefix: {exc}") from exc
+
+
 def _cmd_verify(args: argparse.Namespace) -> int:
     from warmstart.snapshot import SnapshotError, load_verifier
 
@@ -208,6 +218,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
         raise UsageError("verify needs a key: pass --key PATH or set WARMSTART_SIGNING_KEY")
     verifier = load_verifier(args.key)
     expected = _load_expected_identity(args.expect_identity)
+    _check_prefix_flag(args.prefix)
     try:
         snapshot = store.verify(args.id, verifier, expected, prefix=args.prefix)
     except SnapshotError as exc:  # invalid, or not there at all
