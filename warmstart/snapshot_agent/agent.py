@@ -41,7 +41,12 @@ from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.store import MANIFEST_FILE, Snapshot, SnapshotStore
 from warmstart.snapshot_agent.kube_status import KubeStatus, utc_now
 from warmstart.snapshot_agent.metrics import AgentMetrics
-from warmstart.snapshot_agent.pods import PodProcessError, PodSandbox, control_dir_on_host
+from warmstart.snapshot_agent.pods import (
+    DEFAULT_KUBELET_ROOT,
+    PodProcessError,
+    PodSandbox,
+    control_dir_on_host,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,7 @@ class AgentConfig:
     node: str
     store: Path
     criu_command: str
-    kubelet_root: Path = Path("/var/lib/kubelet")
+    kubelet_root: Path = DEFAULT_KUBELET_ROOT
     key: str | None = None
     work_dir: Path | None = None  # where restores materialise images (default: inside the store)
     max_captures: int = 1
