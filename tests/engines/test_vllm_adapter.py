@@ -263,6 +263,7 @@ def test_invalid_sampling_is_a_request_error_naming_the_field(sampling: Sampling
         (0, 4, "prompt", "the prompt is empty"),
         (100, 1, "prompt", "takes at most 99"),
         (90, 11, "max_tokens", "between 1 and 10"),
+        (90, 0, "max_tokens", "between 1 and 10"),
     ],
 )
 def test_prompts_that_do_not_fit_are_request_errors(

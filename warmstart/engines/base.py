@@ -131,3 +131,20 @@ class Engine(abc.ABC):
     def describe(self) -> dict[str, Any]:
         """Facts for logs and the `ready-for-snapshot` payload."""
         return {"engine": self.kind, "model": self.served_model_name, "max_model_len": self.max_model_len}
+
+
+def check_fits(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
+    """A RequestError unless the prompt plus `max_tokens` (at least 1) fits the context."""
+    if prompt_tokens == 0:
+        raise RequestError("the prompt is empty", "prompt")
+    if prompt_tokens >= max_model_len:
+        raise RequestError(
+            f"the prompt has {prompt_tokens} tokens; this model takes at most {max_model_len - 1}", "prompt"
+        )
+    if max_tokens < 1 or prompt_tokens + max_tokens > max_model_len:
+        room = max_model_len - prompt_tokens
+        raise RequestError(
+            f"max_tokens must be between 1 and {room} for this prompt ({prompt_tokens} tokens, "
+            f"max_model_len {max_model_len}), got {max_tokens}",
+            "max_tokens",
+        )

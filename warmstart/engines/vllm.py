@@ -34,6 +34,7 @@ from warmstart.engines.base import (
     RequestError,
     SamplingParams,
     TokenDelta,
+    check_fits,
 )
 from warmstart.engines.digest import files_digest
 from warmstart.engines.host import gpu_facts, runtime_image
@@ -151,23 +152,6 @@ def sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
         "stop": list(sampling.stop),
         "ignore_eos": sampling.ignore_eos,
     }
-
-
-def check_fits(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
-    """A RequestError unless the prompt plus `max_tokens` fits the context."""
-    if prompt_tokens == 0:
-        raise RequestError("the prompt is empty", "prompt")
-    if prompt_tokens >= max_model_len:
-        raise RequestError(
-            f"the prompt has {prompt_tokens} tokens; this model takes at most {max_model_len - 1}", "prompt"
-        )
-    if prompt_tokens + max_tokens > max_model_len:
-        room = max_model_len - prompt_tokens
-        raise RequestError(
-            f"max_tokens must be between 1 and {room} for this prompt ({prompt_tokens} tokens, "
-            f"max_model_len {max_model_len}), got {max_tokens}",
-            "max_tokens",
-        )
 
 
 def parse_engine_arg(text: str) -> tuple[str, Any]:

@@ -28,6 +28,7 @@ from warmstart.engines.base import (
     GenerationResult,
     RequestError,
     TokenDelta,
+    check_fits,
 )
 from warmstart.engines.builtin.config import PRESETS, ModelConfig
 from warmstart.engines.builtin.graphs import DecodeGraphs
@@ -317,21 +318,8 @@ class BuiltinEngine(Engine):
 
     def _sequence(self, request: GenerationRequest, streaming: bool = False) -> Sequence:
         ids = self._prompt_ids(request)
-        if not ids or ids == [self.tokenizer.bos_id]:
-            raise RequestError("the prompt is empty", "prompt")
-        sampling = request.sampling
-        if len(ids) >= self._max_len:
-            limit = self._max_len - 1
-            raise RequestError(
-                f"the prompt has {len(ids)} tokens; this model takes at most {limit}", "prompt"
-            )
-        if sampling.max_tokens < 1 or len(ids) + sampling.max_tokens > self._max_len:
-            room = self._max_len - len(ids)
-            raise RequestError(
-                f"max_tokens must be between 1 and {room} for this prompt ({len(ids)} tokens, "
-                f"max_model_len {self._max_len}), got {sampling.max_tokens}",
-                "max_tokens",
-            )
+        prompt_tokens = 0 if ids == [self.tokenizer.bos_id] else len(ids)  # a lone BOS is an empty prompt
+        check_fits(prompt_tokens, request.sampling.max_tokens, self._max_len)
         return Sequence(request, ids, streaming=streaming)
 
     def _require_scheduler(self) -> Scheduler:
