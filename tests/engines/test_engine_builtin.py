@@ -166,6 +166,9 @@ def test_invalid_requests_name_the_field(make_engine) -> None:
     assert error.value.param == "prompt"
     with pytest.raises(RequestError, match="prompt has"):
         engine.generate([greedy(prompt="x" * 80)])
+    with pytest.raises(RequestError, match=r"token id 260 is outside 0\.\.259") as error:
+        engine.generate([GenerationRequest(prompt_token_ids=(1, 260))])
+    assert error.value.param == "prompt"
 
 
 def test_identity_describes_what_a_snapshot_depends_on(make_engine, tiny_model_dir: Path) -> None:

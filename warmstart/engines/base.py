@@ -148,3 +148,11 @@ def check_fits(prompt_tokens: int, max_tokens: int, max_model_len: int) -> None:
             f"max_model_len {max_model_len}), got {max_tokens}",
             "max_tokens",
         )
+
+
+def check_token_ids(ids: tuple[int, ...], vocab_size: int) -> list[int]:
+    """The prompt's token ids as a list, or a RequestError naming the first one outside the vocabulary."""
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise RequestError(f"token id {bad[0]} is outside 0..{vocab_size - 1}", "prompt")
+    return list(ids)

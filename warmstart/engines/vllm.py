@@ -35,6 +35,7 @@ from warmstart.engines.base import (
     SamplingParams,
     TokenDelta,
     check_fits,
+    check_token_ids,
 )
 from warmstart.engines.digest import files_digest
 from warmstart.engines.host import gpu_facts, runtime_image
@@ -358,12 +359,7 @@ class VllmEngine(Engine):
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         tokenizer = self._require_tokenizer()
         if request.prompt_token_ids is not None:
-            ids = list(request.prompt_token_ids)
-            vocab = len(tokenizer)
-            bad = [i for i in ids if not 0 <= i < vocab]
-            if bad:
-                raise RequestError(f"token id {bad[0]} is outside 0..{vocab - 1}", "prompt")
-            return ids
+            return check_token_ids(request.prompt_token_ids, len(tokenizer))
         if request.prompt is None:
             raise RequestError("a request needs a prompt or prompt_token_ids", "prompt")
         if not request.prompt:

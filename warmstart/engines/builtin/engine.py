@@ -29,6 +29,7 @@ from warmstart.engines.base import (
     RequestError,
     TokenDelta,
     check_fits,
+    check_token_ids,
 )
 from warmstart.engines.builtin.config import PRESETS, ModelConfig
 from warmstart.engines.builtin.graphs import DecodeGraphs
@@ -305,13 +306,7 @@ class BuiltinEngine(Engine):
 
     def _prompt_ids(self, request: GenerationRequest) -> list[int]:
         if request.prompt_token_ids is not None:
-            ids = list(request.prompt_token_ids)
-            bad = [i for i in ids if not 0 <= i < self.tokenizer.vocab_size]
-            if bad:
-                raise RequestError(
-                    f"token id {bad[0]} is outside 0..{self.tokenizer.vocab_size - 1}", "prompt"
-                )
-            return ids
+            return check_token_ids(request.prompt_token_ids, self.tokenizer.vocab_size)
         if request.prompt is None:
             raise RequestError("a request needs a prompt or prompt_token_ids", "prompt")
         return self.tokenizer.encode(request.prompt)
