@@ -37,9 +37,10 @@ def files_digest(model_dir: str | Path, files: Iterable[Path]) -> str:
     model_dir = Path(model_dir)
     cached = read_sidecar(model_dir)
     hashes: dict[str, str] = {}
+    stats: dict[str, os.stat_result] = {}
     unknown: list[Path] = []
     for path in files:
-        stat = path.stat()
+        stat = stats[path.name] = path.stat()
         entry = cached.get(path.name)
         if entry and entry.get("size") == stat.st_size and entry.get("mtime_ns") == stat.st_mtime_ns:
             hashes[path.name] = entry["sha256"]
@@ -47,7 +48,7 @@ def files_digest(model_dir: str | Path, files: Iterable[Path]) -> str:
             unknown.append(path)
     if unknown:
         hashes.update(_hash_in_parallel(unknown))
-        write_sidecar(model_dir, hashes)
+        write_sidecar(model_dir, hashes, stats)
     return combine_digests(hashes)
 
 
@@ -73,10 +74,14 @@ def read_sidecar(model_dir: Path) -> dict[str, dict[str, Any]]:
     return files if isinstance(files, dict) else {}
 
 
-def write_sidecar(model_dir: Path, file_hashes: dict[str, str]) -> None:
+def write_sidecar(
+    model_dir: Path, file_hashes: dict[str, str], stats: dict[str, os.stat_result] | None = None
+) -> None:
+    """Record the hashes with each file's size and mtime; `stats` taken before hashing (a file changed
+    while it was hashed then misses the cache next time instead of keeping a stale hash)."""
     files = {}
     for name, sha in file_hashes.items():
-        stat = (model_dir / name).stat()
+        stat = stats[name] if stats else (model_dir / name).stat()
         files[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
     body = json.dumps({"files": files, "digest": combine_digests(file_hashes)}, indent=2, sort_keys=True)
     tmp = model_dir / f"{DIGEST_SIDECAR}.{os.getpid()}.tmp"
