@@ -166,7 +166,9 @@ def resync(namespace: str, name: str, **_: Any) -> None:
 def on_endpoint_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
     started = time.perf_counter()
     try:
-        names = finalize(_kube(), plain(body))
+        # Under the endpoint's lock: a reconcile in flight must not add a snapshot after finalize lists them.
+        with Runtime.locks.lock((namespace, name)):
+            names = finalize(_kube(), plain(body))
     except KubeError as exc:
         METRICS.observe("delete", "error", time.perf_counter() - started)
         raise kopf.TemporaryError(f"cleaning up snapshots: {exc}", delay=5) from exc
