@@ -27,7 +27,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from warmstart.identity import SnapshotIdentity
 from warmstart.operator import labels as L
@@ -47,6 +47,9 @@ from warmstart.snapshot_agent.pods import (
     PodSandbox,
     control_dir_on_host,
 )
+
+if TYPE_CHECKING:
+    from warmstart.snapshot_agent.restore import FailureCounter
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +124,11 @@ def manifest_digest(snapshot: Snapshot) -> str:
 def store_snapshot_id(snap: dict[str, Any]) -> str:
     status = _status(snap)
     return str(status.get("snapshotId") or status.get("storagePath") or "")
+
+
+def _answered(control: ControlDir) -> bool:
+    """True when the pod already got `restore-complete` or `restore-failed`."""
+    return control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED)
 
 
 def worker_port(pod: dict[str, Any]) -> int | None:
@@ -449,7 +457,7 @@ class Agent:
         """Restore the pod's snapshot into it, or tell it to cold-start; True when nothing is left to do."""
         uid = _meta(pod)["uid"]
         control = ControlDir(control_dir_on_host(self.config.kubelet_root, uid))
-        if control.path.is_dir() and (control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED)):
+        if _answered(control):
             return True
         try:
             snap, snapshot_id, identity = self.restorable(pod)
@@ -458,7 +466,7 @@ class Agent:
             self._refuse(pod, control, str(exc))
             return True
         sandbox = self._find_pod(uid)
-        if control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED):
+        if _answered(control):  # answered while the pod's container was awaited
             return True
         if sandbox.engine_running():
             log.info("pod %s already runs an engine (it gave up waiting): no restore", _pod_key(pod))
@@ -538,10 +546,11 @@ class Agent:
             )  # fmt: skip
         except PodProcessError as exc:
             control.send(RESTORE_FAILED, {"reason": str(exc), "snapshot": snapshot_id})
-            self._restore_failed(pod, snap, snapshot_id, str(exc), failures.record(snapshot_id, str(exc)))
+            failures.record(snapshot_id, str(exc))
+            self._restore_failed(pod, snap, snapshot_id, str(exc), failures)
             return
         except (RestoreRefused, RestoreFailed) as exc:
-            self._restore_failed(pod, snap, snapshot_id, str(exc), failures.count(snapshot_id))
+            self._restore_failed(pod, snap, snapshot_id, str(exc), failures)
             return
         finally:
             self.metrics.in_flight.labels(RESTORE).dec()
@@ -557,16 +566,21 @@ class Agent:
         self.kube.event(pod, "Pod", "Normal", "Restored", f"from snapshot {snapshot_id} in {seconds:.2f}s")
 
     def _restore_failed(
-        self, pod: dict[str, Any], snap: dict[str, Any], snapshot_id: str, reason: str, count: int
+        self,
+        pod: dict[str, Any],
+        snap: dict[str, Any],
+        snapshot_id: str,
+        reason: str,
+        failures: FailureCounter,
     ) -> None:
-        from warmstart.snapshot_agent.restore import DEFAULT_MAX_FAILURES
-
+        """Report a failed restore (already counted in `failures`); Invalid once it failed too often."""
+        count = failures.count(snapshot_id)
         self.metrics.restores.labels("failed").inc()
-        message = f"{reason} (failure {count} of {DEFAULT_MAX_FAILURES}); the worker starts cold"
+        message = f"{reason} (failure {count} of {failures.max_failures}); the worker starts cold"
         self.kube.event(pod, "Pod", "Warning", "RestoreFailed", message)
         self.kube.annotate_pod(_meta(pod)["namespace"], _meta(pod)["name"], {"restoreFailed": reason})
         status: dict[str, Any] = {"restoreFailures": count}
-        if count >= DEFAULT_MAX_FAILURES:
+        if count >= failures.max_failures:
             status.update(
                 phase=INVALID, reason="RestoreFailures", message=f"{count} restores failed: {reason}"[:1024]
             )
