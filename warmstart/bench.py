@@ -148,6 +148,9 @@ def run_bench(args: argparse.Namespace) -> int:
     from warmstart.snapshot.store import SnapshotStore
     from warmstart.snapshot_agent.keys import signing_keys
 
+    if args.repeat < 1:
+        print(f"--repeat must be at least 1, got {args.repeat}", file=sys.stderr)
+        return 2
     criu, why_not = usable_criu(args.criu or default_criu_command())
     if criu is None:
         print(f"warmstart bench restore needs CRIU 4 as root: {why_not}", file=sys.stderr)
@@ -295,14 +298,4 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="skip the page-cache-dropped restores (they need root)",
     )  # fmt: skip
     parser.add_argument("--markdown", help="also write the table as Markdown to this file")
-    parser.set_defaults(func=_checked(run_bench))
-
-
-def _checked(run):  # type: ignore[no-untyped-def]
-    def checked(args: argparse.Namespace) -> int:
-        if args.repeat < 1:
-            print(f"--repeat must be at least 1, got {args.repeat}", file=sys.stderr)
-            return 2
-        return run(args)
-
-    return checked
+    parser.set_defaults(func=run_bench)

@@ -94,3 +94,12 @@ def test_worker_command_carries_mode_port_and_control_dir() -> None:
     joined = " ".join(command)
     assert "--mode restore" in joined and "--port 8123" in joined and "--device cuda" in joined
     assert "--control-dir /run/x/control" in joined
+
+
+def test_bench_refuses_fewer_than_one_repetition(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "warmstart", "bench", "restore", "--store", str(tmp_path), "--repeat", "0"],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "--repeat must be at least 1, got 0" in result.stderr
