@@ -142,11 +142,11 @@ class IdentityCache:
 def _code_fingerprint() -> str:
     """Sizes and mtimes of warmstart's own modules: an edited checkout is another worker image."""
     package = Path(__file__).resolve().parent
-    entries = sorted(
-        (str(path.relative_to(package)), path.stat().st_size, path.stat().st_mtime_ns)
-        for path in package.rglob("*.py")
-    )
-    return hashlib.sha256(json.dumps(entries).encode()).hexdigest()
+    entries = []
+    for path in package.rglob("*.py"):
+        info = path.stat()
+        entries.append((str(path.relative_to(package)), info.st_size, info.st_mtime_ns))
+    return hashlib.sha256(json.dumps(sorted(entries)).encode()).hexdigest()
 
 
 def _distribution_version(name: str) -> str:
