@@ -48,8 +48,6 @@ class CaptureError(RuntimeError):
 class CaptureResult:
     snapshot: Snapshot
     timings: dict[str, float]
-    source_keeps_serving: bool
-    uses_cuda: bool
 
 
 @dataclass
@@ -182,7 +180,7 @@ def capture(
         identity = identity_from_payload(payload)
         namespace_pid, host_pid = engine_pids(payload, sandbox)
     except CaptureError:  # nothing was suspended: the worker only waits for word to serve
-        control.send(RESTORE_COMPLETE, {**options.resume_payload, "restored_in_place": True})
+        _tell_source_to_serve(control, options.resume_payload)
         raise
     use = cuda.process_uses_cuda(host_pid)
     log.info("capturing pid %d (host %d): %s", namespace_pid, host_pid, use.reason)
@@ -207,7 +205,7 @@ def capture(
         _resume_source(control, host_pid, suspended, options.resume_payload, timer)
     else:
         control.send(SNAPSHOT_COMPLETE, {"snapshot": published.id})
-    return CaptureResult(published, timer.timings, options.keep_serving, use.uses_cuda)
+    return CaptureResult(published, timer.timings)
 
 
 def _dump_and_publish(
@@ -259,4 +257,8 @@ def _resume_source(
     if suspended:
         with timer.phase("cuda_restore"):
             cuda.resume(host_pid)
+    _tell_source_to_serve(control, payload)
+
+
+def _tell_source_to_serve(control: ControlDir, payload: dict[str, Any]) -> None:
     control.send(RESTORE_COMPLETE, {**payload, "restored_in_place": True})
