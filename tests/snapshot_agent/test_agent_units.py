@@ -255,6 +255,17 @@ def offline_agent(tmp_path: Path) -> Agent:
     return Agent(config, kube, load_signer(key), load_verifier(key))
 
 
+def test_a_deleted_inference_snapshot_takes_its_store_files_only_when_marked(
+    offline_agent: Agent, tmp_path: Path
+) -> None:
+    marked, unmarked = (_publish(offline_agent.store, tmp_path / "key", bytes([i]) * 10) for i in range(2))
+    offline_agent.forget_deleted_snapshot(_isnap(marked.id, marked=True))
+    offline_agent.forget_deleted_snapshot(_isnap(unmarked.id))
+    assert [snapshot.id for snapshot in offline_agent.store.list()] == [unmarked.id]
+    offline_agent.forget_deleted_snapshot(_isnap(marked.id, marked=True))  # already gone: no error
+    assert offline_agent.metrics.value("warmstart_agent_store_snapshots_deleted_total") == 1
+
+
 def test_grpc_status_and_list_snapshots(offline_agent: Agent, tmp_path: Path) -> None:
     published = _publish(offline_agent.store, tmp_path / "key", b"x" * 1000, namespace="team-a")
     server, port = serve(offline_agent, "127.0.0.1:0")

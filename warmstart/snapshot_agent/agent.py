@@ -170,6 +170,11 @@ def identity_problem(payload: dict[str, Any], wanted: str) -> str | None:
     return None
 
 
+def _cleanup_requested(snap: dict[str, Any]) -> bool:
+    """The operator marked this InferenceSnapshot's store files for removal."""
+    return (_meta(snap).get("annotations") or {}).get(L.STORE_CLEANUP_ANNOTATION) == "requested"
+
+
 def snapshots_to_remove(
     store_snapshots: list[Snapshot], inference_snapshots: list[dict[str, Any]], grace: float, now: float
 ) -> list[str]:
@@ -177,7 +182,7 @@ def snapshots_to_remove(
     referenced, marked = set(), set()
     for snap in inference_snapshots:
         snapshot_id = store_snapshot_id(snap)
-        if (_meta(snap).get("annotations") or {}).get(L.STORE_CLEANUP_ANNOTATION) == "requested":
+        if _cleanup_requested(snap):
             marked.add(snapshot_id)
         elif snapshot_id:
             referenced.add(snapshot_id)
@@ -598,20 +603,24 @@ class Agent:
 
     def clean_store(self) -> list[str]:
         """Remove store snapshots marked for cleanup or long unreferenced, then garbage-collect blobs."""
-        from warmstart.snapshot.store import SnapshotNotFound
-
         doomed = snapshots_to_remove(
             self.store.list(), self.kube.list_snapshots(), self.config.cleanup_grace, time.time()
         )
-        removed = []
-        for snapshot_id in doomed:
-            with contextlib.suppress(SnapshotNotFound):  # another node's agent was faster
-                self.store.delete(snapshot_id)
-                removed.append(snapshot_id)
-                self.metrics.store_deleted.inc()
-                log.info("removed snapshot %s from the store", snapshot_id)
+        removed = [snapshot_id for snapshot_id in doomed if self._delete_from_store(snapshot_id)]
         self.store.gc()
         return removed
+
+    def _delete_from_store(self, snapshot_id: str) -> bool:
+        """Delete one store snapshot; False when it was already gone (another node's agent was faster)."""
+        from warmstart.snapshot.store import SnapshotNotFound
+
+        try:
+            self.store.delete(snapshot_id)
+        except SnapshotNotFound:
+            return False
+        self.metrics.store_deleted.inc()
+        log.info("removed snapshot %s from the store", snapshot_id)
+        return True
 
     def _watch_snapshots(self) -> None:
         """Deleted InferenceSnapshots (all namespaces): remove the store files of those marked for cleanup."""
@@ -636,14 +645,9 @@ class Agent:
 
     def forget_deleted_snapshot(self, snap: dict[str, Any]) -> None:
         """A deleted InferenceSnapshot with the cleanup mark: its store files go now."""
-        from warmstart.snapshot.store import SnapshotNotFound
-
-        marked = (_meta(snap).get("annotations") or {}).get(L.STORE_CLEANUP_ANNOTATION) == "requested"
         snapshot_id = store_snapshot_id(snap)
-        if marked and snapshot_id:
-            with contextlib.suppress(SnapshotNotFound):
-                self.store.delete(snapshot_id)
-                self.metrics.store_deleted.inc()
+        if _cleanup_requested(snap) and snapshot_id:
+            self._delete_from_store(snapshot_id)
 
     # --- what the gRPC API reports -------------------------------------------------------------------
 
