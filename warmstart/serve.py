@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -186,7 +187,7 @@ def _atomic_write(target: Path, data: bytes) -> None:
     os.replace(temporary, target)
 
 
-def wait_http_ready(spec: WorkerSpec, deadline: float, alive: Any) -> None:
+def wait_http_ready(spec: WorkerSpec, deadline: float, alive: Callable[[], bool]) -> None:
     """Poll the worker until it answers HTTP; `alive()` false means it died first."""
     while True:
         try:

@@ -363,10 +363,8 @@ class Agent:
             if control.path.is_dir() and not control.present(SNAPSHOT_COMPLETE):
                 control.send(SNAPSHOT_COMPLETE, {"snapshot": store_snapshot_id(snap)})
             return True
-        if status.get("phase") == INVALID or status.get("capturePod") not in (None, "", name):
-            return True  # not this pod's attempt (any more)
-        if status.get("phase") == FAILED:
-            return True
+        if status.get("phase") in (INVALID, FAILED) or status.get("capturePod") not in (None, "", name):
+            return True  # given up on, or not this pod's attempt (any more)
         done = control.read(SNAPSHOT_COMPLETE)
         if done is not None:  # published before a restart of this agent: finish the bookkeeping
             snapshot = self.store.get(str(done.payload["snapshot"]))
