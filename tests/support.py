@@ -1,4 +1,5 @@
-"""Helpers shared by test packages: loopback ports, completions against a worker, the CRIU 4 command."""
+"""Helpers shared by test packages: loopback ports, completions against a worker, the CRIU 4 command, a
+CRIU that records its calls, and polling waits."""
 
 from __future__ import annotations
 
@@ -7,14 +8,20 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CRIU_SHIM = REPO / "hack" / "criu"
 PORTABLE_CRIU = REPO / ".dev" / "criu"
+POLL_SECONDS = 0.02
+
+T = TypeVar("T")
 
 # One greedy and one seeded sampled request: a restored worker must answer both byte for byte as before.
 PROMPTS = [
@@ -70,3 +77,36 @@ def criu_command_or_skip() -> str:
     except CriuError as exc:
         pytest.skip(f"no usable CRIU 4: {exc}")
     return command
+
+
+def recording_criu_command(directory: Path, criu_command: str) -> tuple[str, Callable[[], list[str]]]:
+    """The real CRIU behind a wrapper script that records each invocation's subcommand.
+
+    Returns the wrapper's command and a function listing the subcommands run so far.
+    """
+    calls = directory / "criu-calls"
+    wrapper = directory / "criu-wrapper"
+    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {criu_command} "$@"\n')
+    wrapper.chmod(0o755)
+    return str(wrapper), lambda: calls.read_text().split() if calls.exists() else []
+
+
+def wait_until(condition: Callable[[], T], what: str = "condition", timeout: float = 30.0) -> T:
+    """Poll `condition` until it returns something truthy, and return that; fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = condition()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
+        time.sleep(POLL_SECONDS)
+
+
+def wait_for_line(path: Path, timeout: float = 30.0) -> str:
+    """The text of `path` once it exists and ends with a newline (completely written)."""
+
+    def complete() -> str:
+        text = path.read_text() if path.exists() else ""
+        return text if text.endswith("\n") else ""
+
+    return wait_until(complete, f"{path} written", timeout)

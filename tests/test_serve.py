@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import answers, free_port
+from support import answers, free_port, recording_criu_command
 
 from warmstart.identity import SnapshotIdentity
 from warmstart.serve import IdentityCache, LocalNode, StartReport, WorkerSpec
@@ -24,11 +24,8 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture
 def recording_criu(tmp_path: Path, criu_command: str) -> tuple[Criu, Callable[[], list[str]]]:
-    calls = tmp_path / "criu-calls"
-    wrapper = tmp_path / "criu-wrapper"
-    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {criu_command} "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-    return Criu(str(wrapper), timeout=300), lambda: calls.read_text().split() if calls.exists() else []
+    wrapper, calls = recording_criu_command(tmp_path, criu_command)
+    return Criu(wrapper, timeout=300), calls
 
 
 @pytest.fixture

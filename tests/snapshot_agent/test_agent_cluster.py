@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import answers, free_port
+from support import answers, free_port, recording_criu_command
 
 from warmstart.operator import labels as L
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
@@ -161,13 +161,9 @@ def make_agent(kube: Any, tmp_path: Path) -> Iterator[Callable[[str], Agent]]:
 
 
 @pytest.fixture
-def recording_criu(tmp_path: Path, criu_command: str) -> tuple[str, Path]:
+def criu_calls(tmp_path: Path, criu_command: str) -> tuple[str, Callable[[], list[str]]]:
     """The real CRIU behind a wrapper that records each invocation's subcommand."""
-    calls = tmp_path / "criu-calls"
-    wrapper = tmp_path / "criu-wrapper"
-    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {criu_command} "$@"\n')
-    wrapper.chmod(0o755)
-    return str(wrapper), calls
+    return recording_criu_command(tmp_path, criu_command)
 
 
 def _start_agent(node_agent: Agent) -> threading.Thread:
@@ -194,7 +190,7 @@ def test_agent_captures_restores_and_refuses(
     cluster: Cluster,
     make_agent: Callable[[str], Agent],
     criu_command: str,
-    recording_criu: tuple[str, Path],
+    criu_calls: tuple[str, Callable[[], list[str]]],
     containers: list[Sandbox],
 ) -> None:
     agent = make_agent(criu_command)
@@ -247,11 +243,11 @@ def test_agent_captures_restores_and_refuses(
     # The agent restarts: the new one neither captures the Ready snapshot again nor restores the pod again.
     agent.stopping.set()
     assert agent.wait_idle(30)
-    agent = make_agent(recording_criu[0])
+    agent = make_agent(criu_calls[0])
     _start_agent(agent)
     handled = {capture_pod["metadata"]["uid"], restore_pod["metadata"]["uid"], stranger["metadata"]["uid"]}
     kube.wait_for(lambda: handled <= agent.settled_pods(), timeout=30, message="restarted agent caught up")
-    assert not recording_criu[1].exists(), "the restarted agent ran CRIU for work already done"
+    assert criu_calls[1]() == [], "the restarted agent ran CRIU for work already done"
     assert cluster.get_snapshot(namespace, "tiny-snap")["status"]["snapshotId"] == snapshot_id
 
     # Another namespace whose InferenceSnapshot points at this snapshot's store id: refused, nothing restored.
@@ -293,7 +289,7 @@ def test_agent_captures_restores_and_refuses(
     )  # fmt: skip
     assert invalid["restoreFailures"] == 3 and invalid["reason"] == "RestoreFailures"
     assert "Invalid" in [reason for reason, _ in cluster.events(namespace, "tiny-snap")]
-    assert not recording_criu[1].exists(), "CRIU ran on a snapshot that failed verification"
+    assert criu_calls[1]() == [], "CRIU ran on a snapshot that failed verification"
 
     # The operator's cleanup mark, then deletion: the agent removes the store files.
     cluster.custom.patch_namespaced_custom_object(

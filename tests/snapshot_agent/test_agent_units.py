@@ -9,13 +9,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
 from warmstart.operator import labels as L
 from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
@@ -43,16 +43,6 @@ from warmstart.snapshot_agent.pods import (
 from warmstart.snapshot_agent.sandbox import namespace_pids
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces (unshare) need root")
-
-
-def _wait(predicate, timeout: float = 10.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError(f"{what} not reached within {timeout}s")
 
 
 # --- /proc scanning ----------------------------------------------------------------------------------
@@ -84,7 +74,7 @@ def plain_process(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
 def test_processes_are_found_by_their_pod_uid_environment(
     plain_process: subprocess.Popen[bytes], pod_uid: str
 ) -> None:
-    _wait(lambda: pod_processes(pod_uid) == [plain_process.pid], what="the process found by its pod uid")
+    wait_until(lambda: pod_processes(pod_uid) == [plain_process.pid], what="the process found by its pod uid")
     assert read_environ(plain_process.pid)[L.POD_UID_ENV] == pod_uid
     assert pod_processes(str(uuid.uuid4())) == []
     assert supervisor_of([plain_process.pid]) is None  # not in a PID namespace of its own: no container init
@@ -113,7 +103,7 @@ def namespaced_pod(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
          "/bin/sh", "-c", "sleep 60 & exec sleep 61"],
         env={**os.environ, L.POD_UID_ENV: pod_uid}, start_new_session=True,
     )  # fmt: skip
-    _wait(lambda: len(pod_processes(pod_uid)) == 3, what="unshare, its init and its second process")
+    wait_until(lambda: len(pod_processes(pod_uid)) == 3, what="unshare, its init and its second process")
     yield process
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
@@ -144,7 +134,7 @@ def test_namespace_pids_translate_to_host_pids(
     assert pod.host_pid(3) is None
     assert pod.alive() and not pod.engine_running()  # a process, but not an engine
     os.kill(init, signal.SIGKILL)  # the container ends: its supervisor is gone
-    _wait(lambda: not pod.alive(), what="the pod seen as gone")
+    wait_until(lambda: not pod.alive(), what="the pod seen as gone")
 
 
 @needs_root
@@ -156,9 +146,9 @@ def test_an_engine_in_the_pod_is_recognised(pod_uid: str, tmp_path: Path) -> Non
         env={**os.environ, L.POD_UID_ENV: pod_uid}, start_new_session=True,
     )  # fmt: skip
     try:
-        init = _wait(lambda: supervisor_of(pod_processes(pod_uid)), what="the pod's init")
+        init = wait_until(lambda: supervisor_of(pod_processes(pod_uid)), what="the pod's init")
         pod = PodSandbox(tmp_path, init)
-        _wait(pod.engine_running, what="the engine seen")
+        wait_until(pod.engine_running, what="the engine seen")
     finally:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait()

@@ -9,10 +9,10 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from support import wait_until
 
 from warmstart.protocol import RESTORE_COMPLETE
 from warmstart.snapshot.signing import generate_hmac_key
@@ -22,13 +22,6 @@ from warmstart.snapshot_agent.sandbox import pid_namespace_of
 pytestmark = pytest.mark.integration
 DRIVER = Path(__file__).with_name("capture_driver.py")
 PHASES = ["wait_ready", "criu_dump", "copy_sandbox_files", "publish"]
-
-
-def _wait_for(condition, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"{what} within {timeout}s"
-        time.sleep(0.02)
 
 
 def _namespace_pids(namespace: str) -> list[int]:
@@ -58,8 +51,10 @@ def test_interrupted_capture_leaves_no_snapshot(
         )  # fmt: skip
     init_pid = None
     try:
-        _wait_for(
-            lambda: (work / "phase").exists() and (work / "phase").read_text() == phase, f"phase {phase}"
+        wait_until(
+            lambda: (work / "phase").exists() and (work / "phase").read_text() == phase,
+            f"phase {phase}",
+            timeout=60,
         )
         sandbox = json.loads((work / "sandbox.json").read_text())
         init_pid, namespace = sandbox["init_pid"], sandbox["pid_namespace"]
@@ -73,7 +68,7 @@ def test_interrupted_capture_leaves_no_snapshot(
             # an orderly interruption told the source to carry on before the capturer exited
             assert json.loads((control / RESTORE_COMPLETE).read_text())["restored_in_place"] is True
         # The sandbox dies with its owner: no half-dumped or frozen source is left behind.
-        _wait_for(lambda: not _namespace_pids(namespace), "the sandbox's processes are gone")
+        wait_until(lambda: not _namespace_pids(namespace), "the sandbox's processes gone", timeout=60)
     finally:
         if driver.poll() is None:
             driver.kill()

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 import shlex
-import stat
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import recording_criu_command, wait_for_line
 
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
@@ -29,22 +28,6 @@ def _identity(seed: int) -> SnapshotIdentity:
     return SnapshotIdentity(model_digest=f"sha256:{seed:0>64}", engine="target", engine_version="1")
 
 
-def _wait_for(path: Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text().endswith("\n")):
-        assert time.monotonic() < deadline, f"{path} did not appear within {timeout}s"
-        time.sleep(0.02)
-    return path.read_text()
-
-
-@pytest.fixture
-def sandboxes() -> Iterator[list[Sandbox]]:
-    started: list[Sandbox] = []
-    yield started
-    for sandbox in started:
-        sandbox.stop(grace=2)
-
-
 @pytest.fixture
 def store(tmp_path: Path) -> SnapshotStore:
     return SnapshotStore(tmp_path / "store")
@@ -58,15 +41,8 @@ def key(tmp_path: Path) -> Path:
 @pytest.fixture
 def counting_criu(tmp_path: Path, criu_command: str) -> tuple[Criu, Callable[[], list[str]]]:
     """The real CRIU behind a wrapper that records each invocation's subcommand."""
-    calls = tmp_path / "criu-calls"
-    wrapper = tmp_path / "criu-wrapper"
-    wrapper.write_text(f'#!/bin/sh\necho "$1" >> {calls}\nexec {criu_command} "$@"\n')
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
-
-    def invoked() -> list[str]:
-        return calls.read_text().split() if calls.exists() else []
-
-    return Criu(str(wrapper), timeout=120), invoked
+    wrapper, invoked = recording_criu_command(tmp_path, criu_command)
+    return Criu(wrapper, timeout=120), invoked
 
 
 def _start_target(host_dir: Path, seed: int, sandboxes: list[Sandbox], *extra: str) -> Sandbox:
@@ -112,13 +88,13 @@ def test_source_keeps_serving_and_restore_answers_identically(
     assert {"wait_ready", "criu_dump", "publish"} <= set(captured.timings)
     assert "criu/inventory.img" in captured.snapshot.files
     assert "sandbox/control/logs/out" in captured.snapshot.files
-    source_answer = _wait_for(source.host_dir / "control" / "answer").split()
+    source_answer = wait_for_line(source.host_dir / "control" / "answer").split()
     assert source_answer[2] == "9000"  # the source resumed in place with its payload
 
     restored, result = _restore_into_new_sandbox(
         tmp_path, "restored", store, key, captured.snapshot.id, criu, sandboxes
     )
-    restored_answer = _wait_for(restored.host_dir / "control" / "answer").split()
+    restored_answer = wait_for_line(restored.host_dir / "control" / "answer").split()
     assert restored_answer[0] == source_answer[0]
     assert restored_answer[2] == "9100"
     assert result.host_pid != result.namespace_pid
@@ -133,7 +109,7 @@ def test_exit_mode_sends_snapshot_complete_and_source_exits(
     assert source.process.wait(timeout=30) == 0
     assert not (source.host_dir / "control" / "answer").exists()
     restored, _ = _restore_into_new_sandbox(tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes)
-    assert len(_wait_for(restored.host_dir / "control" / "answer").split()[0]) == 64
+    assert len(wait_for_line(restored.host_dir / "control" / "answer").split()[0]) == 64
 
 
 def test_tampered_snapshot_is_refused_before_criu_runs(
@@ -220,7 +196,7 @@ def test_failed_dump_leaves_no_snapshot_and_source_keeps_serving(
         )  # fmt: skip
     assert store.list() == []
     assert not any((store.root / "staging").iterdir())
-    assert len(_wait_for(sandbox.host_dir / "control" / "answer").split()[0]) == 64
+    assert len(wait_for_line(sandbox.host_dir / "control" / "answer").split()[0]) == 64
     assert ControlDir(sandbox.host_dir / "control").read(RESTORE_COMPLETE) is not None
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support import wait_for_line, wait_until
 
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 from warmstart.snapshot_agent.criu import Criu, CriuError
@@ -22,30 +21,6 @@ def _target_init(seed: int) -> list[str]:
     control = MOUNTPOINT / "control"
     script = f"setsid {sys.executable} {TARGET} {control} {seed} </dev/null >{control}/logs/out 2>&1 & wait"
     return ["/bin/sh", "-c", script]
-
-
-def _wait_for(path: Path, timeout: float = 30) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists() and path.read_text().endswith("\n"):
-            return path.read_text()
-        time.sleep(0.02)
-    raise AssertionError(f"{path} did not appear within {timeout}s")
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"condition not met within {timeout}s"
-        time.sleep(0.02)
-
-
-@pytest.fixture
-def sandboxes() -> Iterator[list[Sandbox]]:
-    started: list[Sandbox] = []
-    yield started
-    for sandbox in started:
-        sandbox.stop(grace=2)
 
 
 def _capture(tmp_path: Path, criu: Criu, sandboxes: list[Sandbox], seed: int) -> tuple[Path, Path]:
@@ -95,7 +70,7 @@ def test_two_restores_run_side_by_side_and_answer_identically(
     assert first.pid_namespace != second.pid_namespace
     for index, (sandbox, _, _) in enumerate(restored):
         ControlDir(sandbox.host_dir / "control").send(RESTORE_COMPLETE, {"port": 9000 + index})
-    answers = [_wait_for(sandbox.host_dir / "control" / "answer").split() for sandbox, _, _ in restored]
+    answers = [wait_for_line(sandbox.host_dir / "control" / "answer").split() for sandbox, _, _ in restored]
     assert answers[0][0] == answers[1][0]  # same state, same continuation
     assert [answer[2] for answer in answers] == ["9000", "9001"]  # each got its own resume payload
     for sandbox, _, _ in restored:
@@ -111,7 +86,7 @@ def test_restore_answers_like_the_uninterrupted_process(
     sandboxes.append(sandbox)
     sandbox.set_main_pid(criu.in_namespaces_of(sandbox.init_pid).restore(images, logs_dir=tmp_path / "logs"))
     ControlDir(sandbox.host_dir / "control").send(RESTORE_COMPLETE)
-    restored_answer = _wait_for(sandbox.host_dir / "control" / "answer").split()[0]
+    restored_answer = wait_for_line(sandbox.host_dir / "control" / "answer").split()[0]
 
     reference_host = tmp_path / "reference"
     (reference_host / "control" / "logs").mkdir(parents=True)
@@ -119,7 +94,7 @@ def test_restore_answers_like_the_uninterrupted_process(
     sandboxes.append(reference)
     ControlDir(reference_host / "control").wait(READY_FOR_SNAPSHOT, timeout=30)
     ControlDir(reference_host / "control").send(RESTORE_COMPLETE)
-    assert _wait_for(reference_host / "control" / "answer").split()[0] == restored_answer
+    assert wait_for_line(reference_host / "control" / "answer").split()[0] == restored_answer
 
 
 def test_restore_without_the_log_files_fails_with_criu_reason(
@@ -132,5 +107,5 @@ def test_restore_without_the_log_files_fails_with_criu_reason(
     with pytest.raises(CriuError, match=r"CRIU restore failed: .*Error"):
         criu.in_namespaces_of(sandbox.init_pid).restore(images, logs_dir=tmp_path / "bare-logs")
     sandbox.kill_all_but_init()
-    _wait_until(lambda: sandbox.host_pids() == [sandbox.init_pid])
+    wait_until(lambda: sandbox.host_pids() == [sandbox.init_pid], "only the init left")
     assert sandbox.alive()  # a failed restore does not end the sandbox: it can cold-start instead
