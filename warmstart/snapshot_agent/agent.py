@@ -281,17 +281,17 @@ class Agent:
 
     def _handle(self, pod: dict[str, Any]) -> None:
         uid = _meta(pod)["uid"]
-        settled = False
+        settled = False  # an exception leaves the pod for the next resync
         try:
             if not self.owned(pod):
                 log.info(
                     "pod %s is not owned by an InferenceEndpoint or its snapshot: ignored", _pod_key(pod)
                 )
-                settled = True
             elif _labels(pod)[L.ROLE_LABEL] == CAPTURE:
-                settled = self.handle_capture(pod)
+                self.handle_capture(pod)
             else:
-                settled = self.handle_restore(pod)
+                self.handle_restore(pod)
+            settled = True
         except Exception:
             log.exception("handling pod %s failed; it is retried at the next resync", _pod_key(pod))
         finally:
@@ -349,27 +349,27 @@ class Agent:
 
     # --- capture -------------------------------------------------------------------------------------
 
-    def handle_capture(self, pod: dict[str, Any]) -> bool:
-        """Capture the pod's worker into its InferenceSnapshot; True when nothing more is to be done."""
+    def handle_capture(self, pod: dict[str, Any]) -> None:
+        """Capture the pod's worker into its InferenceSnapshot; once this returns, the pod needs nothing."""
         from warmstart.snapshot_agent.capture import CaptureError, wait_ready
 
         namespace, name, uid = _meta(pod)["namespace"], _meta(pod)["name"], _meta(pod)["uid"]
         snap = self.kube.get_snapshot(namespace, _labels(pod)[L.SNAPSHOT_LABEL])
         if snap is None:
-            return True
+            return
         status = _status(snap)
         control = ControlDir(control_dir_on_host(self.config.kubelet_root, uid))
         if status.get("phase") == READY:
             if control.path.is_dir() and not control.present(SNAPSHOT_COMPLETE):
                 control.send(SNAPSHOT_COMPLETE, {"snapshot": store_snapshot_id(snap)})
-            return True
+            return
         if status.get("phase") in (INVALID, FAILED) or status.get("capturePod") not in (None, "", name):
-            return True  # given up on, or not this pod's attempt (any more)
+            return  # given up on, or not this pod's attempt (any more)
         done = control.read(SNAPSHOT_COMPLETE)
         if done is not None:  # published before a restart of this agent: finish the bookkeeping
             snapshot = self.store.get(str(done.payload["snapshot"]))
             self._mark_ready(snap, name, snapshot, snapshot.timings)
-            return True
+            return
         sandbox = self._find_pod(uid)
         try:
             payload = wait_ready(control, sandbox, self.config.ready_timeout, cancelled=self.stopping.is_set)
@@ -378,10 +378,9 @@ class Agent:
                 raise
             self.metrics.captures.labels("failed").inc()
             self._mark_capture_failed(snap, pod, str(exc))
-            return True
+            return
         with self._captures:
             self._capture(pod, snap, sandbox, control, payload)
-        return True
 
     def _find_pod(self, uid: str) -> PodSandbox:
         root, timeout = self.config.kubelet_root, self.config.start_timeout
@@ -456,27 +455,26 @@ class Agent:
 
     # --- restore -------------------------------------------------------------------------------------
 
-    def handle_restore(self, pod: dict[str, Any]) -> bool:
-        """Restore the pod's snapshot into it, or tell it to cold-start; True when nothing is left to do."""
+    def handle_restore(self, pod: dict[str, Any]) -> None:
+        """Restore the pod's snapshot into it, or tell it to cold-start; then the pod needs nothing more."""
         uid = _meta(pod)["uid"]
         control = ControlDir(control_dir_on_host(self.config.kubelet_root, uid))
         if _answered(control):
-            return True
+            return
         try:
             snap, snapshot_id, identity = self.restorable(pod)
         except Refused as exc:
             self._wait_control_dir(control)
             self._refuse(pod, control, str(exc))
-            return True
+            return
         sandbox = self._find_pod(uid)
         if _answered(control):  # answered while the pod's container was awaited
-            return True
+            return
         if sandbox.engine_running():
             log.info("pod %s already runs an engine (it gave up waiting): no restore", _pod_key(pod))
-            return True
+            return
         with self._restores:
             self._restore(pod, snap, snapshot_id, identity, sandbox, control)
-        return True
 
     def restorable(self, pod: dict[str, Any]) -> tuple[dict[str, Any], str, SnapshotIdentity]:
         """The pod's InferenceSnapshot, its store id and identity; Refused with the reason otherwise."""
