@@ -284,6 +284,8 @@ def _print_tables(
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from warmstart.worker.options import port_number
+
     bench = subparsers.add_parser("bench", help="benchmarks")
     kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
     parser = kinds.add_parser(
@@ -291,7 +293,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     add_worker_arguments(parser)
-    parser.add_argument("--port", type=int, default=8010, help="port the benchmarked workers use")
+    parser.add_argument("--port", type=port_number, default=8010, help="port the benchmarked workers use")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each start (default 3)")
     parser.add_argument(
         "--no-drop-caches", dest="drop_caches", action="store_false",

@@ -491,6 +491,8 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from warmstart.worker.options import port_number
+
     parser = subparsers.add_parser(
         "serve",
         help="serve an OpenAI-compatible endpoint; first start cold + capture, later starts restore",
@@ -498,7 +500,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_worker_arguments(parser)
-    parser.add_argument("--port", type=int, default=8000, help="port to serve on (default 8000)")
+    parser.add_argument("--port", type=port_number, default=8000, help="port to serve on (default 8000)")
     parser.add_argument(
         "--once", "--exit-after-ready", dest="once", action="store_true",
         help="stop the worker and exit once it served (tests, demos)",

@@ -103,3 +103,13 @@ def test_bench_refuses_fewer_than_one_repetition(tmp_path: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "--repeat must be at least 1, got 0" in result.stderr
+
+
+@pytest.mark.parametrize("command", [["serve"], ["bench", "restore"]])
+def test_serve_and_bench_refuse_a_port_out_of_range(tmp_path: Path, command: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "warmstart", *command, "--store", str(tmp_path), "--port", "70000"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "port must be between 0 and 65535, got 70000" in result.stderr

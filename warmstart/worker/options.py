@@ -61,7 +61,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--mode", choices=MODES, default="cold", help="cold, capture or restore (default cold)"
     )
     worker.add_argument("--host", default="127.0.0.1", help="HTTP listen address (default 127.0.0.1)")
-    worker.add_argument("--port", type=_port, default=8000, help="HTTP port (default 8000)")
+    worker.add_argument("--port", type=port_number, default=8000, help="HTTP port (default 8000)")
     worker.add_argument(
         "--control-dir",
         default=os.environ.get(CONTROL_DIR_ENV),
@@ -181,7 +181,8 @@ def _engine_arg(text: str) -> tuple[str, object]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _port(text: str) -> int:
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port, 0 to 65535."""
     try:
         value = int(text)
     except ValueError:
