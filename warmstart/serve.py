@@ -25,7 +25,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -187,8 +186,9 @@ def _atomic_write(target: Path, data: bytes) -> None:
     os.replace(temporary, target)
 
 
-def wait_http_ready(spec: WorkerSpec, deadline: float, alive: Callable[[], bool]) -> None:
-    """Poll the worker until it answers HTTP; `alive()` false means it died first."""
+def wait_http_ready(spec: WorkerSpec, deadline: float, worker: Sandbox | PlainWorker) -> None:
+    """Poll the worker until it answers HTTP; fails naming its logs when it dies first or takes too long."""
+    logs = f"see {worker.host_dir / 'init.log'} and {worker.host_dir / CONTROL_SUBDIR / 'logs'}/"
     while True:
         try:
             with urllib.request.urlopen(spec.base_url + READY_PATH, timeout=2) as response:
@@ -196,10 +196,10 @@ def wait_http_ready(spec: WorkerSpec, deadline: float, alive: Callable[[], bool]
                     return
         except (urllib.error.URLError, OSError):
             pass
-        if not alive():
-            raise ServeError("the worker exited before it served; see its logs")
+        if not worker.alive():
+            raise ServeError(f"the worker exited before it served; {logs}")
         if time.monotonic() >= deadline:
-            raise ServeError(f"the worker did not answer on {spec.base_url} in time")
+            raise ServeError(f"the worker did not answer on {spec.base_url} within --ready-timeout; {logs}")
         time.sleep(0.02)
 
 
@@ -284,7 +284,7 @@ class LocalNode:
         else:  # no namespaces without root; nothing will be checkpointed anyway
             worker = PlainWorker.start(self._new_sandbox_dir("cold"), self.spec)
             self.sandboxes.append(worker)
-        wait_http_ready(self.spec, started + self.ready_timeout, worker.alive)
+        wait_http_ready(self.spec, started + self.ready_timeout, worker)
         return StartReport("cold", time.monotonic() - started, reason=reason)
 
     def start_cold_and_capture(self) -> StartReport:
@@ -306,13 +306,13 @@ class LocalNode:
                 options=options,
             )  # fmt: skip
         except CaptureError as exc:  # the source was resumed: it serves as a plain cold start
-            wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+            wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
             return StartReport("cold", time.monotonic() - started, reason=f"capture failed: {exc}")
         snapshot = result.snapshot
         self.identities.record(
             self.spec, snapshot.identity, str(snapshot.meta["worker"].get("model_dir", ""))
         )
-        wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+        wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
         return StartReport(
             "cold+capture", time.monotonic() - started, snapshot.id, snapshot.size, timings=result.timings
         )
@@ -339,9 +339,9 @@ class LocalNode:
             )  # fmt: skip
         except (RestoreRefused, RestoreFailed) as exc:
             # restore-failed was sent: the sandbox's supervisor cold-starts the engine itself.
-            wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+            wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
             return StartReport("cold", time.monotonic() - started, reason=f"{exc}; the worker cold-started")
-        wait_http_ready(self.spec, started + self.ready_timeout, sandbox.alive)
+        wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
         return StartReport(
             "restore", time.monotonic() - started, snapshot_id, result.snapshot.size, timings=result.timings
         )

@@ -113,3 +113,15 @@ def test_serve_and_bench_refuse_a_port_out_of_range(tmp_path: Path, command: lis
     )  # fmt: skip
     assert result.returncode == 2, result.stdout + result.stderr
     assert "port must be between 0 and 65535, got 70000" in result.stderr
+
+
+def test_serve_names_the_logs_of_a_worker_that_exits_before_serving(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "warmstart", "serve", "--store", str(tmp_path), "--port", "0",
+         "--criu", str(tmp_path / "no-criu"), "--worker-arg=--no-such-flag", "--once"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "the worker exited before it served; see " in result.stderr
+    init_log = Path(result.stderr.split("; see ", 1)[1].split(" and ", 1)[0])
+    assert "--no-such-flag" in init_log.read_text()  # the named log says what went wrong
