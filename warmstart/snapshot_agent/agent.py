@@ -246,8 +246,7 @@ class Agent:
         serialize = self.kube.core.api_client.sanitize_for_serialization
         for event in stream.stream(
             self.kube.core.list_pod_for_all_namespaces,
-            field_selector=f"spec.nodeName={self.config.node}",
-            label_selector=L.ENDPOINT_LABEL,
+            **self.kube.node_pod_selectors(),
             resource_version=version,
             timeout_seconds=max(1, int(self.config.resync_seconds)),
             _request_timeout=self.config.resync_seconds + self.kube.timeout,

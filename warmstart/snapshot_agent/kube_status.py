@@ -38,12 +38,14 @@ class KubeStatus:
 
     # --- reads ---------------------------------------------------------------------------------------
 
+    def node_pod_selectors(self) -> dict[str, str]:
+        """The selectors of this node's worker pods, for the list and the watch alike."""
+        return {"field_selector": f"spec.nodeName={self.node}", "label_selector": L.ENDPOINT_LABEL}
+
     def list_node_pods(self) -> tuple[list[dict[str, Any]], str]:
         """Worker pods scheduled on this node (as plain dicts) and the list's resourceVersion."""
         listing = self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={self.node}",
-            label_selector=L.ENDPOINT_LABEL,
-            _request_timeout=self.timeout,
+            **self.node_pod_selectors(), _request_timeout=self.timeout
         )
         pods = [self.core.api_client.sanitize_for_serialization(pod) for pod in listing.items]
         return pods, listing.metadata.resource_version
