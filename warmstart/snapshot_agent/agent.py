@@ -545,9 +545,8 @@ class Agent:
                 failures=failures,
             )  # fmt: skip
         except PodProcessError as exc:
-            control.send(RESTORE_FAILED, {"reason": str(exc), "snapshot": snapshot_id})
-            failures.record(snapshot_id, str(exc))
-            self._restore_failed(pod, snap, snapshot_id, str(exc), failures)
+            # The pod, not the snapshot, is at fault: a cold start, without counting against the snapshot.
+            self._refuse(pod, control, f"the pod cannot take a restore: {exc}")
             return
         except (RestoreRefused, RestoreFailed) as exc:
             self._restore_failed(pod, snap, snapshot_id, str(exc), failures)
