@@ -450,6 +450,7 @@ def test_deleting_the_endpoint_collects_everything(kube, namespace, operator):
         ({"autoscaling": {"mode": "hpa"}}, "spec.autoscaling.metric"),
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage"),
         ({"model": None}, "spec.model"),
+        ({"resources": {"gpus": 1, "gpuProduct": "NVIDIA H200"}}, "spec.resources.gpuProduct"),
     ],
 )
 def test_invalid_specs_are_rejected_naming_the_field(kube, namespace, crds, spec, expected):
