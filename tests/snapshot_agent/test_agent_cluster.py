@@ -410,3 +410,23 @@ def test_agent_command_serves_grpc_and_metrics_and_stops_on_sigterm(
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+def test_a_vanished_published_snapshot_fails_the_capture_once(
+    namespace: str, cluster: Cluster, make_agent: Callable[[str], Agent], criu_command: str
+) -> None:
+    """snapshot-complete names a store snapshot that is gone (deleted, or a store swapped under a restarted
+    agent): the InferenceSnapshot goes Failed with the reason instead of the agent raising on every resync."""
+    from warmstart.protocol import SNAPSHOT_COMPLETE
+
+    agent = make_agent(criu_command)
+    snap = cluster.snapshot(namespace, "tiny-snap", {"engine": "builtin"}, "0" * 64)
+    pod = cluster.pod(namespace, "tiny-capture-1", L.ROLE_CAPTURE, "tiny-snap", free_port(), owner=snap)
+    control = ControlDir(control_dir_on_host(agent.config.kubelet_root, pod["metadata"]["uid"]))
+    control.send(SNAPSHOT_COMPLETE, {"snapshot": "deadbeef0000-20260101000000-000000"})
+
+    agent.handle_capture(pod)
+
+    status = cluster.get_snapshot(namespace, "tiny-snap")["status"]
+    assert status["phase"] == "Failed"
+    assert "cannot be read" in status["message"], status["message"]

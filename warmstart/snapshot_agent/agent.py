@@ -37,6 +37,7 @@ from warmstart.protocol import (
     SNAPSHOT_COMPLETE,
     ControlDir,
 )
+from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.store import MANIFEST_FILE, Snapshot, SnapshotStore
 from warmstart.snapshot_agent.kube_status import KubeStatus, utc_now
@@ -366,7 +367,11 @@ class Agent:
             return  # given up on, or not this pod's attempt (any more)
         done = control.read(SNAPSHOT_COMPLETE)
         if done is not None:  # published before a restart of this agent: finish the bookkeeping
-            snapshot = self.store.get(str(done.payload["snapshot"]))
+            try:
+                snapshot = self.store.get(str(done.payload.get("snapshot", "")))
+            except SnapshotError as exc:  # gone or unreadable since: fail this attempt, never loop on it
+                self._mark_capture_failed(snap, pod, f"the published snapshot cannot be read: {exc}")
+                return
             self._mark_ready(snap, name, snapshot, snapshot.timings)
             return
         sandbox = self._find_pod(uid)
@@ -477,7 +482,6 @@ class Agent:
 
     def restorable(self, pod: dict[str, Any]) -> tuple[dict[str, Any], str, SnapshotIdentity]:
         """The pod's InferenceSnapshot, its store id and identity; Refused with the reason otherwise."""
-        from warmstart.snapshot.manifest import SnapshotError
 
         namespace, name = _meta(pod)["namespace"], _labels(pod).get(L.SNAPSHOT_LABEL, "")
         snap = self.kube.get_snapshot(namespace, name) if name else None

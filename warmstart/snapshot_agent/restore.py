@@ -175,8 +175,8 @@ def _restore_process(
         )
     sandbox.set_main_pid(namespace_pid)
     host_pid = sandbox.host_pid(namespace_pid)
-    if host_pid is None:
-        raise RestoreFailed(f"CRIU reported pid {namespace_pid} but no such process runs in the sandbox")
+    if host_pid is None:  # a CRIU-side failure: the caller kills whatever half-restored tasks remain
+        raise CriuError(f"CRIU reported pid {namespace_pid} but no such process runs in the sandbox")
     if snapshot.meta.get("uses_cuda"):
         with timed(timings, "cuda_restore"):
             cuda.resume(host_pid)
