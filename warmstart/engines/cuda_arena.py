@@ -191,11 +191,16 @@ class CudaVmmArena:
         handle = check(cu.cuMemCreate(self._reserved, prop, 0), "cuMemCreate")
         try:
             check(cu.cuMemMap(self._address, self._reserved, 0, handle, 0), "cuMemMap")
-            access = cu.CUmemAccessDesc()
-            access.location = prop.location
-            access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-            check(cu.cuMemSetAccess(self._address, self._reserved, [access], 1), "cuMemSetAccess")
         except CudaError:
+            cu.cuMemRelease(handle)
+            raise
+        access = cu.CUmemAccessDesc()
+        access.location = prop.location
+        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        try:
+            check(cu.cuMemSetAccess(self._address, self._reserved, [access], 1), "cuMemSetAccess")
+        except CudaError:  # leave the range unmapped, so a later reacquire can map it again
+            cu.cuMemUnmap(self._address, self._reserved)
             cu.cuMemRelease(handle)
             raise
         self._handle = handle
