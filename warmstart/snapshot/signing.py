@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from warmstart.snapshot.files import write_new_file
+
 SIGNING_KEY_ENV = "WARMSTART_SIGNING_KEY"
 HMAC_SHA256 = "hmac-sha256"
 ED25519 = "ed25519"
@@ -243,12 +245,7 @@ def load_verifier(path: str | os.PathLike[str] | None = None) -> Verifier:
 
 def _write_secret(path: Path, content: bytes, mode: int) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.write(fd, content)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_new_file(path, content, mode)
 
 
 def generate_hmac_key(path: str | os.PathLike[str]) -> Path:

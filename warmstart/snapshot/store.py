@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import Any
 
 from warmstart.identity import SnapshotIdentity
+from warmstart.snapshot.files import fsync_dir, write_new_file
 from warmstart.snapshot.hashing import (
     chunk_ranges,
     hash_file,
@@ -88,23 +89,6 @@ class SnapshotNotFound(SnapshotError, LookupError):
 
 
 # --- small filesystem helpers ----------------------------------------------------------------------------
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_file(path: Path, content: bytes, mode: int = 0o644) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
-    try:
-        os.write(fd, content)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _touch(path: Path) -> None:
@@ -445,7 +429,7 @@ class SnapshotStore:
                 digest, size = hash_file(candidate)
             with self._lock(exclusive=False):
                 self._ingest(candidate, digest, size, mode)
-                _fsync_dir(self.blobs_dir)
+                fsync_dir(self.blobs_dir)
             if move:
                 source.unlink(missing_ok=True)
         return digest
@@ -471,7 +455,7 @@ class SnapshotStore:
         with self._lock(exclusive=False):
             root = self.staging_dir / uuid.uuid4().hex
             root.mkdir()
-            _write_file(root / OWNER_FILE, json.dumps(owner).encode())
+            write_new_file(root / OWNER_FILE, json.dumps(owner).encode())
             (root / "files").mkdir()
         return root
 
@@ -503,7 +487,7 @@ class SnapshotStore:
                 list(entries.items()),
                 workers=self.hash_workers,
             )
-            _fsync_dir(self.blobs_dir)
+            fsync_dir(self.blobs_dir)
             refs = self._reference_entries(staging.refs)
             staging.timings["store_ingest"] = round(time.monotonic() - started, 6)
             manifest = Manifest(
@@ -518,12 +502,12 @@ class SnapshotStore:
                 meta=staging.meta,
             )
             manifest_bytes = manifest.to_bytes()
-            _write_file(output / MANIFEST_FILE, manifest_bytes)
-            _write_file(output / SIGNATURE_FILE, signature_document(signer, manifest_bytes))
-            _fsync_dir(output)
+            write_new_file(output / MANIFEST_FILE, manifest_bytes)
+            write_new_file(output / SIGNATURE_FILE, signature_document(signer, manifest_bytes))
+            fsync_dir(output)
             final = self.snapshots_dir / snapshot_id
             os.rename(output, final)
-            _fsync_dir(self.snapshots_dir)
+            fsync_dir(self.snapshots_dir)
         log.info("published snapshot %s (%d files, %d bytes)", snapshot_id, len(entries), manifest.size)
         return Snapshot(final, manifest)
 
