@@ -130,14 +130,6 @@ def cluster(kube: Any, crds: None) -> Cluster:
 
 
 @pytest.fixture
-def containers() -> Iterator[list[Sandbox]]:
-    started: list[Sandbox] = []
-    yield started
-    for sandbox in started:
-        sandbox.stop(grace=3)
-
-
-@pytest.fixture
 def make_agent(kube: Any, tmp_path: Path) -> Iterator[Callable[[str], Agent]]:
     """Agents of one node sharing one store and kubelet root (a second one plays the restarted agent)."""
     store = tmp_path / "store"
@@ -191,7 +183,7 @@ def test_agent_captures_restores_and_refuses(
     make_agent: Callable[[str], Agent],
     criu_command: str,
     criu_calls: tuple[str, Callable[[], list[str]]],
-    containers: list[Sandbox],
+    sandboxes: list[Sandbox],
 ) -> None:
     agent = make_agent(criu_command)
     kubelet_root = agent.config.kubelet_root
@@ -200,7 +192,7 @@ def test_agent_captures_restores_and_refuses(
 
     # A capture pod: its worker warms up and says ready-for-snapshot; the snapshot object names its identity.
     capture_pod = cluster.pod(namespace, "tiny-capture-1", L.ROLE_CAPTURE, "tiny-snap", port, owner=None)
-    containers.append(_container(capture_pod, kubelet_root, "capture", port))
+    sandboxes.append(_container(capture_pod, kubelet_root, "capture", port))
     control = ControlDir(control_dir_on_host(kubelet_root, capture_pod["metadata"]["uid"]))
     ready = kube.wait_for(lambda: control.read(READY_FOR_SNAPSHOT), timeout=180, message="ready-for-snapshot")
     snap = cluster.snapshot(namespace, "tiny-snap", ready.payload["identity"], ready.payload["identity_hash"])
@@ -225,11 +217,11 @@ def test_agent_captures_restores_and_refuses(
     assert status["timings"]["criu_dump"] > 0
     verified = store.verify(snapshot_id, agent.verifier, expected_identity=store.get(snapshot_id).identity)
     assert verified.meta["namespace"] == namespace
-    kube.wait_for(lambda: not containers[0].alive(), timeout=60, message="capture worker exits when done")
+    kube.wait_for(lambda: not sandboxes[0].alive(), timeout=60, message="capture worker exits when done")
 
     # A restore pod of the endpoint: restored, it answers like a cold worker of the same model would.
     restore_pod = cluster.pod(namespace, "tiny-restore-1", L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
-    containers.append(_container(restore_pod, kubelet_root, "restore", port))
+    sandboxes.append(_container(restore_pod, kubelet_root, "restore", port))
     kube.wait_for(lambda: _serving(port), timeout=120, message="restored worker serving")
     restored_answers = answers(f"http://127.0.0.1:{port}")
     restored_status = kube.wait_for(lambda: cluster.annotation(namespace, "tiny-restore-1"), timeout=30)
@@ -238,7 +230,7 @@ def test_agent_captures_restores_and_refuses(
     assert "Restored" in [reason for reason, _ in cluster.events(namespace, "tiny-restore-1")]
     assert agent.metrics.value("warmstart_agent_restores_total", {"result": "succeeded"}) == 1
     assert not (stranger_control / RESTORE_FAILED).exists() and not any(stranger_control.iterdir())
-    containers[-1].stop(grace=3)
+    sandboxes[-1].stop(grace=3)
 
     # The agent restarts: the new one neither captures the Ready snapshot again nor restores the pod again.
     agent.stopping.set()
@@ -261,7 +253,7 @@ def test_agent_captures_restores_and_refuses(
     # A tampered store: verification fails, restore-failed, the worker cold-starts and answers the same.
     _tamper_largest_blob(store, snapshot_id)
     second = cluster.pod(namespace, "tiny-restore-2", L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
-    containers.append(_container(second, kubelet_root, "restore", port))
+    sandboxes.append(_container(second, kubelet_root, "restore", port))
     second_control = ControlDir(control_dir_on_host(kubelet_root, second["metadata"]["uid"]))
     failed = kube.wait_for(lambda: second_control.read(RESTORE_FAILED), timeout=120, message="restore-failed")
     assert "digest" in failed.payload["reason"] or "refused" in failed.payload["reason"]
@@ -278,10 +270,10 @@ def test_agent_captures_restores_and_refuses(
     for index in (3, 4):
         spare, name = free_port(), f"tiny-restore-{index}"
         failing = cluster.pod(namespace, name, L.ROLE_RESTORE, "tiny-snap", spare, endpoint)
-        containers.append(_container(failing, kubelet_root, "restore", spare))
+        sandboxes.append(_container(failing, kubelet_root, "restore", spare))
         answer = control_dir_on_host(kubelet_root, failing["metadata"]["uid"]) / RESTORE_FAILED
         kube.wait_for(answer.exists, timeout=120, message=f"restore-failed in {name}")
-        containers[-1].stop(grace=1)
+        sandboxes[-1].stop(grace=1)
     invalid = kube.wait_for(
         lambda: cluster.get_snapshot(namespace, "tiny-snap")["status"].get("phase") == "Invalid"
         and cluster.get_snapshot(namespace, "tiny-snap")["status"],
@@ -344,7 +336,7 @@ def test_failed_capture_marks_the_snapshot_failed_and_the_worker_serves(
     cluster: Cluster,
     make_agent: Callable[[str], Agent],
     criu_command: str,
-    containers: list[Sandbox],
+    sandboxes: list[Sandbox],
 ) -> None:
     """The InferenceSnapshot describes another identity than the worker reports: no snapshot, the worker
     carries on serving, the InferenceSnapshot goes Failed with the reason and an Event says so."""
@@ -355,7 +347,7 @@ def test_failed_capture_marks_the_snapshot_failed_and_the_worker_serves(
     agent = make_agent(criu_command)
     port = free_port()
     pod = cluster.pod(namespace, "tiny-capture-1", L.ROLE_CAPTURE, "tiny-snap", port, owner=None)
-    containers.append(_container(pod, agent.config.kubelet_root, "capture", port))
+    sandboxes.append(_container(pod, agent.config.kubelet_root, "capture", port))
     control = ControlDir(control_dir_on_host(agent.config.kubelet_root, pod["metadata"]["uid"]))
     ready = kube.wait_for(lambda: control.read(READY_FOR_SNAPSHOT), timeout=180, message="ready-for-snapshot")
     reported = SnapshotIdentity.from_dict(ready.payload["identity"])
@@ -373,7 +365,7 @@ def test_failed_capture_marks_the_snapshot_failed_and_the_worker_serves(
     assert "CaptureFailed" in [reason for reason, _ in cluster.events(namespace, "tiny-snap")]
     assert SnapshotStore(agent.config.store).list() == []
     kube.wait_for(lambda: _serving(port), timeout=60, message="the source serving after the failed capture")
-    assert containers[0].alive()
+    assert sandboxes[0].alive()
 
 
 def test_agent_command_serves_grpc_and_metrics_and_stops_on_sigterm(
