@@ -125,3 +125,25 @@ def test_missing_api_is_degraded_with_the_fix_named():
     assert result["phase"] == "Degraded"
     assert conditions(result)["Degraded"]["reason"] == "MissingAPI"
     assert "install KEDA" in conditions(result)["Degraded"]["message"]
+
+
+def test_newest_report_is_found_by_time_not_by_text():
+    # As text "…00Z" sorts after "…00.500000+00:00" and "…12:00:00+02:00" after "…11:00:00Z"; as times
+    # the first of each pair is the older one.
+    pods = [
+        pod(json.dumps({"restoreSeconds": 1.0, "at": "2026-01-01T10:00:00Z"})),
+        pod(json.dumps({"restoreSeconds": 2.0, "at": "2026-01-01T10:00:00.500000+00:00"})),
+        pod(json.dumps({"coldStartSeconds": 30, "at": "2026-01-01T12:00:00+02:00"})),
+        pod(json.dumps({"coldStartSeconds": 40, "at": "2026-01-01T11:00:00Z"})),
+    ]
+    assert last_timings(pods) == {"lastRestoreSeconds": 2.0, "lastColdStartSeconds": 40.0}
+
+
+def test_a_report_without_a_readable_time_loses_to_a_dated_one():
+    pods = [
+        pod(json.dumps({"restoreSeconds": 9.0, "at": "yesterday"}), created="not a time"),
+        pod(json.dumps({"restoreSeconds": 3.0, "at": "2026-01-01T10:00:00Z"})),
+        pod(json.dumps({"coldStartSeconds": 50, "at": "2026-01-01T10:00:00"})),  # no zone: UTC
+        pod(json.dumps({"coldStartSeconds": 60, "at": "2026-01-01T10:30:00+01:00"})),
+    ]
+    assert last_timings(pods) == {"lastRestoreSeconds": 3.0, "lastColdStartSeconds": 50.0}

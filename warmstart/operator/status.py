@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmstart.operator import labels as L
-from warmstart.operator.snapshots import FAILED, SnapshotPlan, format_time
+from warmstart.operator.snapshots import FAILED, SnapshotPlan, format_time, parse_time
 
 READY, SNAPSHOT_READY, PROGRESSING, DEGRADED = "Ready", "SnapshotReady", "Progressing", "Degraded"
+UNDATED = dt.datetime.min.replace(tzinfo=dt.UTC)  # a report without a readable time: older than any other
 
 
 @dataclass(frozen=True)
@@ -114,7 +115,7 @@ def last_timings(pods: list[dict[str, Any]]) -> dict[str, float]:
     The annotation is JSON such as {"phase": "Restored", "restoreSeconds": 2.1, "at": "...Z"}; pods without
     one, or with one that does not parse, are skipped.
     """
-    found: dict[str, tuple[str, float]] = {}
+    found: dict[str, tuple[dt.datetime, float]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
         raw = (meta.get("annotations") or {}).get(L.STATUS_ANNOTATION)
@@ -126,7 +127,7 @@ def last_timings(pods: list[dict[str, Any]]) -> dict[str, float]:
             continue
         if not isinstance(report, dict):
             continue
-        stamp = str(report.get("at") or meta.get("creationTimestamp") or "")
+        stamp = _report_time(report.get("at"), meta.get("creationTimestamp"))
         for key, field in (
             ("restoreSeconds", "lastRestoreSeconds"),
             ("coldStartSeconds", "lastColdStartSeconds"),
@@ -136,6 +137,19 @@ def last_timings(pods: list[dict[str, Any]]) -> dict[str, float]:
             if is_number and (field not in found or stamp > found[field][0]):
                 found[field] = (stamp, float(value))
     return {field: value for field, (_, value) in found.items()}
+
+
+def _report_time(*candidates: Any) -> dt.datetime:
+    """The first candidate that reads as an RFC 3339 time (no zone: UTC), else UNDATED."""
+    for text in candidates:
+        if not isinstance(text, str) or not text:
+            continue
+        try:
+            moment = parse_time(text)
+        except ValueError:
+            continue
+        return moment if moment.tzinfo is not None else moment.replace(tzinfo=dt.UTC)
+    return UNDATED
 
 
 def endpoint_status(
