@@ -21,7 +21,15 @@ from typing import Any
 from warmstart.cuda_driver import CudaError, CudaUnavailable, check, driver
 from warmstart.cuda_driver import device_count as cuda_device_count
 
-__all__ = ["CudaError", "CudaUnavailable", "CudaVmmArena", "cuda_device_count"]
+__all__ = [
+    "CudaError",
+    "CudaUnavailable",
+    "CudaVmmArena",
+    "VmmRange",
+    "cuda_device_count",
+    "cuda_ordinal",
+    "primary_context",
+]
 
 
 def _round_up(value: int, multiple: int) -> int:
@@ -44,7 +52,7 @@ class _PrimaryContext:
 
 
 @functools.cache
-def _primary_context(device_index: int) -> _PrimaryContext:
+def primary_context(device_index: int) -> _PrimaryContext:
     return _PrimaryContext(device_index)  # retained once per process and device, never dropped
 
 
@@ -60,6 +68,88 @@ class _CudaArrayView:
         }
 
 
+class VmmRange:
+    """One reserved device virtual range whose physical backing can be unmapped and mapped again in place.
+
+    No torch here: the scratch pool calls this from inside torch's allocator. The caller makes the device's
+    primary context current first.
+    """
+
+    def __init__(self, device_index: int, nbytes: int) -> None:
+        if nbytes <= 0:
+            raise ValueError(f"a device range must be positive, got {nbytes} bytes")
+        self.device_index = device_index
+        cu = driver()
+        granularity = int(
+            check(
+                cu.cuMemGetAllocationGranularity(
+                    self._allocation_prop(),
+                    cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
+                ),
+                "cuMemGetAllocationGranularity",
+            )
+        )
+        self.size = _round_up(nbytes, granularity)
+        self.address = int(check(cu.cuMemAddressReserve(self.size, granularity, 0, 0), "cuMemAddressReserve"))
+        self._handle: Any = None
+        try:
+            self.map()
+        except CudaError:
+            cu.cuMemAddressFree(self.address, self.size)
+            raise
+
+    @property
+    def mapped(self) -> bool:
+        return self._handle is not None
+
+    def map(self) -> None:
+        """Back the range with fresh physical memory (contents undefined); nothing to do when mapped."""
+        if self._handle is not None:
+            return
+        cu = driver()
+        prop = self._allocation_prop()
+        handle = check(cu.cuMemCreate(self.size, prop, 0), "cuMemCreate")
+        try:
+            check(cu.cuMemMap(self.address, self.size, 0, handle, 0), "cuMemMap")
+        except CudaError:
+            cu.cuMemRelease(handle)
+            raise
+        access = cu.CUmemAccessDesc()
+        access.location = prop.location
+        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        try:
+            check(cu.cuMemSetAccess(self.address, self.size, [access], 1), "cuMemSetAccess")
+        except CudaError:  # leave the range unmapped, so a later map() can try again
+            cu.cuMemUnmap(self.address, self.size)
+            cu.cuMemRelease(handle)
+            raise
+        self._handle = handle
+
+    def unmap(self) -> None:
+        """Free the physical memory and keep the virtual range; a kernel touching it now faults."""
+        if self._handle is None:
+            return
+        cu = driver()
+        check(cu.cuMemUnmap(self.address, self.size), "cuMemUnmap")
+        check(cu.cuMemRelease(self._handle), "cuMemRelease")
+        self._handle = None
+
+    def free(self) -> None:
+        """Unmap and give the virtual range back for good."""
+        self.unmap()
+        if self.size:
+            check(driver().cuMemAddressFree(self.address, self.size), "cuMemAddressFree")
+            self.size = 0
+
+    def _allocation_prop(self) -> Any:
+        cu = driver()
+        prop = cu.CUmemAllocationProp()
+        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+        prop.location.id = self.device_index
+        return prop
+
+
 class CudaVmmArena:
     """One contiguous range of device memory whose physical backing can be released and re-mapped in place.
 
@@ -72,12 +162,10 @@ class CudaVmmArena:
     keeps_address = True
 
     def __init__(self, device: Any = "cuda") -> None:
-        self.device_index = _device_index(device)
+        self.device_index = cuda_ordinal(device)
         self._context: _PrimaryContext | None = None
-        self._address = 0
-        self._reserved = 0
+        self._range: VmmRange | None = None
         self._nbytes = 0
-        self._handle: Any = None
         self._tensor: Any = None
 
     # -- state ---------------------------------------------------------------------------------------------
@@ -89,18 +177,18 @@ class CudaVmmArena:
     @property
     def address(self) -> int:
         """The arena's device virtual address; the same before `release()` and after `reacquire()`."""
-        return self._address
+        return self._range.address if self._range else 0
 
     @property
     def released(self) -> bool:
-        return self._handle is None
+        return self._range is None or not self._range.mapped
 
     @property
     def tensor(self) -> Any:
         """The whole arena as a flat uint8 torch tensor on the GPU."""
         if self._tensor is None:
             raise RuntimeError("the CUDA arena has no memory yet: call allocate(nbytes) first")
-        if self._handle is None:
+        if self.released:
             from warmstart.engines.arena import ArenaReleasedError
 
             raise ArenaReleasedError("the CUDA arena is released; call reacquire() first")
@@ -111,65 +199,47 @@ class CudaVmmArena:
         """Reserve the virtual range, back it with device memory, and return the flat uint8 view."""
         if nbytes <= 0:
             raise ValueError(f"arena size must be positive, got {nbytes} bytes")
-        if self._reserved:
+        if self._range is not None:
             raise RuntimeError(f"the CUDA arena is already allocated ({self._nbytes} bytes); allocate once")
         import torch
 
         torch.cuda.init()
         torch.cuda.set_device(self.device_index)
-        self._context = _primary_context(self.device_index)
+        self._context = primary_context(self.device_index)
         self._context.make_current()
-        cu = driver()
-        granularity = int(
-            check(
-                cu.cuMemGetAllocationGranularity(
-                    self._allocation_prop(),
-                    cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-                ),
-                "cuMemGetAllocationGranularity",
-            )
-        )
-        self._reserved = _round_up(nbytes, granularity)
+        self._range = VmmRange(self.device_index, nbytes)
         self._nbytes = nbytes
-        reserved = cu.cuMemAddressReserve(self._reserved, granularity, 0, 0)
-        self._address = int(check(reserved, "cuMemAddressReserve"))
-        self._map()
-        view = _CudaArrayView(self._address, nbytes)
+        view = _CudaArrayView(self._range.address, nbytes)
         self._tensor = torch.as_tensor(view, device=f"cuda:{self.device_index}")
-        if self._tensor.data_ptr() != self._address:  # torch must view the range, never copy it
+        if self._tensor.data_ptr() != self._range.address:  # torch must view the range, never copy it
             raise CudaError("torch copied the arena instead of viewing it (__cuda_array_interface__)")
         return self._tensor
 
     def release(self) -> None:
         """Free the physical memory, keep the virtual range (views stay, pointing at unmapped addresses)."""
-        if self._handle is None:
+        if self.released:
             return
         self._require_context()
         import torch
 
         torch.cuda.synchronize(self.device_index)  # no kernel may still read the weights
-        cu = driver()
-        check(cu.cuMemUnmap(self._address, self._reserved), "cuMemUnmap")
-        check(cu.cuMemRelease(self._handle), "cuMemRelease")
-        self._handle = None
+        self._range.unmap()
 
     def reacquire(self) -> Any:
         """Map fresh physical memory at the same address; contents are undefined until refilled."""
-        if not self._reserved:
+        if self._range is None:
             raise RuntimeError("the CUDA arena was never allocated: call allocate(nbytes) first")
-        if self._handle is None:
-            self._require_context()
-            self._map()
+        self._require_context()
+        self._range.map()
         return self._tensor
 
     def close(self) -> None:
         """Release the memory and give the virtual range back; the arena's views become invalid for good."""
-        self.release()
-        if self._reserved:
-            check(driver().cuMemAddressFree(self._address, self._reserved), "cuMemAddressFree")
+        if self._range is not None:
+            self._require_context()
+            self._range.free()
+        self._range = None
         self._tensor = None
-        self._reserved = 0
-        self._address = 0
 
     # -- internals -----------------------------------------------------------------------------------------
     def _require_context(self) -> None:
@@ -177,36 +247,8 @@ class CudaVmmArena:
             raise RuntimeError("the CUDA arena was never allocated: call allocate(nbytes) first")
         self._context.make_current()
 
-    def _allocation_prop(self) -> Any:
-        cu = driver()
-        prop = cu.CUmemAllocationProp()
-        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = self.device_index
-        return prop
 
-    def _map(self) -> None:
-        cu = driver()
-        prop = self._allocation_prop()
-        handle = check(cu.cuMemCreate(self._reserved, prop, 0), "cuMemCreate")
-        try:
-            check(cu.cuMemMap(self._address, self._reserved, 0, handle, 0), "cuMemMap")
-        except CudaError:
-            cu.cuMemRelease(handle)
-            raise
-        access = cu.CUmemAccessDesc()
-        access.location = prop.location
-        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        try:
-            check(cu.cuMemSetAccess(self._address, self._reserved, [access], 1), "cuMemSetAccess")
-        except CudaError:  # leave the range unmapped, so a later reacquire can map it again
-            cu.cuMemUnmap(self._address, self._reserved)
-            cu.cuMemRelease(handle)
-            raise
-        self._handle = handle
-
-
-def _device_index(device: Any) -> int:
+def cuda_ordinal(device: Any) -> int:
     """The CUDA ordinal of `device` ("cuda", "cuda:1", a torch.device or an int)."""
     if isinstance(device, int):
         return device

@@ -95,6 +95,7 @@ class BuiltinEngine(Engine):
         self._kv_arena: Arena | None = None
         self._model: Transformer | None = None
         self._graphs: DecodeGraphs | None = None
+        self._scratch: Any = None  # CudaScratchPool for the graphs' intermediates, with the cuda-vmm arena
         self._scheduler: Scheduler | None = None
         self._digest: str | None = None
         self._weights_released = False
@@ -154,8 +155,16 @@ class BuiltinEngine(Engine):
         prompt = GenerationRequest(prompt="warm up", request_id="warm-up")
         scheduler.run_inline([self._sequence(prompt)])
         if self._device.type == "cuda":
+            if self._arena_kind == "cuda-vmm":
+                from warmstart.engines.cuda_scratch import CudaScratchPool
+
+                self._scratch = CudaScratchPool(self._device)
             self._graphs = DecodeGraphs(
-                self._model, self._graph_sizes_within_limit(), self._max_num_seqs, compile=self._compile
+                self._model,
+                self._graph_sizes_within_limit(),
+                self._max_num_seqs,
+                compile=self._compile,
+                pool=self._scratch,
             )
             self._graphs.capture()
             torch.cuda.synchronize(self._device)
@@ -171,6 +180,8 @@ class BuiltinEngine(Engine):
             self._weights_released = True
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
+            if self._scratch is not None:
+                self._scratch.release()  # the graphs rewrite their intermediates on every replay
             torch.cuda.empty_cache()  # cached blocks would otherwise travel in the checkpoint
             release_pinned_cache()
         return self._weights_released
@@ -178,6 +189,8 @@ class BuiltinEngine(Engine):
     def reacquire(self) -> None:
         if not self._kv_arena.released:
             return  # nothing was released
+        if self._scratch is not None:
+            self._scratch.reacquire()
         self._kv_arena.reacquire()
         if self._weights_released:
             self._weight_arena.reacquire()
@@ -238,6 +251,7 @@ class BuiltinEngine(Engine):
             max_num_seqs=self._max_num_seqs,
             weights_bytes=self._weight_arena.nbytes if self._weight_arena else 0,
             kv_bytes=self._kv_arena.nbytes if self._kv_arena else 0,
+            graph_scratch_bytes=self._scratch.nbytes if self._scratch is not None else 0,
             weight_files=[str(path) for path in self._files],
         )
         return facts

@@ -2,12 +2,16 @@
 
 A batch is padded up to the next captured size; padding rows write into a scratch KV slot nobody reads.
 The graphs read weights and KV cache at fixed addresses, so after those move they must be captured again.
+Their intermediates live in one memory pool: torch's own, or a `CudaScratchPool` that can be released
+before a checkpoint. With `compile`, the decode step is compiled once for every batch size above 1 (the
+batch dimension is dynamic, as in vLLM) and once for batch 1, which torch specialises.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,14 +31,21 @@ class _Captured:
 
 class DecodeGraphs:
     def __init__(
-        self, model: Transformer, sizes: list[int], scratch_slot: int, compile: bool = False
+        self,
+        model: Transformer,
+        sizes: list[int],
+        scratch_slot: int,
+        compile: bool = False,
+        pool: Any = None,
     ) -> None:
         if not sizes:
             raise ValueError("CUDA graph capture needs at least one batch size")
         self._model = model
         self._sizes = sorted(sizes)
         self._scratch_slot = scratch_slot
-        self._decode = torch.compile(model.decode, dynamic=False) if compile else model.decode
+        self._compiled = compile
+        self._decode = torch.compile(model.decode) if compile else model.decode
+        self._pool = pool  # an object with `.id` (a CudaScratchPool), or None for torch's graph pool
         self._captured: dict[int, _Captured] = {}
         self.captures = 0  # how many times the whole set was captured
 
@@ -45,10 +56,12 @@ class DecodeGraphs:
         """(Re)capture every size, largest first, sharing one memory pool."""
         self._captured.clear()
         self.captures += 1
-        pool = torch.cuda.graph_pool_handle()
+        pool = self._pool.id if self._pool is not None else torch.cuda.graph_pool_handle()
         with torch.no_grad():
             for size in reversed(self._sizes):
                 self._captured[size] = self._capture_one(size, pool)
+        if self._compiled:
+            _stop_compile_workers()
 
     def replay(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         batch = tokens.shape[0]
@@ -67,6 +80,9 @@ class DecodeGraphs:
         tokens = torch.zeros(size, dtype=torch.long, device=device)
         positions = torch.zeros(size, dtype=torch.long, device=device)
         slots = torch.full((size,), self._scratch_slot, dtype=torch.long, device=device)
+        if self._compiled and size > 1:
+            for batch_input in (tokens, positions, slots):  # one compiled graph for every size above 1
+                torch._dynamo.maybe_mark_dynamic(batch_input, 0)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
@@ -77,3 +93,12 @@ class DecodeGraphs:
         with torch.cuda.graph(graph, pool=pool):
             logits = self._decode(tokens, positions, slots)
         return _Captured(graph, tokens, positions, slots, logits)
+
+
+def _stop_compile_workers() -> None:
+    """torch.compile keeps a pool of compiler subprocesses; a process about to be checkpointed needs none."""
+    from torch._inductor import async_compile
+
+    shutdown = getattr(async_compile, "shutdown_compile_workers", None)
+    if shutdown is not None:
+        shutdown()

@@ -1,0 +1,102 @@
+"""What a CUDA checkpoint copies out of a process that holds no tensors worth keeping.
+
+Each variant runs in its own child process, which sets up CUDA state and waits. The parent measures the
+child's device memory (nvidia-smi) and its anonymous host memory, takes a CUDA checkpoint (the driver copies
+device memory into the process's host memory), measures again, restores and lets the child go. The host
+growth is what CRIU would then have to store and restore: the part of an image no engine can shed.
+
+    python3 benchmarks/cuda_context_probe.py        # as root, on a GPU host; prints a markdown table
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gpu_restore import GiB, gpu_memory_of  # noqa: E402
+
+VARIANTS = {
+    "context only (torch.zeros on cuda)": "x = torch.zeros(1, device='cuda')",
+    "+ cuBLAS bf16 matmul": (
+        "x = torch.zeros(1, device='cuda'); a = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16);"
+        " b = a @ a; del a, b; torch.cuda.empty_cache()"
+    ),
+    "+ SDPA and a Triton kernel (torch.compile)": (
+        "x = torch.zeros(1, device='cuda'); a = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16);"
+        " b = a @ a; q = torch.randn(8, 32, 128, 128, device='cuda', dtype=torch.bfloat16);"
+        " o = torch.nn.functional.scaled_dot_product_attention(q, q, q);"
+        " f = torch.compile(lambda t: torch.nn.functional.silu(t) * t); f(a);"
+        " del a, b, q, o; torch.cuda.empty_cache();"
+        " from torch._inductor import async_compile as ac; getattr(ac, 'shutdown_compile_workers', int)()"
+    ),
+}
+
+CHILD = "import sys, torch; {setup}; torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()"
+
+
+def rss_anon(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def probe(setup: str) -> dict[str, float]:
+    from warmstart.snapshot_agent import cuda
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD.format(setup=setup)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        if child.stdout.readline().strip() != "ready":
+            raise RuntimeError("the probe child failed to set up CUDA")
+        gpu = gpu_memory_of(child.pid) or 0
+        host_before = rss_anon(child.pid)
+        started = time.perf_counter()
+        cuda.lock(child.pid)
+        cuda.checkpoint(child.pid)
+        checkpoint_s = time.perf_counter() - started
+        host_after = rss_anon(child.pid)
+        started = time.perf_counter()
+        cuda.restore(child.pid)
+        cuda.unlock(child.pid)
+        restore_s = time.perf_counter() - started
+    finally:
+        child.stdin.close()
+        child.wait(timeout=60)
+    return {
+        "gpu_gib": gpu / GiB,
+        "host_gib": host_before / GiB,
+        "copied_gib": (host_after - host_before) / GiB,
+        "checkpoint_s": checkpoint_s,
+        "restore_s": restore_s,
+    }
+
+
+def main() -> int:
+    rows = [
+        "| process state | GPU memory (nvidia-smi) | host anon before | host growth at checkpoint | "
+        "checkpoint s | restore s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, setup in VARIANTS.items():
+        r = probe(setup)
+        rows.append(
+            f"| {name} | {r['gpu_gib']:.2f} GiB | {r['host_gib']:.2f} GiB | {r['copied_gib']:.2f} GiB | "
+            f"{r['checkpoint_s']:.2f} | {r['restore_s']:.2f} |"
+        )
+        print(rows[-1], flush=True)
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
