@@ -22,12 +22,6 @@ TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
-def crds(kube) -> None:
-    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds"))
-    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(REPO / "crds"))
-
-
-@pytest.fixture(scope="module")
 def operator(kube, crds, tmp_path_factory) -> Iterator[OperatorProcess]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     process = OperatorProcess(

@@ -114,13 +114,23 @@ def apply_optional_children(
 def sync_snapshots(
     kube: Kube, endpoint: children.Owner, spec: EndpointSpec, plan: SnapshotPlan, identity_hash: str
 ) -> None:
-    """Carry out the plan: create/retry/delete InferenceSnapshots and keep exactly the right capture pod."""
+    """Carry out the plan: create/retry/delete InferenceSnapshots and keep exactly the right capture pod.
+
+    A snapshot the plan creates but that already exists was made since the plan's list was read (a
+    concurrent reconcile): its status and capture pod are left alone; the next reconcile sees it.
+    """
     ns = endpoint.namespace
     created = kube.create(plan.create) if plan.create is not None else None
+    stale = plan.create["metadata"]["name"] if plan.create is not None and created is None else ""
+    if stale:
+        log.info("InferenceSnapshot %s/%s already exists: not touching its status or capture pod", ns, stale)
     for name, patch in plan.status_patches.items():
-        kube.patch_status(L.SNAPSHOT_KIND, ns, name, patch)
+        if name != stale:
+            kube.patch_status(L.SNAPSHOT_KIND, ns, name, patch)
     for name in plan.delete:
         kube.delete(L.SNAPSHOT_KIND, ns, name)
+    if stale:
+        return
     wanted = children.capture_pod_name(plan.active, plan.capture_attempt) if plan.capture_attempt else ""
     selector = {L.ENDPOINT_LABEL: endpoint.name, L.COMPONENT_LABEL: L.CAPTURE_COMPONENT}
     existing = {p["metadata"]["name"] for p in kube.list("Pod", ns, selector)}
