@@ -7,6 +7,7 @@ OpenAI-style error body naming the field; an unknown model gets 404.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -43,10 +44,23 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
 
-    def response(self) -> JSONResponse:
+    def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        body = {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status)
+        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+@contextlib.contextmanager
+def _engine_errors() -> Iterator[None]:
+    """Engine failures as API errors: a request the engine refuses is a 400, an engine that fails a 503."""
+    try:
+        yield
+    except RequestError as exc:
+        raise ApiError(400, str(exc), exc.param) from None
+    except EngineError as exc:
+        raise ApiError(503, str(exc)) from None
 
 
 @dataclass
@@ -156,24 +170,16 @@ class _Api:
         return JSONResponse(reply.full(results, prompt_tokens))
 
     def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        if len(requests) == 1:  # through stream() so the first token's time is known
-            started = time.perf_counter()
-            deltas = list(self._timed(self.engine.stream(requests[0]), started))
-            return [_merge(requests[0].request_id, deltas)]
-        try:
+        with _engine_errors():
+            if len(requests) == 1:  # through stream() so the first token's time is known
+                started = time.perf_counter()
+                deltas = list(self._timed(self.engine.stream(requests[0]), started))
+                return [_merge(requests[0].request_id, deltas)]
             return self.engine.generate(requests)
-        except RequestError as exc:
-            raise ApiError(400, str(exc), exc.param) from None
-        except EngineError as exc:
-            raise ApiError(503, str(exc)) from None
 
     def _timed(self, deltas: Iterator[TokenDelta], started: float) -> Iterator[TokenDelta]:
-        try:
+        with _engine_errors():
             first = next(deltas)
-        except RequestError as exc:
-            raise ApiError(400, str(exc), exc.param) from None
-        except EngineError as exc:
-            raise ApiError(503, str(exc)) from None
         self.metrics.time_to_first_token.observe(time.perf_counter() - started)
         return itertools.chain([first], deltas)
 
@@ -184,9 +190,13 @@ class _Api:
 
         def events() -> Iterator[str]:
             yield from reply.stream_start()
-            for delta in deltas:
-                self.metrics.completion_tokens.inc(len(delta.token_ids))
-                yield reply.chunk(delta)
+            try:
+                with _engine_errors():
+                    for delta in deltas:
+                        self.metrics.completion_tokens.inc(len(delta.token_ids))
+                        yield reply.chunk(delta)
+            except ApiError as error:  # the 200 went out with the first token: the error is the last event
+                yield _sse(error.body())
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
