@@ -16,6 +16,7 @@ import pytest
 from support import free_port
 from worker_helpers import START_TIMEOUT, post
 
+from warmstart import procinfo
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import (
     READY_FOR_SNAPSHOT,
@@ -58,22 +59,24 @@ def fd_targets(pid: int) -> dict[int, str]:
     return {int(fd): os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")}
 
 
+def _stat(pid: int) -> procinfo.ProcStat:
+    stat = procinfo.read_stat(pid)
+    assert stat is not None, f"process {pid} is gone"
+    return stat
+
+
 def parent_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    return _stat(pid).ppid
 
 
 def session_of(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    return _stat(pid).session
 
 
 def wait_gone(pid: int, timeout: float = 30) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return True
-        if state in ("Z", "X"):
+        if not procinfo.is_running(pid):
             return True
         time.sleep(0.05)
     return False

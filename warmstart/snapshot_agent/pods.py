@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from warmstart import procinfo
 from warmstart.operator import labels as L
 from warmstart.snapshot_agent.sandbox import RESERVED_PIDS, Sandbox, namespace_pids, pid_namespace_of
 
@@ -96,7 +97,7 @@ class PodSandbox(Sandbox):
         self.init_pid = init_pid
         self.mountpoint = mountpoint
         self.pid_namespace = pid_namespace_of(init_pid)
-        self._init_identity = _start_ticks(init_pid)
+        self._init_identity = procinfo.start_ticks(init_pid)
 
     @classmethod
     def find(
@@ -123,7 +124,7 @@ class PodSandbox(Sandbox):
             time.sleep(0.1)
 
     def alive(self) -> bool:
-        started = _start_ticks(self.init_pid)
+        started = procinfo.start_ticks(self.init_pid)
         return started is not None and started == self._init_identity
 
     def workers(self) -> list[int]:
@@ -156,15 +157,6 @@ class PodSandbox(Sandbox):
 
     def stop(self, grace: float = 5.0) -> None:  # the kubelet owns the pod's lifetime, never the agent
         return None
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks: tells a PID apart from a later process reusing it."""
-    try:
-        stat = (PROC / str(pid) / "stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])
 
 
 def _cmdline(pid: int) -> str:

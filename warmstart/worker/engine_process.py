@@ -18,9 +18,9 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from warmstart import procinfo
 from warmstart.protocol import (
     READY_FOR_SNAPSHOT,
     RESTORE_COMPLETE,
@@ -173,16 +173,8 @@ class _HttpRunner:
 
 def process_start_time() -> float:
     """When this process started, in epoch seconds (from /proc; now if unavailable)."""
-    try:
-        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
-        boot = next(
-            int(line.split()[1])
-            for line in Path("/proc/stat").read_text().splitlines()
-            if line.startswith("btime")
-        )
-    except (OSError, ValueError, IndexError, StopIteration):
-        return time.time()
-    return boot + ticks / os.sysconf("SC_CLK_TCK")
+    started = procinfo.start_time()
+    return started if started is not None else time.time()
 
 
 def _exit_on_signal(signum: int, _frame: Any) -> None:

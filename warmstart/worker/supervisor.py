@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
+from warmstart import procinfo
 from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, SIGNALS, ControlDir
 from warmstart.worker.engine_process import process_start_time
 from warmstart.worker.options import engine_argv, log_dir, restore_timeout
@@ -81,7 +82,7 @@ class Supervisor:
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             children = _children()
             pid = children[0] if children else None
-        if pid is None or not _alive(pid):
+        if pid is None or not procinfo.is_running(pid):
             log.error("restore-complete arrived but no restored engine process is running; starting cold")
             return self._run_engine("cold", started)
         self.engine_pid = pid
@@ -133,7 +134,7 @@ class Supervisor:
 
     def _watch_foreign(self, pid: int) -> int:
         """The engine is not our child (restored outside our namespace): wait until it is gone."""
-        while _alive(pid):
+        while procinfo.is_running(pid):
             time.sleep(POLL_SECONDS)
         log.info("engine process %d is gone (not our child: exit status unknown)", pid)
         return 0
@@ -177,14 +178,6 @@ def _children() -> list[int]:
         except OSError:
             continue
     return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return False
-    return fields[0] not in ("Z", "X")
 
 
 def _exit_code(status: int) -> int:

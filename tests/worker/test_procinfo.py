@@ -1,0 +1,72 @@
+"""warmstart.procinfo: reading /proc/<pid>/stat, also for command names with spaces and parentheses."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from warmstart import procinfo
+
+AWKWARD_NAME = "a) (b c) d"  # what a naive split on spaces or on the first ')' gets wrong
+
+
+@pytest.fixture
+def awkward_child(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """A sleeping child whose command name (its executable's file name) holds spaces and parentheses."""
+    sleep = shutil.which("sleep")
+    if sleep is None:
+        pytest.skip("no `sleep` executable on PATH to start a child process with")
+    program = tmp_path / AWKWARD_NAME
+    program.symlink_to(sleep)
+    child = subprocess.Popen([str(program), "600"])
+    yield child
+    child.kill()
+    child.wait()
+
+
+def test_a_command_name_with_spaces_and_parentheses_is_read_whole(awkward_child) -> None:
+    stat = procinfo.read_stat(awkward_child.pid)
+    assert stat is not None
+    assert stat.pid == awkward_child.pid and stat.comm == AWKWARD_NAME
+    assert stat.ppid == os.getpid() and stat.running
+    assert stat.start_ticks >= procinfo.start_ticks() > 0  # started after this test process
+
+
+def test_a_reaped_process_is_gone_and_a_zombie_is_not_running(awkward_child) -> None:
+    awkward_child.kill()
+    os.waitid(os.P_PID, awkward_child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped yet: a zombie
+    zombie = procinfo.read_stat(awkward_child.pid)
+    assert zombie is not None and zombie.state == "Z" and not zombie.running
+    assert not procinfo.is_running(awkward_child.pid)
+    awkward_child.wait()
+    assert procinfo.read_stat(awkward_child.pid) is None and procinfo.start_ticks(awkward_child.pid) is None
+
+
+def test_start_time_is_after_boot_and_not_in_the_future() -> None:
+    started = procinfo.start_time()
+    assert started is not None
+    assert procinfo.boot_time() <= started <= time.time()
+
+
+def test_a_stat_line_is_parsed_from_the_last_parenthesis() -> None:
+    fields = ["S", "7", "8", "9"] + [str(n) for n in range(10, 25)] + ["123456", "0", "0"]
+    stat = procinfo.parse_stat(f"42 (x) (y z)) {' '.join(fields)}\n")
+    assert (stat.pid, stat.comm, stat.state, stat.ppid, stat.session) == (42, "x) (y z)", "S", 7, 9)
+    assert stat.start_ticks == 123456
+
+
+@pytest.mark.parametrize("text", ["", "42 no name here", "42 (x) S 1 2"])
+def test_what_is_not_a_stat_line_is_refused(text: str) -> None:
+    with pytest.raises(ValueError, match="stat"):
+        procinfo.parse_stat(text)
+
+
+def test_a_missing_proc_reads_as_no_process(tmp_path: Path) -> None:
+    assert procinfo.read_stat(1, proc=tmp_path) is None
+    assert procinfo.start_time(1, proc=tmp_path) is None

@@ -1,0 +1,88 @@
+"""What `/proc/<pid>/stat` says about a process: its state, parent, session and start time.
+
+The start time tells a pid apart from a later process that reuses it. The command name in the stat line is
+in parentheses and may itself hold spaces and parentheses, so the fields after it are found from the last
+')' of the line (the fields that follow are numbers and a state letter, never a parenthesis).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+GONE_STATES = ("Z", "X")  # zombie, dead: the process no longer runs
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    pid: int
+    comm: str  # the command name (at most 15 bytes, as the kernel keeps it)
+    state: str  # R, S, D, Z, T, ... (see proc(5))
+    ppid: int
+    session: int
+    start_ticks: int  # clock ticks after boot when the process started
+
+    @property
+    def running(self) -> bool:
+        return self.state not in GONE_STATES
+
+
+def parse_stat(text: str) -> ProcStat:
+    """One `/proc/<pid>/stat` line as a ProcStat; ValueError when it is not one."""
+    opening, closing = text.find("("), text.rfind(")")
+    if opening < 0 or closing < opening:
+        raise ValueError(f"not a /proc/<pid>/stat line (no parenthesised command name): {text[:80]!r}")
+    fields = text[closing + 1 :].split()
+    if len(fields) < 20:
+        raise ValueError(f"a /proc/<pid>/stat line has at least 22 fields, this one {len(fields) + 2}")
+    return ProcStat(
+        pid=int(text[:opening]),
+        comm=text[opening + 1 : closing],
+        state=fields[0],
+        ppid=int(fields[1]),
+        session=int(fields[3]),
+        start_ticks=int(fields[19]),
+    )
+
+
+def read_stat(pid: int | str = "self", proc: Path = PROC) -> ProcStat | None:
+    """Process `pid`'s stat, None when there is no such process (or its entry cannot be read)."""
+    try:
+        text = (proc / str(pid) / "stat").read_text(errors="replace")
+    except OSError:
+        return None
+    return parse_stat(text)
+
+
+def start_ticks(pid: int | str = "self", proc: Path = PROC) -> int | None:
+    """When process `pid` started, in clock ticks after boot; None when there is no such process."""
+    stat = read_stat(pid, proc)
+    return stat.start_ticks if stat is not None else None
+
+
+def is_running(pid: int, proc: Path = PROC) -> bool:
+    """True when process `pid` exists and is neither a zombie nor dead."""
+    stat = read_stat(pid, proc)
+    return stat is not None and stat.running
+
+
+def boot_time(proc: Path = PROC) -> int:
+    """When this machine booted, in epoch seconds (`btime` of /proc/stat); OSError/ValueError otherwise."""
+    for line in (proc / "stat").read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if name == "btime":
+            return int(value)
+    raise ValueError(f"{proc / 'stat'} has no btime line")
+
+
+def start_time(pid: int | str = "self", proc: Path = PROC) -> float | None:
+    """When process `pid` started, in epoch seconds; None when that cannot be read."""
+    ticks = start_ticks(pid, proc)
+    if ticks is None:
+        return None
+    try:
+        return boot_time(proc) + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError):
+        return None
