@@ -174,6 +174,13 @@ def test_create_makes_owned_children_and_goes_ready(kube, namespace, operator):
     assert status["selector"] == "app.kubernetes.io/component=worker,warmstart.dev/endpoint=web"
     assert status["observedGeneration"] == ready["metadata"]["generation"]
     assert condition(ready, "SnapshotReady")["reason"] == "SnapshotsDisabled"
+    # kwok starts the container and makes the pod Ready at the same moment: a cold start of 0 s.
+    timed = kube.wait_for(
+        lambda: (s := get(kube, "iep", namespace, "web")["status"]) and "lastColdStartSeconds" in s and s,
+        timeout=TIMEOUT,
+        message="status.lastColdStartSeconds from the Ready cold pod",
+    )
+    assert timed["lastColdStartSeconds"] == 0
     events = kube.kubectl(
         "get",
         "events",

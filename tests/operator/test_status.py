@@ -147,3 +147,58 @@ def test_a_report_without_a_readable_time_loses_to_a_dated_one():
         pod(json.dumps({"coldStartSeconds": 60, "at": "2026-01-01T10:30:00+01:00"})),
     ]
     assert last_timings(pods) == {"lastRestoreSeconds": 3.0, "lastColdStartSeconds": 50.0}
+
+
+def worker_pod(role, started, ready_at, annotation=None, ready="True", container="worker"):
+    """A worker pod as the kubelet reports it: its container's start and its Ready condition."""
+    body = pod(json.dumps(annotation) if annotation is not None else None)
+    body["metadata"]["labels"] = {L.ROLE_LABEL: role}
+    body["status"] = {
+        "conditions": [
+            {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            {"type": "Ready", "status": ready, "lastTransitionTime": ready_at},
+        ],
+        "containerStatuses": [{"name": container, "state": {"running": {"startedAt": started}}}],
+    }
+    return body
+
+
+def test_a_cold_start_lasts_from_the_container_start_to_ready():
+    pods = [worker_pod(L.ROLE_COLD, "2026-01-01T10:00:00Z", "2026-01-01T10:01:05Z")]
+    assert last_timings(pods) == {"lastColdStartSeconds": 65.0}
+
+
+def test_a_restore_pod_that_fell_back_to_a_cold_start_counts_as_one():
+    pods = [
+        worker_pod(L.ROLE_COLD, "2026-01-01T10:00:00Z", "2026-01-01T10:01:05Z"),
+        worker_pod(L.ROLE_RESTORE, "2026-01-01T11:00:00Z", "2026-01-01T11:00:40.5Z",
+                   annotation={"restoreFailed": "digest mismatch", "at": "2026-01-01T11:00:01Z"}),
+    ]  # fmt: skip
+    assert last_timings(pods) == {"lastColdStartSeconds": 40.5}
+
+
+def test_only_pods_known_to_have_started_cold_and_now_ready_count():
+    pods = [
+        worker_pod(L.ROLE_RESTORE, "2026-01-01T11:00:00Z", "2026-01-01T11:00:09Z",
+                   annotation={"restoreSeconds": 2.5, "at": "2026-01-01T11:00:07Z"}),
+        worker_pod(L.ROLE_RESTORE, "2026-01-01T12:00:00Z", "2026-01-01T12:00:30Z"),  # the agent said nothing
+        worker_pod(L.ROLE_COLD, "2026-01-01T12:00:00Z", "2026-01-01T12:00:20Z", ready="False"),
+        worker_pod(L.ROLE_COLD, "2026-01-01T12:00:00Z", "2026-01-01T12:00:20Z", container="sidecar"),
+        worker_pod(L.ROLE_COLD, "2026-01-01T12:00:00Z", "not a time"),
+    ]  # fmt: skip
+    assert last_timings(pods) == {"lastRestoreSeconds": 2.5}
+
+
+def test_ready_again_long_after_the_start_is_not_a_start():
+    # Ready since a probe failed for a while, days after the container started: not how long it took to start.
+    pods = [
+        worker_pod(L.ROLE_COLD, "2026-01-01T09:00:00Z", "2026-01-01T09:00:30Z"),
+        worker_pod(L.ROLE_COLD, "2026-01-01T10:00:00Z", "2026-01-03T10:00:00Z"),
+    ]
+    assert last_timings(pods) == {"lastColdStartSeconds": 30.0}
+
+
+def test_a_cold_start_the_pod_reports_itself_wins_over_the_measured_one():
+    pods = [worker_pod(L.ROLE_COLD, "2026-01-01T10:00:00Z", "2026-01-01T10:01:05Z",
+                       annotation={"coldStartSeconds": 61.25, "at": "2026-01-01T10:01:04Z"})]  # fmt: skip
+    assert last_timings(pods) == {"lastColdStartSeconds": 61.25}

@@ -10,6 +10,7 @@ from warmstart.operator.spec import EndpointSpec
 from warmstart.protocol import CONTROL_DIR_ENV
 
 STARTUP_PROBE_SECONDS = 1800  # cold starts of large models take minutes; restores are much shorter
+WORKER_CONTAINER = "worker"
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, iden
             store_mount["subPath"] = spec.snapshot.sub_path
         mounts.append(store_mount)
     container: dict[str, Any] = {
-        "name": "worker",
+        "name": WORKER_CONTAINER,
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": ["warmstart"],

@@ -8,10 +8,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmstart.operator import labels as L
+from warmstart.operator.children import STARTUP_PROBE_SECONDS, WORKER_CONTAINER
 from warmstart.operator.snapshots import FAILED, SnapshotPlan, format_time, parse_time
 
 READY, SNAPSHOT_READY, PROGRESSING, DEGRADED = "Ready", "SnapshotReady", "Progressing", "Degraded"
 UNDATED = dt.datetime.min.replace(tzinfo=dt.UTC)  # a report without a readable time: older than any other
+REPORTED_TIMINGS = (("restoreSeconds", "lastRestoreSeconds"), ("coldStartSeconds", "lastColdStartSeconds"))
+COLD_START = "lastColdStartSeconds"
+# A worker not serving by then is restarted by its startup probe, so a pod that turns Ready later than this
+# after its container started turned Ready *again* (its readiness probe failed for a while): not a start.
+COLD_START_LIMIT_SECONDS = STARTUP_PROBE_SECONDS + 60
 
 
 @dataclass(frozen=True)
@@ -110,33 +116,66 @@ def phase(conditions: dict[str, bool], desired: int, capturing: bool) -> str:
 
 
 def last_timings(pods: list[dict[str, Any]]) -> dict[str, float]:
-    """Newest restore and cold-start durations the pods report in their `warmstart.dev/status` annotation.
+    """The newest restore and cold-start durations of the endpoint's pods.
 
-    The annotation is JSON such as {"phase": "Restored", "restoreSeconds": 2.1, "at": "...Z"}; pods without
-    one, or with one that does not parse, are skipped.
+    Restores are reported by the node agent in the pod's `warmstart.dev/status` annotation, JSON such as
+    {"restoreSeconds": 2.1, "at": "...Z"}; a report that does not parse is skipped. A cold start is what the
+    kubelet recorded: from the worker container's start to the pod's Ready condition, for a pod that started
+    cold (role `cold`, or a restore pod the agent reports `restoreFailed` for), to within the readiness
+    probe's period. "Newest" is by the report's time, or the moment the pod turned Ready.
     """
     found: dict[str, tuple[dt.datetime, float]] = {}
     for pod in pods:
-        meta = pod.get("metadata") or {}
-        raw = (meta.get("annotations") or {}).get(L.STATUS_ANNOTATION)
-        if not raw:
-            continue
-        try:
-            report = json.loads(raw)
-        except ValueError:
-            continue
-        if not isinstance(report, dict):
-            continue
-        stamp = _report_time(report.get("at"), meta.get("creationTimestamp"))
-        for key, field in (
-            ("restoreSeconds", "lastRestoreSeconds"),
-            ("coldStartSeconds", "lastColdStartSeconds"),
-        ):
-            value = report.get(key)
-            is_number = isinstance(value, int | float) and not isinstance(value, bool)
-            if is_number and (field not in found or stamp > found[field][0]):
-                found[field] = (stamp, float(value))
+        for field, (stamp, seconds) in _pod_timings(pod).items():
+            if field not in found or stamp > found[field][0]:
+                found[field] = (stamp, seconds)
     return {field: value for field, (_, value) in found.items()}
+
+
+def _pod_timings(pod: dict[str, Any]) -> dict[str, tuple[dt.datetime, float]]:
+    meta = pod.get("metadata") or {}
+    report = _status_report(meta)
+    stamp = _report_time(report.get("at"), meta.get("creationTimestamp"))
+    timings = {}
+    for key, field in REPORTED_TIMINGS:
+        value = report.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            timings[field] = (stamp, float(value))
+    if COLD_START not in timings and _started_cold(meta, report):
+        measured = _start_to_ready(pod.get("status") or {})
+        if measured is not None:
+            timings[COLD_START] = measured
+    return timings
+
+
+def _status_report(meta: dict[str, Any]) -> dict[str, Any]:
+    """The pod's `warmstart.dev/status` annotation; empty when it is missing or not a JSON object."""
+    raw = (meta.get("annotations") or {}).get(L.STATUS_ANNOTATION)
+    try:
+        report = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def _started_cold(meta: dict[str, Any], report: dict[str, Any]) -> bool:
+    role = (meta.get("labels") or {}).get(L.ROLE_LABEL)
+    return role == L.ROLE_COLD or (role == L.ROLE_RESTORE and "restoreFailed" in report)
+
+
+def _start_to_ready(status: dict[str, Any]) -> tuple[dt.datetime, float] | None:
+    """(when the pod turned Ready, seconds from its worker container's start to then); None unless the pod
+    is Ready and turned Ready as it started."""
+    ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+    worker = next((c for c in status.get("containerStatuses") or [] if c.get("name") == WORKER_CONTAINER), {})
+    if ready.get("status") != "True":
+        return None
+    started = _report_time(((worker.get("state") or {}).get("running") or {}).get("startedAt"))
+    became_ready = _report_time(ready.get("lastTransitionTime"))
+    if UNDATED in (started, became_ready):
+        return None
+    seconds = (became_ready - started).total_seconds()
+    return (became_ready, seconds) if 0 <= seconds <= COLD_START_LIMIT_SECONDS else None
 
 
 def _report_time(*candidates: Any) -> dt.datetime:
