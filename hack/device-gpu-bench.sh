@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Run the GPU measurements on a GPU machine, in one go, from the repository root.
 #
-#   hack/device-gpu-bench.sh smoke   GPU tests (arena, CUDA checkpoint API, CRIU + CUDA round trip),
-#                                    bandwidth floors, and a short Qwen3-0.6B run of the restore benchmark
+#   hack/device-gpu-bench.sh smoke   GPU tests (arena, scratch pool, CUDA checkpoint API, CRIU + CUDA round
+#                                    trip, serve on CUDA), what a bare CUDA context costs in a checkpoint,
+#                                    and a short Qwen3-0.6B run of the restore benchmark
 #   hack/device-gpu-bench.sh full    the restore benchmark for Qwen3-0.6B and Qwen3-8B (3 repetitions)
 #
 # Needs root, an NVIDIA GPU with driver >= 570, python3 with torch, safetensors and cuda-bindings, and CRIU 4:
@@ -34,8 +35,11 @@ $WARMSTART_CRIU check 2>&1 | tail -1
 
 # The GPU tests alone: the suite's top-level conftest pulls in the control-plane plugin, not needed here.
 gpu_tests() {
-    timeout 300 python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -o addopts="" -rA tests/gpu 2>&1 \
-        | tee "$OUT/pytest-gpu.txt" | tail -25
+    timeout 300 python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -o addopts="" -rA tests/gpu \
+        tests/engines/test_engine_gpu.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -25
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:kube_plugin -o addopts="" -rA \
+        tests/test_serve.py::test_cuda_worker_restores_byte_identically 2>&1 | tee "$OUT/pytest-serve-cuda.txt" \
+        | tail -5
 }
 
 case "$MODE" in
@@ -43,11 +47,15 @@ smoke)
     echo "== GPU tests"
     gpu_tests
 
+    echo "== what a CUDA checkpoint copies from a process holding no tensors"
+    timeout 120 python3 benchmarks/cuda_context_probe.py 2>&1 | tee "$OUT/cuda_context_probe.md"
+
     echo "== floors + short Qwen3-0.6B restore run"
     python3 benchmarks/gpu_restore.py run --criu "$WARMSTART_CRIU" --work "$WORK" --out "$OUT" \
-        --models qwen3-0.6b --reps 1 --cold-reps 1 --floors-gib 8 --max-num-seqs "${MAX_NUM_SEQS:-16}" \
-        --budget-s "${BUDGET_S:-330}" 2>&1 \
-        | tee "$OUT/gpu_restore.log"
+        --models qwen3-0.6b --reps 1 --cold-reps 1 --floors-gib "${FLOORS_GIB:-8}" \
+        ${FLOORS_JSON:+--floors-json "$FLOORS_JSON"} --modes "${MODES:-optimised,naive}" \
+        --compile-models "${COMPILE_MODELS:-}" --max-num-seqs "${MAX_NUM_SEQS:-16}" \
+        --budget-s "${BUDGET_S:-330}" 2>&1 | tee "$OUT/gpu_restore.log"
     ;;
 full)
     [[ -n "${WITH_TESTS:-}" ]] && { echo "== GPU tests"; gpu_tests; }

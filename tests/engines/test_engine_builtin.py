@@ -213,3 +213,26 @@ def test_matches_the_reference_qwen3_implementation(make_engine, tiny_model_dir:
         expected = reference(ids).logits[0, -1].float()
         got = engine._model.prefill(ids[0], slot=0)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_compiled_decode_is_one_graph_for_every_layer_and_batch_above_one(make_engine) -> None:
+    """torch.compile of the decode step: one graph serves all layers and batch sizes > 1 (a second one
+    for batch 1, which torch specialises), with the same logits as the eager step."""
+    import torch._dynamo
+
+    model = make_engine()._model
+    torch._dynamo.reset()
+    batches = {}
+    for size in (6, 3, 2, 1):
+        tokens = torch.arange(size) + 40
+        positions = torch.arange(size) + 2
+        slots = torch.arange(size)
+        with torch.no_grad():
+            batches[size] = (tokens, positions, slots, model.decode(tokens, positions, slots))
+    model.compile_decode()
+    torch._dynamo.utils.counters.clear()
+    for tokens, positions, slots, eager in batches.values():
+        with torch.no_grad():
+            compiled = model.decode(tokens, positions, slots)
+        torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2

@@ -16,7 +16,11 @@ def _free_device_bytes() -> int:
 
 
 def _captured_chain(pool_id: object):
-    """A graph of 8 matmuls over a 2048-wide input; its intermediates (~64 MiB) live in the given pool."""
+    """A graph of 8 matmuls over a 2048-wide input; its intermediates (~64 MiB) live in the given pool.
+
+    Captured on the stream it was warmed up on, as the engine does: cuBLAS's per-stream workspace, which
+    must keep its contents, is then allocated outside the pool.
+    """
     import torch
 
     generator = torch.Generator(device="cuda").manual_seed(3)
@@ -33,10 +37,10 @@ def _captured_chain(pool_id: object):
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         forward()
-    torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool_id):
+    with torch.cuda.graph(graph, pool=pool_id, stream=side):
         out = forward()
+    torch.cuda.current_stream().wait_stream(side)
     return graph, out
 
 

@@ -3,8 +3,9 @@
 A batch is padded up to the next captured size; padding rows write into a scratch KV slot nobody reads.
 The graphs read weights and KV cache at fixed addresses, so after those move they must be captured again.
 Their intermediates live in one memory pool: torch's own, or a `CudaScratchPool` that can be released
-before a checkpoint. With `compile`, the decode step is compiled once for every batch size above 1 (the
-batch dimension is dynamic, as in vLLM) and once for batch 1, which torch specialises.
+before a checkpoint. Each graph is captured on the stream it was warmed up on, so per-stream state that
+outlives a replay (cuBLAS's workspace) is allocated during the warm-up, outside that pool. With `compile`,
+one layer's decode step is compiled (see `Transformer.compile_decode`).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ class DecodeGraphs:
         self._sizes = sorted(sizes)
         self._scratch_slot = scratch_slot
         self._compiled = compile
-        self._decode = torch.compile(model.decode) if compile else model.decode
+        if compile:
+            model.compile_decode()
         self._pool = pool  # an object with `.id` (a CudaScratchPool), or None for torch's graph pool
         self._captured: dict[int, _Captured] = {}
         self.captures = 0  # how many times the whole set was captured
@@ -57,9 +59,10 @@ class DecodeGraphs:
         self._captured.clear()
         self.captures += 1
         pool = self._pool.id if self._pool is not None else torch.cuda.graph_pool_handle()
+        side = torch.cuda.Stream(self._model.device)  # one stream: one cuBLAS workspace for all graphs
         with torch.no_grad():
             for size in reversed(self._sizes):
-                self._captured[size] = self._capture_one(size, pool)
+                self._captured[size] = self._capture_one(size, pool, side)
         if self._compiled:
             _stop_compile_workers()
 
@@ -75,23 +78,19 @@ class DecodeGraphs:
         captured.graph.replay()
         return captured.logits[:batch]
 
-    def _capture_one(self, size: int, pool: object) -> _Captured:
+    def _capture_one(self, size: int, pool: object, side: torch.cuda.Stream) -> _Captured:
         device = self._model.device
         tokens = torch.zeros(size, dtype=torch.long, device=device)
         positions = torch.zeros(size, dtype=torch.long, device=device)
         slots = torch.full((size,), self._scratch_slot, dtype=torch.long, device=device)
-        if self._compiled and size > 1:
-            for batch_input in (tokens, positions, slots):  # one compiled graph for every size above 1
-                torch._dynamo.maybe_mark_dynamic(batch_input, 0)
-        side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
             for _ in range(WARMUP_RUNS):
-                self._decode(tokens, positions, slots)
-        torch.cuda.current_stream(device).wait_stream(side)
+                self._model.decode(tokens, positions, slots)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            logits = self._decode(tokens, positions, slots)
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            logits = self._model.decode(tokens, positions, slots)
+        torch.cuda.current_stream(device).wait_stream(side)
         return _Captured(graph, tokens, positions, slots, logits)
 
 

@@ -46,6 +46,8 @@ class Transformer:
         self.cos, self.sin = _rope_tables(config, max_len, device)
         self.positions = torch.arange(max_len, device=device)
         self.weights: dict[str, torch.Tensor] = {}
+        self._layers: list[dict[str, torch.Tensor]] = []  # per layer: short name -> tensor
+        self._compiled_step = None
         self.kv: KVCache | None = None
 
     def bind(self, weights: dict[str, torch.Tensor]) -> None:
@@ -58,11 +60,13 @@ class Transformer:
                 found = list(tensor.shape)
                 raise ValueError(f"tensor {name} has shape {found}, the config expects {list(shape)}")
         self.weights = weights
+        self._layers = [_layer_weights(weights, layer) for layer in range(self.config.num_hidden_layers)]
         tied = self.config.tie_word_embeddings
         self._lm_head = weights["model.embed_tokens.weight" if tied else "lm_head.weight"]
 
     def unbind(self) -> None:
         self.weights = {}
+        self._layers = []
         self._lm_head = None
 
     def bind_kv(self, kv: KVCache | None) -> None:
@@ -73,14 +77,14 @@ class Transformer:
         count = token_ids.shape[0]
         x = F.embedding(token_ids, self.weights["model.embed_tokens.weight"])[None]
         cos, sin = self.cos[:count], self.sin[:count]
-        for layer in range(self.config.num_hidden_layers):
-            q, k, v = self._qkv(layer, x, cos, sin)  # [1, heads, T, D]
+        for layer, w in enumerate(self._layers):
+            q, k, v = self._qkv(w, x, cos, sin)  # [1, heads, T, D]
             self.kv.keys[layer, slot, :, :count] = k[0]
             self.kv.values[layer, slot, :, :count] = v[0]
             k = k.repeat_interleave(self.group, dim=1)
             v = v.repeat_interleave(self.group, dim=1)
             attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = self._finish_layer(layer, x, attended.transpose(1, 2).reshape(1, count, -1))
+            x = self._finish_layer(w, x, attended.transpose(1, 2).reshape(1, count, -1))
         return self._logits(x[0, -1:])[0]
 
     def decode(
@@ -95,27 +99,51 @@ class Transformer:
         Attends over the first `context` cache positions (all of them when None: static shapes for CUDA
         graphs); returns float32 logits [batch, vocab].
         """
-        batch = token_ids.shape[0]
         context = context or self.max_len
         x = F.embedding(token_ids, self.weights["model.embed_tokens.weight"])[:, None]  # [B, 1, H]
         cos, sin = self.cos[positions][:, None, None], self.sin[positions][:, None, None]  # [B, 1, 1, D]
         visible = (self.positions[:context][None] <= positions[:, None])[:, None, None]  # [B, 1, 1, C]
+        step = self._compiled_step or self._decode_layer
+        if self._compiled_step is not None and token_ids.shape[0] > 1:
+            for batch_input in (x, cos, sin, visible, slots, positions):  # one graph for every batch > 1
+                torch._dynamo.maybe_mark_dynamic(batch_input, 0)
         for layer in range(self.config.num_hidden_layers):
-            q, k, v = self._qkv(layer, x, cos, sin)  # [B, heads, 1, D]
-            self.kv.keys[layer][slots, :, positions] = k[:, :, 0]
-            self.kv.values[layer][slots, :, positions] = v[:, :, 0]
-            keys = self.kv.keys[layer][slots, :, :context]  # [B, KV, C, D]
-            values = self.kv.values[layer][slots, :, :context]
-            # The query heads sharing a KV head go where the query length would be: no KV repeat needed.
-            grouped = q.reshape(batch, self.config.num_key_value_heads, self.group, self.config.head_dim)
-            attended = F.scaled_dot_product_attention(grouped, keys, values, attn_mask=visible)
-            x = self._finish_layer(layer, x, attended.reshape(batch, 1, -1))
+            keys, values = self.kv.keys[layer], self.kv.values[layer]
+            x = step(self._layers[layer], x, cos, sin, visible, keys, values, slots, positions, context)
         return self._logits(x[:, 0])
 
+    def compile_decode(self) -> None:
+        """Compile the decode step of one layer with torch.compile: every layer runs the same code on its own
+        weights, so one compiled graph serves them all (two with batch 1, which torch specialises)."""
+        self._compiled_step = torch.compile(self._decode_layer)
+
+    def _decode_layer(
+        self,
+        w: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        visible: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        context: int,
+    ) -> torch.Tensor:
+        batch = x.shape[0]
+        q, k, v = self._qkv(w, x, cos, sin)  # [B, heads, 1, D]
+        keys[slots, :, positions] = k[:, :, 0]
+        values[slots, :, positions] = v[:, :, 0]
+        # The query heads sharing a KV head go where the query length would be: no KV repeat needed.
+        grouped = q.reshape(batch, self.config.num_key_value_heads, self.group, self.config.head_dim)
+        attended = F.scaled_dot_product_attention(
+            grouped, keys[slots, :, :context], values[slots, :, :context], attn_mask=visible
+        )
+        return self._finish_layer(w, x, attended.reshape(batch, 1, -1))
+
     def _qkv(
-        self, layer: int, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+        self, w: dict[str, torch.Tensor], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        w = self._layer_weights(layer)
         batch, count, _ = x.shape
         head_dim = self.config.head_dim
         h = self._norm(x, w["input_layernorm.weight"])
@@ -126,8 +154,9 @@ class Transformer:
         k = self._norm(k, w["self_attn.k_norm.weight"]).transpose(1, 2)
         return _rotate(q, cos, sin), _rotate(k, cos, sin), v.transpose(1, 2)
 
-    def _finish_layer(self, layer: int, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-        w = self._layer_weights(layer)
+    def _finish_layer(
+        self, w: dict[str, torch.Tensor], x: torch.Tensor, attended: torch.Tensor
+    ) -> torch.Tensor:
         x = x + F.linear(attended, w["self_attn.o_proj.weight"])
         h = self._norm(x, w["post_attention_layernorm.weight"])
         gate = F.silu(F.linear(h, w["mlp.gate_proj.weight"]))
@@ -136,25 +165,16 @@ class Transformer:
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self._norm(x, self.weights["model.norm.weight"]), self._lm_head).float()
 
-    def _layer_weights(self, layer: int) -> _LayerView:
-        return _LayerView(self.weights, f"model.layers.{layer}.")
-
     def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         as_float = x.float()
         scaled = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + self.config.rms_norm_eps)
         return weight * scaled.to(x.dtype)
 
 
-class _LayerView:
-    """`w["mlp.up_proj.weight"]` for one layer without building a dict per call."""
-
-    __slots__ = ("_weights", "_prefix")
-
-    def __init__(self, weights: dict[str, torch.Tensor], prefix: str) -> None:
-        self._weights, self._prefix = weights, prefix
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        return self._weights[self._prefix + name]
+def _layer_weights(weights: dict[str, torch.Tensor], layer: int) -> dict[str, torch.Tensor]:
+    """One layer's tensors under names without the layer number (the same keys for every layer)."""
+    prefix = f"model.layers.{layer}."
+    return {name[len(prefix) :]: tensor for name, tensor in weights.items() if name.startswith(prefix)}
 
 
 def _rope_tables(
