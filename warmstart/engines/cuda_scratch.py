@@ -95,11 +95,18 @@ class CudaScratchPool:
         return freed
 
     def reacquire(self) -> None:
-        """Map fresh memory at every segment's address; contents are undefined (graphs rewrite them)."""
+        """Map fresh, zeroed memory at every segment's address.
+
+        The graphs rewrite their intermediates, but a library may keep counters in its scratch that must be
+        zero between calls (as they are in memory the driver hands out fresh); a few GB/ms of memset.
+        """
         self._context.make_current()
+        cu = driver()
         with self._lock:
             for segment in self._segments.values():
-                segment.map()
+                if not segment.mapped:
+                    segment.map()
+                    check(cu.cuMemsetD8(segment.address, 0, segment.size), "cuMemsetD8")
             self._released = False
 
     # -- the allocator torch calls -------------------------------------------------------------------------
@@ -116,6 +123,8 @@ class CudaScratchPool:
         return segment.address
 
     def _free(self, pointer: int | None, size: int, device: int, stream: int) -> None:
+        if not hasattr(self, "_lock"):
+            return  # the interpreter is tearing this object down at exit; the driver frees everything
         with self._lock:
             segment = self._segments.pop(pointer or 0, None)
         if segment is None:

@@ -14,6 +14,7 @@ import logging
 import os
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,7 @@ class BuiltinEngine(Engine):
         self._scheduler: Scheduler | None = None
         self._digest: str | None = None
         self._weights_released = False
+        self.last_refill_stats: dict[str, float] | None = None
         self._addresses_at_release: tuple[int, int] = (0, 0)
 
     # --- Engine interface ----------------------------------------------------------------------------
@@ -189,19 +191,27 @@ class BuiltinEngine(Engine):
     def reacquire(self) -> None:
         if not self._kv_arena.released:
             return  # nothing was released
-        if self._scratch is not None:
-            self._scratch.reacquire()
-        self._kv_arena.reacquire()
-        if self._weights_released:
-            self._weight_arena.reacquire()
-            self._fill_weights()
-            self._weights_released = False
+        # Mapping the KV cache and graph scratch (tens of GB of driver work) overlaps the weight refill.
+        with ThreadPoolExecutor(1, thread_name_prefix="warmstart-map") as background:
+            mapped = background.submit(self._map_kv_and_scratch)
+            if self._weights_released:
+                self._weight_arena.reacquire()
+                self._fill_weights()
+                self._weights_released = False
+            mapped.result()
         self._bind_all()
         if self._graphs is not None and self._addresses() != self._addresses_at_release:
             log.info("arena addresses moved across the release; capturing CUDA graphs again")
             self._graphs.capture()
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
+
+    def _map_kv_and_scratch(self) -> None:
+        if self._device.type == "cuda":
+            torch.cuda.set_device(self._device)
+        if self._scratch is not None:
+            self._scratch.reacquire()
+        self._kv_arena.reacquire()
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         sequences = [self._sequence(request) for request in requests]
@@ -287,6 +297,7 @@ class BuiltinEngine(Engine):
 
     def _fill_weights(self) -> None:
         stats = refill(self._weight_arena.tensor, self._layout, self._files, threads=self._refill_threads)
+        self.last_refill_stats = {"bytes": stats.nbytes, "seconds": round(stats.seconds, 3)}
         if self._device.type == "cuda":
             release_pinned_cache()
         log.info(
