@@ -63,7 +63,8 @@ full)
         --models "${MODELS:-qwen3-0.6b,qwen3-8b}" --reps "${REPS:-3}" --cold-reps "${COLD_REPS:-1}" \
         --floors-gib "${FLOORS_GIB:-0}" ${FLOORS_JSON:+--floors-json "$FLOORS_JSON"} \
         --naive-reps "${NAIVE_REPS:-0}" --modes "${MODES:-optimised,naive}" --compile-models "${COMPILE_MODELS:-}" \
-        --max-num-seqs "${MAX_NUM_SEQS:-64}" --budget-s "${BUDGET_S:-540}" 2>&1 | tee "$OUT/gpu_restore.log"
+        --max-num-seqs "${MAX_NUM_SEQS:-64}" --refill-threads "${REFILL_THREADS:-8}" \
+        --caches "${CACHES:-hot,dropped}" --budget-s "${BUDGET_S:-540}" 2>&1 | tee "$OUT/gpu_restore.log"
     ;;
 *)
     echo "usage: $0 smoke|full" >&2

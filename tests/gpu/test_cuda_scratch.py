@@ -41,6 +41,7 @@ def _captured_chain(pool_id: object):
     with torch.cuda.graph(graph, pool=pool_id, stream=side):
         out = forward()
     torch.cuda.current_stream().wait_stream(side)
+    graph.inputs = (weights, x)  # the graph reads them by address: they must outlive it
     return graph, out
 
 
