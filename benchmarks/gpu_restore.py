@@ -288,8 +288,10 @@ def measure_floors(work: Path, gib: int) -> dict[str, Any]:
 
 
 def vllm_like_graph_sizes(max_num_seqs: int) -> list[int]:
-    """vLLM's default decode capture sizes (1, 2, 4, then every 8), up to `max_num_seqs`."""
-    return [size for size in [1, 2, 4, *range(8, 513, 8)] if size <= max_num_seqs]
+    """vLLM's default capture sizes (1, 2, 4, every 8 below 256, every 16 from 256 to 512), up to
+    `max_num_seqs`: the builtin engine's graphs are decode batches, one row per sequence."""
+    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+    return [size for size in sizes if size <= max_num_seqs]
 
 
 def engine_options(model: str, model_dir: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
