@@ -7,10 +7,11 @@ For each model shape (Qwen3-0.6B, Qwen3-8B; bf16 weights as safetensors) it meas
   the decode batch sizes, KV allocation), page cache hot and dropped;
 * naive restore: nothing released, weights and KV cache inside the CUDA checkpoint and the CRIU image; CRIU
   reads its image serially;
-* optimised restore: the engine releases its KV cache and weights (CUDA VMM arena: the virtual addresses
-  stay, so CUDA graphs stay valid) before the checkpoint; at restore the CRIU image and the weight files are
-  prefetched by parallel readers while CRIU restores, and the engine refills its weights with parallel
-  pinned reads;
+* optimised restore: the engine releases its KV cache, weights and CUDA-graph scratch memory (CUDA VMM:
+  the virtual addresses stay, so CUDA graphs stay valid) before the checkpoint; at restore the CRIU image and
+  the weight files are prefetched by parallel readers while CRIU restores (page cache dropped), and the
+  engine refills its weights with parallel pinned reads while it maps the KV cache and scratch again;
+* keep-scratch restore (on request): as optimised, but the graphs' scratch memory stays in the checkpoint;
 
 each with the page cache dropped and hot, repeated, against the floor computed from measured disk,
 page-cache and pinned host->GPU bandwidth, with the time split by phase and the outputs after every restore
@@ -287,6 +288,15 @@ def measure_floors(work: Path, gib: int) -> dict[str, Any]:
 # =========================================================================================================
 
 
+# Modes whose engine releases its memory before the checkpoint: "keep-scratch" keeps the CUDA graphs' scratch
+# memory (so it rides in the checkpoint), to measure what releasing it is worth.
+RELEASING_MODES = ("optimised", "keep-scratch")
+
+
+def releases(mode: str) -> bool:
+    return mode in RELEASING_MODES
+
+
 def vllm_like_graph_sizes(max_num_seqs: int) -> list[int]:
     """vLLM's default capture sizes (1, 2, 4, every 8 below 256, every 16 from 256 to 512), up to
     `max_num_seqs`: the builtin engine's graphs are decode batches, one row per sequence."""
@@ -305,7 +315,7 @@ def engine_options(model: str, model_dir: Path, mode: str, args: argparse.Namesp
             "model": model,
             "model_dir": str(model_dir),
             "device": "cpu",
-            "release_weights": mode == "optimised",
+            "release_weights": releases(mode),
         }
     return {
         "model": model,
@@ -315,8 +325,9 @@ def engine_options(model: str, model_dir: Path, mode: str, args: argparse.Namesp
         "max_num_seqs": args.max_num_seqs,
         "cuda_graph_sizes": vllm_like_graph_sizes(args.max_num_seqs),
         "compile": model in args.compile_models.split(","),
-        "release_weights": mode == "optimised",
-        "arena": "cuda-vmm" if mode == "optimised" else "torch",
+        "release_weights": releases(mode),
+        "arena": "cuda-vmm" if releases(mode) else "torch",
+        "release_graph_scratch": mode != "keep-scratch",
         "refill_threads": args.refill_threads,
     }
 
@@ -393,11 +404,11 @@ def engine_process(args: argparse.Namespace) -> int:
     if args.mode == "cold":
         Path(args.control, "cold.json").write_text(json.dumps(report))
         return 0
-    released_weights = engine.release() if args.mode == "optimised" else False
+    released_weights = engine.release() if releases(args.mode) else False
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         report["torch_reserved_before_empty_cache"] = torch.cuda.memory_reserved()
-        if args.mode == "optimised":
+        if releases(args.mode):
             # Hook (until the engine's release() does it): blocks the caching allocator keeps but nothing
             # uses would be copied by the CUDA checkpoint and carried in the image.
             torch.cuda.empty_cache()
@@ -407,7 +418,7 @@ def engine_process(args: argparse.Namespace) -> int:
             torch._C._host_emptyCache()  # pinned staging buffers would otherwise ride along in the image
         free, total = torch.cuda.mem_get_info()
         report["gpu_used_at_checkpoint"] = total - free
-    if args.mode == "optimised":
+    if releases(args.mode):
         trim_host_heap()
     report["released_weights"] = released_weights
     report["host_memory_at_checkpoint"] = host_memory()
@@ -416,7 +427,7 @@ def engine_process(args: argparse.Namespace) -> int:
     # --- checkpointed here; everything below runs in a restored copy ---
     resume = control.wait(RESTORE_COMPLETE, timeout=None, interval=0.002).payload
     after: dict[str, float] = {"resumed": time.time()}
-    if args.mode == "optimised":
+    if releases(args.mode):
         engine.reacquire()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -611,14 +622,14 @@ class Bench:
     def restore(self, cap: Capture, model_dir: Path, cache: str, rep: int) -> RestoreRun:
         weights = weight_files(model_dir)
         image_files = files_under([cap.images])
-        set_cache_state(cache, image_files + (weights if cap.mode == "optimised" else []))
+        set_cache_state(cache, image_files + (weights if releases(cap.mode) else []))
         result_file = self.work / f"result-{cap.mode}-{cache}-{rep}.json"
         result_file.unlink(missing_ok=True)
         ctl = ControlDir(cap.control)
         ctl.clear()
         prefetchers: list[threading.Thread] = []
         t0 = time.time()
-        if cap.mode == "optimised" and cache == "dropped":
+        if releases(cap.mode) and cache == "dropped":
             prefetchers = _start_prefetch(image_files, weights)
         pid = self.criu.restore(cap.images, logs_dir=self.work / f"{cap.mode}-logs", extra=["-v1"])
         t1 = time.time()
@@ -836,8 +847,8 @@ def floor_seconds(
 ) -> float:
     """Bytes that must be read / storage bandwidth + bytes to the GPU / pinned bandwidth (no fixed cost)."""
     image = capture["image_bytes"]
-    to_gpu = result.weight_bytes + (_engine_gpu_bytes(capture) or 0) if mode == "optimised" else image
-    read = image + (result.weight_bytes if mode == "optimised" else 0)
+    to_gpu = result.weight_bytes + (_engine_gpu_bytes(capture) or 0) if releases(mode) else image
+    read = image + (result.weight_bytes if releases(mode) else 0)
     disk = max(floors["disk_direct_gbps"], floors.get("disk_buffered_gbps", 0))
     storage = disk if cache == "dropped" else floors["pagecache_read_gbps"]
     return read / (storage * GB) + to_gpu / (floors["pinned_h2d_gbps"] * GB)
@@ -1006,7 +1017,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--work", default="/var/tmp/warmstart-gpu-bench", help="scratch directory on local disk")
     run.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"), help="where results go")
     run.add_argument("--models", default=",".join(MODELS))
-    run.add_argument("--modes", default="optimised,naive", help="restore kinds to measure")
+    run.add_argument(
+        "--modes", default="optimised,naive", help="restore kinds to measure (also: keep-scratch)"
+    )
     run.add_argument("--reps", type=int, default=3, help="restores per mode and cache state")
     run.add_argument(
         "--naive-reps", type=int, default=0, help="restores per cache state for naive (0: --reps)"
@@ -1026,7 +1039,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: dry run, tiny model")
     run.add_argument("--refill-threads", type=int, default=8, help="the engine's weight refill threads")
     proc = sub.add_parser("engine-process", help="internal: the engine process under test")
-    proc.add_argument("--mode", choices=("cold", "naive", "optimised"), required=True)
+    proc.add_argument("--mode", choices=("cold", "naive", *RELEASING_MODES), required=True)
     proc.add_argument("--control", required=True)
     proc.add_argument("--options", required=True)
     proc.add_argument("--spawned-at", required=True)

@@ -62,6 +62,7 @@ class BuiltinEngine(Engine):
         cuda_graph_sizes: list[int] | tuple[int, ...] | None = None,
         compile: bool = False,
         release_weights: bool = False,
+        release_graph_scratch: bool = True,
         arena: str = "auto",
         refill_threads: int = 8,
         overrides: dict[str, Any] | None = None,
@@ -81,6 +82,7 @@ class BuiltinEngine(Engine):
         self._graph_sizes = tuple(sorted(set(cuda_graph_sizes or DEFAULT_GRAPH_SIZES)))
         self._compile = compile
         self._release_weights = release_weights
+        self._release_graph_scratch = release_graph_scratch
         # CUDA graphs survive a weight release only if the weights come back at the same address.
         self._arena_kind = (
             ("cuda-vmm" if self._device.type == "cuda" else "torch") if arena == "auto" else arena
@@ -157,7 +159,7 @@ class BuiltinEngine(Engine):
         prompt = GenerationRequest(prompt="warm up", request_id="warm-up")
         scheduler.run_inline([self._sequence(prompt)])
         if self._device.type == "cuda":
-            if self._arena_kind == "cuda-vmm":
+            if self._arena_kind == "cuda-vmm" and self._release_graph_scratch:
                 from warmstart.engines.cuda_scratch import CudaScratchPool
 
                 self._scratch = CudaScratchPool(self._device)
@@ -358,6 +360,7 @@ class BuiltinEngine(Engine):
             "cuda_graph_sizes": self._graph_sizes_within_limit() if self._device.type == "cuda" else [],
             "compile": self._compile,
             "release_weights": self._release_weights,
+            "release_graph_scratch": self._release_graph_scratch,
             "arena": self._arena_kind,
         }
 
