@@ -19,7 +19,7 @@ def _captured_chain(pool_id: object):
     """A graph of 8 matmuls over a 2048-wide input; its intermediates (~64 MiB) live in the given pool.
 
     Captured on the stream it was warmed up on, as the engine does: cuBLAS's per-stream workspace, which
-    must keep its contents, is then allocated outside the pool.
+    outlives the graph's replays, is then allocated outside the pool.
     """
     import torch
 

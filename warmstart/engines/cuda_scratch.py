@@ -95,10 +95,10 @@ class CudaScratchPool:
         return freed
 
     def reacquire(self) -> None:
-        """Map fresh, zeroed memory at every segment's address.
+        """Map fresh memory at every segment's address, zeroed (a few GB per millisecond).
 
-        The graphs rewrite their intermediates, but a library may keep counters in its scratch that must be
-        zero between calls (as they are in memory the driver hands out fresh); a few GB/ms of memset.
+        The graphs rewrite their intermediates on every replay; zeroing makes what a restored process finds
+        there independent of whatever memory the driver hands back.
         """
         self._context.make_current()
         cu = driver()

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -41,6 +41,9 @@ from warmstart.engines.builtin.tokenizer import ByteTokenizer
 from warmstart.engines.host import gpu_facts, runtime_image
 from warmstart.engines.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
 from warmstart.identity import SnapshotIdentity
+
+if TYPE_CHECKING:
+    from warmstart.engines.cuda_scratch import CudaScratchPool
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +101,7 @@ class BuiltinEngine(Engine):
         self._kv_arena: Arena | None = None
         self._model: Transformer | None = None
         self._graphs: DecodeGraphs | None = None
-        self._scratch: Any = None  # CudaScratchPool for the graphs' intermediates, with the cuda-vmm arena
+        self._scratch: CudaScratchPool | None = None  # the graphs' intermediates, with the cuda-vmm arena
         self._scheduler: Scheduler | None = None
         self._digest: str | None = None
         self._weights_released = False

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from warmstart.engines.builtin.model import Transformer
+
+if TYPE_CHECKING:
+    from warmstart.engines.cuda_scratch import CudaScratchPool
 
 WARMUP_RUNS = 2
 
@@ -37,7 +40,7 @@ class DecodeGraphs:
         sizes: list[int],
         scratch_slot: int,
         compile: bool = False,
-        pool: Any = None,
+        pool: CudaScratchPool | None = None,
     ) -> None:
         if not sizes:
             raise ValueError("CUDA graph capture needs at least one batch size")
@@ -47,7 +50,7 @@ class DecodeGraphs:
         self._compiled = compile
         if compile:
             model.compile_decode()
-        self._pool = pool  # an object with `.id` (a CudaScratchPool), or None for torch's graph pool
+        self._pool = pool  # None: torch's own graph pool
         self._captured: dict[int, _Captured] = {}
         self.captures = 0  # how many times the whole set was captured
 
