@@ -46,3 +46,14 @@ def test_every_mode_restores_with_the_sources_outputs(criu_command: str, tmp_pat
     table = (out / "gpu_restore.md").read_text()
     for mode in MODES:
         assert f"| {mode} restore | hot |" in table
+
+
+def test_capture_sizes_follow_vllms_default_list() -> None:
+    """1, 2, 4, every 8 below 256, every 16 from 256 to 512 (vLLM's default for max_num_seqs >= 256)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_restore import vllm_like_graph_sizes
+
+    sizes = vllm_like_graph_sizes(512)
+    assert len(sizes) == 51 and sizes[:5] == [1, 2, 4, 8, 16] and sizes[-3:] == [480, 496, 512]
+    assert 264 not in sizes and 272 in sizes
+    assert vllm_like_graph_sizes(20) == [1, 2, 4, 8, 16]
