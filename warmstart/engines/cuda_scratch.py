@@ -46,6 +46,13 @@ class CudaScratchPool:
     it is released.
     """
 
+    @staticmethod
+    def supported() -> bool:
+        """Whether this torch can route a graph's pool through our allocator (torch.cuda.MemPool, 2.5+)."""
+        import torch
+
+        return hasattr(torch.cuda, "MemPool") and hasattr(torch._C, "_cuda_customAllocator")
+
     def __init__(self, device: Any = "cuda") -> None:
         import torch
 

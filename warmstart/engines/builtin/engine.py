@@ -163,9 +163,7 @@ class BuiltinEngine(Engine):
         scheduler.run_inline([self._sequence(prompt)])
         if self._device.type == "cuda":
             if self._arena_kind == "cuda-vmm" and self._release_graph_scratch:
-                from warmstart.engines.cuda_scratch import CudaScratchPool
-
-                self._scratch = CudaScratchPool(self._device)
+                self._scratch = _scratch_pool(self._device)
             self._graphs = DecodeGraphs(
                 self._model,
                 self._graph_sizes_within_limit(),
@@ -366,6 +364,16 @@ class BuiltinEngine(Engine):
             "release_graph_scratch": self._release_graph_scratch,
             "arena": self._arena_kind,
         }
+
+
+def _scratch_pool(device: torch.device) -> CudaScratchPool | None:
+    """A releasable pool for the CUDA graphs' intermediates, or None (torch's own pool) on an older torch."""
+    from warmstart.engines.cuda_scratch import CudaScratchPool
+
+    if not CudaScratchPool.supported():
+        log.warning("torch %s has no MemPool: CUDA graph scratch stays in checkpoints", torch.__version__)
+        return None
+    return CudaScratchPool(device)
 
 
 def _parse_device(device: str) -> torch.device:
