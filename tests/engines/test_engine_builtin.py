@@ -236,3 +236,13 @@ def test_compiled_decode_is_one_graph_for_every_layer_and_batch_above_one(make_e
             compiled = model.decode(tokens, positions, slots)
         torch.testing.assert_close(compiled, eager, rtol=1e-4, atol=1e-4)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2
+
+
+def test_graphs_keep_torchs_pool_when_torch_has_no_mempool(monkeypatch, caplog) -> None:
+    from warmstart.engines.builtin import engine as builtin_engine
+    from warmstart.engines.cuda_scratch import CudaScratchPool
+
+    monkeypatch.setattr(CudaScratchPool, "supported", staticmethod(lambda: False))
+    with caplog.at_level("WARNING"):
+        assert builtin_engine._scratch_pool(torch.device("cuda", 0)) is None
+    assert "scratch stays in checkpoints" in caplog.text
