@@ -87,6 +87,8 @@ def test_source_keeps_serving_and_restore_answers_identically(
     assert store.list() and store.list()[0].id == captured.snapshot.id
     assert {"wait_ready", "criu_dump", "publish"} <= set(captured.timings)
     assert "criu/inventory.img" in captured.snapshot.files
+    # one core-<id>.img per thread: what the capture's check of restorable ids reads
+    assert f"criu/core-{captured.snapshot.meta['engine_pid']}.img" in captured.snapshot.files
     assert "sandbox/control/logs/out" in captured.snapshot.files
     source_answer = wait_for_line(source.host_dir / "control" / "answer").split()
     assert source_answer[2] == "9000"  # the source resumed in place with its payload

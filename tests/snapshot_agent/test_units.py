@@ -125,3 +125,15 @@ def test_serve_names_the_logs_of_a_worker_that_exits_before_serving(tmp_path: Pa
     assert "the worker exited before it served; see " in result.stderr
     init_log = Path(result.stderr.split("; see ", 1)[1].split(" and ", 1)[0])
     assert "--no-such-flag" in init_log.read_text()  # the named log says what went wrong
+
+
+def test_capture_refuses_ids_a_restore_sandbox_cannot_give_back(tmp_path: Path) -> None:
+    from warmstart.snapshot_agent.capture import CaptureError, check_ids_restorable
+    from warmstart.snapshot_agent.sandbox import RESERVED_PIDS
+
+    for name in ("core-7.img", "core-31.img", "pstree.img", "pages-1.img"):
+        (tmp_path / name).write_bytes(b"")
+    check_ids_restorable(tmp_path)  # low ids: fine
+    (tmp_path / f"core-{RESERVED_PIDS}.img").write_bytes(b"")
+    with pytest.raises(CaptureError, match=f"id {RESERVED_PIDS}; restores keep only ids below"):
+        check_ids_restorable(tmp_path)

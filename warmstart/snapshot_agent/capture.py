@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -31,13 +32,14 @@ from warmstart.snapshot.signing import Signer
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 from warmstart.snapshot_agent import cuda
 from warmstart.snapshot_agent.criu import Criu
-from warmstart.snapshot_agent.sandbox import Sandbox
+from warmstart.snapshot_agent.sandbox import RESERVED_PIDS, Sandbox
 
 log = logging.getLogger(__name__)
 
 CRIU_DIR = "criu"  # CRIU image files, relative to the snapshot
 LOGS_DIR = "logs"  # CRIU's own dump log
 SANDBOX_FILES_DIR = "sandbox"  # files the engine holds open under the sandbox mountpoint, by relative path
+_CORE_IMAGE = re.compile(r"core-(\d+)\.img")
 
 
 class CaptureError(RuntimeError):
@@ -241,6 +243,7 @@ def _dump_and_publish(
                 leave_running=True,
             )
         _check_unchanged(files, sandbox, sizes)
+        check_ids_restorable(staging.dir / CRIU_DIR)
         staging.meta["sandbox_files"] = [str(path) for path in files]
         staging.meta["sandbox_mountpoint"] = str(sandbox.mountpoint)
         staging.timings.update(timer.timings)
@@ -248,6 +251,19 @@ def _dump_and_publish(
             snapshot = staging.publish(signer)
     snapshot.timings.update(timer.timings)
     return snapshot
+
+
+def check_ids_restorable(images: Path) -> None:
+    """Refuse an image whose process or thread ids reach `RESERVED_PIDS`: a restore sandbox keeps only the
+    ids below that free, so CRIU could not recreate such a task there (CRIU writes one core-<id>.img per
+    thread)."""
+    ids = [int(found.group(1)) for path in images.iterdir() if (found := _CORE_IMAGE.fullmatch(path.name))]
+    highest = max(ids, default=0)
+    if highest >= RESERVED_PIDS:
+        raise CaptureError(
+            f"the worker used process/thread id {highest}; restores keep only ids below {RESERVED_PIDS} "
+            "free, so this snapshot could never be restored (start fewer processes or threads before it)"
+        )
 
 
 def _resume_source(

@@ -26,7 +26,9 @@ from pathlib import Path
 
 MOUNTPOINT = Path("/run/warmstart/pod")
 PR_SET_PDEATHSIG = 1
-RESERVED_PIDS = 1000
+# Process and thread ids a restored engine may need (torch.compile's worker pool alone can use hundreds
+# before a capture); a capture whose ids reach this is refused, since no restore could bring it back.
+RESERVED_PIDS = 10000
 READY_MARK = ".sandbox-ready"
 MAIN_PID_FILE = ".sandbox-main-pid"  # in-namespace PID whose exit ends a waiting init
 
