@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import threading
 from pathlib import Path
 
@@ -107,6 +108,26 @@ def test_release_and_reacquire_keep_outputs(make_engine) -> None:
     assert engine._weight_arena.released and engine._kv_arena.released
     with pytest.raises(EngineError, match="released"):
         engine.generate([greedy()])
+    engine.reacquire()
+    after = engine.generate([greedy(ignore_eos=True)])[0]
+    assert after.token_ids == before.token_ids
+
+
+def test_a_reacquire_that_failed_refills_the_weights_when_retried(
+    make_engine, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """The KV cache comes back while the weights refill: a refill that fails must not leave the engine
+    looking reacquired (KV mapped) with its weights still released."""
+    model_dir = tmp_path / "tiny"
+    shutil.copytree(tiny_model_dir, model_dir)
+    engine = make_engine(release_weights=True, model_dir=model_dir)
+    before = engine.generate([greedy(ignore_eos=True)])[0]
+    engine.release()
+    weights = next(model_dir.glob("*.safetensors"))
+    weights.rename(weights.with_suffix(".away"))
+    with pytest.raises(OSError):
+        engine.reacquire()
+    weights.with_suffix(".away").rename(weights)
     engine.reacquire()
     after = engine.generate([greedy(ignore_eos=True)])[0]
     assert after.token_ids == before.token_ids

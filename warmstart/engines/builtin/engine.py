@@ -192,16 +192,18 @@ class BuiltinEngine(Engine):
         return self._weights_released
 
     def reacquire(self) -> None:
-        if not self._kv_arena.released:
-            return  # nothing was released
+        if not (self._kv_arena.released or self._weights_released):
+            return  # nothing was released, or an earlier reacquire finished
         # Mapping the KV cache and graph scratch (tens of GB of driver work) overlaps the weight refill.
         with ThreadPoolExecutor(1, thread_name_prefix="warmstart-map") as background:
             mapped = background.submit(self._map_kv_and_scratch)
-            if self._weights_released:
-                self._weight_arena.reacquire()
-                self._fill_weights()
-                self._weights_released = False
-            mapped.result()
+            try:
+                if self._weights_released:
+                    self._weight_arena.reacquire()
+                    self._fill_weights()
+                    self._weights_released = False
+            finally:
+                mapped.result()  # a mapping error is raised even when the refill failed too
         self._bind_all()
         if self._graphs is not None and self._addresses() != self._addresses_at_release:
             log.info("arena addresses moved across the release; capturing CUDA graphs again")
