@@ -307,8 +307,9 @@ def vllm_like_graph_sizes(max_num_seqs: int) -> list[int]:
 def engine_options(model: str, model_dir: Path, mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Keyword options for `create_engine("builtin", ...)`: a realistic, vLLM-like cold start.
 
-    The optimised mode keeps its weights in the CUDA VMM arena (released before the checkpoint, re-mapped at
-    the same addresses after); the others use torch's allocator, as an unmodified engine would.
+    The releasing modes (optimised, keep-scratch) keep weights and KV cache in the CUDA VMM arena (released
+    before the checkpoint, re-mapped at the same addresses after); naive uses torch's allocator, as an
+    unmodified engine would.
     """
     if args.device == "cpu":  # a dry run of the orchestration, without a GPU
         return {
@@ -411,8 +412,8 @@ def engine_process(args: argparse.Namespace) -> int:
         torch.cuda.synchronize()
         report["torch_reserved_before_empty_cache"] = torch.cuda.memory_reserved()
         if releases(args.mode):
-            # Hook (until the engine's release() does it): blocks the caching allocator keeps but nothing
-            # uses would be copied by the CUDA checkpoint and carried in the image.
+            # The engine's release() empties the cache already; again here so the figures below do not
+            # depend on it: cached blocks nothing uses would ride in the CUDA checkpoint and the image.
             torch.cuda.empty_cache()
         report["torch_reserved_at_checkpoint"] = torch.cuda.memory_reserved()
         report["torch_allocated_at_checkpoint"] = torch.cuda.memory_allocated()

@@ -6,19 +6,20 @@ between GPU runs: every mode is checkpointed, restored and compared token for to
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("optimised", "keep-scratch", "naive")
 
 
+@pytest.mark.integration
 def test_every_mode_restores_with_the_sources_outputs(criu_command: str, tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="needs torch (the `engine` extra)")
     out = tmp_path / "out"
@@ -48,12 +49,26 @@ def test_every_mode_restores_with_the_sources_outputs(criu_command: str, tmp_pat
         assert f"| {mode} restore | hot |" in table
 
 
-def test_capture_sizes_follow_vllms_default_list() -> None:
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    return importlib.import_module("gpu_restore")
+
+
+def test_capture_sizes_follow_vllms_default_list(bench: ModuleType) -> None:
     """1, 2, 4, every 8 below 256, every 16 from 256 to 512 (vLLM's default for max_num_seqs >= 256)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    from gpu_restore import vllm_like_graph_sizes
+    vllm_like_graph_sizes = bench.vllm_like_graph_sizes
 
     sizes = vllm_like_graph_sizes(512)
     assert len(sizes) == 51 and sizes[:5] == [1, 2, 4, 8, 16] and sizes[-3:] == [480, 496, 512]
     assert 264 not in sizes and 272 in sizes
     assert vllm_like_graph_sizes(20) == [1, 2, 4, 8, 16]
+
+
+def test_keep_scratch_differs_from_optimised_only_by_keeping_the_graph_scratch(bench: ModuleType) -> None:
+    args = bench.parse_args(["run", "--device=cuda", "--compile-models=qwen3-8b"])
+    options = {mode: bench.engine_options("qwen3-8b", Path("m"), mode, args) for mode in MODES}
+    assert options["optimised"]["release_graph_scratch"] is True
+    assert options["keep-scratch"] == {**options["optimised"], "release_graph_scratch": False}
+    assert options["optimised"]["arena"] == "cuda-vmm" and options["optimised"]["release_weights"]
+    assert options["naive"]["arena"] == "torch" and not options["naive"]["release_weights"]
