@@ -9,6 +9,7 @@ slot per running sequence, SwiGLU MLP.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,7 @@ class Transformer:
         self.positions = torch.arange(max_len, device=device)
         self.weights: dict[str, torch.Tensor] = {}
         self._layers: list[dict[str, torch.Tensor]] = []  # per layer: short name -> tensor
-        self._compiled_step = None
+        self._compiled_step: Callable[..., torch.Tensor] | None = None  # see compile_decode()
         self.kv: KVCache | None = None
 
     def bind(self, weights: dict[str, torch.Tensor]) -> None:
