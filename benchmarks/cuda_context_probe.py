@@ -61,17 +61,19 @@ def probe(setup: str) -> dict[str, float]:
         gpu = gpu_memory_of(child.pid) or 0
         host_before = rss_anon(child.pid)
         started = time.perf_counter()
-        cuda.lock(child.pid)
-        cuda.checkpoint(child.pid)
+        cuda.suspend(child.pid)  # lock + checkpoint; unlocked again if the checkpoint fails
         checkpoint_s = time.perf_counter() - started
         host_after = rss_anon(child.pid)
         started = time.perf_counter()
-        cuda.restore(child.pid)
-        cuda.unlock(child.pid)
+        cuda.resume(child.pid)
         restore_s = time.perf_counter() - started
     finally:
         child.stdin.close()
-        child.wait(timeout=60)
+        try:
+            child.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
     return {
         "gpu_gib": gpu / GiB,
         "host_gib": host_before / GiB,

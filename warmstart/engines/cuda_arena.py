@@ -131,8 +131,8 @@ class VmmRange:
             return
         cu = driver()
         check(cu.cuMemUnmap(self.address, self.size), "cuMemUnmap")
-        check(cu.cuMemRelease(self._handle), "cuMemRelease")
-        self._handle = None
+        handle, self._handle = self._handle, None  # unmapped now, whatever the release says
+        check(cu.cuMemRelease(handle), "cuMemRelease")
 
     def free(self) -> None:
         """Unmap and give the virtual range back for good."""
@@ -237,6 +237,9 @@ class CudaVmmArena:
         """Release the memory and give the virtual range back; the arena's views become invalid for good."""
         if self._range is not None:
             self._require_context()
+            import torch
+
+            torch.cuda.synchronize(self.device_index)  # no kernel may still use the range
             self._range.free()
         self._range = None
         self._tensor = None

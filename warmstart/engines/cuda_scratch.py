@@ -34,9 +34,6 @@ log = logging.getLogger(__name__)
 _AllocFn = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 _FreeFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int, ctypes.c_void_p)
 
-# torch keeps raw pointers to the callbacks for the life of the process: so do we.
-_KEEP_ALIVE: list[CudaScratchPool] = []
-
 
 class CudaScratchPool:
     """A torch memory pool for CUDA graphs whose device memory can be released and re-mapped in place.
@@ -69,7 +66,10 @@ class CudaScratchPool:
             ctypes.cast(self._free_fn, ctypes.c_void_p).value,
         )
         self._pool = torch.cuda.MemPool(self._allocator)
-        _KEEP_ALIVE.append(self)
+        # torch may call the allocator until the very end of the process (its pools are torn down late at
+        # exit): the callbacks, and through them this object, must never be freed.
+        for callback in (self._alloc_fn, self._free_fn):
+            ctypes.pythonapi.Py_IncRef(ctypes.py_object(callback))
 
     @property
     def id(self) -> tuple[int, int]:
@@ -130,8 +130,6 @@ class CudaScratchPool:
         return segment.address
 
     def _free(self, pointer: int | None, size: int, device: int, stream: int) -> None:
-        if not hasattr(self, "_lock"):
-            return  # the interpreter is tearing this object down at exit; the driver frees everything
         with self._lock:
             segment = self._segments.pop(pointer or 0, None)
         if segment is None:
