@@ -359,15 +359,6 @@ def host_memory() -> dict[str, int]:
     return found
 
 
-def keep_graphs_across_release(engine: Any) -> None:
-    """Hook (until the engine does this itself): with arenas that keep their address (CUDA VMM), captured
-    CUDA graphs stay valid across release/reacquire, so compare the arenas' stable addresses instead of
-    treating a released arena as "moved" and capturing every graph again after each restore."""
-    arenas = (getattr(engine, "_weight_arena", None), getattr(engine, "_kv_arena", None))
-    if all(getattr(arena, "keeps_address", False) for arena in arenas):
-        engine._addresses = lambda: tuple(arena.address for arena in arenas)
-
-
 def engine_process(args: argparse.Namespace) -> int:
     """Cold start, then either exit (mode cold) or release, signal, wait for the restore and report."""
     spawned_at = float(args.spawned_at)
@@ -381,7 +372,6 @@ def engine_process(args: argparse.Namespace) -> int:
     options = json.loads(args.options)
     engine = create_engine("builtin", **options)
     engine.load()
-    keep_graphs_across_release(engine)
     marks["loaded"] = time.time()
     engine.warm_up()
     marks["warm"] = time.time()
