@@ -43,6 +43,7 @@ from types import TracebackType
 from typing import Any
 
 from warmstart.identity import SnapshotIdentity
+from warmstart.procinfo import parse_stat
 from warmstart.snapshot.files import fsync_dir, write_new_file
 from warmstart.snapshot.hashing import (
     chunk_ranges,
@@ -141,9 +142,7 @@ def _process_start_ticks(pid: int) -> int | None:
         return None
     except OSError:
         return -1  # exists, unreadable
-    # The command name is parenthesised and may hold spaces; fields resume after the last ')'.
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return int(fields[19])
+    return parse_stat(raw).start_ticks
 
 
 def _process_alive(pid: int, start_ticks: int | None) -> bool:
