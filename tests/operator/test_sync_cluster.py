@@ -50,3 +50,4 @@ def test_a_snapshot_that_already_exists_keeps_its_status_and_gets_no_capture_pod
     assert {key: status.get(key) for key in ready} == ready
     capture = {L.ENDPOINT_LABEL: owner.name, L.COMPONENT_LABEL: L.CAPTURE_COMPONENT}
     assert api.list("Pod", namespace, capture) == []
+    assert not [event for event in plan.events if event[1] == "CaptureStarted"]  # it created nothing

@@ -16,7 +16,13 @@ from warmstart.operator import children
 from warmstart.operator import labels as L
 from warmstart.operator.identity import endpoint_identity
 from warmstart.operator.kube import Kube, KubeError
-from warmstart.operator.snapshots import Backoff, SnapshotPlan, format_time, plan_snapshots
+from warmstart.operator.snapshots import (
+    CAPTURE_STARTED,
+    Backoff,
+    SnapshotPlan,
+    format_time,
+    plan_snapshots,
+)
 from warmstart.operator.spec import EndpointSpec, InvalidSpec, parse_spec
 from warmstart.operator.status import Workload, endpoint_status, invalid_status
 
@@ -124,6 +130,7 @@ def sync_snapshots(
     stale = plan.create["metadata"]["name"] if plan.create is not None and created is None else ""
     if stale:
         log.info("InferenceSnapshot %s/%s already exists: not touching its status or capture pod", ns, stale)
+        plan.events = [event for event in plan.events if event[1] != CAPTURE_STARTED]  # nothing was created
     for name, patch in plan.status_patches.items():
         if name != stale:
             kube.patch_status(L.SNAPSHOT_KIND, ns, name, patch)

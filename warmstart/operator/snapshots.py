@@ -18,6 +18,7 @@ from warmstart.operator.spec import EndpointSpec
 PENDING, CAPTURING, READY, FAILED, INVALID = "Pending", "Capturing", "Ready", "Failed", "Invalid"
 IN_PROGRESS = (PENDING, CAPTURING)
 NAME_HASH_CHARS = 10
+CAPTURE_STARTED = "CaptureStarted"  # the event reason of a planned snapshot create
 
 
 @dataclass(frozen=True)
@@ -189,7 +190,7 @@ def _plan_capture(
         plan.events.append(
             (
                 "Normal",
-                "CaptureStarted",
+                CAPTURE_STARTED,
                 f"no Ready snapshot for identity {identity_hash[:12]}: created {name} and a capture pod",
             )
         )
