@@ -133,7 +133,8 @@ def test_capture_refuses_ids_a_restore_sandbox_cannot_give_back(tmp_path: Path) 
 
     for name in ("core-7.img", "core-31.img", "pstree.img", "pages-1.img"):
         (tmp_path / name).write_bytes(b"")
-    check_ids_restorable(tmp_path)  # low ids: fine
     (tmp_path / f"core-{RESERVED_PIDS}.img").write_bytes(b"")
-    with pytest.raises(CaptureError, match=f"id {RESERVED_PIDS}; restores keep only ids below"):
+    check_ids_restorable(tmp_path)  # ids up to the reserved bound stay free in a restore sandbox
+    (tmp_path / f"core-{RESERVED_PIDS + 1}.img").write_bytes(b"")
+    with pytest.raises(CaptureError, match=f"id {RESERVED_PIDS + 1}; restores keep only ids up to"):
         check_ids_restorable(tmp_path)

@@ -254,14 +254,14 @@ def _dump_and_publish(
 
 
 def check_ids_restorable(images: Path) -> None:
-    """Refuse an image whose process or thread ids reach `RESERVED_PIDS`: a restore sandbox keeps only the
-    ids below that free, so CRIU could not recreate such a task there (CRIU writes one core-<id>.img per
+    """Refuse an image whose process or thread ids pass `RESERVED_PIDS`: a restore sandbox keeps only the
+    ids up to that free, so CRIU could not recreate such a task there (CRIU writes one core-<id>.img per
     thread)."""
     ids = [int(found.group(1)) for path in images.iterdir() if (found := _CORE_IMAGE.fullmatch(path.name))]
     highest = max(ids, default=0)
-    if highest >= RESERVED_PIDS:
+    if highest > RESERVED_PIDS:  # the sandbox's own processes start at RESERVED_PIDS + 1
         raise CaptureError(
-            f"the worker used process/thread id {highest}; restores keep only ids below {RESERVED_PIDS} "
+            f"the worker used process/thread id {highest}; restores keep only ids up to {RESERVED_PIDS} "
             "free, so this snapshot could never be restored (start fewer processes or threads before it)"
         )
 
