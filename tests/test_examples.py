@@ -22,3 +22,17 @@ def test_example_is_accepted_by_the_apiserver(kube, namespace, repo_root, exampl
     result = kube.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(example), check=False)
     assert result.returncode == 0, result.stderr
     assert "created (server dry run)" in result.stdout
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_example_is_accepted_by_the_operator(example: Path) -> None:
+    """Past the schema, the operator's own checks (worker flags in engine.args among them) pass too."""
+    import yaml
+
+    from warmstart.operator.spec import parse_spec
+
+    documents = yaml.safe_load_all(example.read_text())
+    endpoints = [doc for doc in documents if doc and doc["kind"] == "InferenceEndpoint"]
+    assert endpoints
+    for endpoint in endpoints:
+        parse_spec(endpoint["spec"])

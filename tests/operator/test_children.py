@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from builders import UID, endpoint_body
+import pytest
+from builders import UID, endpoint_body, snapshot_object
 
 from warmstart.operator import children
 from warmstart.operator import labels as L
@@ -34,7 +35,7 @@ def test_cold_deployment_shape():
     container = container_of(pod)
     assert container["command"] == ["warmstart"]
     assert container["args"][:3] == ["worker", "--mode", "cold"]
-    assert container["args"][-2:] == ["--", "--enforce-eager"]
+    assert container["args"][-1:] == ["--enforce-eager"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
@@ -54,8 +55,45 @@ def test_restore_deployment_names_the_snapshot():
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels[L.ROLE_LABEL] == "restore" and labels[L.SNAPSHOT_LABEL] == "qwen-abababab"
     assert labels[L.IDENTITY_HASH_LABEL] == HASH[: L.IDENTITY_LABEL_LENGTH]
-    args = container_of(dep["spec"]["template"]["spec"])["args"]
-    assert args[args.index("--snapshot") + 1] == "qwen-abababab"
+    env = {e["name"]: e.get("value") for e in container_of(dep["spec"]["template"]["spec"])["env"]}
+    assert env["WARMSTART_SNAPSHOT"] == "qwen-abababab"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "device"),
+    [
+        ({}, "cuda"),
+        (
+            {
+                "model": {"uri": "qwen3-0.6b"},
+                "engine": {"kind": "builtin", "image": "w:1", "args": ["--max-num-seqs", "8", "--compile"]},
+                "resources": {"gpus": 0},
+            },
+            "cpu",
+        ),
+        (
+            {"engine": {"kind": "vllm", "image": "w", "dtype": "bfloat16", "args": ["--engine-arg", "a=1"]}},
+            "cuda",
+        ),
+    ],
+)
+def test_every_worker_the_operator_starts_parses_with_the_worker_cli(overrides, device):
+    """The pods' args are what `warmstart worker` accepts: its own parser reads them, for every role."""
+    from warmstart.cli import build_parser
+
+    owner, spec = owner_and_spec(**overrides)
+    snapshot = snapshot_object("qwen-ab", HASH, "Pending", "2026-11-30T00:00:00Z")
+    snapshot_owner = children.Owner.from_body(snapshot)
+    pods = [
+        children.deployment(owner, spec, role, "qwen-ab", HASH)["spec"]["template"]["spec"]
+        for role in (L.ROLE_COLD, L.ROLE_RESTORE)
+    ] + [children.capture_pod(snapshot_owner, owner.name, spec, 1, HASH)["spec"]]
+    for pod in pods:
+        container = container_of(pod)
+        assert container["command"] == ["warmstart"]
+        args = build_parser().parse_args(container["args"])
+        assert args.host == "0.0.0.0" and args.port == spec.engine.port  # reachable on the pod's IP
+        assert args.device == device and args.engine == spec.engine.kind and args.model == spec.model.uri
 
 
 def test_overrides_reach_the_pod():

@@ -92,3 +92,32 @@ def test_missing_snapshot_policy_is_named():
 
 def test_snapshots_disabled_needs_no_storage():
     assert not parse_spec(endpoint_spec(snapshot={"enabled": False})).snapshot.enabled
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--no-such-flag"], "the worker would refuse them: unrecognized arguments: --no-such-flag"),
+        (["--max-num-seqs", "many"], "the worker would refuse them: argument --max-num-seqs: invalid int"),
+        (["--port", "9000"], "--port is set by the operator: use engine.port"),
+        (["--device=cpu"], "--device is set by the operator: use resources.gpus"),
+        (["--", "--enforce-eager"], "unrecognized arguments: --"),
+    ],
+)
+def test_engine_args_the_worker_would_refuse_are_rejected(args, message):
+    engine = {"kind": "vllm", "image": "img", "args": args}
+    with pytest.raises(InvalidSpec, match="^spec.engine.args: ") as caught:
+        parse_spec(endpoint_spec(engine=engine))
+    assert message in str(caught.value)
+
+
+def test_engine_args_the_worker_takes_are_kept_in_order():
+    args = ["--enforce-eager", "--max-num-seqs", "64", "--engine-arg", "max_num_batched_tokens=8192"]
+    spec = parse_spec(endpoint_spec(engine={"kind": "vllm", "image": "img", "args": args}))
+    assert spec.engine.args == tuple(args)
+
+
+def test_a_model_revision_needs_the_vllm_engine():
+    engine = {"kind": "builtin", "image": "img"}
+    with pytest.raises(InvalidSpec, match="^spec.model.revision: .*needs engine.kind vllm"):
+        parse_spec(endpoint_spec(engine=engine, model={"uri": "tiny", "revision": "main"}))

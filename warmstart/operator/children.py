@@ -68,7 +68,8 @@ def _metadata(owner: Owner, name: str, component: str) -> dict[str, Any]:
     }
 
 
-def _worker_args(spec: EndpointSpec, role: str, snapshot: str) -> list[str]:
+def _worker_args(spec: EndpointSpec, role: str) -> list[str]:
+    """`warmstart worker` flags; the snapshot to restore reaches the agent through pod labels and env."""
     engine = spec.engine
     args = [
         "worker",
@@ -77,16 +78,14 @@ def _worker_args(spec: EndpointSpec, role: str, snapshot: str) -> list[str]:
         "--model", spec.model.uri,
         "--served-model-name", spec.model.name_on_api,
         "--dtype", engine.dtype,
+        "--device", "cuda" if spec.resources.gpus else "cpu",
         "--tensor-parallel-size", str(engine.tensor_parallel_size),
+        "--host", "0.0.0.0",  # the kubelet's probes and the Service reach the pod's IP
         "--port", str(engine.port),
     ]  # fmt: skip
     if spec.model.revision:
         args += ["--revision", spec.model.revision]
-    if snapshot:
-        args += ["--snapshot", snapshot]
-    if engine.args:
-        args += ["--", *engine.args]
-    return args
+    return args + list(engine.args)
 
 
 def _env(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identity_hash: str) -> list[dict]:
@@ -144,7 +143,7 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, iden
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": ["warmstart"],
-        "args": _worker_args(spec, role, snapshot),
+        "args": _worker_args(spec, role),
         "env": _env(endpoint, spec, role, snapshot, identity_hash),
         "ports": [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}],
         "readinessProbe": _probe("/ready", 2, 3),

@@ -13,6 +13,20 @@ from typing import Any
 ENGINES = ("vllm", "builtin")
 AUTOSCALING_MODES = ("none", "hpa", "keda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# Worker flags the operator sets from the spec: in engine.args they are refused, naming the field to use.
+OPERATOR_FLAGS = {
+    "--mode": "",
+    "--engine": "engine.kind",
+    "--model": "model.uri",
+    "--served-model-name": "model.servedName",
+    "--dtype": "engine.dtype",
+    "--device": "resources.gpus",
+    "--tensor-parallel-size": "engine.tensorParallelSize",
+    "--host": "",
+    "--port": "engine.port",
+    "--revision": "model.revision",
+    "--control-dir": "",
+}
 METRIC_SOURCES = ("Pods", "External")
 DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 
@@ -182,6 +196,7 @@ def parse_engine(spec: dict[str, Any]) -> EngineSpec:
     args = data.get("args") or []
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise InvalidSpec("engine.args", "must be a list of strings")
+    _check_worker_flags(args)
     return EngineSpec(
         kind=_choice(data, "kind", "", "engine.", ENGINES),
         image=_text(data, "image", "engine.", required=True),
@@ -194,6 +209,21 @@ def parse_engine(spec: dict[str, Any]) -> EngineSpec:
             data, "imagePullPolicy", "IfNotPresent", "engine.", ("Always", "IfNotPresent", "Never")
         ),
     )
+
+
+def _check_worker_flags(args: list[str]) -> None:
+    """engine.args are `warmstart worker` flags: refuse those it would reject and those the spec sets."""
+    from warmstart.worker.options import worker_flags_problem
+
+    for arg in args:
+        flag = arg.split("=", 1)[0]
+        if flag in OPERATOR_FLAGS:
+            field = OPERATOR_FLAGS[flag]
+            use = f": use {field}" if field else ""
+            raise InvalidSpec("engine.args", f"{flag} is set by the operator{use}")
+    problem = worker_flags_problem(args)
+    if problem:
+        raise InvalidSpec("engine.args", f"the worker would refuse them: {problem}")
 
 
 def parse_resources(spec: dict[str, Any]) -> ResourceSpec:
@@ -294,9 +324,12 @@ def parse_spec(spec: dict[str, Any]) -> EndpointSpec:
         raise InvalidSpec("", "must be an object")
     service = _section(spec, "service", "")
     monitoring = _section(spec, "monitoring", "")
+    model, engine = parse_model(spec), parse_engine(spec)
+    if model.revision and engine.kind != "vllm":
+        raise InvalidSpec("model.revision", "is a Hugging Face revision: it needs engine.kind vllm")
     return EndpointSpec(
-        model=parse_model(spec),
-        engine=parse_engine(spec),
+        model=model,
+        engine=engine,
         resources=parse_resources(spec),
         replicas=_int(spec, "replicas", 1, "", 0, 1000),
         autoscaling=parse_autoscaling(spec),

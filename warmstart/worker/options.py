@@ -6,7 +6,7 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from warmstart.config import cache_dir, env_float
 from warmstart.protocol import CONTROL_DIR_ENV
@@ -25,7 +25,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--served-model-name", help="the model name clients ask for (default: the preset)")
     engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     engine.add_argument("--seed", type=int, default=0, help="seed of generated weights (default 0)")
-    engine.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), help="weights dtype")
+    engine.add_argument(
+        "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights dtype (auto: as stored)"
+    )
+    engine.add_argument("--revision", help="model revision of a Hugging Face model id (vllm engine)")
     engine.add_argument("--max-model-len", type=int, help="context length (default min(model's, 4096))")
     engine.add_argument("--max-num-seqs", type=int, help="sequences batched together (default 8 CPU, 16 GPU)")
     engine.add_argument(
@@ -34,8 +37,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--compile", action="store_true", help="torch.compile the decode step (CUDA)")
     engine.add_argument(
         "--release-weights",
-        action="store_true",
-        help="drop the weights before a checkpoint and reload them after resume",
+        action=argparse.BooleanOptionalAction,
+        help="drop the weights before a checkpoint and reload them after resume (default: on CUDA with the "
+        "cuda-vmm arena, where they come back at the same addresses; off elsewhere)",
     )
     engine.add_argument(
         "--arena", default="auto", choices=("auto", "torch", "cuda-vmm"),
@@ -86,7 +90,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     optional = {
         "model_dir": args.model_dir,
         "served_model_name": args.served_model_name,
-        "dtype": args.dtype,
+        "dtype": None if args.dtype == "auto" else args.dtype,
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,
         "cuda_graph_sizes": args.cuda_graph_sizes,
@@ -103,7 +107,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
             gpu_memory_utilization=args.gpu_memory_utilization,
             enforce_eager=args.enforce_eager,
             sleep_level=args.sleep_level,
-            engine_args=dict(args.engine_arg or []),
+            engine_args=dict(args.engine_arg or []) | ({"revision": args.revision} if args.revision else {}),
         )
     return options
 
@@ -116,6 +120,7 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
         ("--model-dir", args.model_dir),
         ("--served-model-name", args.served_model_name),
         ("--dtype", args.dtype),
+        ("--revision", args.revision),
         ("--max-model-len", args.max_model_len),
         ("--max-num-seqs", args.max_num_seqs),
         ("--control-dir", args.control_dir),
@@ -125,7 +130,8 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
     if args.cuda_graph_sizes:
         argv += ["--cuda-graph-sizes", ",".join(map(str, args.cuda_graph_sizes))]
     argv += ["--compile"] if args.compile else []
-    argv += ["--release-weights"] if args.release_weights else []
+    if args.release_weights is not None:
+        argv += ["--release-weights" if args.release_weights else "--no-release-weights"]
     if args.engine == "vllm":
         argv += ["--tensor-parallel-size", str(args.tensor_parallel_size),
                  "--gpu-memory-utilization", str(args.gpu_memory_utilization),
@@ -136,10 +142,28 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
     return argv
 
 
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def worker_flags_problem(argv: list[str]) -> str | None:
+    """Why `warmstart worker` would reject these flags (argparse's own words), or None."""
+    parser = _RaisingParser(prog="warmstart worker", add_help=False, allow_abbrev=False)
+    add_worker_arguments(parser)
+    try:
+        _, unknown = parser.parse_known_args(argv)
+    except ValueError as exc:
+        return str(exc)
+    return f"unrecognized arguments: {' '.join(unknown)}" if unknown else None
+
+
 def check_worker_args(args: argparse.Namespace) -> str | None:
     """An error message naming what to fix, or None."""
     if args.mode in ("capture", "restore") and not args.control_dir:
         return f"--mode {args.mode} needs --control-dir (or {CONTROL_DIR_ENV})"
+    if args.revision and args.engine != "vllm":
+        return "--revision names a Hugging Face model revision: it needs --engine vllm"
     if args.model_dir is None and args.engine == "builtin":
         from warmstart.engines.builtin.config import PRESETS
 

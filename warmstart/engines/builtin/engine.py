@@ -64,7 +64,7 @@ class BuiltinEngine(Engine):
         max_num_seqs: int | None = None,
         cuda_graph_sizes: list[int] | tuple[int, ...] | None = None,
         compile: bool = False,
-        release_weights: bool = False,
+        release_weights: bool | None = None,
         release_graph_scratch: bool = True,
         arena: str = "auto",
         refill_threads: int = 8,
@@ -84,12 +84,13 @@ class BuiltinEngine(Engine):
         self._max_num_seqs = max_num_seqs or (16 if self._device.type == "cuda" else 8)
         self._graph_sizes = tuple(sorted(set(cuda_graph_sizes or DEFAULT_GRAPH_SIZES)))
         self._compile = compile
-        self._release_weights = release_weights
         self._release_graph_scratch = release_graph_scratch
         # CUDA graphs survive a weight release only if the weights come back at the same address.
         self._arena_kind = (
             ("cuda-vmm" if self._device.type == "cuda" else "torch") if arena == "auto" else arena
         )
+        # Released weights come back from the files; worth it where they return at the same addresses.
+        self._release_weights = self._arena_kind == "cuda-vmm" if release_weights is None else release_weights
         self._refill_threads = refill_threads
         self._name = served_model_name or (self._preset or self._model_dir.name)
         self.tokenizer = ByteTokenizer()
