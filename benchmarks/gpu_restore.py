@@ -56,6 +56,7 @@ from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir 
 
 GB = 1e9
 GiB = 1 << 30
+MiB = 1 << 20
 MODELS = ("qwen3-0.6b", "qwen3-8b")
 PROMPTS = (
     "The quick brown fox",
@@ -188,6 +189,20 @@ def pinned_h2d_gbps(nbytes: int = 2 * GiB, repeats: int = 5) -> float:
     return nbytes / statistics.median(times[1:]) / GB
 
 
+def pinned_alloc_seconds(count: int, nbytes: int) -> float:
+    """Allocating and freeing `count` pinned buffers (what a staged refill pays after a restore)."""
+    import torch
+
+    from warmstart.engines.weights_io import release_pinned_cache
+
+    release_pinned_cache()
+    started = time.perf_counter()
+    buffers = [torch.empty(nbytes, dtype=torch.uint8, pin_memory=True) for _ in range(count)]
+    del buffers
+    release_pinned_cache()
+    return time.perf_counter() - started
+
+
 def pagecache_to_pinned_gbps(path: Path, threads: int, chunk: int = 32 << 20) -> float:
     """Hot page cache -> per-thread pinned buffers, no GPU copy: the CPU side of a refill."""
     import torch
@@ -232,16 +247,33 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
     arena.allocate(size)
     rows = []
     variants = [(t, c, "hot") for t in (4, 8, 12, 16) for c in (16 << 20, 64 << 20)]
+    # mapped: no staging copy; "chunk" is then the window registered with the driver at a time
+    variants += [(t, w << 20, "hot-mapped") for t in (8, 16) for w in (16, 64, 256)]
     variants += [(t, 16 << 20, "dropped-direct") for t in (8, 16)]
-    variants += [(16, 16 << 20, "dropped-buffered")]
+    variants += [(16, 16 << 20, "dropped-buffered"), (16, 64 << 20, "dropped-mapped")]
     reference = None
     for threads, chunk, cache in variants:
         set_cache_state("dropped" if cache.startswith("dropped") else "hot", [path])
         arena.tensor.zero_()
         torch.cuda.synchronize()
         direct = cache.endswith("direct")
+        method = "mapped" if cache.endswith("mapped") else "staged"
         started = time.perf_counter()
-        weights_io.refill(arena.tensor, layout, [path], threads=threads, chunk_bytes=chunk, direct_io=direct)
+        try:
+            weights_io.refill(
+                arena.tensor,
+                layout,
+                [path],
+                threads=threads,
+                chunk_bytes=chunk,
+                direct_io=direct,
+                method=method,
+                window_bytes=chunk,
+            )
+        except OSError as exc:  # e.g. a driver that cannot pin page-cache pages: say so, measure the rest
+            log(f"refill threads={threads} {cache}: failed: {exc}")
+            rows.append({"threads": threads, "chunk_mib": chunk >> 20, "cache": cache, "error": str(exc)})
+            continue
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         check = int(arena.tensor[:: 1 << 20].sum().item())
@@ -277,6 +309,7 @@ def measure_floors(work: Path, gib: int) -> dict[str, Any]:
     for threads in (1, 8, 16):
         floors[f"pagecache_to_pinned_{threads}t_gbps"] = round(pagecache_to_pinned_gbps(blob, threads), 2)
     floors["pinned_h2d_gbps"] = round(pinned_h2d_gbps(), 2)
+    floors["pinned_alloc_16x16mib_s"] = round(pinned_alloc_seconds(16, 16 << 20), 3)
     log(f"floors: {json.dumps(floors)}")
     floors["refill"] = refill_sweep(blob)
     blob.unlink()
@@ -359,6 +392,30 @@ def host_memory() -> dict[str, int]:
     return found
 
 
+def anonymous_memory_by_mapping(top: int = 15) -> dict[str, Any]:
+    """Where this process's anonymous memory is (what CRIU copies): by mapping name, and the largest."""
+    by_name: dict[str, int] = {}
+    largest: list[tuple[int, str]] = []
+    name, span = "", ""
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and not fields[0].endswith(":"):  # a mapping's header line
+            span = fields[0]
+            name = fields[5] if len(fields) > 5 else "[anon]"
+        elif fields[0] == "Anonymous:":
+            anon = int(fields[1]) * 1024
+            if anon:
+                by_name[name] = by_name.get(name, 0) + anon
+                begin, end = (int(x, 16) for x in span.split("-"))
+                largest.append((anon, f"{name} {(end - begin) >> 20} MiB mapping"))
+    ranked = sorted(by_name.items(), key=lambda item: -item[1])
+    return {
+        "by_name_mib": {k: round(v / MiB, 1) for k, v in ranked[:top]},
+        "largest_mib": [(round(a / MiB, 1), what) for a, what in sorted(largest, reverse=True)[:top]],
+        "mappings_with_anon": len(largest),
+    }
+
+
 def engine_process(args: argparse.Namespace) -> int:
     """Cold start, then either exit (mode cold) or release, signal, wait for the restore and report."""
     spawned_at = float(args.spawned_at)
@@ -373,8 +430,10 @@ def engine_process(args: argparse.Namespace) -> int:
     engine = create_engine("builtin", **options)
     engine.load()
     marks["loaded"] = time.time()
+    host_at = {"loaded": host_memory()}
     engine.warm_up()
     marks["warm"] = time.time()
+    host_at["warm"] = host_memory()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     first = engine.generate([GenerationRequest(prompt=PROMPTS[0], sampling=SamplingParams(max_tokens=1))])
@@ -415,12 +474,15 @@ def engine_process(args: argparse.Namespace) -> int:
         trim_host_heap()
     report["released_weights"] = released_weights
     report["host_memory_at_checkpoint"] = host_memory()
+    report["host_memory_at"] = host_at
+    report["anonymous_memory"] = anonymous_memory_by_mapping()
     marks["released"] = time.time()
     control.send(READY_FOR_SNAPSHOT, report)
     # --- checkpointed here; everything below runs in a restored copy ---
     resume = control.wait(RESTORE_COMPLETE, timeout=None, interval=0.002).payload
     after: dict[str, float] = {"resumed": time.time()}
     if releases(args.mode):
+        engine.refill_method = resume.get("refill_method", engine.refill_method)
         engine.reacquire()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -435,6 +497,7 @@ def engine_process(args: argparse.Namespace) -> int:
         "outputs": outputs,
         "first": list(first_after[0].token_ids),
         "weights_refill": getattr(engine, "last_refill_stats", None),
+        "reacquire": getattr(engine, "last_reacquire_stats", None),
     }
     Path(resume["result"]).write_text(json.dumps(result, default=str))
     return 0
@@ -465,6 +528,8 @@ class RestoreRun:
     total_s: float
     outputs_identical: bool
     first_token_identical: bool
+    variant: str = ""  # the mode, and the refill method where several were measured
+    engine_detail: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -490,6 +555,7 @@ class Bench:
         self.cuda = cuda if args.device == "cuda" else None
         self.deadline = time.monotonic() + args.budget_s
         self.caches = [c for c in ("hot", "dropped") if c in args.caches.split(",")]
+        self.refill_methods = [m for m in args.refill_methods.split(",") if m]
         self.compile_cache = self.work / "compile-cache"
         libc = ctypes.CDLL(None, use_errno=True)
         # Restored engines get re-parented to us: we reap them, freeing their PIDs for the next restore.
@@ -612,7 +678,9 @@ class Bench:
         size = sum(p.stat().st_size for p in files_under([images]))
         return Capture(mode, pid, images, control, ready, timings, size), cold
 
-    def restore(self, cap: Capture, model_dir: Path, cache: str, rep: int) -> RestoreRun:
+    def restore(
+        self, cap: Capture, model_dir: Path, cache: str, rep: int, method: str = "staged"
+    ) -> RestoreRun:
         weights = weight_files(model_dir)
         image_files = files_under([cap.images])
         set_cache_state(cache, image_files + (weights if releases(cap.mode) else []))
@@ -634,7 +702,7 @@ class Bench:
         if self.cuda:
             self.cuda.unlock(pid)
         t3 = time.time()
-        ctl.send(RESTORE_COMPLETE, {"result": str(result_file)})
+        ctl.send(RESTORE_COMPLETE, {"result": str(result_file), "refill_method": method})
         log_file = cap.control.parent / f"{cap.control.name}.log"
         result = self.wait_for(
             None, lambda: _json_if_exists(result_file), "restored engine's result", log_file
@@ -655,6 +723,7 @@ class Bench:
         else:
             phases["first_token"] = marks["first_token"] - marks["resumed"]
         total = marks["first_token"] - t0
+        several = releases(cap.mode) and len(self.refill_methods) > 1
         return RestoreRun(
             cap.mode,
             cache,
@@ -663,6 +732,11 @@ class Bench:
             round(total, 3),
             result["outputs"] == cap.ready["outputs"],
             result["first"] == cap.ready["first"],
+            variant=f"{cap.mode}, {method} refill" if several else cap.mode,
+            engine_detail={
+                "weights_refill": result.get("weights_refill"),
+                "reacquire": result.get("reacquire"),
+            },
         )
 
     # -- one model -----------------------------------------------------------------------------------------
@@ -699,6 +773,8 @@ class Bench:
                 "gpu_used_at_checkpoint": cap.ready.get("gpu_used_at_checkpoint"),
                 "gpu_used_by_engine": cap.ready.get("gpu_used_by_engine"),
                 "host_memory_at_checkpoint": cap.ready.get("host_memory_at_checkpoint"),
+                "host_memory_at": cap.ready.get("host_memory_at"),
+                "anonymous_memory": cap.ready.get("anonymous_memory"),
                 "released_weights": cap.ready.get("released_weights"),
                 "graph_scratch_bytes": (cap.ready.get("describe") or {}).get("graph_scratch_bytes", 0),
                 **{
@@ -713,15 +789,16 @@ class Bench:
             log(f"{model} {mode} capture: {result.captures[mode]}")
             mode_reps = self.args.naive_reps if mode == "naive" and self.args.naive_reps else reps
             for cache in self.caches:
-                for rep in range(mode_reps):
+                methods = self.refill_methods if releases(mode) else ["staged"]
+                for rep, method in ((r, m) for r in range(mode_reps) for m in methods):
                     if self.time_left() < 45:
                         result.notes.append(f"{mode} {cache} restores cut at {rep} by the time budget")
                         break
-                    run = self.restore(cap, model_dir, cache, rep)
+                    run = self.restore(cap, model_dir, cache, rep, method)
                     result.restores.append(run)
                     log(
-                        f"{model} {mode} restore ({cache}) #{rep}: {run.total_s} s {run.phases} "
-                        f"identical={run.outputs_identical}"
+                        f"{model} {run.variant} restore ({cache}) #{rep}: {run.total_s} s {run.phases} "
+                        f"{run.engine_detail} identical={run.outputs_identical}"
                     )
             shutil.rmtree(cap.images, ignore_errors=True)
         self.write_partial(result)
@@ -862,9 +939,16 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
     if floors:
         lines += ["## Measured ceilings", "", "| what | GB/s |", "|---|---|"]
         lines += [f"| {k} | {v} |" for k, v in floors.items() if k.endswith("gbps")]
-        lines += ["", "| weight refill threads | chunk MiB | cache | GB/s |", "|---|---|---|---|"]
+        if "pinned_alloc_16x16mib_s" in floors:
+            seconds = floors["pinned_alloc_16x16mib_s"]
+            lines += ["", f"Allocating and freeing 16 pinned 16 MiB buffers: {seconds} s."]
         lines += [
-            f"| {r['threads']} | {r['chunk_mib']} | {r['cache']} | {r['gb_per_s']} |"
+            "",
+            "| weight refill threads | chunk (mapped: window) MiB | cache (mapped: no staging copy) | GB/s |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['threads']} | {r['chunk_mib']} | {r['cache']} | {r.get('gb_per_s', r.get('error'))} |"
             for r in floors.get("refill", [])
             if r.get("impl", "weights_io") == "weights_io"  # floors from older runs also timed other readers
         ]
@@ -891,9 +975,10 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
             lines.append(f"| cold start | {cache} | {_median_spread(colds[cache])} | | | 1x | |")
         for first in (r for r in res.cold if r.get("compile_cache") == "empty"):
             lines.append(f"| cold start, torch.compile cache empty | hot | {first['total_s']:.2f} | | | | |")
-        for mode, capture in res.captures.items():
+        for variant, mode in _variants(res):
+            capture = res.captures[mode]
             for cache in ("hot", "dropped"):
-                runs = [r for r in res.restores if r.mode == mode and r.cache == cache]
+                runs = [r for r in res.restores if r.variant == variant and r.cache == cache]
                 if not runs:
                     continue
                 totals = [r.total_s for r in runs]
@@ -904,10 +989,10 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
                 speedup = f"{cold / med:.1f}x faster" if cold else "-"
                 same = all(r.outputs_identical and r.first_token_identical for r in runs)
                 lines.append(
-                    f"| {mode} restore | {cache} | {_median_spread(totals)} | "
+                    f"| {variant} restore | {cache} | {_median_spread(totals)} | "
                     f"{floor:.2f} | {vs_floor} | {speedup} | {'yes' if same else 'NO'} |"
                     if floor
-                    else f"| {mode} restore | {cache} | {_median_spread(totals)} | - | - | "
+                    else f"| {variant} restore | {cache} | {_median_spread(totals)} | - | - | "
                     f"{speedup} | {'yes' if same else 'NO'} |"
                 )
         lines += ["", "Capture:", ""]
@@ -925,13 +1010,15 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
             )
         lines += ["", "Phases (median seconds):", ""]
         keys = sorted({k for r in res.restores for k in r.phases}, key=_phase_order)
-        lines += ["| restore | cache | " + " | ".join(keys) + " |", "|---|---|" + "---|" * len(keys)]
-        for mode in res.captures:
+        header = [*keys, *(f"({k})" for k in DETAIL_KEYS)]
+        lines += ["| restore | cache | " + " | ".join(header) + " |", "|---|---|" + "---|" * len(header)]
+        for variant, _mode in _variants(res):
             for cache in ("hot", "dropped"):
-                runs = [r for r in res.restores if r.mode == mode and r.cache == cache]
+                runs = [r for r in res.restores if r.variant == variant and r.cache == cache]
                 if runs:
                     cells = [_median_or_dash([r.phases.get(k) for r in runs]) for k in keys]
-                    lines.append(f"| {mode} | {cache} | " + " | ".join(cells) + " |")
+                    cells += [_median_or_dash([_detail(r, k) for r in runs]) for k in DETAIL_KEYS]
+                    lines.append(f"| {variant} | {cache} | " + " | ".join(cells) + " |")
         cold_keys = sorted({k for c in res.cold for k in c["phases"]}, key=_phase_order)
         lines += [
             "",
@@ -945,6 +1032,30 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
                 lines.append(f"| cold | {cache} | " + " | ".join(cells) + " |")
         lines += [""] + [f"Note: {n}" for n in res.notes] + [""]
     return "\n".join(lines)
+
+
+# Inside reacquire_refill, as the engine timed it (in parentheses in the phase table)
+DETAIL_KEYS = ("weights_refill", "map_kv_and_scratch", "release_pinned")
+
+
+def _detail(run: RestoreRun, key: str) -> float | None:
+    refill = run.engine_detail.get("weights_refill") or {}
+    reacquire = run.engine_detail.get("reacquire") or {}
+    found = {
+        "weights_refill": refill.get("seconds"),
+        "map_kv_and_scratch": reacquire.get("map_kv_and_scratch_s"),
+        "release_pinned": refill.get("release_pinned_s"),
+    }
+    return found[key]
+
+
+def _variants(res: ModelResult) -> list[tuple[str, str]]:
+    """(variant, mode) of the restores, in the order they ran; runs recorded before variants: their mode."""
+    seen: dict[str, str] = {}
+    for run in res.restores:
+        run.variant = run.variant or run.mode
+        seen.setdefault(run.variant, run.mode)
+    return list(seen.items())
 
 
 def _phase_order(key: str) -> int:
@@ -1032,6 +1143,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--caches", default="hot,dropped", help="page cache states to measure")
     run.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: dry run, tiny model")
     run.add_argument("--refill-threads", type=int, default=8, help="the engine's weight refill threads")
+    run.add_argument(
+        "--refill-methods", default="staged", help="weight refill after a restore: staged and/or mapped"
+    )
     proc = sub.add_parser("engine-process", help="internal: the engine process under test")
     proc.add_argument("--mode", choices=("cold", "naive", *RELEASING_MODES), required=True)
     proc.add_argument("--control", required=True)

@@ -37,9 +37,9 @@ def _random_blob(path: Path, nbytes: int, seed: int) -> bytes:
     return data.numpy().tobytes()
 
 
-@pytest.mark.parametrize("direct_io", [False, True])
+@pytest.mark.parametrize("method,direct_io", [("staged", False), ("staged", True), ("mapped", False)])
 def test_release_reacquire_keeps_address_and_refill_restores_bytes(
-    arena: CudaVmmArena, tmp_path: Path, direct_io: bool
+    arena: CudaVmmArena, tmp_path: Path, method: str, direct_io: bool
 ) -> None:
     import torch
 
@@ -49,7 +49,7 @@ def test_release_reacquire_keeps_address_and_refill_restores_bytes(
     layout, size = plan_layout([blob])
     flat = arena.allocate(size)
     address = arena.address
-    refill(arena.tensor, layout, [blob], threads=3, chunk_bytes=8 << 20, direct_io=direct_io)
+    refill(arena.tensor, layout, [blob], threads=3, chunk_bytes=8 << 20, direct_io=direct_io, method=method)
     assert flat[:nbytes].cpu().numpy().tobytes() == raw
 
     free_mapped = _free_device_bytes()
@@ -60,7 +60,9 @@ def test_release_reacquire_keeps_address_and_refill_restores_bytes(
     arena.reacquire()
     assert arena.address == address and flat.data_ptr() == address
     flat.zero_()  # refill waits for this before it copies
-    stats = refill(arena.tensor, layout, [blob], threads=4, chunk_bytes=4 << 20, direct_io=direct_io)
+    stats = refill(
+        arena.tensor, layout, [blob], threads=4, chunk_bytes=4 << 20, direct_io=direct_io, method=method
+    )
     torch.cuda.synchronize()
     assert stats.nbytes == nbytes
     assert flat[:nbytes].cpu().numpy().tobytes() == raw

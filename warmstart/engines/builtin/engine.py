@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,14 @@ from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model,
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
 from warmstart.engines.host import gpu_facts, runtime_image
-from warmstart.engines.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
+from warmstart.engines.weights_io import (
+    REFILL_METHODS,
+    Layout,
+    plan_layout,
+    refill,
+    release_pinned_cache,
+    views,
+)
 from warmstart.identity import SnapshotIdentity
 
 if TYPE_CHECKING:
@@ -68,6 +76,7 @@ class BuiltinEngine(Engine):
         release_graph_scratch: bool = True,
         arena: str = "auto",
         refill_threads: int = 8,
+        refill_method: str = "staged",
         overrides: dict[str, Any] | None = None,
         served_model_name: str | None = None,
     ) -> None:
@@ -92,6 +101,13 @@ class BuiltinEngine(Engine):
         # Released weights come back from the files; worth it where they return at the same addresses.
         self._release_weights = self._arena_kind == "cuda-vmm" if release_weights is None else release_weights
         self._refill_threads = refill_threads
+        if refill_method not in REFILL_METHODS:
+            raise EngineError(
+                f"refill_method must be one of {', '.join(REFILL_METHODS)}, got {refill_method!r}"
+            )
+        if refill_method == "mapped" and self._device.type != "cuda":
+            raise EngineError("refill_method 'mapped' copies to a GPU; this engine runs on the CPU")
+        self.refill_method = refill_method
         self._name = served_model_name or (self._preset or self._model_dir.name)
         self.tokenizer = ByteTokenizer()
         self.config: ModelConfig | None = None
@@ -107,6 +123,7 @@ class BuiltinEngine(Engine):
         self._digest: str | None = None
         self._weights_released = False
         self.last_refill_stats: dict[str, float] | None = None
+        self.last_reacquire_stats: dict[str, float] | None = None
         self._addresses_at_release: tuple[int, int] = (0, 0)
 
     # --- Engine interface ----------------------------------------------------------------------------
@@ -195,22 +212,29 @@ class BuiltinEngine(Engine):
     def reacquire(self) -> None:
         if not (self._kv_arena.released or self._weights_released):
             return  # nothing was released, or an earlier reacquire finished
+        started = time.perf_counter()
         # Mapping the KV cache and graph scratch (tens of GB of driver work) overlaps the weight refill.
         with ThreadPoolExecutor(1, thread_name_prefix="warmstart-map") as background:
-            mapped = background.submit(self._map_kv_and_scratch)
+            mapped = background.submit(_timed, self._map_kv_and_scratch)
             try:
                 if self._weights_released:
                     self._weight_arena.reacquire()
                     self._fill_weights()
                     self._weights_released = False
             finally:
-                mapped.result()  # a mapping error is raised even when the refill failed too
+                map_seconds = mapped.result()  # a mapping error is raised even when the refill failed too
+        filled = time.perf_counter()
         self._bind_all()
         if self._graphs is not None and self._addresses() != self._addresses_at_release:
             log.info("arena addresses moved across the release; capturing CUDA graphs again")
             self._graphs.capture()
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
+        self.last_reacquire_stats = {
+            "map_kv_and_scratch_s": round(map_seconds, 3),
+            "map_and_refill_s": round(filled - started, 3),
+            "total_s": round(time.perf_counter() - started, 3),
+        }
 
     def _map_kv_and_scratch(self) -> None:
         if self._device.type == "cuda":
@@ -302,10 +326,22 @@ class BuiltinEngine(Engine):
         return wanted
 
     def _fill_weights(self) -> None:
-        stats = refill(self._weight_arena.tensor, self._layout, self._files, threads=self._refill_threads)
-        self.last_refill_stats = {"bytes": stats.nbytes, "seconds": round(stats.seconds, 3)}
+        stats = refill(
+            self._weight_arena.tensor,
+            self._layout,
+            self._files,
+            threads=self._refill_threads,
+            method=self.refill_method,
+        )
+        started = time.perf_counter()
         if self._device.type == "cuda":
             release_pinned_cache()
+        self.last_refill_stats = {
+            "bytes": stats.nbytes,
+            "seconds": round(stats.seconds, 3),
+            "method": self.refill_method,
+            "release_pinned_s": round(time.perf_counter() - started, 3),
+        }
         log.info(
             "weights: %.1f MB in %.3f s (%.2f GB/s, %d threads)",
             stats.nbytes / 1e6,
@@ -367,6 +403,12 @@ class BuiltinEngine(Engine):
             "release_graph_scratch": self._release_graph_scratch,
             "arena": self._arena_kind,
         }
+
+
+def _timed(work: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
 
 
 def _scratch_pool(device: torch.device) -> CudaScratchPool | None:
