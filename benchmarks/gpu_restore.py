@@ -246,18 +246,22 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
     arena = CudaVmmArena("cuda")
     arena.allocate(size)
     rows = []
-    variants = [(t, c, "hot") for t in (4, 8, 12, 16) for c in (16 << 20, 64 << 20)]
-    # mapped: no staging copy; "chunk" is then the window registered with the driver at a time
-    variants += [(t, w << 20, "hot-mapped") for t in (8, 16) for w in (16, 64, 256)]
-    variants += [(t, 16 << 20, "dropped-direct") for t in (8, 16)]
-    variants += [(16, 16 << 20, "dropped-buffered"), (16, 64 << 20, "dropped-mapped")]
+    # (staging threads, mapped threads, chunk, cache); mapped threads copy from registered page-cache windows
+    variants = [(t, 0, c, "hot") for t in (4, 8, 12, 16) for c in (16 << 20, 64 << 20)]
+    variants += [
+        (8, 0, 4 << 20, "hot"),
+        (8, 0, 8 << 20, "hot"),
+        (0, 8, 16 << 20, "hot"),
+        (0, 16, 16 << 20, "hot"),
+    ]
+    variants += [(t, m, 16 << 20, "hot") for t, m in ((8, 2), (8, 4), (8, 8), (12, 4), (16, 4))]
+    variants += [(t, 0, 16 << 20, "dropped-direct") for t in (8, 16)]
+    variants += [(16, 0, 16 << 20, "dropped-buffered")]
     reference = None
-    for threads, chunk, cache in variants:
+    for threads, mapped, chunk, cache in variants:
         set_cache_state("dropped" if cache.startswith("dropped") else "hot", [path])
         arena.tensor.zero_()
         torch.cuda.synchronize()
-        direct = cache.endswith("direct")
-        method = "mapped" if cache.endswith("mapped") else "staged"
         started = time.perf_counter()
         try:
             weights_io.refill(
@@ -266,13 +270,12 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
                 [path],
                 threads=threads,
                 chunk_bytes=chunk,
-                direct_io=direct,
-                method=method,
-                window_bytes=chunk,
+                direct_io=cache.endswith("direct"),
+                mapped_threads=mapped,
             )
         except OSError as exc:  # e.g. a driver that cannot pin page-cache pages: say so, measure the rest
-            log(f"refill threads={threads} {cache}: failed: {exc}")
-            rows.append({"threads": threads, "chunk_mib": chunk >> 20, "cache": cache, "error": str(exc)})
+            log(f"refill threads={threads}+{mapped} mapped {cache}: failed: {exc}")
+            rows.append({"threads": threads, "mapped_threads": mapped, "cache": cache, "error": str(exc)})
             continue
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
@@ -281,6 +284,7 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
         rows.append(
             {
                 "threads": threads,
+                "mapped_threads": mapped,
                 "chunk_mib": chunk >> 20,
                 "cache": cache,
                 "seconds": round(seconds, 3),
@@ -288,7 +292,10 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
                 "bytes_ok": check == reference,
             }
         )
-        log(f"refill threads={threads} chunk={chunk >> 20}MiB {cache}: {size / seconds / GB:.1f} GB/s")
+        log(
+            f"refill threads={threads}+{mapped} chunk={chunk >> 20}MiB {cache}: "
+            f"{size / seconds / GB:.1f} GB/s"
+        )
     arena.close()
     weights_io.release_pinned_cache()
     return rows
@@ -416,6 +423,24 @@ def anonymous_memory_by_mapping(top: int = 15) -> dict[str, Any]:
     }
 
 
+def _count_host_memory_per_graph() -> list[float]:
+    """RssAnon (MiB) after each CUDA graph capture (the first includes torch.compile): what graphs cost."""
+    from warmstart.engines.builtin.graphs import DecodeGraphs
+
+    after: list[float] = []
+    capture_one = DecodeGraphs._capture_one
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not after:
+            after.append(round(host_memory()["RssAnon"] / MiB, 1))  # before the first
+        captured = capture_one(self, *args, **kwargs)
+        after.append(round(host_memory()["RssAnon"] / MiB, 1))
+        return captured
+
+    DecodeGraphs._capture_one = counted  # type: ignore[method-assign]
+    return after
+
+
 def engine_process(args: argparse.Namespace) -> int:
     """Cold start, then either exit (mode cold) or release, signal, wait for the restore and report."""
     spawned_at = float(args.spawned_at)
@@ -427,6 +452,7 @@ def engine_process(args: argparse.Namespace) -> int:
     from warmstart.engines.base import GenerationRequest, SamplingParams
 
     options = json.loads(args.options)
+    anon_per_graph = _count_host_memory_per_graph()
     engine = create_engine("builtin", **options)
     engine.load()
     marks["loaded"] = time.time()
@@ -476,13 +502,14 @@ def engine_process(args: argparse.Namespace) -> int:
     report["host_memory_at_checkpoint"] = host_memory()
     report["host_memory_at"] = host_at
     report["anonymous_memory"] = anonymous_memory_by_mapping()
+    report["anonymous_memory"]["after_each_graph_mib"] = anon_per_graph
     marks["released"] = time.time()
     control.send(READY_FOR_SNAPSHOT, report)
     # --- checkpointed here; everything below runs in a restored copy ---
     resume = control.wait(RESTORE_COMPLETE, timeout=None, interval=0.002).payload
     after: dict[str, float] = {"resumed": time.time()}
     if releases(args.mode):
-        engine.refill_method = resume.get("refill_method", engine.refill_method)
+        engine.refill_mapped_threads = resume.get("refill_mapped_threads", engine.refill_mapped_threads)
         engine.reacquire()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -528,7 +555,7 @@ class RestoreRun:
     total_s: float
     outputs_identical: bool
     first_token_identical: bool
-    variant: str = ""  # the mode, and the refill method where several were measured
+    variant: str = ""  # the mode, and the refill's mapped threads where several counts were measured
     engine_detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -555,7 +582,7 @@ class Bench:
         self.cuda = cuda if args.device == "cuda" else None
         self.deadline = time.monotonic() + args.budget_s
         self.caches = [c for c in ("hot", "dropped") if c in args.caches.split(",")]
-        self.refill_methods = [m for m in args.refill_methods.split(",") if m]
+        self.refill_mapped = [int(m) for m in args.refill_mapped_threads.split(",") if m]
         self.compile_cache = self.work / "compile-cache"
         libc = ctypes.CDLL(None, use_errno=True)
         # Restored engines get re-parented to us: we reap them, freeing their PIDs for the next restore.
@@ -679,7 +706,7 @@ class Bench:
         return Capture(mode, pid, images, control, ready, timings, size), cold
 
     def restore(
-        self, cap: Capture, model_dir: Path, cache: str, rep: int, method: str = "staged"
+        self, cap: Capture, model_dir: Path, cache: str, rep: int, mapped_threads: int = 0
     ) -> RestoreRun:
         weights = weight_files(model_dir)
         image_files = files_under([cap.images])
@@ -702,7 +729,7 @@ class Bench:
         if self.cuda:
             self.cuda.unlock(pid)
         t3 = time.time()
-        ctl.send(RESTORE_COMPLETE, {"result": str(result_file), "refill_method": method})
+        ctl.send(RESTORE_COMPLETE, {"result": str(result_file), "refill_mapped_threads": mapped_threads})
         log_file = cap.control.parent / f"{cap.control.name}.log"
         result = self.wait_for(
             None, lambda: _json_if_exists(result_file), "restored engine's result", log_file
@@ -723,7 +750,7 @@ class Bench:
         else:
             phases["first_token"] = marks["first_token"] - marks["resumed"]
         total = marks["first_token"] - t0
-        several = releases(cap.mode) and len(self.refill_methods) > 1
+        several = releases(cap.mode) and len(self.refill_mapped) > 1
         return RestoreRun(
             cap.mode,
             cache,
@@ -732,7 +759,7 @@ class Bench:
             round(total, 3),
             result["outputs"] == cap.ready["outputs"],
             result["first"] == cap.ready["first"],
-            variant=f"{cap.mode}, {method} refill" if several else cap.mode,
+            variant=f"{cap.mode}, refill +{mapped_threads} mapped" if several else cap.mode,
             engine_detail={
                 "weights_refill": result.get("weights_refill"),
                 "reacquire": result.get("reacquire"),
@@ -789,12 +816,12 @@ class Bench:
             log(f"{model} {mode} capture: {result.captures[mode]}")
             mode_reps = self.args.naive_reps if mode == "naive" and self.args.naive_reps else reps
             for cache in self.caches:
-                methods = self.refill_methods if releases(mode) else ["staged"]
-                for rep, method in ((r, m) for r in range(mode_reps) for m in methods):
+                mapped_counts = self.refill_mapped if releases(mode) else [0]
+                for rep, mapped in ((r, m) for r in range(mode_reps) for m in mapped_counts):
                     if self.time_left() < 45:
                         result.notes.append(f"{mode} {cache} restores cut at {rep} by the time budget")
                         break
-                    run = self.restore(cap, model_dir, cache, rep, method)
+                    run = self.restore(cap, model_dir, cache, rep, mapped)
                     result.restores.append(run)
                     log(
                         f"{model} {run.variant} restore ({cache}) #{rep}: {run.total_s} s {run.phases} "
@@ -944,11 +971,12 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
             lines += ["", f"Allocating and freeing 16 pinned 16 MiB buffers: {seconds} s."]
         lines += [
             "",
-            "| weight refill threads | chunk (mapped: window) MiB | cache (mapped: no staging copy) | GB/s |",
+            "| weight refill threads: staging + mapped | chunk MiB | cache | GB/s |",
             "|---|---|---|---|",
         ]
         lines += [
-            f"| {r['threads']} | {r['chunk_mib']} | {r['cache']} | {r.get('gb_per_s', r.get('error'))} |"
+            f"| {r['threads']} + {r.get('mapped_threads', 0)} | {r.get('chunk_mib', '-')} | {r['cache']} | "
+            f"{r.get('gb_per_s', r.get('error'))} |"
             for r in floors.get("refill", [])
             if r.get("impl", "weights_io") == "weights_io"  # floors from older runs also timed other readers
         ]
@@ -1035,7 +1063,7 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
 
 
 # Inside reacquire_refill, as the engine timed it (in parentheses in the phase table)
-DETAIL_KEYS = ("weights_refill", "map_kv_and_scratch", "release_pinned")
+DETAIL_KEYS = ("weights_refill", "map_kv_and_scratch")
 
 
 def _detail(run: RestoreRun, key: str) -> float | None:
@@ -1044,7 +1072,6 @@ def _detail(run: RestoreRun, key: str) -> float | None:
     found = {
         "weights_refill": refill.get("seconds"),
         "map_kv_and_scratch": reacquire.get("map_kv_and_scratch_s"),
-        "release_pinned": refill.get("release_pinned_s"),
     }
     return found[key]
 
@@ -1144,7 +1171,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: dry run, tiny model")
     run.add_argument("--refill-threads", type=int, default=8, help="the engine's weight refill threads")
     run.add_argument(
-        "--refill-methods", default="staged", help="weight refill after a restore: staged and/or mapped"
+        "--refill-mapped-threads",
+        default="0",
+        help="comma-separated: refill threads copying straight from the page cache, each count measured",
     )
     proc = sub.add_parser("engine-process", help="internal: the engine process under test")
     proc.add_argument("--mode", choices=("cold", "naive", *RELEASING_MODES), required=True)

@@ -22,6 +22,8 @@ from warmstart.snapshot_agent.keys import signing_keys
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]
+
+
 @pytest.fixture
 def recording_criu(tmp_path: Path, criu_command: str) -> tuple[Criu, Callable[[], list[str]]]:
     wrapper, calls = recording_criu_command(tmp_path, criu_command)

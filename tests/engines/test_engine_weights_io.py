@@ -160,6 +160,6 @@ def test_mapped_refill_needs_a_cuda_arena_and_the_page_cache(tmp_path: Path) -> 
     path = _write(tmp_path / "w.safetensors", _tensors())
     layout, nbytes = plan_layout([path])
     with pytest.raises(ValueError, match="CUDA arena"):
-        refill(torch.empty(nbytes, dtype=torch.uint8), layout, [path], method="mapped")
-    with pytest.raises(ValueError, match="refill method"):
-        refill(torch.empty(nbytes, dtype=torch.uint8), layout, [path], method="nope")
+        refill(torch.empty(nbytes, dtype=torch.uint8), layout, [path], mapped_threads=2)
+    with pytest.raises(ValueError, match="at least one thread"):
+        refill(torch.empty(nbytes, dtype=torch.uint8), layout, [path], threads=0)

@@ -4,9 +4,10 @@ A *layout* maps each tensor name to where it lives in the arena (offset, shape, 
 the tensors' bytes from safetensors files into the arena at those offsets with parallel `preadv` calls:
 straight into the arena on CPU, through per-thread pinned buffers and non-blocking copies on per-thread
 streams on CUDA. `direct_io=True` reads with O_DIRECT instead, bypassing the page cache (a cold disk),
-through aligned staging buffers on either device. `method="mapped"` (CUDA, page cache) skips the staging
-copy: the files are mapped, each window of a file is registered with the driver (pinned where it lies in
-the page cache) and copied to the GPU straight from there. The safetensors format is simple enough to read
+through aligned staging buffers on either device. Mapped refill threads (CUDA, page cache) skip the
+staging copy: the files are mapped, each window of a file is registered with the driver (the page-cache
+pages themselves are pinned) and copied to the GPU straight from there; they share the work with the
+staging threads. The safetensors format is simple enough to read
 and write here without loading whole files.
 """
 
@@ -34,7 +35,6 @@ HEADER_ALIGNMENT = 4096  # data of files we write starts page-aligned (friendly 
 DEFAULT_CHUNK_BYTES = 16 << 20  # measured on an H200: 16 MiB beat 32 and 64 MiB at 4-16 threads
 DIRECT_IO_ALIGNMENT = 4096  # O_DIRECT file offsets, lengths and buffer addresses are multiples of this
 DEFAULT_WINDOW_BYTES = 64 << 20  # mapped refill: bytes registered with the driver at a time, per thread
-REFILL_METHODS = ("staged", "mapped")
 CUDA_HOST_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly: the mapping of a file we only read
 
 DTYPE_SIZES = {
@@ -197,31 +197,26 @@ def refill(
     threads: int = 8,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     direct_io: bool = False,
-    method: str = "staged",
+    mapped_threads: int = 0,
     window_bytes: int = DEFAULT_WINDOW_BYTES,
 ) -> RefillStats:
     """Read every slot of `layout` from `files` into `arena` (a flat uint8 tensor) with parallel reads.
 
     `direct_io=True` opens the files with O_DIRECT, so the bytes come from the disk and do not stay in the
-    page cache (for a cold disk; the files' filesystem must support O_DIRECT). `method="mapped"` copies a
-    CUDA arena's bytes straight from the mapped files (see the module's docstring); it reads through the
-    page cache, so it excludes `direct_io`.
+    page cache (for a cold disk; the files' filesystem must support O_DIRECT). `mapped_threads` (CUDA, page
+    cache) adds threads that copy to the GPU straight from the mapped files, with no staging copy (see the
+    module's docstring); they take windows of the files from the same queue as the `threads` that stage.
     """
-    if threads < 1 or chunk_bytes < 1:
-        raise ValueError(f"threads and chunk_bytes must be >= 1, got {threads} and {chunk_bytes}")
-    if method not in REFILL_METHODS:
-        raise ValueError(f"refill method must be one of {REFILL_METHODS}, got {method!r}")
-    if method == "mapped" and (direct_io or arena.device.type != "cuda"):
-        raise ValueError("the mapped refill copies into a CUDA arena through the page cache (no direct_io)")
+    if threads < 0 or mapped_threads < 0 or threads + mapped_threads < 1 or chunk_bytes < 1:
+        raise ValueError(
+            f"need at least one thread and chunk_bytes >= 1, got {threads} + {mapped_threads} threads "
+            f"and {chunk_bytes}"
+        )
+    if mapped_threads and (direct_io or arena.device.type != "cuda"):
+        raise ValueError("mapped refill threads copy into a CUDA arena through the page cache (no direct_io)")
     chunks = plan_chunks(layout, files, chunk_bytes)
     total = sum(chunk.nbytes for chunk in chunks)
     started = time.perf_counter()
-    if method == "mapped":
-        windows = plan_windows(chunks, window_bytes)
-        threads = max(1, min(threads, len(windows)))
-        _refill_mapped(arena, windows, threads)
-        return RefillStats(total, time.perf_counter() - started, threads)
-    threads = max(1, min(threads, len(chunks)))
     with _OpenFiles({chunk.path for chunk in chunks}, direct_io) as fds:
         buffer_bytes = min(chunk_bytes, max(chunk.nbytes for chunk in chunks))
         if arena.device.type == "cpu":
@@ -231,8 +226,15 @@ def refill(
 
             torch.cuda.synchronize(arena.device)  # no earlier kernel may still be using the destination
             worker = _cuda_worker(arena, fds, buffer_bytes, direct_io)
-        _run_parallel(worker, iter(chunks), threads)
-    return RefillStats(total, time.perf_counter() - started, threads)
+        if not mapped_threads:
+            threads = max(1, min(threads, len(chunks)))
+            _run_parallel([worker] * threads, iter(chunks))
+            return RefillStats(total, time.perf_counter() - started, threads)
+        windows = plan_windows(chunks, window_bytes)
+        with _MappedFiles({window.path for window in windows}) as mapped:
+            staged = [_window_pieces(worker)] * threads
+            _run_parallel(staged + [_cuda_mapped_worker(arena, mapped)] * mapped_threads, iter(windows))
+    return RefillStats(total, time.perf_counter() - started, threads + mapped_threads)
 
 
 @dataclass(frozen=True)
@@ -271,12 +273,13 @@ def plan_windows(chunks: Iterable[Chunk], window_bytes: int) -> list[Window]:
     return windows
 
 
-def _refill_mapped(arena: torch.Tensor, windows: list[Window], threads: int) -> None:
-    import torch
+def _window_pieces(work: Callable[[Iterator[Chunk]], None]) -> Callable[[Iterator[Window]], None]:
+    """A chunk worker that takes windows: it copies each window's pieces."""
 
-    torch.cuda.synchronize(arena.device)  # no earlier kernel may still be using the destination
-    with _MappedFiles({window.path for window in windows}) as mapped:
-        _run_parallel(_cuda_mapped_worker(arena, mapped), iter(windows), threads)
+    def work_on_windows(windows: Iterator[Window]) -> None:
+        work(piece for window in windows for piece in window.pieces)
+
+    return work_on_windows
 
 
 def _cuda_mapped_worker(
@@ -425,18 +428,22 @@ def release_pinned_cache() -> None:
         torch._C._host_emptyCache()
 
 
-def _run_parallel(work: Callable[[Iterator[Chunk]], None], chunks: Iterator[Chunk], threads: int) -> None:
-    shared = _LockedIterator(chunks)
+def _run_parallel(workers: Sequence[Callable[[Iterator[Any]], None]], items: Iterator[Any]) -> None:
+    """One thread per worker, all taking items from one queue; the first error stops them all."""
+    shared = _LockedIterator(items)
     errors: list[BaseException] = []
 
-    def guarded() -> None:
+    def guarded(work: Callable[[Iterator[Any]], None]) -> None:
         try:
             work(shared)
         except BaseException as exc:  # re-raised in the caller below
             errors.append(exc)
             shared.stop()
 
-    pool = [threading.Thread(target=guarded, name=f"refill-{i}", daemon=True) for i in range(threads)]
+    pool = [
+        threading.Thread(target=guarded, args=(work,), name=f"refill-{i}", daemon=True)
+        for i, work in enumerate(workers)
+    ]
     for thread in pool:
         thread.start()
     for thread in pool:
@@ -446,7 +453,7 @@ def _run_parallel(work: Callable[[Iterator[Chunk]], None], chunks: Iterator[Chun
 
 
 class _LockedIterator:
-    def __init__(self, items: Iterator[Chunk]) -> None:
+    def __init__(self, items: Iterator[Any]) -> None:
         self._items = items
         self._lock = threading.Lock()
         self._stopped = False
@@ -454,7 +461,7 @@ class _LockedIterator:
     def __iter__(self) -> _LockedIterator:
         return self
 
-    def __next__(self) -> Chunk:
+    def __next__(self) -> Any:
         with self._lock:
             if self._stopped:
                 raise StopIteration

@@ -40,14 +40,7 @@ from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model,
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
 from warmstart.engines.host import gpu_facts, runtime_image
-from warmstart.engines.weights_io import (
-    REFILL_METHODS,
-    Layout,
-    plan_layout,
-    refill,
-    release_pinned_cache,
-    views,
-)
+from warmstart.engines.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
 from warmstart.identity import SnapshotIdentity
 
 if TYPE_CHECKING:
@@ -76,7 +69,7 @@ class BuiltinEngine(Engine):
         release_graph_scratch: bool = True,
         arena: str = "auto",
         refill_threads: int = 8,
-        refill_method: str = "staged",
+        refill_mapped_threads: int = 0,
         overrides: dict[str, Any] | None = None,
         served_model_name: str | None = None,
     ) -> None:
@@ -101,13 +94,9 @@ class BuiltinEngine(Engine):
         # Released weights come back from the files; worth it where they return at the same addresses.
         self._release_weights = self._arena_kind == "cuda-vmm" if release_weights is None else release_weights
         self._refill_threads = refill_threads
-        if refill_method not in REFILL_METHODS:
-            raise EngineError(
-                f"refill_method must be one of {', '.join(REFILL_METHODS)}, got {refill_method!r}"
-            )
-        if refill_method == "mapped" and self._device.type != "cuda":
-            raise EngineError("refill_method 'mapped' copies to a GPU; this engine runs on the CPU")
-        self.refill_method = refill_method
+        if refill_mapped_threads and self._device.type != "cuda":
+            raise EngineError("refill_mapped_threads copy weights to a GPU; this engine runs on the CPU")
+        self.refill_mapped_threads = refill_mapped_threads
         self._name = served_model_name or (self._preset or self._model_dir.name)
         self.tokenizer = ByteTokenizer()
         self.config: ModelConfig | None = None
@@ -157,6 +146,8 @@ class BuiltinEngine(Engine):
         self._weight_arena = create_arena(self._arena_kind, self._device)
         self._weight_arena.allocate(nbytes)
         self._fill_weights()
+        if self._device.type == "cuda":
+            release_pinned_cache()  # the staging buffers; after a restore they wait for the next release()
         self._kv_arena = create_arena(self._arena_kind, self._device)
         # One slot more than sequences: the scratch slot that padded CUDA-graph rows write into.
         self._kv_arena.allocate(kv_nbytes(config, self._max_num_seqs + 1, self._max_len))
@@ -331,16 +322,12 @@ class BuiltinEngine(Engine):
             self._layout,
             self._files,
             threads=self._refill_threads,
-            method=self.refill_method,
+            mapped_threads=self.refill_mapped_threads,
         )
-        started = time.perf_counter()
-        if self._device.type == "cuda":
-            release_pinned_cache()
         self.last_refill_stats = {
             "bytes": stats.nbytes,
             "seconds": round(stats.seconds, 3),
-            "method": self.refill_method,
-            "release_pinned_s": round(time.perf_counter() - started, 3),
+            "mapped_threads": self.refill_mapped_threads,
         }
         log.info(
             "weights: %.1f MB in %.3f s (%.2f GB/s, %d threads)",
