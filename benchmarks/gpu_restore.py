@@ -57,6 +57,7 @@ from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir 
 GB = 1e9
 GiB = 1 << 30
 MiB = 1 << 20
+STAGING_PLAN = "weight-staging-plan.json"  # in the engine's control directory, for the weight stager
 MODELS = ("qwen3-0.6b", "qwen3-8b")
 PROMPTS = (
     "The quick brown fox",
@@ -246,8 +247,7 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
     arena = CudaVmmArena("cuda")
     arena.allocate(size)
     rows = []
-    # (staging threads, mapped threads, chunk, cache); mapped threads copy from registered page-cache windows
-    variants = [(t, 0, c, "hot") for t in (4, 8, 12, 16) for c in (16 << 20, 64 << 20)]
+    variants = [(t, c, "hot") for t in (4, 8, 12, 16) for c in (16 << 20, 64 << 20)]
     variants += [
         (8, 0, 4 << 20, "hot"),
         (8, 0, 8 << 20, "hot"),
@@ -255,28 +255,16 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
         (0, 16, 16 << 20, "hot"),
     ]
     variants += [(t, m, 16 << 20, "hot") for t, m in ((8, 2), (8, 4), (8, 8), (12, 4), (16, 4))]
-    variants += [(t, 0, 16 << 20, "dropped-direct") for t in (8, 16)]
-    variants += [(16, 0, 16 << 20, "dropped-buffered")]
+    variants += [(t, 16 << 20, "dropped-direct") for t in (8, 16)]
+    variants += [(16, 16 << 20, "dropped-buffered")]
     reference = None
-    for threads, mapped, chunk, cache in variants:
+    for threads, chunk, cache in variants:
         set_cache_state("dropped" if cache.startswith("dropped") else "hot", [path])
         arena.tensor.zero_()
         torch.cuda.synchronize()
         started = time.perf_counter()
-        try:
-            weights_io.refill(
-                arena.tensor,
-                layout,
-                [path],
-                threads=threads,
-                chunk_bytes=chunk,
-                direct_io=cache.endswith("direct"),
-                mapped_threads=mapped,
-            )
-        except OSError as exc:  # e.g. a driver that cannot pin page-cache pages: say so, measure the rest
-            log(f"refill threads={threads}+{mapped} mapped {cache}: failed: {exc}")
-            rows.append({"threads": threads, "mapped_threads": mapped, "cache": cache, "error": str(exc)})
-            continue
+        direct = cache.endswith("direct")
+        weights_io.refill(arena.tensor, layout, [path], threads=threads, chunk_bytes=chunk, direct_io=direct)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
         check = int(arena.tensor[:: 1 << 20].sum().item())
@@ -284,7 +272,6 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
         rows.append(
             {
                 "threads": threads,
-                "mapped_threads": mapped,
                 "chunk_mib": chunk >> 20,
                 "cache": cache,
                 "seconds": round(seconds, 3),
@@ -292,10 +279,7 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
                 "bytes_ok": check == reference,
             }
         )
-        log(
-            f"refill threads={threads}+{mapped} chunk={chunk >> 20}MiB {cache}: "
-            f"{size / seconds / GB:.1f} GB/s"
-        )
+        log(f"refill threads={threads} chunk={chunk >> 20}MiB {cache}: {size / seconds / GB:.1f} GB/s")
     arena.close()
     weights_io.release_pinned_cache()
     return rows
@@ -499,6 +483,9 @@ def engine_process(args: argparse.Namespace) -> int:
     if releases(args.mode):
         trim_host_heap()
     report["released_weights"] = released_weights
+    plan = engine.weight_staging_plan() if released_weights else None
+    if plan is not None:
+        Path(args.control, STAGING_PLAN).write_text(plan.to_json())
     report["host_memory_at_checkpoint"] = host_memory()
     report["host_memory_at"] = host_at
     report["anonymous_memory"] = anonymous_memory_by_mapping()
@@ -509,7 +496,7 @@ def engine_process(args: argparse.Namespace) -> int:
     resume = control.wait(RESTORE_COMPLETE, timeout=None, interval=0.002).payload
     after: dict[str, float] = {"resumed": time.time()}
     if releases(args.mode):
-        engine.refill_mapped_threads = resume.get("refill_mapped_threads", engine.refill_mapped_threads)
+        engine.expect_staged_weights(resume.get("weight_stager_socket"))
         engine.reacquire()
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -555,7 +542,7 @@ class RestoreRun:
     total_s: float
     outputs_identical: bool
     first_token_identical: bool
-    variant: str = ""  # the mode, and the refill's mapped threads where several counts were measured
+    variant: str = ""  # the mode, and whether a weight stager ran, where both were measured
     engine_detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -582,7 +569,7 @@ class Bench:
         self.cuda = cuda if args.device == "cuda" else None
         self.deadline = time.monotonic() + args.budget_s
         self.caches = [c for c in ("hot", "dropped") if c in args.caches.split(",")]
-        self.refill_mapped = [int(m) for m in args.refill_mapped_threads.split(",") if m]
+        self.stage_weights = [{"off": False, "on": True}[v] for v in args.stage_weights.split(",") if v]
         self.compile_cache = self.work / "compile-cache"
         libc = ctypes.CDLL(None, use_errno=True)
         # Restored engines get re-parented to us: we reap them, freeing their PIDs for the next restore.
@@ -627,6 +614,20 @@ class Bench:
             env=env,
             start_new_session=True,
             cwd=str(self.work),
+        )
+
+    def start_stager(self, cap: Capture, socket_path: Path) -> subprocess.Popen[bytes]:
+        """The weight stager, started with the restore (as the node agent does)."""
+        plan = cap.control / STAGING_PLAN
+        log_file = open(self.work / "weight-stager.log", "wb")  # noqa: SIM115 - owned by the child
+        argv = [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan", str(plan)]
+        return subprocess.Popen(
+            [*argv, "--socket", str(socket_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            start_new_session=True,
         )
 
     def wait_for(
@@ -706,7 +707,7 @@ class Bench:
         return Capture(mode, pid, images, control, ready, timings, size), cold
 
     def restore(
-        self, cap: Capture, model_dir: Path, cache: str, rep: int, mapped_threads: int = 0
+        self, cap: Capture, model_dir: Path, cache: str, rep: int, staged: bool = False
     ) -> RestoreRun:
         weights = weight_files(model_dir)
         image_files = files_under([cap.images])
@@ -716,9 +717,13 @@ class Bench:
         ctl = ControlDir(cap.control)
         ctl.clear()
         prefetchers: list[threading.Thread] = []
+        stager_socket = self.work / "weight-stager.sock"
+        stager_socket.unlink(missing_ok=True)
         t0 = time.time()
+        stager = self.start_stager(cap, stager_socket) if staged else None
         if releases(cap.mode) and cache == "dropped":
-            prefetchers = _start_prefetch(image_files, weights)
+            # the stager reads the weights itself: prefetching them too would only compete with it
+            prefetchers = _start_prefetch(image_files, [] if staged else weights)
         pid = self.criu.restore(cap.images, logs_dir=self.work / f"{cap.mode}-logs", extra=["-v1"])
         t1 = time.time()
         if pid != cap.pid:
@@ -729,13 +734,16 @@ class Bench:
         if self.cuda:
             self.cuda.unlock(pid)
         t3 = time.time()
-        ctl.send(RESTORE_COMPLETE, {"result": str(result_file), "refill_mapped_threads": mapped_threads})
+        socket_path = str(stager_socket) if stager else None
+        ctl.send(RESTORE_COMPLETE, {"result": str(result_file), "weight_stager_socket": socket_path})
         log_file = cap.control.parent / f"{cap.control.name}.log"
         result = self.wait_for(
             None, lambda: _json_if_exists(result_file), "restored engine's result", log_file
         )
         for thread in prefetchers:
             thread.join()
+        if stager is not None and stager.wait(timeout=60) != 0:
+            raise RuntimeError(f"the weight stager failed:\n{_tail(self.work / 'weight-stager.log')}")
         _reap(pid)
         marks = result["marks"]
         phases = {
@@ -750,7 +758,7 @@ class Bench:
         else:
             phases["first_token"] = marks["first_token"] - marks["resumed"]
         total = marks["first_token"] - t0
-        several = releases(cap.mode) and len(self.refill_mapped) > 1
+        several = releases(cap.mode) and len(self.stage_weights) > 1
         return RestoreRun(
             cap.mode,
             cache,
@@ -759,7 +767,7 @@ class Bench:
             round(total, 3),
             result["outputs"] == cap.ready["outputs"],
             result["first"] == cap.ready["first"],
-            variant=f"{cap.mode}, refill +{mapped_threads} mapped" if several else cap.mode,
+            variant=(f"{cap.mode}, weights {'staged' if staged else 'refilled'}" if several else cap.mode),
             engine_detail={
                 "weights_refill": result.get("weights_refill"),
                 "reacquire": result.get("reacquire"),
@@ -816,12 +824,14 @@ class Bench:
             log(f"{model} {mode} capture: {result.captures[mode]}")
             mode_reps = self.args.naive_reps if mode == "naive" and self.args.naive_reps else reps
             for cache in self.caches:
-                mapped_counts = self.refill_mapped if releases(mode) else [0]
-                for rep, mapped in ((r, m) for r in range(mode_reps) for m in mapped_counts):
+                # a stager needs the engine's plan: weights released from a CUDA VMM arena
+                stageable = (cap.control / STAGING_PLAN).exists()
+                stage_variants = self.stage_weights if stageable else [False]
+                for rep, staged in ((r, v) for r in range(mode_reps) for v in stage_variants):
                     if self.time_left() < 45:
                         result.notes.append(f"{mode} {cache} restores cut at {rep} by the time budget")
                         break
-                    run = self.restore(cap, model_dir, cache, rep, mapped)
+                    run = self.restore(cap, model_dir, cache, rep, staged)
                     result.restores.append(run)
                     log(
                         f"{model} {run.variant} restore ({cache}) #{rep}: {run.total_s} s {run.phases} "
@@ -971,12 +981,11 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
             lines += ["", f"Allocating and freeing 16 pinned 16 MiB buffers: {seconds} s."]
         lines += [
             "",
-            "| weight refill threads: staging + mapped | chunk MiB | cache | GB/s |",
+            "| weight refill threads | chunk MiB | cache | GB/s |",
             "|---|---|---|---|",
         ]
         lines += [
-            f"| {r['threads']} + {r.get('mapped_threads', 0)} | {r.get('chunk_mib', '-')} | {r['cache']} | "
-            f"{r.get('gb_per_s', r.get('error'))} |"
+            f"| {r['threads']} | {r['chunk_mib']} | {r['cache']} | {r['gb_per_s']} |"
             for r in floors.get("refill", [])
             if r.get("impl", "weights_io") == "weights_io"  # floors from older runs also timed other readers
         ]
@@ -1063,7 +1072,7 @@ def markdown(results: list[ModelResult], floors: dict[str, Any] | None, env: dic
 
 
 # Inside reacquire_refill, as the engine timed it (in parentheses in the phase table)
-DETAIL_KEYS = ("weights_refill", "map_kv_and_scratch")
+DETAIL_KEYS = ("weights_refill", "staged_weights_wait", "map_kv_and_scratch")
 
 
 def _detail(run: RestoreRun, key: str) -> float | None:
@@ -1071,6 +1080,7 @@ def _detail(run: RestoreRun, key: str) -> float | None:
     reacquire = run.engine_detail.get("reacquire") or {}
     found = {
         "weights_refill": refill.get("seconds"),
+        "staged_weights_wait": refill.get("waited_s"),
         "map_kv_and_scratch": reacquire.get("map_kv_and_scratch_s"),
     }
     return found[key]
@@ -1171,9 +1181,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="cpu: dry run, tiny model")
     run.add_argument("--refill-threads", type=int, default=8, help="the engine's weight refill threads")
     run.add_argument(
-        "--refill-mapped-threads",
-        default="0",
-        help="comma-separated: refill threads copying straight from the page cache, each count measured",
+        "--stage-weights",
+        default="on",
+        help="off and/or on: a weight stager fills the GPU while CRIU restores (each measured)",
     )
     proc = sub.add_parser("engine-process", help="internal: the engine process under test")
     proc.add_argument("--mode", choices=("cold", "naive", *RELEASING_MODES), required=True)

@@ -64,7 +64,7 @@ full)
         --floors-gib "${FLOORS_GIB:-0}" ${FLOORS_JSON:+--floors-json "$FLOORS_JSON"} \
         --naive-reps "${NAIVE_REPS:-0}" --modes "${MODES:-optimised,naive}" --compile-models "${COMPILE_MODELS:-}" \
         --max-num-seqs "${MAX_NUM_SEQS:-64}" --refill-threads "${REFILL_THREADS:-8}" \
-        --refill-mapped-threads "${REFILL_MAPPED:-0}" \
+        --stage-weights "${STAGE_WEIGHTS:-on}" \
         --caches "${CACHES:-hot,dropped}" --budget-s "${BUDGET_S:-540}" 2>&1 | tee "$OUT/gpu_restore.log"
     ;;
 *)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +20,8 @@ if not torch.cuda.is_available():
 from warmstart.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from warmstart.engines.builtin.engine import BuiltinEngine  # noqa: E402
 from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _vmm_available() -> bool:
@@ -130,3 +134,50 @@ def test_compiled_decode_matches_eager(make_engine) -> None:
     plain = make_engine(max_num_seqs=2, cuda_graph_sizes=[1, 2])
     compiled_tokens = engine.generate([_greedy(max_tokens=16)])[0].token_ids
     assert compiled_tokens == plain.generate([_greedy(max_tokens=16)])[0].token_ids
+
+
+def _start_stager(plan_json: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    plan = tmp_path / "plan.json"
+    plan.write_text(plan_json)
+    socket_path = tmp_path / "stager.sock"
+    command = [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan", str(plan)]
+    return subprocess.Popen([*command, "--socket", str(socket_path)], cwd=REPO), socket_path
+
+
+@VMM_SKIP
+def test_weights_staged_by_another_process_serve_the_same_outputs(make_engine, tmp_path: Path) -> None:
+    engine = make_engine(
+        "qwen3-0.6b", arena="cuda-vmm", release_weights=True, max_model_len=1024, max_num_seqs=4
+    )
+    before = engine.generate([_greedy()])[0].token_ids
+    addresses = engine._addresses()
+    assert engine.release() is True
+    plan = engine.weight_staging_plan()
+    assert plan is not None and plan.range_bytes >= engine._weight_arena.nbytes
+    stager, socket_path = _start_stager(plan.to_json(), tmp_path)
+    engine.expect_staged_weights(socket_path)
+    engine.reacquire()
+    assert stager.wait(timeout=60) == 0
+    assert engine.last_refill_stats["staged"] is True, "the weights must come from the stager, not a refill"
+    assert engine._addresses() == addresses and engine._graphs.captures == 1
+    # the stager has exited: its memory lives on through the engine's mapping
+    assert engine.generate([_greedy()])[0].token_ids == before
+    free_before, _ = torch.cuda.mem_get_info()
+    engine.release()  # and goes back to the driver when the engine lets go
+    free_after, _ = torch.cuda.mem_get_info()
+    assert free_after - free_before >= 0.9 * engine._weight_arena.nbytes
+
+
+@VMM_SKIP
+def test_a_failing_stager_leaves_the_engine_to_refill(make_engine, tmp_path: Path) -> None:
+    engine = make_engine("tiny", arena="cuda-vmm", release_weights=True)
+    before = engine.generate([_greedy()])[0].token_ids
+    engine.release()
+    plan = engine.weight_staging_plan()
+    broken = plan.to_json().replace(str(engine.model_dir), str(tmp_path / "gone"))  # files that are not there
+    stager, socket_path = _start_stager(broken, tmp_path)
+    engine.expect_staged_weights(socket_path)
+    engine.reacquire()
+    assert stager.wait(timeout=60) == 1
+    assert not engine.last_refill_stats.get("staged")
+    assert engine.generate([_greedy()])[0].token_ids == before

@@ -12,12 +12,9 @@ safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safet
 from warmstart.engines.arena import ArenaReleasedError, TorchArena, create_arena  # noqa: E402
 from warmstart.engines.weights_io import (  # noqa: E402
     ARENA_ALIGNMENT,
-    Chunk,
     TensorSlot,
     dtype_code,
-    plan_chunks,
     plan_layout,
-    plan_windows,
     read_header,
     refill,
     views,
@@ -120,46 +117,3 @@ def test_arena_backends_by_name() -> None:
     arena.allocate(10)
     with pytest.raises(RuntimeError, match="already allocated"):
         arena.allocate(10)
-
-
-@pytest.mark.parametrize("window_bytes", [4096, 8192, 1 << 20])
-def test_windows_cover_every_byte_once_and_never_share_a_page(tmp_path: Path, window_bytes: int) -> None:
-    tensors = _tensors()
-    first = _write(tmp_path / "one.safetensors", dict(list(tensors.items())[:3]))
-    second = _write(tmp_path / "two.safetensors", dict(list(tensors.items())[3:]))
-    layout, _ = plan_layout([first, second])
-    chunks = plan_chunks(layout, [first, second], chunk_bytes=3000)
-    windows = plan_windows(chunks, window_bytes)
-
-    pages: set[tuple[Path, int]] = set()
-    for window in windows:
-        assert (
-            window.start % 4096 == 0 and window.end % 4096 == 0 and window.end - window.start <= window_bytes
-        )
-        window_pages = {(window.path, page) for page in range(window.start, window.end, 4096)}
-        assert not pages & window_pages  # the driver refuses a page registered twice
-        pages |= window_pages
-        for piece in window.pieces:
-            assert piece.path == window.path
-            assert window.start <= piece.file_offset and piece.file_offset + piece.nbytes <= window.end
-
-    def bytes_of(pieces: list[Chunk]) -> set[tuple[Path, int, int]]:
-        return {(c.path, c.file_offset + i, c.arena_offset + i) for c in pieces for i in range(c.nbytes)}
-
-    pieces = [piece for window in windows for piece in window.pieces]
-    assert sum(piece.nbytes for piece in pieces) == sum(chunk.nbytes for chunk in chunks)
-    assert bytes_of(pieces) == bytes_of(chunks)  # every file byte lands where its chunk sends it
-
-
-def test_window_size_must_be_whole_pages() -> None:
-    with pytest.raises(ValueError, match="page size"):
-        plan_windows([], 1000)
-
-
-def test_mapped_refill_needs_a_cuda_arena_and_the_page_cache(tmp_path: Path) -> None:
-    path = _write(tmp_path / "w.safetensors", _tensors())
-    layout, nbytes = plan_layout([path])
-    with pytest.raises(ValueError, match="CUDA arena"):
-        refill(torch.empty(nbytes, dtype=torch.uint8), layout, [path], mapped_threads=2)
-    with pytest.raises(ValueError, match="at least one thread"):
-        refill(torch.empty(nbytes, dtype=torch.uint8), layout, [path], threads=0)

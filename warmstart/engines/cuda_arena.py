@@ -106,9 +106,20 @@ class VmmRange:
         """Back the range with fresh physical memory (contents undefined); nothing to do when mapped."""
         if self._handle is not None:
             return
+        self._map_handle(check(driver().cuMemCreate(self.size, self._allocation_prop(), 0), "cuMemCreate"))
+
+    def map_shared(self, fd: int) -> None:
+        """Back the range with memory another process exported as a POSIX file descriptor (same size)."""
+        if self._handle is not None:
+            raise CudaError("the range is mapped already; unmap it before mapping shared memory")
+        cu = driver()
+        kind = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        self._map_handle(check(cu.cuMemImportFromShareableHandle(fd, kind), "cuMemImportFromShareableHandle"))
+
+    def _map_handle(self, handle: Any) -> None:
+        """Map `handle` (ours from now on: released on failure or at unmap) over the whole range."""
         cu = driver()
         prop = self._allocation_prop()
-        handle = check(cu.cuMemCreate(self.size, prop, 0), "cuMemCreate")
         try:
             check(cu.cuMemMap(self.address, self.size, 0, handle, 0), "cuMemMap")
         except CudaError:
@@ -232,6 +243,19 @@ class CudaVmmArena:
         self._require_context()
         self._range.map()
         return self._tensor
+
+    def reacquire_shared(self, fd: int) -> Any:
+        """Map memory another process filled and exported (`weight_stager`) at the same address."""
+        if self._range is None:
+            raise RuntimeError("the CUDA arena was never allocated: call allocate(nbytes) first")
+        self._require_context()
+        self._range.map_shared(fd)
+        return self._tensor
+
+    @property
+    def range_bytes(self) -> int:
+        """The mapped size: `nbytes` rounded up to the allocation granularity (0 before `allocate`)."""
+        return self._range.size if self._range else 0
 
     def close(self) -> None:
         """Release the memory and give the virtual range back; the arena's views become invalid for good."""

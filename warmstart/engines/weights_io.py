@@ -4,20 +4,15 @@ A *layout* maps each tensor name to where it lives in the arena (offset, shape, 
 the tensors' bytes from safetensors files into the arena at those offsets with parallel `preadv` calls:
 straight into the arena on CPU, through per-thread pinned buffers and non-blocking copies on per-thread
 streams on CUDA. `direct_io=True` reads with O_DIRECT instead, bypassing the page cache (a cold disk),
-through aligned staging buffers on either device. Mapped refill threads (CUDA, page cache) skip the
-staging copy: the files are mapped, each window of a file is registered with the driver (the page-cache
-pages themselves are pinned) and copied to the GPU straight from there; they share the work with the
-staging threads. The safetensors format is simple enough to read
-and write here without loading whole files.
+through aligned staging buffers on either device. The safetensors format is simple enough to read and write
+here without loading whole files.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import json
 import math
-import mmap
 import os
 import struct
 import threading
@@ -34,8 +29,6 @@ ARENA_ALIGNMENT = 256  # bytes; enough for every dtype and for CUDA's vectorised
 HEADER_ALIGNMENT = 4096  # data of files we write starts page-aligned (friendly to O_DIRECT readers)
 DEFAULT_CHUNK_BYTES = 16 << 20  # measured on an H200: 16 MiB beat 32 and 64 MiB at 4-16 threads
 DIRECT_IO_ALIGNMENT = 4096  # O_DIRECT file offsets, lengths and buffer addresses are multiples of this
-DEFAULT_WINDOW_BYTES = 64 << 20  # mapped refill: bytes registered with the driver at a time, per thread
-CUDA_HOST_REGISTER_READ_ONLY = 0x08  # cudaHostRegisterReadOnly: the mapping of a file we only read
 
 DTYPE_SIZES = {
     "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
@@ -197,25 +190,17 @@ def refill(
     threads: int = 8,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     direct_io: bool = False,
-    mapped_threads: int = 0,
-    window_bytes: int = DEFAULT_WINDOW_BYTES,
 ) -> RefillStats:
     """Read every slot of `layout` from `files` into `arena` (a flat uint8 tensor) with parallel reads.
 
     `direct_io=True` opens the files with O_DIRECT, so the bytes come from the disk and do not stay in the
-    page cache (for a cold disk; the files' filesystem must support O_DIRECT). `mapped_threads` (CUDA, page
-    cache) adds threads that copy to the GPU straight from the mapped files, with no staging copy (see the
-    module's docstring); they take windows of the files from the same queue as the `threads` that stage.
+    page cache (for a cold disk; the files' filesystem must support O_DIRECT).
     """
-    if threads < 0 or mapped_threads < 0 or threads + mapped_threads < 1 or chunk_bytes < 1:
-        raise ValueError(
-            f"need at least one thread and chunk_bytes >= 1, got {threads} + {mapped_threads} threads "
-            f"and {chunk_bytes}"
-        )
-    if mapped_threads and (direct_io or arena.device.type != "cuda"):
-        raise ValueError("mapped refill threads copy into a CUDA arena through the page cache (no direct_io)")
+    if threads < 1 or chunk_bytes < 1:
+        raise ValueError(f"threads and chunk_bytes must be >= 1, got {threads} and {chunk_bytes}")
     chunks = plan_chunks(layout, files, chunk_bytes)
     total = sum(chunk.nbytes for chunk in chunks)
+    threads = max(1, min(threads, len(chunks)))
     started = time.perf_counter()
     with _OpenFiles({chunk.path for chunk in chunks}, direct_io) as fds:
         buffer_bytes = min(chunk_bytes, max(chunk.nbytes for chunk in chunks))
@@ -226,131 +211,8 @@ def refill(
 
             torch.cuda.synchronize(arena.device)  # no earlier kernel may still be using the destination
             worker = _cuda_worker(arena, fds, buffer_bytes, direct_io)
-        if not mapped_threads:
-            threads = max(1, min(threads, len(chunks)))
-            _run_parallel([worker] * threads, iter(chunks))
-            return RefillStats(total, time.perf_counter() - started, threads)
-        windows = plan_windows(chunks, window_bytes)
-        with _MappedFiles({window.path for window in windows}) as mapped:
-            staged = [_window_pieces(worker)] * threads
-            _run_parallel(staged + [_cuda_mapped_worker(arena, mapped)] * mapped_threads, iter(windows))
-    return RefillStats(total, time.perf_counter() - started, threads + mapped_threads)
-
-
-@dataclass(frozen=True)
-class Window:
-    """A page-aligned byte range of one file and the copies that read from it."""
-
-    path: Path
-    start: int
-    end: int
-    pieces: tuple[Chunk, ...]
-
-
-def plan_windows(chunks: Iterable[Chunk], window_bytes: int) -> list[Window]:
-    """Cut every file's chunks at page-aligned windows of `window_bytes`, so no two windows share a page.
-
-    The driver refuses to register a page twice, and two threads' windows would otherwise meet on the page
-    where one tensor ends and the next begins.
-    """
-    if window_bytes < 1 or window_bytes % mmap.PAGESIZE:
-        raise ValueError(f"window_bytes must be a positive multiple of the page size, got {window_bytes}")
-    by_window: dict[tuple[Path, int], list[Chunk]] = {}
-    for chunk in chunks:
-        position = chunk.file_offset
-        end = chunk.file_offset + chunk.nbytes
-        while position < end:
-            window_start = position - position % window_bytes
-            piece_end = min(end, window_start + window_bytes)
-            arena_offset = chunk.arena_offset + position - chunk.file_offset
-            piece = Chunk(chunk.path, position, arena_offset, piece_end - position)
-            by_window.setdefault((chunk.path, window_start), []).append(piece)
-            position = piece_end
-    windows = []
-    for (path, window_start), pieces in sorted(by_window.items()):
-        last = max(piece.file_offset + piece.nbytes for piece in pieces)
-        windows.append(Window(path, window_start, _align(last, mmap.PAGESIZE), tuple(pieces)))
-    return windows
-
-
-def _window_pieces(work: Callable[[Iterator[Chunk]], None]) -> Callable[[Iterator[Window]], None]:
-    """A chunk worker that takes windows: it copies each window's pieces."""
-
-    def work_on_windows(windows: Iterator[Window]) -> None:
-        work(piece for window in windows for piece in window.pieces)
-
-    return work_on_windows
-
-
-def _cuda_mapped_worker(
-    arena: torch.Tensor, mapped: dict[Path, torch.Tensor]
-) -> Callable[[Iterator[Window]], None]:
-    import torch
-
-    cudart = torch.cuda.cudart()
-
-    def work(windows: Iterator[Window]) -> None:
-        stream = torch.cuda.Stream(device=arena.device)
-        for window in windows:
-            source = mapped[window.path]
-            address = source.data_ptr() + window.start
-            _check_cuda(
-                cudart.cudaHostRegister(address, window.end - window.start, CUDA_HOST_REGISTER_READ_ONLY),
-                f"registering {window.path} bytes {window.start}-{window.end}",
-            )
-            try:
-                with torch.cuda.stream(stream):
-                    for piece in window.pieces:
-                        data = source[piece.file_offset : piece.file_offset + piece.nbytes]
-                        arena[piece.arena_offset : piece.arena_offset + piece.nbytes].copy_(
-                            data, non_blocking=True
-                        )
-                stream.synchronize()  # the pages stay pinned until the GPU has read them
-            finally:
-                cudart.cudaHostUnregister(address)
-
-    return work
-
-
-def _check_cuda(status: Any, doing: str) -> None:
-    code = int(getattr(status, "value", status))
-    if code != 0:
-        raise OSError(f"CUDA error {code} {doing} (the driver could not pin these page-cache pages)")
-
-
-class _MappedFiles:
-    """Map each file read-only and shared (its page-cache pages themselves); a uint8 tensor over each."""
-
-    def __init__(self, paths: Iterable[Path]) -> None:
-        self._paths = sorted(paths)
-        self._maps: list[mmap.mmap] = []
-        self.tensors: dict[Path, torch.Tensor] = {}
-
-    def __enter__(self) -> dict[Path, torch.Tensor]:
-        import warnings
-
-        import numpy
-        import torch
-
-        try:
-            for path in self._paths:
-                with open(path, "rb") as handle:
-                    mapping = mmap.mmap(handle.fileno(), 0, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-                self._maps.append(mapping)
-                with warnings.catch_warnings():  # read-only memory: torch warns that it cannot be written
-                    warnings.simplefilter("ignore", UserWarning)
-                    self.tensors[path] = torch.from_numpy(numpy.frombuffer(mapping, dtype=numpy.uint8))
-        except BaseException:
-            self.__exit__()
-            raise
-        return self.tensors
-
-    def __exit__(self, *exc_info: Any) -> None:
-        self.tensors.clear()
-        for mapping in self._maps:
-            with contextlib.suppress(BufferError):  # a view still alive: the mapping goes with it
-                mapping.close()
-        self._maps.clear()
+        _run_parallel(worker, iter(chunks), threads)
+    return RefillStats(total, time.perf_counter() - started, threads)
 
 
 def _cpu_worker(arena: torch.Tensor, fds: dict[Path, int]) -> Callable[[Iterator[Chunk]], None]:
@@ -428,22 +290,18 @@ def release_pinned_cache() -> None:
         torch._C._host_emptyCache()
 
 
-def _run_parallel(workers: Sequence[Callable[[Iterator[Any]], None]], items: Iterator[Any]) -> None:
-    """One thread per worker, all taking items from one queue; the first error stops them all."""
-    shared = _LockedIterator(items)
+def _run_parallel(work: Callable[[Iterator[Chunk]], None], chunks: Iterator[Chunk], threads: int) -> None:
+    shared = _LockedIterator(chunks)
     errors: list[BaseException] = []
 
-    def guarded(work: Callable[[Iterator[Any]], None]) -> None:
+    def guarded() -> None:
         try:
             work(shared)
         except BaseException as exc:  # re-raised in the caller below
             errors.append(exc)
             shared.stop()
 
-    pool = [
-        threading.Thread(target=guarded, args=(work,), name=f"refill-{i}", daemon=True)
-        for i, work in enumerate(workers)
-    ]
+    pool = [threading.Thread(target=guarded, name=f"refill-{i}", daemon=True) for i in range(threads)]
     for thread in pool:
         thread.start()
     for thread in pool:
@@ -453,7 +311,7 @@ def _run_parallel(workers: Sequence[Callable[[Iterator[Any]], None]], items: Ite
 
 
 class _LockedIterator:
-    def __init__(self, items: Iterator[Any]) -> None:
+    def __init__(self, items: Iterator[Chunk]) -> None:
         self._items = items
         self._lock = threading.Lock()
         self._stopped = False
@@ -461,7 +319,7 @@ class _LockedIterator:
     def __iter__(self) -> _LockedIterator:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> Chunk:
         with self._lock:
             if self._stopped:
                 raise StopIteration

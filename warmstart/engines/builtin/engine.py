@@ -39,8 +39,15 @@ from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
 from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model, model_digest, weight_files
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
+from warmstart.engines.cuda_arena import CudaError, CudaVmmArena
 from warmstart.engines.host import gpu_facts, runtime_image
-from warmstart.engines.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
+from warmstart.engines.weight_stager import (
+    StagedWeightsUnavailable,
+    StagingPlan,
+    acknowledge,
+    receive_staged_weights,
+)
+from warmstart.engines.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache, views
 from warmstart.identity import SnapshotIdentity
 
 if TYPE_CHECKING:
@@ -69,7 +76,6 @@ class BuiltinEngine(Engine):
         release_graph_scratch: bool = True,
         arena: str = "auto",
         refill_threads: int = 8,
-        refill_mapped_threads: int = 0,
         overrides: dict[str, Any] | None = None,
         served_model_name: str | None = None,
     ) -> None:
@@ -94,9 +100,6 @@ class BuiltinEngine(Engine):
         # Released weights come back from the files; worth it where they return at the same addresses.
         self._release_weights = self._arena_kind == "cuda-vmm" if release_weights is None else release_weights
         self._refill_threads = refill_threads
-        if refill_mapped_threads and self._device.type != "cuda":
-            raise EngineError("refill_mapped_threads copy weights to a GPU; this engine runs on the CPU")
-        self.refill_mapped_threads = refill_mapped_threads
         self._name = served_model_name or (self._preset or self._model_dir.name)
         self.tokenizer = ByteTokenizer()
         self.config: ModelConfig | None = None
@@ -114,6 +117,7 @@ class BuiltinEngine(Engine):
         self.last_refill_stats: dict[str, float] | None = None
         self.last_reacquire_stats: dict[str, float] | None = None
         self._addresses_at_release: tuple[int, int] = (0, 0)
+        self._staged_weights_socket: str | None = None
 
     # --- Engine interface ----------------------------------------------------------------------------
 
@@ -209,8 +213,7 @@ class BuiltinEngine(Engine):
             mapped = background.submit(_timed, self._map_kv_and_scratch)
             try:
                 if self._weights_released:
-                    self._weight_arena.reacquire()
-                    self._fill_weights()
+                    self._take_back_weights()
                     self._weights_released = False
             finally:
                 map_seconds = mapped.result()  # a mapping error is raised even when the refill failed too
@@ -226,6 +229,46 @@ class BuiltinEngine(Engine):
             "map_and_refill_s": round(filled - started, 3),
             "total_s": round(time.perf_counter() - started, 3),
         }
+
+    def weight_staging_plan(self) -> StagingPlan | None:
+        """What a `weight_stager` must copy for this engine's next `reacquire()`; None where none can help.
+
+        Only weights that leave the GPU at `release()` and come back at the same addresses can be staged.
+        """
+        if not isinstance(self._weight_arena, CudaVmmArena) or not self._release_weights:
+            return None
+        copies = plan_chunks(self._layout, self._files, chunk_bytes=1 << 62)  # one copy per tensor
+        return StagingPlan(
+            self._weight_arena.device_index,
+            self._weight_arena.range_bytes,
+            tuple((str(c.path), c.file_offset, c.arena_offset, c.nbytes) for c in copies),
+        )
+
+    def expect_staged_weights(self, socket_path: str | os.PathLike[str] | None) -> None:
+        """Have the next `reacquire()` map the weights a `weight_stager` prepared at `socket_path`."""
+        self._staged_weights_socket = None if socket_path is None else str(socket_path)
+
+    def _take_back_weights(self) -> None:
+        socket_path, self._staged_weights_socket = self._staged_weights_socket, None
+        if socket_path is not None and isinstance(self._weight_arena, CudaVmmArena):
+            started = time.perf_counter()
+            try:
+                self._map_staged_weights(socket_path)
+                self.last_refill_stats["waited_s"] = round(time.perf_counter() - started, 3)
+                return
+            except (StagedWeightsUnavailable, CudaError) as exc:
+                log.warning("no staged weights (%s); refilling them from the files", exc)
+        self._weight_arena.reacquire()
+        self._fill_weights()
+
+    def _map_staged_weights(self, socket_path: str) -> None:
+        fd, report = receive_staged_weights(socket_path)
+        try:
+            self._weight_arena.reacquire_shared(fd)
+        finally:
+            os.close(fd)
+            acknowledge(report)
+        self.last_refill_stats = {"bytes": report["bytes"], "seconds": report["seconds"], "staged": True}
 
     def _map_kv_and_scratch(self) -> None:
         if self._device.type == "cuda":
@@ -322,12 +365,10 @@ class BuiltinEngine(Engine):
             self._layout,
             self._files,
             threads=self._refill_threads,
-            mapped_threads=self.refill_mapped_threads,
         )
         self.last_refill_stats = {
             "bytes": stats.nbytes,
             "seconds": round(stats.seconds, 3),
-            "mapped_threads": self.refill_mapped_threads,
         }
         log.info(
             "weights: %.1f MB in %.3f s (%.2f GB/s, %d threads)",
