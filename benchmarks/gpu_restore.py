@@ -569,7 +569,8 @@ class Bench:
         self.cuda = cuda if args.device == "cuda" else None
         self.deadline = time.monotonic() + args.budget_s
         self.caches = [c for c in ("hot", "dropped") if c in args.caches.split(",")]
-        self.stage_weights = [{"off": False, "on": True}[v] for v in args.stage_weights.split(",") if v]
+        # stager threads per variant; 0: no stager (the engine refills its weights itself)
+        self.stage_weights = [_stager_threads(v) for v in args.stage_weights.split(",") if v]
         self.compile_cache = self.work / "compile-cache"
         libc = ctypes.CDLL(None, use_errno=True)
         # Restored engines get re-parented to us: we reap them, freeing their PIDs for the next restore.
@@ -616,13 +617,13 @@ class Bench:
             cwd=str(self.work),
         )
 
-    def start_stager(self, cap: Capture, socket_path: Path) -> subprocess.Popen[bytes]:
+    def start_stager(self, cap: Capture, socket_path: Path, threads: int) -> subprocess.Popen[bytes]:
         """The weight stager, started with the restore (as the node agent does)."""
         plan = cap.control / STAGING_PLAN
         log_file = open(self.work / "weight-stager.log", "wb")  # noqa: SIM115 - owned by the child
         argv = [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan", str(plan)]
         return subprocess.Popen(
-            [*argv, "--socket", str(socket_path)],
+            [*argv, "--socket", str(socket_path), "--threads", str(threads)],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=subprocess.STDOUT,
@@ -707,7 +708,7 @@ class Bench:
         return Capture(mode, pid, images, control, ready, timings, size), cold
 
     def restore(
-        self, cap: Capture, model_dir: Path, cache: str, rep: int, staged: bool = False
+        self, cap: Capture, model_dir: Path, cache: str, rep: int, stager_threads: int = 0
     ) -> RestoreRun:
         weights = weight_files(model_dir)
         image_files = files_under([cap.images])
@@ -720,10 +721,10 @@ class Bench:
         stager_socket = self.work / "weight-stager.sock"
         stager_socket.unlink(missing_ok=True)
         t0 = time.time()
-        stager = self.start_stager(cap, stager_socket) if staged else None
+        stager = self.start_stager(cap, stager_socket, stager_threads) if stager_threads else None
         if releases(cap.mode) and cache == "dropped":
             # the stager reads the weights itself: prefetching them too would only compete with it
-            prefetchers = _start_prefetch(image_files, [] if staged else weights)
+            prefetchers = _start_prefetch(image_files, [] if stager else weights)
         pid = self.criu.restore(cap.images, logs_dir=self.work / f"{cap.mode}-logs", extra=["-v1"])
         t1 = time.time()
         if pid != cap.pid:
@@ -767,7 +768,7 @@ class Bench:
             round(total, 3),
             result["outputs"] == cap.ready["outputs"],
             result["first"] == cap.ready["first"],
-            variant=(f"{cap.mode}, weights {'staged' if staged else 'refilled'}" if several else cap.mode),
+            variant=_variant(cap.mode, stager_threads) if several else cap.mode,
             engine_detail={
                 "weights_refill": result.get("weights_refill"),
                 "reacquire": result.get("reacquire"),
@@ -826,12 +827,12 @@ class Bench:
             for cache in self.caches:
                 # a stager needs the engine's plan: weights released from a CUDA VMM arena
                 stageable = (cap.control / STAGING_PLAN).exists()
-                stage_variants = self.stage_weights if stageable else [False]
-                for rep, staged in ((r, v) for r in range(mode_reps) for v in stage_variants):
+                stage_variants = self.stage_weights if stageable else [0]
+                for rep, stager_threads in ((r, v) for r in range(mode_reps) for v in stage_variants):
                     if self.time_left() < 45:
                         result.notes.append(f"{mode} {cache} restores cut at {rep} by the time budget")
                         break
-                    run = self.restore(cap, model_dir, cache, rep, staged)
+                    run = self.restore(cap, model_dir, cache, rep, stager_threads)
                     result.restores.append(run)
                     log(
                         f"{model} {run.variant} restore ({cache}) #{rep}: {run.total_s} s {run.phases} "
@@ -1086,6 +1087,23 @@ def _detail(run: RestoreRun, key: str) -> float | None:
     return found[key]
 
 
+def _stager_threads(value: str) -> int:
+    """off: 0; on: the stager's default thread count; a number: that many threads."""
+    from warmstart.engines.weight_stager import STAGING_THREADS
+
+    if value == "off":
+        return 0
+    return STAGING_THREADS if value == "on" else int(value)
+
+
+def _variant(mode: str, stager_threads: int) -> str:
+    return (
+        f"{mode}, weights staged ({stager_threads} threads)"
+        if stager_threads
+        else f"{mode}, weights refilled"
+    )
+
+
 def _variants(res: ModelResult) -> list[tuple[str, str]]:
     """(variant, mode) of the restores, in the order they ran; runs recorded before variants: their mode."""
     seen: dict[str, str] = {}
@@ -1183,7 +1201,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     run.add_argument(
         "--stage-weights",
         default="on",
-        help="off and/or on: a weight stager fills the GPU while CRIU restores (each measured)",
+        help="comma-separated variants, each measured: off (the engine refills), on, or a thread count for "
+        "the weight stager (it fills the GPU while CRIU restores)",
     )
     proc = sub.add_parser("engine-process", help="internal: the engine process under test")
     proc.add_argument("--mode", choices=("cold", "naive", *RELEASING_MODES), required=True)
