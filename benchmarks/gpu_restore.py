@@ -248,13 +248,6 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
     arena.allocate(size)
     rows = []
     variants = [(t, c, "hot") for t in (4, 8, 12, 16) for c in (16 << 20, 64 << 20)]
-    variants += [
-        (8, 0, 4 << 20, "hot"),
-        (8, 0, 8 << 20, "hot"),
-        (0, 8, 16 << 20, "hot"),
-        (0, 16, 16 << 20, "hot"),
-    ]
-    variants += [(t, m, 16 << 20, "hot") for t, m in ((8, 2), (8, 4), (8, 8), (12, 4), (16, 4))]
     variants += [(t, 16 << 20, "dropped-direct") for t in (8, 16)]
     variants += [(16, 16 << 20, "dropped-buffered")]
     reference = None
