@@ -10,7 +10,7 @@ weight arena's own virtual addresses (`cuMemImportFromShareableHandle` + `cuMemM
 CUDA graphs see the weights with no copy at all on the engine's side. When anything fails the engine is told
 why and refills the weights itself, as without a stager.
 
-    python -m warmstart.engines.weight_stager --plan PLAN.json --socket PATH
+    python -m warmstart.engines.weight_stager --plan PLAN.json|- --socket PATH
 
 The stager needs the CUDA driver and cuda-python, not torch: it must start fast.
 """
@@ -47,12 +47,24 @@ class StagingPlan:
     range_bytes: int  # the engine's weight range, rounded up to the allocation granularity
     copies: tuple[tuple[str, int, int, int], ...]
 
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(self.to_dict())
+
+    def under_root(self, root: str | os.PathLike[str]) -> StagingPlan:
+        """The same plan, its files seen from `root` (e.g. `/proc/<pid>/root`: another mount namespace)."""
+        copies = tuple((f"{root}/{path.lstrip('/')}", *rest) for path, *rest in self.copies)
+        return StagingPlan(self.device_index, self.range_bytes, copies)
 
     @classmethod
     def from_json(cls, text: str) -> StagingPlan:
-        data = json.loads(text)
+        return cls.from_dict(json.loads(text))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StagingPlan:
+        """A plan from its dict form; ValueError (or KeyError/TypeError) names what is wrong."""
         copies = tuple((str(p), int(f), int(a), int(n)) for p, f, a, n in data["copies"])
         plan = cls(int(data["device_index"]), int(data["range_bytes"]), copies)
         plan.check()
@@ -136,7 +148,8 @@ def stage(
     try:
         memory = None
         try:
-            plan = StagingPlan.from_json(Path(plan_path).read_text())
+            text = sys.stdin.read() if str(plan_path) == "-" else Path(plan_path).read_text()
+            plan = StagingPlan.from_json(text)
             memory = _SharedDeviceMemory(plan.device_index, plan.range_bytes)
             _fill(memory, plan.copies, threads)
             fd = memory.export()
@@ -157,7 +170,7 @@ def stage(
             os.unlink(socket_path)
 
 
-def _answer(listener: socket.socket, report: dict, fd: int | None, timeout: float = 300.0) -> None:
+def _answer(listener: socket.socket, report: dict, fd: int | None, timeout: float = 120.0) -> None:
     listener.settimeout(timeout)
     connection, _ = listener.accept()
     with connection:
@@ -299,7 +312,7 @@ class _Queue:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m warmstart.engines.weight_stager", description=__doc__)
-    parser.add_argument("--plan", required=True, help="the engine's staging plan (JSON)")
+    parser.add_argument("--plan", required=True, help="the engine's staging plan (a JSON file; -: stdin)")
     parser.add_argument("--socket", required=True, help="Unix socket the engine connects to")
     parser.add_argument("--threads", type=int, default=STAGING_THREADS)
     args = parser.parse_args(argv)

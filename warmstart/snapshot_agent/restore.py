@@ -4,9 +4,10 @@ Order matters for trust: signature, identity (against this machine) and every di
 CRIU sees a byte (`store.materialize` verifies, then hardlinks the image files). Then the sandbox gets the
 files the engine held open at dump time (copies: the engine writes to them, blobs are immutable), CRIU
 restores the engine into the sandbox's namespaces, the CUDA state comes back when the snapshot holds some,
-and `restore-complete` carries the resume payload (e.g. the port). On any failure the half-restored tasks
-are killed, `restore-failed` carries the reason (the worker then cold-starts) and the failure is counted
-so the caller can mark a snapshot that keeps failing Invalid.
+and `restore-complete` carries the resume payload (e.g. the port). A snapshot whose engine left its
+weights out gets a weight stager (`weight_staging`) once verified, working while CRIU runs. On any failure
+the half-restored tasks are killed, `restore-failed` carries the reason (the worker then cold-starts) and
+the failure is counted so the caller can mark a snapshot that keeps failing Invalid.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from warmstart.snapshot_agent import cuda
 from warmstart.snapshot_agent.capture import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.snapshot_agent.criu import Criu, CriuError
 from warmstart.snapshot_agent.sandbox import Sandbox
+from warmstart.snapshot_agent.weight_staging import StagerProcess, start_stager
 
 log = logging.getLogger(__name__)
 
@@ -145,25 +147,39 @@ def restore(
     """
     failures = failures or FailureCounter(store.root)
     timings: dict[str, float] = {}
+    stager: StagerProcess | None = None
     try:
         with timed(timings, "verify_materialize"):
             snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
         with timed(timings, "place_sandbox_files"):
             place_sandbox_files(snapshot, work_dir, sandbox)
+        # Verified: the engine's weights may now go to the GPU while CRIU restores the engine.
+        stager = start_stager(snapshot, sandbox.init_pid, control)
         namespace_pid, host_pid = _restore_process(snapshot, sandbox, criu, work_dir, timings)
     except (RestoreRefused, RestoreFailed) as exc:
+        _stop(stager)
         _fail(control, failures, snapshot_id, str(exc))
         raise
     except (CriuError, cuda.CudaCheckpointError, cuda.CudaUnavailable, OSError) as exc:
+        _stop(stager)
         sandbox.kill_all_but_init()
         _fail(control, failures, snapshot_id, str(exc))
         raise RestoreFailed(f"restore of {snapshot_id} failed: {exc}") from exc
     except BaseException:  # interrupted: leave nothing half-restored behind
+        _stop(stager)
         sandbox.kill_all_but_init()
         _fail(control, failures, snapshot_id, "restore interrupted")
         raise
-    control.send(RESTORE_COMPLETE, {**(resume_payload or {}), "snapshot": snapshot_id, "pid": namespace_pid})
+    staged = stager.payload() if stager is not None else {}
+    control.send(
+        RESTORE_COMPLETE, {**(resume_payload or {}), **staged, "snapshot": snapshot_id, "pid": namespace_pid}
+    )
     return RestoreResult(snapshot, namespace_pid, host_pid, timings)
+
+
+def _stop(stager: StagerProcess | None) -> None:
+    if stager is not None:
+        stager.stop()
 
 
 def _restore_process(

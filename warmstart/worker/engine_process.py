@@ -73,6 +73,9 @@ def capture(engine: Any, runner: _HttpRunner, args: argparse.Namespace, started_
     identity = engine.identity()
     weights_released = engine.release()
     gc.collect()
+    plan = (
+        engine.weight_staging_plan() if weights_released and hasattr(engine, "weight_staging_plan") else None
+    )
     payload = {
         "pid": os.getpid(),
         "identity": identity.to_dict(),
@@ -82,6 +85,7 @@ def capture(engine: Any, runner: _HttpRunner, args: argparse.Namespace, started_
         "engine": engine.describe(),
         "host": args.host,
         "port": args.port,
+        **({"weight_staging": plan.to_dict()} if plan is not None else {}),
     }
     control.send(READY_FOR_SNAPSHOT, payload)
     log.info(
@@ -99,6 +103,7 @@ def capture(engine: Any, runner: _HttpRunner, args: argparse.Namespace, started_
         return 0
     mode, since = _resume_timing(received, resumed_at, started_at)
     host, port = _resume_address(received, args)
+    _expect_staged_weights(engine, received, args.control_dir)
     engine.reacquire()
     log.info("resumed (%s) in %.3f s; serving on %s:%d", received.name, time.time() - resumed_at, host, port)
     return runner.serve(host, port, mode, since)
@@ -113,6 +118,17 @@ def _resume_timing(received: Signal, resumed_at: float, started_at: float) -> tu
         return "cold", started_at
     since = received.payload.get("restore_started_at")
     return "restore", float(since) if isinstance(since, int | float) else resumed_at
+
+
+def _expect_staged_weights(engine: Any, received: Signal, control_dir: str) -> None:
+    """Point the engine at the weight stager the restoring side started, if it says it did."""
+    name = received.payload.get("weight_stager_socket")
+    if name is None or not hasattr(engine, "expect_staged_weights"):
+        return
+    if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
+        log.error("ignoring weight_stager_socket %r in %s: not a file name", name, received.name)
+        return
+    engine.expect_staged_weights(os.path.join(control_dir, name))
 
 
 def _resume_address(received: Signal, args: argparse.Namespace) -> tuple[str, int]:

@@ -269,6 +269,8 @@ class BuiltinEngine(Engine):
             os.close(fd)
             acknowledge(report)
         self.last_refill_stats = {"bytes": report["bytes"], "seconds": report["seconds"], "staged": True}
+        log.info("weights: %.1f MB mapped from the weight stager (it filled them in %.3f s)",
+                 report["bytes"] / 1e6, report["seconds"])  # fmt: skip
 
     def _map_kv_and_scratch(self) -> None:
         if self._device.type == "cuda":
