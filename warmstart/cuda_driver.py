@@ -75,3 +75,21 @@ def device_count() -> int:
         return int(check(driver().cuDeviceGetCount(), "cuDeviceGetCount"))
     except (CudaUnavailable, CudaError):
         return 0
+
+
+def device_uuid(device_index: int) -> str:
+    """The GPU's UUID as nvidia-smi prints it (`GPU-xxxxxxxx-xxxx-...`): the same GPU in every process,
+    whatever ordinal CUDA_VISIBLE_DEVICES gives it there."""
+    cu = driver()
+    device = check(cu.cuDeviceGet(device_index), "cuDeviceGet")
+    raw = check(cu.cuDeviceGetUuid(device), "cuDeviceGetUuid").bytes
+    digits = (raw.encode("latin-1") if isinstance(raw, str) else bytes(raw)).hex()
+    return f"GPU-{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:32]}"
+
+
+def device_with_uuid(uuid: str) -> int:
+    """This process's ordinal of the GPU with `uuid`; CudaError when that GPU is not visible here."""
+    for index in range(int(check(driver().cuDeviceGetCount(), "cuDeviceGetCount"))):
+        if device_uuid(index) == uuid:
+            return index
+    raise CudaError(f"GPU {uuid} is not visible to this process")

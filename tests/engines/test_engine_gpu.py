@@ -17,6 +17,7 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs an NVIDIA GPU: torch.cuda.is_available() is False here", allow_module_level=True)
 
+from warmstart.cuda_driver import device_with_uuid  # noqa: E402
 from warmstart.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from warmstart.engines.builtin.engine import BuiltinEngine  # noqa: E402
 from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
@@ -154,6 +155,7 @@ def test_weights_staged_by_another_process_serve_the_same_outputs(make_engine, t
     assert engine.release() is True
     plan = engine.weight_staging_plan()
     assert plan is not None and plan.range_bytes >= engine._weight_arena.nbytes
+    assert device_with_uuid(plan.device_uuid) == plan.device_index  # the stager finds the GPU by its UUID
     stager, socket_path = _start_stager(plan.to_json(), tmp_path)
     engine.expect_staged_weights(socket_path)
     engine.reacquire()

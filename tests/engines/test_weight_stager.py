@@ -14,10 +14,11 @@ from warmstart.engines.weight_stager import StagedWeightsUnavailable, StagingPla
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _plan(tmp_path: Path, device_index: int = 0) -> StagingPlan:
+def _plan(tmp_path: Path, device_index: int = 0, device_uuid: str = "") -> StagingPlan:
     weights = tmp_path / "w.bin"
     weights.write_bytes(bytes(range(256)) * 64)
-    return StagingPlan(device_index, 1 << 21, ((str(weights), 0, 0, 8192), (str(weights), 8192, 4096, 8192)))
+    copies = ((str(weights), 0, 0, 8192), (str(weights), 8192, 4096, 8192))
+    return StagingPlan(device_index, 1 << 21, copies, device_uuid)
 
 
 def _stager(tmp_path: Path, plan_text: str) -> tuple[subprocess.Popen[bytes], Path]:
@@ -30,16 +31,20 @@ def _stager(tmp_path: Path, plan_text: str) -> tuple[subprocess.Popen[bytes], Pa
 
 
 def test_plan_round_trips_and_refuses_copies_outside_the_range(tmp_path: Path) -> None:
-    plan = _plan(tmp_path)
+    plan = _plan(tmp_path, device_uuid="GPU-1234")
     assert StagingPlan.from_json(plan.to_json()) == plan
+    without_uuid = plan.to_dict()
+    del without_uuid["device_uuid"]
+    assert StagingPlan.from_dict(without_uuid).device_uuid == ""
     outside = StagingPlan(0, 4096, ((plan.copies[0][0], 0, 0, 8192),))
     with pytest.raises(ValueError, match="out of range"):
         StagingPlan.from_json(outside.to_json())
 
 
-def test_engine_hears_why_the_stager_could_not_stage(tmp_path: Path) -> None:
-    # No such device on any machine: without CUDA the stager says so, with CUDA the device is missing.
-    process, socket_path = _stager(tmp_path, _plan(tmp_path, device_index=4096).to_json())
+@pytest.mark.parametrize("device", [{"device_index": 4096}, {"device_uuid": "GPU-00000000-nowhere"}])
+def test_engine_hears_why_the_stager_could_not_stage(tmp_path: Path, device: dict) -> None:
+    # No such GPU on any machine: without CUDA the stager says so, with CUDA the device is missing.
+    process, socket_path = _stager(tmp_path, _plan(tmp_path, **device).to_json())
     with pytest.raises(StagedWeightsUnavailable, match="stager failed: Cuda"):
         receive_staged_weights(socket_path, timeout=60)
     assert process.wait(timeout=60) == 1

@@ -43,9 +43,10 @@ ACK = b"mapped"
 class StagingPlan:
     """What to put where: `copies` are (file, file offset, offset in the weight range, bytes)."""
 
-    device_index: int
+    device_index: int  # the engine's CUDA ordinal; `device_uuid`, when known, decides
     range_bytes: int  # the engine's weight range, rounded up to the allocation granularity
     copies: tuple[tuple[str, int, int, int], ...]
+    device_uuid: str = ""  # the same GPU in the stager's process, whatever its ordinal there
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -56,7 +57,7 @@ class StagingPlan:
     def under_root(self, root: str | os.PathLike[str]) -> StagingPlan:
         """The same plan, its files seen from `root` (e.g. `/proc/<pid>/root`: another mount namespace)."""
         copies = tuple((f"{root}/{path.lstrip('/')}", *rest) for path, *rest in self.copies)
-        return StagingPlan(self.device_index, self.range_bytes, copies)
+        return StagingPlan(self.device_index, self.range_bytes, copies, self.device_uuid)
 
     @classmethod
     def from_json(cls, text: str) -> StagingPlan:
@@ -66,7 +67,9 @@ class StagingPlan:
     def from_dict(cls, data: dict[str, Any]) -> StagingPlan:
         """A plan from its dict form; ValueError (or KeyError/TypeError) names what is wrong."""
         copies = tuple((str(p), int(f), int(a), int(n)) for p, f, a, n in data["copies"])
-        plan = cls(int(data["device_index"]), int(data["range_bytes"]), copies)
+        plan = cls(
+            int(data["device_index"]), int(data["range_bytes"]), copies, str(data.get("device_uuid", ""))
+        )
         plan.check()
         return plan
 
@@ -150,7 +153,7 @@ def stage(
         try:
             text = sys.stdin.read() if str(plan_path) == "-" else Path(plan_path).read_text()
             plan = StagingPlan.from_json(text)
-            memory = _SharedDeviceMemory(plan.device_index, plan.range_bytes)
+            memory = _SharedDeviceMemory(_stager_device(plan), plan.range_bytes)
             _fill(memory, plan.copies, threads)
             fd = memory.export()
         except Exception as exc:
@@ -168,6 +171,15 @@ def stage(
         listener.close()
         with contextlib.suppress(FileNotFoundError):
             os.unlink(socket_path)
+
+
+def _stager_device(plan: StagingPlan) -> int:
+    """The engine's GPU as this process numbers it (the agent may see every GPU of the node)."""
+    if not plan.device_uuid:
+        return plan.device_index
+    from warmstart.cuda_driver import device_with_uuid
+
+    return device_with_uuid(plan.device_uuid)
 
 
 def _answer(listener: socket.socket, report: dict, fd: int | None, timeout: float = 120.0) -> None:

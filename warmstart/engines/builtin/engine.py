@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 import warmstart
+from warmstart.cuda_driver import device_uuid
 from warmstart.engines.arena import Arena, create_arena
 from warmstart.engines.base import (
     Engine,
@@ -238,10 +239,12 @@ class BuiltinEngine(Engine):
         if not isinstance(self._weight_arena, CudaVmmArena) or not self._release_weights:
             return None
         copies = plan_chunks(self._layout, self._files, chunk_bytes=1 << 62)  # one copy per tensor
+        index = self._weight_arena.device_index
         return StagingPlan(
-            self._weight_arena.device_index,
+            index,
             self._weight_arena.range_bytes,
             tuple((str(c.path), c.file_offset, c.arena_offset, c.nbytes) for c in copies),
+            device_uuid(index),
         )
 
     def expect_staged_weights(self, socket_path: str | os.PathLike[str] | None) -> None:
