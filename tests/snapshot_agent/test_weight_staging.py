@@ -12,7 +12,12 @@ from typing import Any
 
 import pytest
 
-from warmstart.engines.weight_stager import StagedWeightsUnavailable, StagingPlan, receive_staged_weights
+from warmstart.engines.weight_stager import (
+    StagedWeightsUnavailable,
+    StagingPlan,
+    open_inside,
+    receive_staged_weights,
+)
 from warmstart.protocol import ControlDir
 from warmstart.snapshot_agent.weight_staging import STAGER_SOCKET, staging_plan, start_stager
 
@@ -37,9 +42,29 @@ def test_only_cuda_snapshots_with_a_readable_plan_get_a_stager(tmp_path: Path) -
     assert staging_plan(_Snapshot({"uses_cuda": True, "worker": {"weight_staging": {"copies": 3}}})) is None
 
 
-def test_plan_paths_are_read_through_the_sandbox_root(tmp_path: Path) -> None:
+def test_plan_paths_are_read_inside_the_sandbox_root(tmp_path: Path) -> None:
     plan = _plan(tmp_path).under_root("/proc/42/root")
-    assert plan.copies[0][0] == f"/proc/42/root{tmp_path}/w.bin"
+    assert plan.root == "/proc/42/root" and plan.copies == _plan(tmp_path).copies
+    assert StagingPlan.from_json(plan.to_json()) == plan
+
+
+def test_nothing_outside_the_sandbox_root_can_be_read(tmp_path: Path) -> None:
+    root, secret = tmp_path / "root", tmp_path / "host-secret"
+    (root / "models").mkdir(parents=True)
+    (root / "models" / "w.bin").write_bytes(b"weights")
+    secret.write_bytes(b"secret")
+    (root / "models" / "escape").symlink_to(secret)  # an absolute link, as a hostile engine would plant
+    (root / "models" / "relative").symlink_to("w.bin")
+    for inside, expected in (("/models/w.bin", b"weights"), ("/models/relative", b"weights")):
+        fd = open_inside(str(root), inside)
+        assert os.read(fd, 100) == expected
+        os.close(fd)
+    fd = open_inside(f"/proc/{os.getpid()}/root", str(secret))  # a process's root, as restores use
+    assert os.read(fd, 100) == b"secret"
+    os.close(fd)
+    for hostile in ("/models/escape", f"/../../{secret.relative_to('/')}", str(secret)):
+        with pytest.raises(OSError, match="inside"):  # the secret's path resolves within the root: absent
+            open_inside(str(root), hostile)
 
 
 def test_the_engine_hears_from_the_stager_started_for_its_restore(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import dataclasses
 import json
 import logging
 import os
@@ -47,6 +48,7 @@ class StagingPlan:
     range_bytes: int  # the engine's weight range, rounded up to the allocation granularity
     copies: tuple[tuple[str, int, int, int], ...]
     device_uuid: str = ""  # the same GPU in the stager's process, whatever its ordinal there
+    root: str = ""  # where the paths are resolved ("": this process's own root)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -55,9 +57,9 @@ class StagingPlan:
         return json.dumps(self.to_dict())
 
     def under_root(self, root: str | os.PathLike[str]) -> StagingPlan:
-        """The same plan, its files seen from `root` (e.g. `/proc/<pid>/root`: another mount namespace)."""
-        copies = tuple((f"{root}/{path.lstrip('/')}", *rest) for path, *rest in self.copies)
-        return StagingPlan(self.device_index, self.range_bytes, copies, self.device_uuid)
+        """The same plan with its files looked up inside `root` (e.g. `/proc/<pid>/root`, a sandbox's
+        filesystem): neither `..` nor a symbolic link leads out of it."""
+        return dataclasses.replace(self, root=str(root))
 
     @classmethod
     def from_json(cls, text: str) -> StagingPlan:
@@ -67,9 +69,8 @@ class StagingPlan:
     def from_dict(cls, data: dict[str, Any]) -> StagingPlan:
         """A plan from its dict form; ValueError (or KeyError/TypeError) names what is wrong."""
         copies = tuple((str(p), int(f), int(a), int(n)) for p, f, a, n in data["copies"])
-        plan = cls(
-            int(data["device_index"]), int(data["range_bytes"]), copies, str(data.get("device_uuid", ""))
-        )
+        uuid, root = str(data.get("device_uuid", "")), str(data.get("root", ""))
+        plan = cls(int(data["device_index"]), int(data["range_bytes"]), copies, uuid, root)
         plan.check()
         return plan
 
@@ -154,7 +155,7 @@ def stage(
             text = sys.stdin.read() if str(plan_path) == "-" else Path(plan_path).read_text()
             plan = StagingPlan.from_json(text)
             memory = _SharedDeviceMemory(_stager_device(plan), plan.range_bytes)
-            _fill(memory, plan.copies, threads)
+            _fill(memory, plan.copies, threads, plan.root)
             fd = memory.export()
         except Exception as exc:
             if memory is not None:
@@ -229,9 +230,18 @@ class _SharedDeviceMemory:
         cu.cuMemRelease(self.handle)
 
 
-def _fill(memory: _SharedDeviceMemory, copies: tuple[tuple[str, int, int, int], ...], threads: int) -> None:
+def _fill(
+    memory: _SharedDeviceMemory, copies: tuple[tuple[str, int, int, int], ...], threads: int, root: str = ""
+) -> None:
     """Page cache -> per-thread pinned buffers -> device, on per-thread streams (like `weights_io.refill`)."""
-    fds = {path: os.open(path, os.O_RDONLY | os.O_CLOEXEC) for path in {c[0] for c in copies}}
+    fds: dict[str, int] = {}
+    try:
+        for path in {c[0] for c in copies}:
+            fds[path] = open_inside(root, path)
+    except BaseException:
+        for fd in fds.values():
+            os.close(fd)
+        raise
     queue = _Queue(iter(copies))
     errors: list[BaseException] = []
 
@@ -253,6 +263,36 @@ def _fill(memory: _SharedDeviceMemory, copies: tuple[tuple[str, int, int, int], 
             os.close(fd)
     if errors:
         raise errors[0]
+
+
+def open_inside(root: str, path: str) -> int:
+    """Open `path` for reading; with a `root`, as if `root` were `/` (openat2's RESOLVE_IN_ROOT).
+
+    The plan comes from the engine, which runs with less trust than the stager: neither `..` nor a
+    symbolic link in the engine's filesystem may make the stager read a file of the host.
+    """
+    if not root:
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    directory = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        how = _OpenHow(os.O_RDONLY | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.syscall(SYS_OPENAT2, directory, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+        if fd < 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"{os.strerror(error)}: {path} inside {root}")
+        return fd
+    finally:
+        os.close(directory)
+
+
+SYS_OPENAT2 = 437  # the same number on x86_64 and arm64
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
 
 
 def _copy_some(memory: _SharedDeviceMemory, fds: dict[str, int], queue: _Queue) -> None:
