@@ -3,6 +3,10 @@
 The control directory is shared by both (an emptyDir in a pod, a plain directory on one machine); its
 path comes from `WARMSTART_CONTROL_DIR`. Each signal is a small JSON file written atomically (write to a
 temporary name, fsync, rename), so a reader never sees half a signal.
+
+Payload keys beyond the pid: `ready-for-snapshot` may carry `weight_staging` (the engine's plan for a weight
+stager, see `warmstart.engines.weight_stager`); `restore-complete` may carry `host`, `port`,
+`restore_started_at` and `weight_stager_socket` (a file name in this directory where a stager waits).
 """
 
 from __future__ import annotations
