@@ -255,8 +255,8 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
         set_cache_state("dropped" if cache.startswith("dropped") else "hot", [path])
         arena.tensor.zero_()
         torch.cuda.synchronize()
-        started = time.perf_counter()
         direct = cache.endswith("direct")
+        started = time.perf_counter()
         weights_io.refill(arena.tensor, layout, [path], threads=threads, chunk_bytes=chunk, direct_io=direct)
         torch.cuda.synchronize()
         seconds = time.perf_counter() - started
@@ -535,7 +535,7 @@ class RestoreRun:
     total_s: float
     outputs_identical: bool
     first_token_identical: bool
-    variant: str = ""  # the mode, and whether a weight stager ran, where both were measured
+    variant: str  # the mode, and whether a weight stager ran, where both were measured
     engine_detail: dict[str, Any] = field(default_factory=dict)
 
 
@@ -761,7 +761,7 @@ class Bench:
             round(total, 3),
             result["outputs"] == cap.ready["outputs"],
             result["first"] == cap.ready["first"],
-            variant=_variant(cap.mode, stager_threads) if several else cap.mode,
+            _variant(cap.mode, stager_threads) if several else cap.mode,
             engine_detail={
                 "weights_refill": result.get("weights_refill"),
                 "reacquire": result.get("reacquire"),
@@ -1098,12 +1098,8 @@ def _variant(mode: str, stager_threads: int) -> str:
 
 
 def _variants(res: ModelResult) -> list[tuple[str, str]]:
-    """(variant, mode) of the restores, in the order they ran; runs recorded before variants: their mode."""
-    seen: dict[str, str] = {}
-    for run in res.restores:
-        run.variant = run.variant or run.mode
-        seen.setdefault(run.variant, run.mode)
-    return list(seen.items())
+    """(variant, mode) of the restores, in the order they ran."""
+    return list(dict.fromkeys((run.variant, run.mode) for run in res.restores))
 
 
 def _phase_order(key: str) -> int:

@@ -115,7 +115,7 @@ class BuiltinEngine(Engine):
         self._scheduler: Scheduler | None = None
         self._digest: str | None = None
         self._weights_released = False
-        self.last_refill_stats: dict[str, float] | None = None
+        self.last_refill_stats: dict[str, Any] | None = None
         self.last_reacquire_stats: dict[str, float] | None = None
         self._addresses_at_release: tuple[int, int] = (0, 0)
         self._staged_weights_socket: str | None = None
@@ -365,16 +365,8 @@ class BuiltinEngine(Engine):
         return wanted
 
     def _fill_weights(self) -> None:
-        stats = refill(
-            self._weight_arena.tensor,
-            self._layout,
-            self._files,
-            threads=self._refill_threads,
-        )
-        self.last_refill_stats = {
-            "bytes": stats.nbytes,
-            "seconds": round(stats.seconds, 3),
-        }
+        stats = refill(self._weight_arena.tensor, self._layout, self._files, threads=self._refill_threads)
+        self.last_refill_stats = {"bytes": stats.nbytes, "seconds": round(stats.seconds, 3)}
         log.info(
             "weights: %.1f MB in %.3f s (%.2f GB/s, %d threads)",
             stats.nbytes / 1e6,
