@@ -8,8 +8,13 @@ from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir,
 
 
 def make_identity(**changes):
-    base = dict(model_digest="sha256:abc", engine="builtin", engine_version="0.1.0",
-                engine_args={"max_seq_len": 256, "batch_sizes": [1, 2]}, dtype="float32")
+    base = dict(
+        model_digest="sha256:abc",
+        engine="builtin",
+        engine_version="0.1.0",
+        engine_args={"max_seq_len": 256, "batch_sizes": [1, 2]},
+        dtype="float32",
+    )
     base.update(changes)
     return SnapshotIdentity(**base)
 
@@ -22,11 +27,21 @@ def test_identity_hash_is_stable_and_order_independent():
     assert canonical_json({"b": 1, "a": 2}) == b'{"a":2,"b":1}'
 
 
-@pytest.mark.parametrize("field,value", [
-    ("model_digest", "sha256:def"), ("engine_version", "0.2.0"), ("engine_args", {"max_seq_len": 512}),
-    ("dtype", "bfloat16"), ("parallelism", 2), ("gpu_product", "NVIDIA H200"), ("driver_major", 580),
-    ("image", "worker:v2"), ("device", "cuda"), ("compute_capability", "9.0"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("model_digest", "sha256:def"),
+        ("engine_version", "0.2.0"),
+        ("engine_args", {"max_seq_len": 512}),
+        ("dtype", "bfloat16"),
+        ("parallelism", 2),
+        ("gpu_product", "NVIDIA H200"),
+        ("driver_major", 580),
+        ("image", "worker:v2"),
+        ("device", "cuda"),
+        ("compute_capability", "9.0"),
+    ],
+)
 def test_every_field_changes_the_hash_and_is_named(field, value):
     a, b = make_identity(), make_identity(**{field: value})
     assert a.digest() != b.digest()

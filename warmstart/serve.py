@@ -506,4 +506,3 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="stop the worker and exit once it served (tests, demos)",
     )  # fmt: skip
     parser.set_defaults(func=_serve)
-

@@ -34,6 +34,8 @@ pytestmark = pytest.mark.integration
 
 NODE = "kwok-gpu-0"
 ENDPOINT = "tiny"
+
+
 def _serving(port: int) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/ready", timeout=2) as response:

@@ -1,25 +1,29 @@
-"""Starting a weight stager for a restore: which snapshots get one, and what the restored engine hears.
+"""Starting a weight stager for a restore: which snapshots get one, as whom, and what the engine hears.
 
-The stager really runs; without a GPU it fails and says why, which is what the engine must hear then.
+The stager really runs; without a GPU it fails at CUDA (after opening the plan's files) and says why,
+which is what the engine must hear then.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from warmstart.engines.weight_stager import (
-    StagedWeightsUnavailable,
-    StagingPlan,
-    open_inside,
-    receive_staged_weights,
-)
+from warmstart.engines import weight_stager
+from warmstart.engines.weight_stager import StagedWeightsUnavailable, StagingPlan, receive_staged_weights
 from warmstart.protocol import ControlDir
-from warmstart.snapshot_agent.weight_staging import STAGER_SOCKET, staging_plan, start_stager
+from warmstart.snapshot_agent import weight_staging
+from warmstart.snapshot_agent.weight_staging import sandbox_gpus, staging_plan, start_stager
+
+NOBODY = 65534
 
 
 @dataclass
@@ -28,62 +32,142 @@ class _Snapshot:  # the two fields of `Snapshot` that staging reads
     id: str = "snap-1"
 
 
-def _plan(tmp_path: Path) -> StagingPlan:
-    weights = tmp_path / "w.bin"
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory any user can look into (pytest's own are private to root)."""
+    path = Path(tempfile.mkdtemp(prefix="ws-staging-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def _plan(directory: Path, name: str = "w.bin", device_uuid: str = "") -> StagingPlan:
+    weights = directory / "w.bin"
     weights.write_bytes(b"\1" * 8192)
-    return StagingPlan(4096, 1 << 21, ((str(weights), 0, 0, 8192),))  # no machine has device 4096
+    weights.chmod(0o644)
+    return StagingPlan(4096, 1 << 21, ((str(directory / name), 0, 0, 8192),), device_uuid)  # no device 4096
 
 
-def test_only_cuda_snapshots_with_a_readable_plan_get_a_stager(tmp_path: Path) -> None:
-    plan = _plan(tmp_path).to_dict()
+def _snapshot(plan: StagingPlan) -> _Snapshot:
+    return _Snapshot({"uses_cuda": True, "worker": {"weight_staging": plan.to_dict()}})
+
+
+def _sandbox_process(user: int | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """A process standing for a sandbox's first one (its root is ours: the plan's paths resolve alike)."""
+    return subprocess.Popen(["sleep", "60"], user=user, env=env)
+
+
+@pytest.fixture
+def control(tmp_path: Path) -> ControlDir:
+    control = ControlDir(tmp_path / "control")
+    control.path.mkdir()
+    return control
+
+
+def test_only_cuda_snapshots_with_a_readable_plan_get_a_stager(shared_dir: Path) -> None:
+    plan = _plan(shared_dir).to_dict()
     assert staging_plan(_Snapshot({"uses_cuda": True, "worker": {"weight_staging": plan}})) is not None
     assert staging_plan(_Snapshot({"uses_cuda": False, "worker": {"weight_staging": plan}})) is None
     assert staging_plan(_Snapshot({"uses_cuda": True, "worker": {}})) is None
     assert staging_plan(_Snapshot({"uses_cuda": True, "worker": {"weight_staging": {"copies": 3}}})) is None
 
 
-def test_plan_paths_are_read_inside_the_sandbox_root(tmp_path: Path) -> None:
-    plan = _plan(tmp_path).under_root("/proc/42/root")
-    assert plan.root == "/proc/42/root" and plan.copies == _plan(tmp_path).copies
-    assert StagingPlan.from_json(plan.to_json()) == plan
+def test_the_engine_hears_from_the_stager_started_for_its_restore(
+    shared_dir: Path, control: ControlDir
+) -> None:
+    sandbox = _sandbox_process()
+    try:
+        stager = start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control)
+        assert stager is not None
+        socket_path = control.path / stager.payload()["weight_stager_socket"]
+        assert socket_path.exists(), "bound before the restore goes on: the engine never waits for it"
+        # the files were found through the sandbox's root; only the GPU is missing
+        with pytest.raises(StagedWeightsUnavailable, match="stager failed: Cuda"):
+            receive_staged_weights(socket_path, timeout=60)
+        assert stager.process.wait(timeout=60) == 1
+        stager.stop()
+        assert not socket_path.exists()
+    finally:
+        sandbox.kill()
 
 
-def test_nothing_outside_the_sandbox_root_can_be_read(tmp_path: Path) -> None:
-    root, secret = tmp_path / "root", tmp_path / "host-secret"
-    (root / "models").mkdir(parents=True)
-    (root / "models" / "w.bin").write_bytes(b"weights")
+def test_the_stager_runs_as_the_sandbox_user(shared_dir: Path) -> None:
+    sandbox = _sandbox_process(user=NOBODY)
+    try:
+        assert weight_staging._as_owner_of(sandbox.pid) == {
+            "user": NOBODY,
+            "group": _gid_of(sandbox.pid),
+            "extra_groups": [],
+        }
+        assert weight_staging._as_owner_of(os.getpid()) == {}  # a root sandbox: nothing to drop
+    finally:
+        sandbox.kill()
+    secret = shared_dir / "root-only.bin"
     secret.write_bytes(b"secret")
-    (root / "models" / "escape").symlink_to(secret)  # an absolute link, as a hostile engine would plant
-    (root / "models" / "relative").symlink_to("w.bin")
-    for inside, expected in (("/models/w.bin", b"weights"), ("/models/relative", b"weights")):
-        fd = open_inside(str(root), inside)
-        assert os.read(fd, 100) == expected
-        os.close(fd)
-    fd = open_inside(f"/proc/{os.getpid()}/root", str(secret))  # a process's root, as restores use
-    assert os.read(fd, 100) == b"secret"
-    os.close(fd)
-    for hostile in ("/models/escape", f"/../../{secret.relative_to('/')}", str(secret)):
-        with pytest.raises(OSError, match="inside"):  # the secret's path resolves within the root: absent
-            open_inside(str(root), hostile)
+    secret.chmod(0o600)
+    # what a stager dropped to that user meets when a plan names a file only root may read
+    assert _open_as(NOBODY, str(secret)) == "PermissionError"
+    _plan(shared_dir)
+    assert _open_as(NOBODY, str(shared_dir / "w.bin")) == "ok"  # the engine's own weights, readable
 
 
-def test_the_engine_hears_from_the_stager_started_for_its_restore(tmp_path: Path) -> None:
-    control = ControlDir(tmp_path / "control")
-    control.path.mkdir()
-    snapshot = _Snapshot({"uses_cuda": True, "worker": {"weight_staging": _plan(tmp_path).to_dict()}})
-    # our own root stands for the sandbox's: the stager reads the files through /proc/<pid>/root
-    stager = start_stager(snapshot, os.getpid(), control)
-    assert stager is not None and stager.payload() == {"weight_stager_socket": STAGER_SOCKET}
-    with pytest.raises(StagedWeightsUnavailable, match="stager failed: Cuda"):
-        receive_staged_weights(control.path / STAGER_SOCKET, timeout=60)
-    assert stager.process.wait(timeout=60) == 1
+def test_a_gpu_the_sandbox_was_not_given_gets_no_stager(shared_dir: Path, control: ControlDir) -> None:
+    env = {"NVIDIA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb", "PATH": os.environ["PATH"]}
+    sandbox = _sandbox_process(env=env)
+    try:
+        assert sandbox_gpus(sandbox.pid) == {"GPU-aaaa", "GPU-bbbb"}
+        assert (
+            start_stager(_snapshot(_plan(shared_dir, device_uuid="GPU-cccc")), sandbox.pid, control) is None
+        )
+        stager = start_stager(_snapshot(_plan(shared_dir, device_uuid="GPU-bbbb")), sandbox.pid, control)
+        assert stager is not None
+        stager.stop()
+    finally:
+        sandbox.kill()
+    unnamed = _sandbox_process(env={"NVIDIA_VISIBLE_DEVICES": "all", "PATH": os.environ["PATH"]})
+    try:
+        assert sandbox_gpus(unnamed.pid) is None  # nothing to hold a plan to: any GPU may be the one
+    finally:
+        unnamed.kill()
 
 
-def test_a_stopped_stager_leaves_no_socket(tmp_path: Path) -> None:
-    control = ControlDir(tmp_path / "control")
-    control.path.mkdir()
-    snapshot = _Snapshot({"uses_cuda": True, "worker": {"weight_staging": _plan(tmp_path).to_dict()}})
-    stager = start_stager(snapshot, os.getpid(), control)
-    stager.stop()
-    assert stager.process.wait(timeout=30) != 0
-    assert not (control.path / STAGER_SOCKET).exists()
+def test_a_stager_past_its_deadline_is_killed_and_its_socket_removed(
+    shared_dir: Path, control: ControlDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(weight_staging, "STAGER_DEADLINE_SECONDS", 0.5)
+    sandbox = _sandbox_process()
+    try:
+        # nobody connects: after failing it would wait a minute for an engine to tell
+        stager = start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control)
+        assert stager is not None
+        assert stager._reaped.wait(timeout=30)
+        assert stager.process.returncode < 0, "killed, not exited"
+        assert not (control.path / stager.socket_name).exists()
+    finally:
+        sandbox.kill()
+
+
+def _gid_of(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("Gid:")).split()[1])
+
+
+def _open_as(uid: int, path: str) -> str:
+    """Open `path` with `open_inside` in a child that dropped to `uid`; the outcome's name."""
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child reports through the pipe
+        outcome = "ok"
+        try:
+            os.setgroups([])
+            os.setresgid(uid, uid, uid)
+            os.setresuid(uid, uid, uid)
+            os.close(weight_stager.open_inside(None, path))
+        except OSError as exc:
+            outcome = type(exc).__name__
+        os.write(write, outcome.encode())
+        os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as result:
+        return result.read()

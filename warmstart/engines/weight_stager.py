@@ -8,9 +8,16 @@ file-descriptor handle), fills it from the safetensors files following the engin
 hands the memory's file descriptor to the engine over a Unix socket. The engine maps that memory at its
 weight arena's own virtual addresses (`cuMemImportFromShareableHandle` + `cuMemMap`), so its tensors and
 CUDA graphs see the weights with no copy at all on the engine's side. When anything fails the engine is told
-why and refills the weights itself, as without a stager.
+why (or sees the stager hang up) and refills the weights itself, as without a stager.
 
-    python -m warmstart.engines.weight_stager --plan PLAN.json|- --socket PATH
+The plan is the engine's, and the engine is trusted less than whoever starts the stager: the stager opens
+every file before it allocates anything, inside the root it is given (`--root-fd`, openat2 with
+`RESOLVE_IN_ROOT`), refuses anything but regular files, and copies at most a little past the engine's own
+range (`StagingPlan.check`). Whoever starts it can also bind the socket (`--listen-fd`) and drop its
+privileges to the engine's user.
+
+    python -m warmstart.engines.weight_stager (--plan FILE | --plan-fd N) (--socket PATH | --listen-fd N)
+        [--root-fd N] [--threads N]
 
 The stager needs the CUDA driver and cuda-python, not torch: it must start fast.
 """
@@ -20,46 +27,47 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import dataclasses
 import json
 import logging
 import os
 import socket
+import stat
 import sys
-import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from warmstart.engines.weights_io import pread_exact, run_parallel
 
 log = logging.getLogger(__name__)
 
 STAGING_CHUNK_BYTES = 16 << 20  # as the engine's own refill (measured best on an H200)
 STAGING_THREADS = 8
 ACK = b"mapped"
+ENGINE_WAIT_SECONDS = 600.0  # an engine waits this long for its stager's answer (it hears at once if it dies)
+ACCEPT_SECONDS = 60.0  # after the fill, a stager waits this long for its engine, then frees the memory
+RANGE_SLACK_BYTES = 1 << 29  # allocation granularity and more: how far the range may reach past the copies
+SOCKET_PATH_LIMIT = 100  # sun_path holds 108 bytes; longer paths go through /proc/self/fd/<dir>/<name>
+
+Copy = tuple[str, int, int, int]  # file, offset in the file, offset in the weight range, bytes
 
 
 @dataclass(frozen=True)
 class StagingPlan:
-    """What to put where: `copies` are (file, file offset, offset in the weight range, bytes)."""
+    """What to put where, in the engine's weight range on one GPU."""
 
     device_index: int  # the engine's CUDA ordinal; `device_uuid`, when known, decides
     range_bytes: int  # the engine's weight range, rounded up to the allocation granularity
-    copies: tuple[tuple[str, int, int, int], ...]
+    copies: tuple[Copy, ...]
     device_uuid: str = ""  # the same GPU in the stager's process, whatever its ordinal there
-    root: str = ""  # where the paths are resolved ("": this process's own root)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict())
-
-    def under_root(self, root: str | os.PathLike[str]) -> StagingPlan:
-        """The same plan with its files looked up inside `root` (e.g. `/proc/<pid>/root`, a sandbox's
-        filesystem): neither `..` nor a symbolic link leads out of it."""
-        return dataclasses.replace(self, root=str(root))
 
     @classmethod
     def from_json(cls, text: str) -> StagingPlan:
@@ -69,51 +77,97 @@ class StagingPlan:
     def from_dict(cls, data: dict[str, Any]) -> StagingPlan:
         """A plan from its dict form; ValueError (or KeyError/TypeError) names what is wrong."""
         copies = tuple((str(p), int(f), int(a), int(n)) for p, f, a, n in data["copies"])
-        uuid, root = str(data.get("device_uuid", "")), str(data.get("root", ""))
-        plan = cls(int(data["device_index"]), int(data["range_bytes"]), copies, uuid, root)
+        uuid = str(data.get("device_uuid", ""))
+        plan = cls(int(data["device_index"]), int(data["range_bytes"]), copies, uuid)
         plan.check()
         return plan
 
     def check(self) -> None:
+        if not self.copies:
+            raise ValueError("staging plan: no copies")
         for path, file_offset, offset, nbytes in self.copies:
+            if not path.startswith("/"):
+                raise ValueError(f"staging plan: {path!r} is not an absolute path")
             if file_offset < 0 or offset < 0 or nbytes <= 0 or offset + nbytes > self.range_bytes:
                 raise ValueError(
                     f"staging plan: copy of {nbytes} bytes from {path} to {offset} is out of range"
                 )
+        end = max(offset + nbytes for _, _, offset, nbytes in self.copies)
+        if self.range_bytes > end + RANGE_SLACK_BYTES:
+            raise ValueError(f"staging plan: a range of {self.range_bytes} bytes for {end} bytes of copies")
 
 
 class StagedWeightsUnavailable(RuntimeError):
     """No staged weights to map: the stager failed, was not there, or hung up; the engine refills."""
 
 
+# --- Unix socket paths of any length ---------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def socket_address(path: str | os.PathLike[str]) -> Iterator[str]:
+    """An address for `path` that fits a Unix socket (a pod's control directory can be 120 bytes deep)."""
+    path = os.fspath(path)
+    if len(os.fsencode(path)) <= SOCKET_PATH_LIMIT:
+        yield path
+        return
+    directory = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        yield f"/proc/self/fd/{directory}/{os.path.basename(path)}"
+    finally:
+        os.close(directory)
+
+
+def listen(path: str | os.PathLike[str]) -> socket.socket:
+    """A listening Unix socket at `path` that any user may connect to (the engine need not be root)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with socket_address(path) as address:
+            listener.bind(address)
+            os.chmod(address, 0o666)
+        listener.listen(1)
+    except BaseException:
+        listener.close()
+        raise
+    return listener
+
+
 # --- the engine's side -----------------------------------------------------------------------------------
 
 
-def receive_staged_weights(socket_path: str | os.PathLike[str], timeout: float = 120.0) -> tuple[int, dict]:
+def receive_staged_weights(
+    socket_path: str | os.PathLike[str], timeout: float = ENGINE_WAIT_SECONDS
+) -> tuple[int, dict[str, Any]]:
     """Wait for the stager at `socket_path`; return the shared memory's file descriptor and its report.
 
     The caller maps the descriptor, closes it, then calls `acknowledge`. Raises `StagedWeightsUnavailable`
-    with the reason when there is nothing to map.
+    with the reason whenever there is nothing to map.
     """
     deadline = time.monotonic() + timeout
-    connection = _connect(Path(socket_path), deadline)
+    connection = _connect(socket_path, deadline)
+    fds: list[int] = []
     try:
         connection.settimeout(max(0.1, deadline - time.monotonic()))
         message, fds, _flags, _address = socket.recv_fds(connection, 1 << 16, 1)
-    except OSError as exc:
+        report = json.loads(message or b'{"error": "the stager hung up"}')
+        if not fds:
+            raise StagedWeightsUnavailable(
+                f"the weight stager failed: {report.get('error', 'no descriptor')}"
+            )
+        if not isinstance(report.get("bytes"), int):
+            raise StagedWeightsUnavailable(f"the weight stager sent a report without its size: {report}")
+    except (OSError, ValueError, AttributeError, StagedWeightsUnavailable) as exc:
+        for fd in fds:
+            os.close(fd)
         connection.close()
-        raise StagedWeightsUnavailable(f"no answer from the weight stager: {exc}") from exc
-    report = json.loads(message or b'{"error": "the stager hung up"}')
-    if not fds:
-        connection.close()
-        raise StagedWeightsUnavailable(
-            f"the weight stager failed: {report.get('error', 'no descriptor sent')}"
-        )
+        if isinstance(exc, StagedWeightsUnavailable):
+            raise
+        raise StagedWeightsUnavailable(f"no usable answer from the weight stager: {exc}") from exc
     report["_connection"] = connection
     return fds[0], report
 
 
-def acknowledge(report: dict) -> None:
+def acknowledge(report: dict[str, Any]) -> None:
     """Tell the stager its memory is mapped here (it may exit now) and hang up."""
     connection = report.pop("_connection", None)
     if connection is not None:
@@ -122,44 +176,45 @@ def acknowledge(report: dict) -> None:
         connection.close()
 
 
-def _connect(path: Path, deadline: float) -> socket.socket:
+def _connect(path: str | os.PathLike[str], deadline: float) -> socket.socket:
+    """Connect, waiting only while the socket does not exist yet (a stager binding it itself)."""
     while True:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            connection.connect(str(path))
+            with socket_address(path) as address:
+                connection.connect(address)
             return connection
-        except (FileNotFoundError, ConnectionRefusedError) as exc:
+        except FileNotFoundError as exc:
             connection.close()
             if time.monotonic() > deadline:
                 raise StagedWeightsUnavailable(f"no weight stager at {path}: {exc}") from exc
             time.sleep(0.005)
+        except OSError as exc:  # refused (the stager is gone), not permitted, ...: final
+            connection.close()
+            raise StagedWeightsUnavailable(f"cannot reach the weight stager at {path}: {exc}") from exc
 
 
 # --- the stager's side -----------------------------------------------------------------------------------
 
 
 def stage(
-    plan_path: str | os.PathLike[str], socket_path: str | os.PathLike[str], threads: int = STAGING_THREADS
+    read_plan: Callable[[], str], listener: socket.socket, root_fd: int | None, threads: int = STAGING_THREADS
 ) -> None:
-    """Fill shared device memory per the plan and hand it to the first engine that connects to `socket_path`.
+    """Fill shared device memory per the plan and hand it to the first engine that connects to `listener`.
 
     Whatever fails, the engine that connects is told why (and refills its weights itself).
     """
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(socket_path))  # bound first: the engine may already be waiting for it
-    listener.listen(1)
     started = time.perf_counter()
+    files: dict[str, int] = {}
+    memory = None
     try:
-        memory = None
         try:
-            text = sys.stdin.read() if str(plan_path) == "-" else Path(plan_path).read_text()
-            plan = StagingPlan.from_json(text)
+            plan = StagingPlan.from_json(read_plan())
+            files = _open_files(plan, root_fd)  # every file, before any device memory is taken
             memory = _SharedDeviceMemory(_stager_device(plan), plan.range_bytes)
-            _fill(memory, plan.copies, threads, plan.root)
+            _fill(memory, plan.copies, files, threads)
             fd = memory.export()
         except Exception as exc:
-            if memory is not None:
-                memory.close()
             _answer(listener, {"error": f"{type(exc).__name__}: {exc}"}, None)
             raise
         report = {"bytes": sum(c[3] for c in plan.copies), "seconds": round(time.perf_counter() - started, 3)}
@@ -167,11 +222,54 @@ def stage(
             _answer(listener, report, fd)
         finally:
             os.close(fd)
-            memory.close()  # the engine's import keeps the memory alive
     finally:
-        listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(socket_path)
+        if memory is not None:
+            memory.close()  # an engine that imported the memory keeps it alive
+        for fd in files.values():
+            os.close(fd)
+
+
+def _open_files(plan: StagingPlan, root_fd: int | None) -> dict[str, int]:
+    files: dict[str, int] = {}
+    try:
+        for path in dict.fromkeys(c[0] for c in plan.copies):
+            files[path] = open_inside(root_fd, path)
+    except BaseException:
+        for fd in files.values():
+            os.close(fd)
+        raise
+    return files
+
+
+def open_inside(root_fd: int | None, path: str) -> int:
+    """Open the regular file `path` for reading; with `root_fd`, as if that directory were `/`.
+
+    openat2's RESOLVE_IN_ROOT keeps `..` and symbolic links (absolute ones too) inside the root, so an
+    engine's plan cannot make the stager read a file of the host. Not blocking: a FIFO cannot hang it.
+    """
+    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK
+    if root_fd is None:
+        fd = os.open(path, flags)
+    else:
+        how = _OpenHow(flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.syscall(SYS_OPENAT2, root_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+        if fd < 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"{os.strerror(error)}: {path} (inside the engine's root)")
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(f"{path} is not a regular file")
+    return fd
+
+
+SYS_OPENAT2 = 437  # the same number on x86_64 and arm64
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
 
 
 def _stager_device(plan: StagingPlan) -> int:
@@ -183,11 +281,11 @@ def _stager_device(plan: StagingPlan) -> int:
     return device_with_uuid(plan.device_uuid)
 
 
-def _answer(listener: socket.socket, report: dict, fd: int | None, timeout: float = 120.0) -> None:
-    listener.settimeout(timeout)
+def _answer(listener: socket.socket, report: dict[str, Any], fd: int | None) -> None:
+    listener.settimeout(ACCEPT_SECONDS)
     connection, _ = listener.accept()
     with connection:
-        connection.settimeout(timeout)
+        connection.settimeout(ACCEPT_SECONDS)
         socket.send_fds(connection, [json.dumps(report).encode()], [fd] if fd is not None else [])
         if fd is not None:
             connection.recv(len(ACK))  # wait until the engine has imported the memory (or hung up)
@@ -230,72 +328,12 @@ class _SharedDeviceMemory:
         cu.cuMemRelease(self.handle)
 
 
-def _fill(
-    memory: _SharedDeviceMemory, copies: tuple[tuple[str, int, int, int], ...], threads: int, root: str = ""
-) -> None:
+def _fill(memory: _SharedDeviceMemory, copies: tuple[Copy, ...], files: dict[str, int], threads: int) -> None:
     """Page cache -> per-thread pinned buffers -> device, on per-thread streams (like `weights_io.refill`)."""
-    fds: dict[str, int] = {}
-    try:
-        for path in {c[0] for c in copies}:
-            fds[path] = open_inside(root, path)
-    except BaseException:
-        for fd in fds.values():
-            os.close(fd)
-        raise
-    queue = _Queue(iter(copies))
-    errors: list[BaseException] = []
-
-    def work() -> None:
-        try:
-            _copy_some(memory, fds, queue)
-        except BaseException as exc:  # re-raised below
-            errors.append(exc)
-            queue.stop()
-
-    try:
-        pool = [threading.Thread(target=work, name=f"stage-{i}") for i in range(threads)]
-        for thread in pool:
-            thread.start()
-        for thread in pool:
-            thread.join()
-    finally:
-        for fd in fds.values():
-            os.close(fd)
-    if errors:
-        raise errors[0]
+    run_parallel(lambda queue: _copy_some(memory, files, queue), iter(copies), threads)
 
 
-def open_inside(root: str, path: str) -> int:
-    """Open `path` for reading; with a `root`, as if `root` were `/` (openat2's RESOLVE_IN_ROOT).
-
-    The plan comes from the engine, which runs with less trust than the stager: neither `..` nor a
-    symbolic link in the engine's filesystem may make the stager read a file of the host.
-    """
-    if not root:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    directory = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        how = _OpenHow(os.O_RDONLY | os.O_CLOEXEC, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.syscall(SYS_OPENAT2, directory, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
-        if fd < 0:
-            error = ctypes.get_errno()
-            raise OSError(error, f"{os.strerror(error)}: {path} inside {root}")
-        return fd
-    finally:
-        os.close(directory)
-
-
-SYS_OPENAT2 = 437  # the same number on x86_64 and arm64
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_IN_ROOT = 0x10
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
-
-
-def _copy_some(memory: _SharedDeviceMemory, fds: dict[str, int], queue: _Queue) -> None:
+def _copy_some(memory: _SharedDeviceMemory, fds: dict[str, int], queue: Iterator[Copy]) -> None:
     cu, check = memory._cu, memory._check
     check(cu.cuCtxSetCurrent(memory.context), "cuCtxSetCurrent")
     stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
@@ -310,7 +348,7 @@ def _copy_some(memory: _SharedDeviceMemory, fds: dict[str, int], queue: _Queue) 
             if in_flight[slot]:
                 check(cu.cuEventSynchronize(events[slot]), "cuEventSynchronize")
             view = memoryview((ctypes.c_char * nbytes).from_address(buffers[slot])).cast("B")
-            _pread_exact(fds[path], view, file_offset)
+            pread_exact(fds[path], view, file_offset)
             check(
                 cu.cuMemcpyHtoDAsync(memory.address + offset, buffers[slot], nbytes, stream), "cuMemcpyHtoD"
             )
@@ -326,55 +364,45 @@ def _copy_some(memory: _SharedDeviceMemory, fds: dict[str, int], queue: _Queue) 
         cu.cuStreamDestroy(stream)
 
 
-def _chunks(queue: _Queue) -> Iterator[tuple[str, int, int, int]]:
-    """Each copy cut to the staging buffer's size."""
+def _chunks(queue: Iterator[Copy]) -> Iterator[Copy]:
+    """Each copy cut to the staging buffer's size (a plan's copies may be any size)."""
     for path, file_offset, offset, nbytes in queue:
         for start in range(0, nbytes, STAGING_CHUNK_BYTES):
             yield path, file_offset + start, offset + start, min(STAGING_CHUNK_BYTES, nbytes - start)
 
 
-def _pread_exact(fd: int, target: memoryview, offset: int) -> None:
-    done = 0
-    while done < len(target):
-        count = os.preadv(fd, [target[done:]], offset + done)
-        if count == 0:
-            raise ValueError(f"unexpected end of file at offset {offset + done} (file truncated?)")
-        done += count
-
-
-class _Queue:
-    def __init__(self, items: Iterator[Any]) -> None:
-        self._items = items
-        self._lock = threading.Lock()
-        self._stopped = False
-
-    def __iter__(self) -> _Queue:
-        return self
-
-    def __next__(self) -> Any:
-        with self._lock:
-            if self._stopped:
-                raise StopIteration
-            return next(self._items)
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m warmstart.engines.weight_stager", description=__doc__)
-    parser.add_argument("--plan", required=True, help="the engine's staging plan (a JSON file; -: stdin)")
-    parser.add_argument("--socket", required=True, help="Unix socket the engine connects to")
+    plan = parser.add_mutually_exclusive_group(required=True)
+    plan.add_argument("--plan", help="the engine's staging plan (a JSON file)")
+    plan.add_argument("--plan-fd", type=int, help="... or an inherited descriptor to read it from")
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--socket", help="Unix socket to create for the engine to connect to")
+    where.add_argument("--listen-fd", type=int, help="... or an inherited listening Unix socket")
+    parser.add_argument("--root-fd", type=int, help="directory the plan's paths are resolved inside")
     parser.add_argument("--threads", type=int, default=STAGING_THREADS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="weight-stager: %(message)s")
+    # bound before anything else: the engine may be waiting for it
+    listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else listen(args.socket)
     try:
-        stage(args.plan, args.socket, args.threads)
+        stage(lambda: _read_plan(args), listener, args.root_fd, args.threads)
     except Exception as exc:  # the engine was told already; the exit status says it too
         log.error("%s: %s", type(exc).__name__, exc)
         return 1
+    finally:
+        listener.close()
+        if args.socket:
+            with contextlib.suppress(FileNotFoundError), socket_address(args.socket) as address:
+                os.unlink(address)
     return 0
+
+
+def _read_plan(args: argparse.Namespace) -> str:
+    if args.plan_fd is not None:
+        with os.fdopen(args.plan_fd, encoding="utf-8") as handle:
+            return handle.read()
+    return Path(args.plan).read_text()
 
 
 if __name__ == "__main__":

@@ -211,7 +211,7 @@ def refill(
 
             torch.cuda.synchronize(arena.device)  # no earlier kernel may still be using the destination
             worker = _cuda_worker(arena, fds, buffer_bytes, direct_io)
-        _run_parallel(worker, iter(chunks), threads)
+        run_parallel(worker, iter(chunks), threads)
     return RefillStats(total, time.perf_counter() - started, threads)
 
 
@@ -221,7 +221,7 @@ def _cpu_worker(arena: torch.Tensor, fds: dict[Path, int]) -> Callable[[Iterator
 
     def work(chunks: Iterator[Chunk]) -> None:
         for chunk in chunks:
-            _pread_exact(
+            pread_exact(
                 fds[chunk.path],
                 target[chunk.arena_offset : chunk.arena_offset + chunk.nbytes],
                 chunk.file_offset,
@@ -269,7 +269,7 @@ def _cuda_worker(
                     staging = buffers[slot][begin:end]
                 else:
                     staging = buffers[slot][: chunk.nbytes]
-                    _pread_exact(fds[chunk.path], memoryview(staging.numpy()), chunk.file_offset)
+                    pread_exact(fds[chunk.path], memoryview(staging.numpy()), chunk.file_offset)
                 target = arena[chunk.arena_offset : chunk.arena_offset + chunk.nbytes]
                 with torch.cuda.stream(stream):
                     target.copy_(staging, non_blocking=True)
@@ -290,8 +290,9 @@ def release_pinned_cache() -> None:
         torch._C._host_emptyCache()
 
 
-def _run_parallel(work: Callable[[Iterator[Chunk]], None], chunks: Iterator[Chunk], threads: int) -> None:
-    shared = _LockedIterator(chunks)
+def run_parallel(work: Callable[[Iterator[Any]], None], items: Iterator[Any], threads: int) -> None:
+    """`threads` threads running `work` on one shared queue of `items`; the first error stops them all."""
+    shared = _LockedIterator(items)
     errors: list[BaseException] = []
 
     def guarded() -> None:
@@ -353,7 +354,8 @@ class _OpenFiles:
         self.fds.clear()
 
 
-def _pread_exact(fd: int, target: memoryview, offset: int) -> None:
+def pread_exact(fd: int, target: memoryview, offset: int) -> None:
+    """Fill `target` from `fd` at `offset` (short reads continued; the end of the file is an error)."""
     done = 0
     while done < len(target):
         count = os.preadv(fd, [target[done:]], offset + done)

@@ -116,8 +116,11 @@ class KubeStatus:
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}"),
             involved_object=client.V1ObjectReference(
-                api_version=involved.get("apiVersion", "v1"), kind=kind, name=meta["name"],
-                namespace=meta["namespace"], uid=meta.get("uid"),
+                api_version=involved.get("apiVersion", "v1"),
+                kind=kind,
+                name=meta["name"],
+                namespace=meta["namespace"],
+                uid=meta.get("uid"),
             ),  # fmt: skip
             type=event_type,
             reason=reason,

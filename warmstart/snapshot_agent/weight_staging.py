@@ -1,29 +1,40 @@
 """Start a weight stager next to a restore, for snapshots whose engine left its weights out of the image.
 
 The engine's staging plan travels in the signed snapshot (`meta.worker.weight_staging`, written by the
-engine process at capture). Once the snapshot is verified, and before CRIU starts, the restoring side starts
-`warmstart.engines.weight_stager` with that plan, its file paths seen through the sandbox's root
-(`/proc/<init>/root`), listening on a socket in the sandbox's control directory. The resume payload names
-the socket; the restored engine maps the staged weights instead of reading them itself (see the stager's
-docstring). A stager nobody connects to gives up after two minutes; one whose restore failed is stopped.
+engine process at capture). Once the snapshot is verified, and before CRIU starts, the restoring side binds
+a socket in the sandbox's control directory (so it exists before the engine resumes) and starts
+`warmstart.engines.weight_stager` with it, the plan and the sandbox's root directory as inherited
+descriptors, as the user the sandbox runs as. The resume payload names the socket; the restored engine maps
+the staged weights instead of reading them itself (see the stager's docstring).
+
+The plan is the engine's word, so the stager reads only inside the sandbox's root, with the sandbox's user's
+rights, and only onto a GPU the sandbox was given (`NVIDIA_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES` of its
+first process, when they name GPUs by UUID). A stager still running `STAGER_DEADLINE_SECONDS` after its
+start is killed; one whose restore failed is stopped. A stager that cannot start costs the restore nothing:
+the engine refills its weights itself.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import socket
 import subprocess
 import sys
 import threading
+import uuid
+from pathlib import Path
 from typing import Any
 
-from warmstart.engines.weight_stager import StagingPlan
+from warmstart.engines.weight_stager import StagingPlan, listen
 from warmstart.protocol import ControlDir
 from warmstart.snapshot.store import Snapshot
 
 log = logging.getLogger(__name__)
 
-STAGER_SOCKET = "weight-stager.sock"  # in the control directory; the resume payload names it
+STAGER_DEADLINE_SECONDS = 300.0
+GPU_LIST_VARIABLES = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
 def staging_plan(snapshot: Snapshot) -> StagingPlan | None:
@@ -40,39 +51,118 @@ def staging_plan(snapshot: Snapshot) -> StagingPlan | None:
         return None
 
 
+def start_stager(snapshot: Snapshot, sandbox_init_pid: int, control: ControlDir) -> StagerProcess | None:
+    """Start the stager for `snapshot` into the sandbox of `sandbox_init_pid`; None when there is none to
+    start (no plan, a GPU the sandbox was not given) or it could not start (logged)."""
+    plan = staging_plan(snapshot)
+    if plan is None:
+        return None
+    allowed = sandbox_gpus(sandbox_init_pid)
+    if allowed is not None and plan.device_uuid not in allowed:
+        log.warning(
+            "weight staging plan names GPU %r, not one of this sandbox's %s", plan.device_uuid, allowed
+        )
+        return None
+    try:
+        return StagerProcess.start(plan, sandbox_init_pid, control)
+    except Exception as exc:  # a stager is an optimisation: the restore goes on without one
+        log.warning("no weight stager for %s (%s); the engine refills its weights itself", snapshot.id, exc)
+        return None
+
+
+def sandbox_gpus(pid: int) -> set[str] | None:
+    """The GPU UUIDs process `pid` was given, or None when its environment does not name them."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    environment = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
+    for name in GPU_LIST_VARIABLES:
+        value = environment.get(name.encode(), b"").decode(errors="replace")
+        uuids = {item.strip() for item in value.split(",") if item.strip().startswith("GPU-")}
+        if uuids:
+            return uuids
+    return None
+
+
 class StagerProcess:
     """A running stager: `payload()` for the resume signal, `stop()` when the restore failed."""
 
-    def __init__(self, process: subprocess.Popen[bytes], control: ControlDir) -> None:
+    def __init__(self, process: subprocess.Popen[bytes], control_dir_fd: int, socket_name: str) -> None:
         self.process = process
-        self._socket = control.path / STAGER_SOCKET
-        # reaped in the background: the agent does not wait for the engine to connect
+        self.socket_name = socket_name
+        self._control_dir_fd = control_dir_fd
+        self._reaped = threading.Event()
         threading.Thread(target=self._reap, name="weight-stager-reaper", daemon=True).start()
 
+    @classmethod
+    def start(cls, plan: StagingPlan, sandbox_init_pid: int, control: ControlDir) -> StagerProcess:
+        socket_name = f"weight-stager-{uuid.uuid4().hex[:12]}.sock"  # never one an older stager may remove
+        control_dir_fd = os.open(control.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        opened: list[Any] = []
+        try:
+            listener = listen(f"/proc/self/fd/{control_dir_fd}/{socket_name}")
+            opened.append(listener)
+            root_fd = os.open(f"/proc/{sandbox_init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            opened.append(root_fd)
+            plan_fd = _memory_file(plan.to_json().encode())
+            opened.append(plan_fd)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan-fd", str(plan_fd),
+                 "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd)],
+                stdin=subprocess.DEVNULL,
+                pass_fds=(plan_fd, listener.fileno(), root_fd),
+                **_as_owner_of(sandbox_init_pid),
+            )  # fmt: skip
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(socket_name, dir_fd=control_dir_fd)
+            os.close(control_dir_fd)
+            raise
+        finally:
+            for item in opened:  # the stager has its own copies
+                if isinstance(item, socket.socket):
+                    item.close()
+                else:
+                    os.close(item)
+        return cls(process, control_dir_fd, socket_name)
+
     def payload(self) -> dict[str, Any]:
-        return {"weight_stager_socket": STAGER_SOCKET}
+        return {"weight_stager_socket": self.socket_name}
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
-        self._socket.unlink(missing_ok=True)
+        self._reaped.wait(timeout=10)
 
     def _reap(self) -> None:
-        code = self.process.wait()
+        try:
+            code = self.process.wait(timeout=STAGER_DEADLINE_SECONDS)
+        except subprocess.TimeoutExpired:
+            log.warning("the weight stager ran past %.0f s; killing it", STAGER_DEADLINE_SECONDS)
+            self.process.kill()
+            code = self.process.wait()
         if code:
             log.warning("the weight stager exited with %d (the engine refilled its weights itself)", code)
+        with contextlib.suppress(OSError):
+            os.unlink(self.socket_name, dir_fd=self._control_dir_fd)
+        os.close(self._control_dir_fd)
+        self._reaped.set()
 
 
-def start_stager(snapshot: Snapshot, sandbox_init_pid: int, control: ControlDir) -> StagerProcess | None:
-    """Start the stager for `snapshot` (files read through the sandbox's root); None when it has no plan."""
-    plan = staging_plan(snapshot)
-    if plan is None:
-        return None
-    socket_path = control.path / STAGER_SOCKET
-    socket_path.unlink(missing_ok=True)
-    command = [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan", "-"]
-    process = subprocess.Popen([*command, "--socket", str(socket_path)], stdin=subprocess.PIPE)
-    assert process.stdin is not None
-    with process.stdin:
-        process.stdin.write(plan.under_root(f"/proc/{sandbox_init_pid}/root").to_json().encode())
-    return StagerProcess(process, control)
+def _memory_file(data: bytes) -> int:
+    """An anonymous file holding `data`, read from its start (the plan, without a file to clean up)."""
+    fd = os.memfd_create("weight-staging-plan", os.MFD_CLOEXEC)
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def _as_owner_of(pid: int) -> dict[str, Any]:
+    """Popen options running the child as the user and group of process `pid` (nothing for root)."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    status = dict(line.split(":", 1) for line in lines if ":" in line)
+    uid, gid = int(status["Uid"].split()[0]), int(status["Gid"].split()[0])
+    return {} if uid == 0 else {"user": uid, "group": gid, "extra_groups": []}

@@ -42,7 +42,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "cuda-vmm arena, where they come back at the same addresses; off elsewhere)",
     )
     engine.add_argument(
-        "--arena", default="auto", choices=("auto", "torch", "cuda-vmm"),
+        "--arena",
+        default="auto",
+        choices=("auto", "torch", "cuda-vmm"),
         help="weight/KV memory backend (auto: cuda-vmm on CUDA, which keeps addresses; torch on CPU)",
     )
     vllm = parser.add_argument_group("vllm engine (--engine vllm)")
