@@ -47,7 +47,7 @@ def rss_anon(pid: int) -> int:
 
 
 def probe(setup: str) -> dict[str, float]:
-    from warmstart.snapshot_agent import cuda
+    from warmstart.checkpoint import cuda
 
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD.format(setup=setup)],

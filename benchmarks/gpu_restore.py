@@ -552,8 +552,8 @@ class ModelResult:
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        from warmstart.snapshot_agent import cuda
-        from warmstart.snapshot_agent.criu import Criu
+        from warmstart.checkpoint import cuda
+        from warmstart.checkpoint.criu import Criu
 
         self.args = args
         self.work = Path(args.work)

@@ -70,7 +70,7 @@ def criu_command_or_skip() -> str:
     command = _criu_candidate()
     if command is None:
         pytest.skip("no CRIU 4 here: run hack/criu-setup (or set WARMSTART_CRIU)")
-    from warmstart.snapshot_agent.criu import Criu, CriuError
+    from warmstart.checkpoint.criu import Criu, CriuError
 
     try:
         Criu(command).version()

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from support import answers, free_port, recording_criu_command
 
+from warmstart.checkpoint.criu import Criu
 from warmstart.identity import SnapshotIdentity
 from warmstart.serve import IdentityCache, LocalNode, StartReport, WorkerSpec
+from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.store import SnapshotStore
-from warmstart.snapshot_agent.criu import Criu
-from warmstart.snapshot_agent.keys import signing_keys
 
 pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[1]
@@ -140,7 +140,7 @@ def test_serve_command_once_prints_the_table(tmp_path: Path, criu_command: str) 
 
 
 def _cuda_available() -> bool:
-    from warmstart.snapshot_agent import cuda
+    from warmstart.checkpoint import cuda
 
     try:
         cuda.driver()

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING
 from warmstart.serve import LocalNode, ServeError, StartReport, WorkerSpec, add_worker_arguments
 
 if TYPE_CHECKING:
+    from warmstart.checkpoint.criu import Criu
+    from warmstart.checkpoint.sandbox import Sandbox
     from warmstart.snapshot.store import Snapshot, SnapshotStore
-    from warmstart.snapshot_agent.criu import Criu
-    from warmstart.snapshot_agent.sandbox import Sandbox
 
 READ_CHUNK = 8 << 20
 
@@ -85,7 +85,7 @@ def read_bandwidth(paths: list[Path]) -> tuple[int, float]:
 
 def criu_fixed_cost(criu: Criu, work: Path) -> float:
     """Seconds for CRIU to restore a trivial process (a sleeping `sleep`) into a fresh sandbox."""
-    from warmstart.snapshot_agent.sandbox import Sandbox, waiting_init_command
+    from warmstart.checkpoint.sandbox import Sandbox, waiting_init_command
 
     script = "setsid sleep 600 </dev/null >/dev/null 2>&1 & wait"
     source = Sandbox.start(work / "trivial-source", ["/bin/sh", "-c", script])
@@ -109,7 +109,7 @@ def criu_fixed_cost(criu: Criu, work: Path) -> float:
 
 
 def _wait_for_child_pid(sandbox: Sandbox) -> int:
-    from warmstart.snapshot_agent.sandbox import namespace_pids
+    from warmstart.checkpoint.sandbox import namespace_pids
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -145,8 +145,8 @@ def timed_start(
 def run_bench(args: argparse.Namespace) -> int:
     from warmstart.config import default_criu_command
     from warmstart.serve import usable_criu
+    from warmstart.snapshot.keys import signing_keys
     from warmstart.snapshot.store import SnapshotStore
-    from warmstart.snapshot_agent.keys import signing_keys
 
     if args.repeat < 1:
         print(f"--repeat must be at least 1, got {args.repeat}", file=sys.stderr)

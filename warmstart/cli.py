@@ -17,7 +17,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "warmstart.serve",
     "warmstart.worker.cli",
     "warmstart.snapshot.cli",
-    "warmstart.snapshot_agent.cli",
+    "warmstart.agent.cli",
     "warmstart.operator.cli",
     "warmstart.bench",
 )

@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmstart.snapshot_agent.keys import signing_keys
+from warmstart.snapshot.keys import signing_keys
 
 if TYPE_CHECKING:
+    from warmstart.checkpoint.criu import Criu
+    from warmstart.checkpoint.sandbox import Sandbox
     from warmstart.identity import SnapshotIdentity
     from warmstart.snapshot.signing import Signer, Verifier
     from warmstart.snapshot.store import SnapshotStore
-    from warmstart.snapshot_agent.criu import Criu
-    from warmstart.snapshot_agent.sandbox import Sandbox
 
 log = logging.getLogger(__name__)
 
@@ -269,7 +269,7 @@ class LocalNode:
         return path
 
     def _start_worker_sandbox(self, mode: str) -> Sandbox:
-        from warmstart.snapshot_agent.sandbox import MOUNTPOINT, Sandbox
+        from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
 
         host_dir = self._new_sandbox_dir(mode)
         command = self.spec.command(mode, MOUNTPOINT / CONTROL_SUBDIR)
@@ -288,8 +288,8 @@ class LocalNode:
         return StartReport("cold", time.monotonic() - started, reason=reason)
 
     def start_cold_and_capture(self) -> StartReport:
+        from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
         from warmstart.protocol import ControlDir
-        from warmstart.snapshot_agent.capture import CaptureError, CaptureOptions, capture
 
         assert self.criu is not None
         started = time.monotonic()
@@ -318,9 +318,9 @@ class LocalNode:
         )
 
     def start_restored(self, snapshot_id: str, identity: SnapshotIdentity) -> StartReport:
+        from warmstart.checkpoint.restore import RestoreFailed, RestoreRefused, restore
+        from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
         from warmstart.protocol import ControlDir
-        from warmstart.snapshot_agent.restore import RestoreFailed, RestoreRefused, restore
-        from warmstart.snapshot_agent.sandbox import MOUNTPOINT, Sandbox
 
         assert self.criu is not None
         started, began_at = time.monotonic(), time.time()
@@ -351,7 +351,7 @@ class LocalNode:
 
     def start(self) -> StartReport:
         """Restore when a valid snapshot exists, else cold start (and capture when CRIU is usable)."""
-        from warmstart.snapshot_agent.restore import FailureCounter
+        from warmstart.checkpoint.restore import FailureCounter
 
         if self.criu is None:
             return self.start_cold("CRIU 4 is not usable here (see above); snapshots are off")
@@ -398,7 +398,7 @@ def prune_work_dir(work_dir: Path) -> None:
 
 def usable_criu(command: str) -> tuple[Criu | None, str]:
     """A working CRIU 4 as root, or None with the reason."""
-    from warmstart.snapshot_agent.criu import Criu, CriuError
+    from warmstart.checkpoint.criu import Criu, CriuError
 
     if os.geteuid() != 0:
         return None, "not root: CRIU and sandboxes need root"

@@ -56,7 +56,7 @@ def criu_command(gpu: None) -> str:
 @pytest.fixture(scope="session")
 def cuda_checkpoint(gpu: None) -> ModuleType:
     """The project's CUDA checkpoint API module (lock/checkpoint/restore/unlock/state by pid)."""
-    from warmstart.snapshot_agent import cuda
+    from warmstart.checkpoint import cuda
 
     cuda.driver()  # CudaUnavailable here would mean the GPU host lacks the driver API: fail loudly
     return cuda

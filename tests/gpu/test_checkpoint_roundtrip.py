@@ -89,7 +89,7 @@ def test_cuda_checkpoint_api_round_trip_on_child(
 def test_criu_and_cuda_round_trip_with_weights_out_of_the_image(
     tmp_path: Path, weights_file: Path, cuda_checkpoint: Any, criu_command: str
 ) -> None:
-    from warmstart.snapshot_agent.criu import Criu
+    from warmstart.checkpoint.criu import Criu
 
     criu = Criu(criu_command)
     control = ControlDir(tmp_path / "control")

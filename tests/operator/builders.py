@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from warmstart.operator import labels as L
+from warmstart.api import labels as L
 
 UID = "0b3c8f0e-1111-4222-8333-444455556666"
 

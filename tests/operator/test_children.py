@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 from builders import UID, endpoint_body, snapshot_object
 
+from warmstart.api import labels as L
 from warmstart.operator import children
-from warmstart.operator import labels as L
 from warmstart.operator.spec import parse_spec
 
 HASH = "ab" * 32

@@ -13,7 +13,7 @@ import yaml
 from builders import endpoint_spec
 from operator_process import OperatorProcess
 
-from warmstart.operator import labels as L
+from warmstart.api import labels as L
 
 pytestmark = pytest.mark.integration
 

@@ -4,7 +4,7 @@ import datetime as dt
 
 from builders import endpoint_body, snapshot_object
 
-from warmstart.operator import labels as L
+from warmstart.api import labels as L
 from warmstart.operator.children import Owner
 from warmstart.operator.identity import endpoint_identity
 from warmstart.operator.snapshots import Backoff, format_time, plan_snapshots

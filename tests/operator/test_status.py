@@ -3,7 +3,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 
-from warmstart.operator import labels as L
+from warmstart.api import labels as L
 from warmstart.operator.snapshots import SnapshotPlan
 from warmstart.operator.status import Workload, endpoint_status, invalid_status, last_timings
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from builders import endpoint_spec
 
-from warmstart.operator import labels as L
+from warmstart.api import labels as L
 from warmstart.operator.children import Owner
 from warmstart.operator.identity import endpoint_identity
 from warmstart.operator.kube import Kube

@@ -13,8 +13,8 @@ from typing import Any
 
 import kopf
 
+from warmstart.api import labels as L
 from warmstart.config import env_float, env_int
-from warmstart.operator import labels as L
 from warmstart.operator.kube import Kube, KubeError, TransientKubeError
 from warmstart.operator.metrics import METRICS
 from warmstart.operator.reconcile import MissingAPI, Outcome, finalize, reconcile

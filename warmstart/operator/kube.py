@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from warmstart.operator import labels as L
+from warmstart.api import labels as L
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"

@@ -12,8 +12,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmstart.api import labels as L
 from warmstart.operator import children
-from warmstart.operator import labels as L
 from warmstart.operator.identity import endpoint_identity
 from warmstart.operator.kube import Kube, KubeError
 from warmstart.operator.snapshots import (

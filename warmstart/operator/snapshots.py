@@ -11,7 +11,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from warmstart.operator import labels as L
+from warmstart.api import labels as L
 from warmstart.operator.children import Owner, common_labels
 from warmstart.operator.spec import EndpointSpec
 

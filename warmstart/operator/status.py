@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from warmstart.operator import labels as L
+from warmstart.api import labels as L
 from warmstart.operator.children import STARTUP_PROBE_SECONDS, WORKER_CONTAINER
 from warmstart.operator.snapshots import FAILED, SnapshotPlan, format_time, parse_time
 

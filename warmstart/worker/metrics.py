@@ -1,6 +1,20 @@
-"""Prometheus metrics of one worker, in their own registry (served at /metrics)."""
+"""Prometheus metrics of one worker, in their own registry (served at /metrics).
+
+Every HTTP response is counted in `warmstart_worker_requests_total{route, status}`, errors included (a
+request whose client left before its answer is counted with status 499). For autoscalers (HPA through a
+metrics adapter, KEDA's Prometheus scaler), two gauges with stable names, counting generation requests
+(one per choice: a request with n = 4 counts 4):
+- `warmstart_worker_requests_running`: generating, i.e. the engine has produced their first token;
+- `warmstart_worker_requests_waiting`: accepted but without a first token yet (queued for a free engine
+  slot, or being prefilled).
+Their sum is the load on this worker; `waiting` above zero for long means it needs help.
+`warmstart_worker_requests_cancelled_total` counts generations stopped because their client went away.
+"""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -11,7 +25,7 @@ class WorkerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
-            "warmstart_worker_requests", "HTTP requests by route and status code",
+            "warmstart_worker_requests", "HTTP responses by route and status code (499: the client left)",
             ["route", "status"], registry=self.registry,
         )  # fmt: skip
         self.latency = Histogram(
@@ -33,3 +47,47 @@ class WorkerMetrics:
             "Seconds from process start (cold) or from resume (restore) until the worker served",
             ["mode"], registry=self.registry,
         )  # fmt: skip
+        self.requests_running = Gauge(
+            "warmstart_worker_requests_running",
+            "Generation requests (one per choice) the engine is producing tokens for",
+            registry=self.registry,
+        )
+        self.requests_waiting = Gauge(
+            "warmstart_worker_requests_waiting",
+            "Generation requests (one per choice) accepted but without their first token yet",
+            registry=self.registry,
+        )
+        self.requests_cancelled = Counter(
+            "warmstart_worker_requests_cancelled",
+            "Generation requests stopped because their client disconnected",
+            registry=self.registry,
+        )
+
+    @contextlib.contextmanager
+    def generation(self) -> Iterator[GenerationTracker]:
+        """Track one generation request: waiting until `tracker.started()`, then running, until the end."""
+        tracker = GenerationTracker(self)
+        self.requests_waiting.inc()
+        try:
+            yield tracker
+        finally:
+            tracker.finish()
+
+
+class GenerationTracker:
+    def __init__(self, metrics: WorkerMetrics) -> None:
+        self._metrics = metrics
+        self._state = "waiting"
+
+    def started(self) -> None:
+        if self._state == "waiting":
+            self._metrics.requests_waiting.dec()
+            self._metrics.requests_running.inc()
+            self._state = "running"
+
+    def finish(self) -> None:
+        if self._state == "waiting":
+            self._metrics.requests_waiting.dec()
+        elif self._state == "running":
+            self._metrics.requests_running.dec()
+        self._state = "finished"

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from support import wait_for_line, wait_until
 
+from warmstart.checkpoint.criu import Criu, CriuError
+from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
-from warmstart.snapshot_agent.criu import Criu, CriuError
-from warmstart.snapshot_agent.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
 
 pytestmark = pytest.mark.integration
 TARGET = Path(__file__).with_name("target_process.py")

@@ -3,7 +3,7 @@
 Every sandbox sees its own host directory at `MOUNTPOINT` (a bind mount private to its mount namespace),
 so a process restored from a snapshot finds the same paths it had at dump time (control directory, stdio
 log files) while two restores of one snapshot run side by side with their own files. PID 1 of a sandbox is
-a small supervisor: the worker supervisor for captures, `python -m warmstart.snapshot_agent.sandbox` (a
+a small supervisor: the worker supervisor for captures, `python -m warmstart.checkpoint.sandbox` (a
 waiting init that reaps orphans) for restores. Restore sandboxes move the PID counter past `RESERVED_PIDS`
 before anything runs in them, so the low PIDs and thread IDs a restored engine needs stay free even
 while CRIU itself runs inside the namespace.
@@ -203,7 +203,7 @@ class Sandbox:
 
 def waiting_init_command() -> list[str]:
     """PID 1 for restore sandboxes: this module's `init_main`."""
-    return [sys.executable, "-m", "warmstart.snapshot_agent.sandbox"]
+    return [sys.executable, "-m", "warmstart.checkpoint.sandbox"]
 
 
 def init_main() -> int:

@@ -17,8 +17,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from warmstart import procinfo
-from warmstart.operator import labels as L
-from warmstart.snapshot_agent.sandbox import RESERVED_PIDS, Sandbox, namespace_pids, pid_namespace_of
+from warmstart.api import labels as L
+from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids, pid_namespace_of
 
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 CONTROL_VOLUME = "control"

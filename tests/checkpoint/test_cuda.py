@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from warmstart import cuda_driver
-from warmstart.snapshot_agent import cuda
+from warmstart.checkpoint import cuda
 
 
 def _has_libcuda() -> bool:

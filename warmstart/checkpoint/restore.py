@@ -21,16 +21,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmstart.checkpoint import cuda
+from warmstart.checkpoint.capture import CRIU_DIR, SANDBOX_FILES_DIR, timed
+from warmstart.checkpoint.criu import Criu, CriuError
+from warmstart.checkpoint.sandbox import Sandbox
+from warmstart.checkpoint.weight_staging import StagerProcess, start_stager
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.store import Snapshot, SnapshotStore
-from warmstart.snapshot_agent import cuda
-from warmstart.snapshot_agent.capture import CRIU_DIR, SANDBOX_FILES_DIR, timed
-from warmstart.snapshot_agent.criu import Criu, CriuError
-from warmstart.snapshot_agent.sandbox import Sandbox
-from warmstart.snapshot_agent.weight_staging import StagerProcess, start_stager
 
 log = logging.getLogger(__name__)
 

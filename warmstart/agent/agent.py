@@ -29,8 +29,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmstart.agent.kube_status import KubeStatus, utc_now
+from warmstart.agent.metrics import AgentMetrics
+from warmstart.agent.pods import (
+    DEFAULT_KUBELET_ROOT,
+    PodProcessError,
+    PodSandbox,
+    control_dir_on_host,
+)
+from warmstart.api import labels as L
 from warmstart.identity import SnapshotIdentity
-from warmstart.operator import labels as L
 from warmstart.protocol import (
     RESTORE_COMPLETE,
     RESTORE_FAILED,
@@ -40,17 +48,9 @@ from warmstart.protocol import (
 from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.store import MANIFEST_FILE, Snapshot, SnapshotStore
-from warmstart.snapshot_agent.kube_status import KubeStatus, utc_now
-from warmstart.snapshot_agent.metrics import AgentMetrics
-from warmstart.snapshot_agent.pods import (
-    DEFAULT_KUBELET_ROOT,
-    PodProcessError,
-    PodSandbox,
-    control_dir_on_host,
-)
 
 if TYPE_CHECKING:
-    from warmstart.snapshot_agent.restore import FailureCounter
+    from warmstart.checkpoint.restore import FailureCounter
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def gpu_status(identity: SnapshotIdentity) -> dict[str, str]:
 
 def identity_problem(payload: dict[str, Any], wanted: str) -> str | None:
     """Why a worker's `ready-for-snapshot` does not match the InferenceSnapshot's identity hash, or None."""
-    from warmstart.snapshot_agent.capture import CaptureError, identity_from_payload
+    from warmstart.checkpoint.capture import CaptureError, identity_from_payload
 
     try:
         reported = identity_from_payload(payload).digest()
@@ -204,7 +204,7 @@ class Agent:
         verifier: Verifier,
         metrics: AgentMetrics | None = None,
     ) -> None:
-        from warmstart.snapshot_agent.criu import Criu
+        from warmstart.checkpoint.criu import Criu
 
         self.config = config
         self.kube = kube
@@ -351,7 +351,7 @@ class Agent:
 
     def handle_capture(self, pod: dict[str, Any]) -> None:
         """Capture the pod's worker into its InferenceSnapshot; once this returns, the pod needs nothing."""
-        from warmstart.snapshot_agent.capture import CaptureError, wait_ready
+        from warmstart.checkpoint.capture import CaptureError, wait_ready
 
         namespace, name, uid = _meta(pod)["namespace"], _meta(pod)["name"], _meta(pod)["uid"]
         snap = self.kube.get_snapshot(namespace, _labels(pod)[L.SNAPSHOT_LABEL])
@@ -398,7 +398,7 @@ class Agent:
         control: ControlDir,
         payload: dict[str, Any],
     ) -> None:
-        from warmstart.snapshot_agent.capture import CaptureError, CaptureOptions, capture
+        from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
 
         namespace, snap_name = _meta(snap)["namespace"], _meta(snap)["name"]
         pod_name = _meta(pod)["name"]
@@ -532,7 +532,7 @@ class Agent:
         sandbox: PodSandbox,
         control: ControlDir,
     ) -> None:
-        from warmstart.snapshot_agent.restore import FailureCounter, RestoreFailed, RestoreRefused, restore
+        from warmstart.checkpoint.restore import FailureCounter, RestoreFailed, RestoreRefused, restore
 
         failures = FailureCounter(self.store.root)
         work_dir = self.config.restore_work_dir / _meta(pod)["uid"]
@@ -650,8 +650,8 @@ class Agent:
     # --- what the gRPC API reports -------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        from warmstart.snapshot_agent import cuda
-        from warmstart.snapshot_agent.criu import CriuError
+        from warmstart.checkpoint import cuda
+        from warmstart.checkpoint.criu import CriuError
 
         try:
             criu_version, criu_error = str(self.criu.version()), ""

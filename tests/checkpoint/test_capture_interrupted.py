@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 from support import wait_until
 
+from warmstart.checkpoint.sandbox import pid_namespace_of
 from warmstart.protocol import RESTORE_COMPLETE
 from warmstart.snapshot.signing import generate_hmac_key
 from warmstart.snapshot.store import SnapshotStore
-from warmstart.snapshot_agent.sandbox import pid_namespace_of
 
 pytestmark = pytest.mark.integration
 DRIVER = Path(__file__).with_name("capture_driver.py")

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from warmstart.checkpoint import weight_staging
+from warmstart.checkpoint.weight_staging import sandbox_gpus, staging_plan, start_stager
 from warmstart.engines import weight_stager
 from warmstart.engines.weight_stager import StagedWeightsUnavailable, StagingPlan, receive_staged_weights
 from warmstart.protocol import ControlDir
-from warmstart.snapshot_agent import weight_staging
-from warmstart.snapshot_agent.weight_staging import sandbox_gpus, staging_plan, start_stager
 
 NOBODY = 65534
 

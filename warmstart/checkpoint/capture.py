@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmstart.checkpoint import cuda
+from warmstart.checkpoint.criu import Criu
+from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 from warmstart.snapshot.signing import Signer
 from warmstart.snapshot.store import Snapshot, SnapshotStore
-from warmstart.snapshot_agent import cuda
-from warmstart.snapshot_agent.criu import Criu
-from warmstart.snapshot_agent.sandbox import RESERVED_PIDS, Sandbox
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from warmstart.snapshot_agent.sandbox import Sandbox
+from warmstart.checkpoint.sandbox import Sandbox
 
 
 @pytest.fixture

@@ -36,11 +36,11 @@ def api_client(kubeconfig: str | None) -> Any:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from warmstart.snapshot_agent import grpc_api
-    from warmstart.snapshot_agent.agent import Agent, AgentConfig
-    from warmstart.snapshot_agent.keys import signing_keys
-    from warmstart.snapshot_agent.kube_status import KubeStatus
-    from warmstart.snapshot_agent.metrics import AgentMetrics
+    from warmstart.agent import grpc_api
+    from warmstart.agent.agent import Agent, AgentConfig
+    from warmstart.agent.kube_status import KubeStatus
+    from warmstart.agent.metrics import AgentMetrics
+    from warmstart.snapshot.keys import signing_keys
 
     try:
         if args.metrics_port is None:

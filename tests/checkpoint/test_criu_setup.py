@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.snapshot_agent.criu import Criu
+from warmstart.checkpoint.criu import Criu
 
 REPO = Path(__file__).resolve().parents[2]
 

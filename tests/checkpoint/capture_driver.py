@@ -12,12 +12,12 @@ import sys
 import time
 from pathlib import Path
 
+from warmstart.checkpoint.capture import CaptureOptions, capture
+from warmstart.checkpoint.criu import Criu
+from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
 from warmstart.protocol import ControlDir
 from warmstart.snapshot.signing import load_signer
 from warmstart.snapshot.store import SnapshotStore
-from warmstart.snapshot_agent.capture import CaptureOptions, capture
-from warmstart.snapshot_agent.criu import Criu
-from warmstart.snapshot_agent.sandbox import MOUNTPOINT, Sandbox
 
 TARGET = Path(__file__).with_name("target_process.py")
 

@@ -12,7 +12,7 @@ import logging
 import uuid
 from typing import Any
 
-from warmstart.operator import labels as L
+from warmstart.api import labels as L
 
 log = logging.getLogger(__name__)
 

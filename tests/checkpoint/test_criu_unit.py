@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.snapshot_agent.criu import Criu, CriuError, CriuVersion, first_error_line, parse_version
+from warmstart.checkpoint.criu import Criu, CriuError, CriuVersion, first_error_line, parse_version
 
 
 def _script(path: Path, body: str) -> Path:

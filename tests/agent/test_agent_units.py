@@ -17,10 +17,7 @@ from pathlib import Path
 import pytest
 from support import wait_until
 
-from warmstart.operator import labels as L
-from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
-from warmstart.snapshot.store import Snapshot, SnapshotStore
-from warmstart.snapshot_agent.agent import (
+from warmstart.agent.agent import (
     Agent,
     AgentConfig,
     identity_problem,
@@ -28,10 +25,10 @@ from warmstart.snapshot_agent.agent import (
     store_snapshot_id,
     worker_port,
 )
-from warmstart.snapshot_agent.grpc_api import AgentClient, serve
-from warmstart.snapshot_agent.kube_status import KubeStatus
-from warmstart.snapshot_agent.metrics import AgentMetrics
-from warmstart.snapshot_agent.pods import (
+from warmstart.agent.grpc_api import AgentClient, serve
+from warmstart.agent.kube_status import KubeStatus
+from warmstart.agent.metrics import AgentMetrics
+from warmstart.agent.pods import (
     ENGINE_MODULE,
     PodProcessError,
     PodSandbox,
@@ -40,7 +37,10 @@ from warmstart.snapshot_agent.pods import (
     read_environ,
     supervisor_of,
 )
-from warmstart.snapshot_agent.sandbox import namespace_pids
+from warmstart.api import labels as L
+from warmstart.checkpoint.sandbox import namespace_pids
+from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
+from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="PID namespaces (unshare) need root")
 

@@ -11,14 +11,14 @@ from pathlib import Path
 import pytest
 from support import recording_criu_command, wait_for_line
 
+from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
+from warmstart.checkpoint.criu import Criu
+from warmstart.checkpoint.restore import FailureCounter, RestoreFailed, RestoreRefused, restore
+from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.store import SnapshotStore
-from warmstart.snapshot_agent.capture import CaptureError, CaptureOptions, capture
-from warmstart.snapshot_agent.criu import Criu
-from warmstart.snapshot_agent.restore import FailureCounter, RestoreFailed, RestoreRefused, restore
-from warmstart.snapshot_agent.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
 
 pytestmark = pytest.mark.integration
 TARGET = Path(__file__).with_name("target_process.py")

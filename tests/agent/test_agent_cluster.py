@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from support import answers, free_port, recording_criu_command
 
-from warmstart.operator import labels as L
+from warmstart.agent.agent import Agent, AgentConfig
+from warmstart.agent.kube_status import KubeStatus
+from warmstart.agent.pods import control_dir_on_host
+from warmstart.api import labels as L
+from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
+from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.store import MANIFEST_FILE, SnapshotStore
-from warmstart.snapshot_agent.agent import Agent, AgentConfig
-from warmstart.snapshot_agent.keys import signing_keys
-from warmstart.snapshot_agent.kube_status import KubeStatus
-from warmstart.snapshot_agent.pods import control_dir_on_host
-from warmstart.snapshot_agent.sandbox import Sandbox
 
 pytestmark = pytest.mark.integration
 
@@ -377,7 +377,7 @@ def test_agent_command_serves_grpc_and_metrics_and_stops_on_sigterm(
     import signal
     import subprocess
 
-    from warmstart.snapshot_agent.grpc_api import AgentClient
+    from warmstart.agent.grpc_api import AgentClient
 
     grpc_port, metrics_port = free_port(), free_port()
     env = {

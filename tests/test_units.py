@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from warmstart.bench import Floor, Series, _rows
+from warmstart.checkpoint.restore import FailureCounter
 from warmstart.identity import SnapshotIdentity
 from warmstart.serve import IdentityCache, WorkerSpec, prune_work_dir
-from warmstart.snapshot_agent.keys import signing_keys
-from warmstart.snapshot_agent.restore import FailureCounter
+from warmstart.snapshot.keys import signing_keys
 
 IDENTITY = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="x")
 
@@ -128,8 +128,8 @@ def test_serve_names_the_logs_of_a_worker_that_exits_before_serving(tmp_path: Pa
 
 
 def test_capture_refuses_ids_a_restore_sandbox_cannot_give_back(tmp_path: Path) -> None:
-    from warmstart.snapshot_agent.capture import CaptureError, check_ids_restorable
-    from warmstart.snapshot_agent.sandbox import RESERVED_PIDS
+    from warmstart.checkpoint.capture import CaptureError, check_ids_restorable
+    from warmstart.checkpoint.sandbox import RESERVED_PIDS
 
     for name in ("core-7.img", "core-31.img", "pstree.img", "pages-1.img"):
         (tmp_path / name).write_bytes(b"")

@@ -1,0 +1,1 @@
+"""The Kubernetes contract shared by the operator and the agent: names, labels, phases, typed status."""

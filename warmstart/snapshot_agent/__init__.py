@@ -1,1 +1,0 @@
-"""warmstart.snapshot_agent"""
