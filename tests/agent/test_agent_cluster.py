@@ -215,9 +215,11 @@ def test_agent_captures_restores_and_refuses(
     manifest = (store.snapshots_dir / snapshot_id / MANIFEST_FILE).read_bytes()
     assert status["manifestDigest"] == "sha256:" + hashlib.sha256(manifest).hexdigest()
     assert status["sizeBytes"] == store.get(snapshot_id).size > 0
-    assert status["node"] == NODE and status["storagePath"] == snapshot_id
+    assert status["node"] == NODE and status["storagePath"] == f"snapshots/{snapshot_id}"
     assert status["timings"]["criu_dump"] > 0
-    verified = store.verify(snapshot_id, agent.verifier, expected_identity=store.get(snapshot_id).identity)
+    verified = store.verify(
+        snapshot_id, agent.node.verifier, expected_identity=store.get(snapshot_id).identity
+    )
     assert verified.meta["namespace"] == namespace
     kube.wait_for(lambda: not sandboxes[0].alive(), timeout=60, message="capture worker exits when done")
 
@@ -311,7 +313,7 @@ def _refused_in_other_namespace(
     cluster.snapshot(other, "tiny-snap", ready["identity"], ready["identity_hash"])
     cluster.custom.patch_namespaced_custom_object_status(
         L.GROUP, L.VERSION, other, L.SNAPSHOT_PLURAL, "tiny-snap",
-        {"status": {"phase": "Ready", "snapshotId": snapshot_id, "storagePath": snapshot_id}},
+        {"status": {"phase": "Ready", "snapshotId": snapshot_id, "storagePath": f"snapshots/{snapshot_id}"}},
     )  # fmt: skip
     pod = cluster.pod(other, "tiny-restore-1", L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
     control = control_dir_on_host(kubelet_root, pod["metadata"]["uid"])
@@ -419,7 +421,7 @@ def test_a_vanished_published_snapshot_fails_the_capture_once(
     control = ControlDir(control_dir_on_host(agent.config.kubelet_root, pod["metadata"]["uid"]))
     control.send(SNAPSHOT_COMPLETE, {"snapshot": "deadbeef0000-20260101000000-000000"})
 
-    agent.handle_capture(pod)
+    agent.capture.handle(pod)
 
     status = cluster.get_snapshot(namespace, "tiny-snap")["status"]
     assert status["phase"] == "Failed"

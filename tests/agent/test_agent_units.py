@@ -17,17 +17,13 @@ from pathlib import Path
 import pytest
 from support import wait_until
 
-from warmstart.agent.agent import (
-    Agent,
-    AgentConfig,
-    identity_problem,
-    snapshots_to_remove,
-    store_snapshot_id,
-    worker_port,
-)
+from warmstart.agent.agent import Agent, AgentConfig
+from warmstart.agent.capture import identity_problem
+from warmstart.agent.cleanup import snapshots_to_remove
 from warmstart.agent.grpc_api import AgentClient, serve
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
+from warmstart.agent.objects import store_snapshot_id
 from warmstart.agent.pods import (
     ENGINE_MODULE,
     PodProcessError,
@@ -37,6 +33,7 @@ from warmstart.agent.pods import (
     read_environ,
     supervisor_of,
 )
+from warmstart.agent.restore import worker_port
 from warmstart.api import labels as L
 from warmstart.checkpoint.sandbox import namespace_pids
 from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
@@ -205,7 +202,7 @@ def test_store_cleanup_takes_marked_and_long_unreferenced_snapshots(tmp_path: Pa
 
 
 def test_store_snapshot_id_and_worker_port() -> None:
-    assert store_snapshot_id({"status": {"storagePath": "abc"}}) == "abc"
+    assert store_snapshot_id({"status": {"snapshotId": "abc", "storagePath": "snapshots/abc"}}) == "abc"
     assert store_snapshot_id({"status": {}}) == ""
     by_port = {"spec": {"containers": [{"ports": [{"containerPort": 8080}], "args": ["--port", "1"]}]}}
     assert worker_port(by_port) == 8080
@@ -248,16 +245,18 @@ def offline_agent(tmp_path: Path) -> Agent:
 def test_a_deleted_inference_snapshot_takes_its_store_files_only_when_marked(
     offline_agent: Agent, tmp_path: Path
 ) -> None:
-    marked, unmarked = (_publish(offline_agent.store, tmp_path / "key", bytes([i]) * 10) for i in range(2))
-    offline_agent.forget_deleted_snapshot(_isnap(marked.id, marked=True))
-    offline_agent.forget_deleted_snapshot(_isnap(unmarked.id))
-    assert [snapshot.id for snapshot in offline_agent.store.list()] == [unmarked.id]
-    offline_agent.forget_deleted_snapshot(_isnap(marked.id, marked=True))  # already gone: no error
+    marked, unmarked = (
+        _publish(offline_agent.node.store, tmp_path / "key", bytes([i]) * 10) for i in range(2)
+    )
+    offline_agent.cleanup.forget_deleted(_isnap(marked.id, marked=True))
+    offline_agent.cleanup.forget_deleted(_isnap(unmarked.id))
+    assert [snapshot.id for snapshot in offline_agent.node.store.list()] == [unmarked.id]
+    offline_agent.cleanup.forget_deleted(_isnap(marked.id, marked=True))  # already gone: no error
     assert offline_agent.metrics.value("warmstart_agent_store_snapshots_deleted_total") == 1
 
 
 def test_grpc_status_and_list_snapshots(offline_agent: Agent, tmp_path: Path) -> None:
-    published = _publish(offline_agent.store, tmp_path / "key", b"x" * 1000, namespace="team-a")
+    published = _publish(offline_agent.node.store, tmp_path / "key", b"x" * 1000, namespace="team-a")
     server, port = serve(offline_agent, "127.0.0.1:0")
     try:
         with AgentClient(f"127.0.0.1:{port}") as client:

@@ -14,11 +14,12 @@ from typing import Any
 import kopf
 
 from warmstart.api import labels as L
+from warmstart.api.snapshot import Phase
 from warmstart.config import env_float, env_int
 from warmstart.operator.kube import Kube, KubeError, TransientKubeError
 from warmstart.operator.metrics import METRICS
 from warmstart.operator.reconcile import MissingAPI, Outcome, finalize, reconcile
-from warmstart.operator.snapshots import FAILED, Backoff
+from warmstart.operator.snapshots import Backoff
 from warmstart.operator.spec import InvalidSpec
 from warmstart.operator.workqueue import Key, KeyLocks, WorkQueue
 
@@ -82,7 +83,7 @@ def _kube() -> Kube:
 def _requeue_delay(outcome: Outcome) -> float | None:
     """Come back for a Failed snapshot awaiting its retry; the resync timer covers everything else."""
     plan = outcome.plan
-    if plan is not None and plan.active_phase == FAILED and not plan.exhausted:
+    if plan is not None and plan.active_phase == Phase.FAILED and not plan.exhausted:
         return max(1.0, Runtime.backoff.base_seconds / 4)
     return None
 

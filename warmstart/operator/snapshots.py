@@ -12,11 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.snapshot import IN_PROGRESS, OPERATOR, Phase, SnapshotStatus, status_patch
 from warmstart.operator.children import Owner, common_labels
 from warmstart.operator.spec import EndpointSpec
 
-PENDING, CAPTURING, READY, FAILED, INVALID = "Pending", "Capturing", "Ready", "Failed", "Invalid"
-IN_PROGRESS = (PENDING, CAPTURING)
 NAME_HASH_CHARS = 10
 CAPTURE_STARTED = "CaptureStarted"  # the event reason of a planned snapshot create
 
@@ -48,11 +47,11 @@ class SnapshotPlan:
 
 
 def phase_of(snapshot: dict[str, Any]) -> str:
-    return (snapshot.get("status") or {}).get("phase") or PENDING
+    return SnapshotStatus.of(snapshot).phase
 
 
 def attempts_of(snapshot: dict[str, Any]) -> int:
-    return int((snapshot.get("status") or {}).get("attempts") or 1)
+    return SnapshotStatus.of(snapshot).attempt
 
 
 def _name(snapshot: dict[str, Any]) -> str:
@@ -115,16 +114,16 @@ def _newest_first(snapshots: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def _plan_failed(
     plan: SnapshotPlan, snap: dict[str, Any], spec: EndpointSpec, backoff: Backoff, now: dt.datetime
 ) -> None:
-    name, status = _name(snap), snap.get("status") or {}
-    attempts = attempts_of(snap)
-    plan.failure_message = status.get("message") or status.get("reason") or "capture failed"
+    name, status = _name(snap), SnapshotStatus.of(snap)
+    attempts = status.attempt
+    plan.failure_message = status.message or status.reason or "capture failed"
     if attempts >= spec.snapshot.max_capture_attempts:
         plan.exhausted = True
         return
-    retry_after = status.get("retryAfter")
+    retry_after = status.retry_after
     if not retry_after:
         when = now + dt.timedelta(seconds=backoff.delay(attempts))
-        plan.status_patches[name] = {"retryAfter": format_time(when)}
+        plan.status_patches[name] = status_patch(OPERATOR, retry_after=format_time(when))
         plan.events.append(
             (
                 "Warning",
@@ -136,15 +135,16 @@ def _plan_failed(
         return
     if parse_time(retry_after) <= now:
         plan.attempts = attempts + 1
-        plan.active_phase = PENDING
+        plan.active_phase = Phase.PENDING
         plan.capture_attempt = plan.attempts
-        plan.status_patches[name] = {
-            "phase": PENDING,
-            "attempts": plan.attempts,
-            "retryAfter": None,
-            "reason": "Retrying",
-            "message": f"capture attempt {plan.attempts}",
-        }
+        plan.status_patches[name] = status_patch(
+            OPERATOR,
+            phase=Phase.PENDING,
+            attempts=plan.attempts,
+            retry_after=None,
+            reason="Retrying",
+            message=f"capture attempt {plan.attempts}",
+        )
         plan.events.append(("Normal", "CaptureRetry", f"snapshot {name}: capture attempt {plan.attempts}"))
 
 
@@ -162,7 +162,7 @@ def plan_snapshots(
         return SnapshotPlan(role=L.ROLE_COLD)
     ordered = _newest_first(snapshots)
     mine = [s for s in ordered if (s.get("spec") or {}).get("identityHash") == identity_hash]
-    ready = next((s for s in mine if phase_of(s) == READY), None)
+    ready = next((s for s in mine if phase_of(s) == Phase.READY), None)
     plan = SnapshotPlan(role=L.ROLE_RESTORE if ready else L.ROLE_COLD, ready=_name(ready) if ready else "")
     if ready is None:
         _plan_capture(plan, endpoint, spec, identity_hash, identity, mine, ordered, now, backoff)
@@ -181,12 +181,12 @@ def _plan_capture(
     now: dt.datetime,
     backoff: Backoff,
 ) -> None:
-    active = next((s for s in mine if phase_of(s) != INVALID), None)
+    active = next((s for s in mine if phase_of(s) != Phase.INVALID), None)
     if active is None:
         name = snapshot_name(endpoint.name, identity_hash, {_name(s) for s in everything})
         plan.create = snapshot_body(endpoint, spec, name, identity_hash, identity)
-        plan.active, plan.active_phase, plan.attempts, plan.capture_attempt = name, PENDING, 1, 1
-        plan.status_patches[name] = {"phase": PENDING, "attempts": 1}
+        plan.active, plan.active_phase, plan.attempts, plan.capture_attempt = name, Phase.PENDING, 1, 1
+        plan.status_patches[name] = status_patch(OPERATOR, phase=Phase.PENDING, attempts=1)
         plan.events.append(
             (
                 "Normal",
@@ -198,7 +198,7 @@ def _plan_capture(
     plan.active, plan.active_phase, plan.attempts = _name(active), phase_of(active), attempts_of(active)
     if plan.active_phase in IN_PROGRESS:
         plan.capture_attempt = plan.attempts
-    elif plan.active_phase == FAILED:
+    elif plan.active_phase == Phase.FAILED:
         _plan_failed(plan, active, spec, backoff, now)
 
 

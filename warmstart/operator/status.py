@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.snapshot import Phase
 from warmstart.operator.children import STARTUP_PROBE_SECONDS, WORKER_CONTAINER
-from warmstart.operator.snapshots import FAILED, SnapshotPlan, format_time, parse_time
+from warmstart.operator.snapshots import SnapshotPlan, format_time, parse_time
 
 READY, SNAPSHOT_READY, PROGRESSING, DEGRADED = "Ready", "SnapshotReady", "Progressing", "Degraded"
 UNDATED = dt.datetime.min.replace(tzinfo=dt.UTC)  # a report without a readable time: older than any other
@@ -82,7 +83,7 @@ def _snapshot_ready(enabled: bool, plan: SnapshotPlan) -> tuple[bool, str, str]:
             "CaptureFailed",
             (f"{plan.active} failed {plan.attempts} times ({plan.failure_message}); replicas cold-start"),
         )
-    if plan.active_phase == FAILED:
+    if plan.active_phase == Phase.FAILED:
         return False, "CaptureRetryPending", f"{plan.active} failed ({plan.failure_message}); retry scheduled"
     return False, "Capturing", f"capturing {plan.active} (attempt {plan.attempts}); replicas cold-start"
 

@@ -1,0 +1,181 @@
+"""Capture phase: a capture pod's worker, once `ready-for-snapshot`, is checkpointed into the store.
+
+The InferenceSnapshot goes Capturing, then Ready with the runtime identity's facts and the capture's
+timings (or Failed with the reason and an Event); the worker gets `snapshot-complete`. A restarted agent
+finishes the bookkeeping of a capture that was published before it stopped, and never captures twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from typing import Any
+
+from warmstart.agent import objects
+from warmstart.agent.context import NodeContext
+from warmstart.agent.kube_status import utc_now
+from warmstart.agent.pods import PodSandbox
+from warmstart.api import labels as L
+from warmstart.api.snapshot import AGENT, Phase, SnapshotStatus, status_patch
+from warmstart.checkpoint.capture import (
+    CaptureError,
+    CaptureOptions,
+    capture,
+    identity_from_payload,
+    wait_ready,
+)
+from warmstart.identity import SnapshotIdentity
+from warmstart.protocol import RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+from warmstart.snapshot.manifest import SnapshotError
+from warmstart.snapshot.store import MANIFEST_FILE, Snapshot
+
+log = logging.getLogger(__name__)
+
+
+def manifest_digest(snapshot: Snapshot) -> str:
+    return "sha256:" + hashlib.sha256((snapshot.path / MANIFEST_FILE).read_bytes()).hexdigest()
+
+
+def gpu_status(identity: SnapshotIdentity) -> dict[str, str]:
+    facts = {
+        "product": identity.gpu_product,
+        "computeCapability": identity.compute_capability,
+        "driverVersion": str(identity.driver_major) if identity.driver_major else "",
+    }
+    return {key: value for key, value in facts.items() if value}
+
+
+def identity_problem(payload: dict[str, Any], wanted: str) -> str | None:
+    """Why a worker's `ready-for-snapshot` does not match the InferenceSnapshot's identity hash, or None."""
+    try:
+        reported = identity_from_payload(payload).digest()
+    except CaptureError as exc:
+        return str(exc)
+    if reported != wanted:
+        return (
+            f"the worker reports identity {reported[:12]}, the snapshot wants {wanted[:12]}: "
+            "the pod runs another image, model or engine arguments than the snapshot describes"
+        )
+    return None
+
+
+class CapturePhase:
+    def __init__(self, node: NodeContext) -> None:
+        self.node = node
+        self._slots = threading.BoundedSemaphore(node.config.max_captures)
+
+    def handle(self, pod: dict[str, Any]) -> None:
+        """Capture the pod's worker into its InferenceSnapshot; once this returns, the pod needs nothing."""
+        node, meta = self.node, objects.meta(pod)
+        snap = node.kube.get_snapshot(meta["namespace"], objects.labels(pod)[L.SNAPSHOT_LABEL])
+        if snap is None:
+            return
+        status = SnapshotStatus.of(snap)
+        control = node.control_dir(meta["uid"])
+        if status.phase == Phase.READY:
+            if control.path.is_dir() and not control.present(SNAPSHOT_COMPLETE):
+                control.send(SNAPSHOT_COMPLETE, {"snapshot": objects.store_snapshot_id(snap)})
+            return
+        if status.phase in (Phase.INVALID, Phase.FAILED) or status.capture_pod not in (
+            None,
+            "",
+            meta["name"],
+        ):
+            return  # given up on, or not this pod's attempt (any more)
+        done = control.read(SNAPSHOT_COMPLETE)
+        if done is not None:  # published before a restart of this agent: finish the bookkeeping
+            try:
+                snapshot = node.store.get(str(done.payload.get("snapshot", "")))
+            except SnapshotError as exc:  # gone or unreadable since: fail this attempt, never loop on it
+                self._mark_failed(snap, pod, f"the published snapshot cannot be read: {exc}")
+                return
+            self._mark_ready(snap, meta["name"], snapshot, snapshot.timings)
+            return
+        sandbox = node.find_pod(meta["uid"])
+        try:
+            payload = wait_ready(control, sandbox, node.config.ready_timeout, cancelled=node.stopping.is_set)
+        except CaptureError as exc:  # the worker died or never got ready: this attempt failed
+            if node.stopping.is_set():
+                raise
+            node.metrics.captures.labels("failed").inc()
+            self._mark_failed(snap, pod, str(exc))
+            return
+        with self._slots:
+            self._capture(pod, snap, sandbox, control, payload)
+
+    def _capture(
+        self,
+        pod: dict[str, Any],
+        snap: dict[str, Any],
+        sandbox: PodSandbox,
+        control: ControlDir,
+        payload: dict[str, Any],
+    ) -> None:
+        node = self.node
+        namespace, snap_name = objects.meta(snap)["namespace"], objects.meta(snap)["name"]
+        pod_name, node_name = objects.meta(pod)["name"], node.config.node
+        started = time.monotonic()
+        node.kube.patch_snapshot_status(namespace, snap_name, status_patch(
+            AGENT, phase=Phase.CAPTURING, node=node_name, capture_pod=pod_name, started_at=utc_now(),
+            reason="Capturing", message=f"capturing pod {pod_name} on {node_name}",
+        ))  # fmt: skip
+        node.metrics.in_flight.labels(L.ROLE_CAPTURE).inc()
+        try:
+            problem = identity_problem(payload, (snap.get("spec") or {}).get("identityHash", ""))
+            if problem:
+                # Not captured: the worker carries on serving, as after any failed capture.
+                control.send(RESTORE_COMPLETE, {"restored_in_place": True})
+                raise CaptureError(problem)
+            options = CaptureOptions(
+                keep_serving=False,
+                ready_timeout=node.config.ready_timeout,
+                meta={
+                    "namespace": namespace,
+                    "inferenceSnapshot": snap_name,
+                    "pod": pod_name,
+                    "node": node_name,
+                },
+            )
+            result = capture(
+                store=node.store, signer=node.signer, sandbox=sandbox, control=control, criu=node.criu,
+                options=options,
+            )  # fmt: skip
+        except CaptureError as exc:
+            node.metrics.captures.labels("failed").inc()
+            self._mark_failed(snap, pod, str(exc))
+            return
+        finally:
+            node.metrics.in_flight.labels(L.ROLE_CAPTURE).dec()
+        seconds = time.monotonic() - started
+        node.metrics.captures.labels("succeeded").inc()
+        node.metrics.capture_seconds.observe(seconds)
+        node.metrics.captured_bytes.inc(result.snapshot.size)
+        self._mark_ready(snap, pod_name, result.snapshot, {**result.timings, "total": round(seconds, 6)})
+        node.kube.event(pod, "Pod", "Normal", "Captured", f"snapshot {result.snapshot.id} in {seconds:.2f}s")
+
+    def _mark_ready(
+        self, snap: dict[str, Any], pod_name: str, snapshot: Snapshot, timings: dict[str, float]
+    ) -> None:
+        node = self.node
+        message = f"captured on {node.config.node}: {snapshot.size / 2**20:.1f} MiB"
+        patch = status_patch(
+            AGENT, phase=Phase.READY, reason="Captured", message=message, node=node.config.node,
+            capture_pod=pod_name, gpu=gpu_status(snapshot.identity), snapshot_id=snapshot.id,
+            storage_path=str(snapshot.path.relative_to(node.store.root)), size_bytes=snapshot.size,
+            manifest_digest=manifest_digest(snapshot), completed_at=utc_now(),
+            timings={key: float(value) for key, value in timings.items()},
+        )  # fmt: skip
+        node.kube.patch_snapshot_status(objects.meta(snap)["namespace"], objects.meta(snap)["name"], patch)
+        node.kube.event(snap, L.SNAPSHOT_KIND, "Normal", "Ready", message)
+
+    def _mark_failed(self, snap: dict[str, Any], pod: dict[str, Any], reason: str) -> None:
+        log.warning("capture of %s failed: %s", objects.key(pod), reason)
+        patch = status_patch(
+            AGENT, phase=Phase.FAILED, reason="CaptureFailed", message=reason[:1024], completed_at=utc_now()
+        )
+        self.node.kube.patch_snapshot_status(
+            objects.meta(snap)["namespace"], objects.meta(snap)["name"], patch
+        )
+        self.node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "CaptureFailed", reason)

@@ -1,0 +1,71 @@
+"""What every phase of the agent works with: its configuration, the API server, the store, CRIU."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from warmstart.agent.kube_status import KubeStatus
+from warmstart.agent.metrics import AgentMetrics
+from warmstart.agent.pods import DEFAULT_KUBELET_ROOT, PodSandbox, control_dir_on_host
+from warmstart.checkpoint.criu import Criu
+from warmstart.protocol import ControlDir
+from warmstart.snapshot.signing import Signer, Verifier
+from warmstart.snapshot.store import SnapshotStore
+
+
+@dataclass
+class AgentConfig:
+    node: str
+    store: Path
+    criu_command: str
+    kubelet_root: Path = DEFAULT_KUBELET_ROOT
+    key: str | None = None
+    work_dir: Path | None = None  # where restores materialise images (default: inside the store)
+    max_captures: int = 1
+    max_restores: int = 2
+    resync_seconds: float = 30.0
+    start_timeout: float = 300.0  # for a pod's container to appear on the host
+    ready_timeout: float = 1800.0  # for a capture pod's `ready-for-snapshot`
+    criu_timeout: float = 600.0
+    cleanup_interval: float = 300.0
+    cleanup_grace: float = 3600.0  # unreferenced store snapshots younger than this stay
+
+    def __post_init__(self) -> None:
+        if not self.node:
+            raise ValueError("the node name is empty: pass --node or set WARMSTART_NODE_NAME")
+        if self.max_captures < 1 or self.max_restores < 1:
+            raise ValueError("--max-captures and --max-restores must be at least 1")
+
+    @property
+    def restore_work_dir(self) -> Path:
+        return self.work_dir or self.store / "agent-work" / self.node
+
+
+@dataclass
+class NodeContext:
+    config: AgentConfig
+    kube: KubeStatus
+    signer: Signer
+    verifier: Verifier
+    metrics: AgentMetrics
+    store: SnapshotStore
+    criu: Criu
+    stopping: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def create(
+        cls, config: AgentConfig, kube: KubeStatus, signer: Signer, verifier: Verifier, metrics: AgentMetrics
+    ) -> NodeContext:
+        return cls(
+            config=config, kube=kube, signer=signer, verifier=verifier, metrics=metrics,
+            store=SnapshotStore(config.store), criu=Criu(config.criu_command, timeout=config.criu_timeout),
+        )  # fmt: skip
+
+    def control_dir(self, pod_uid: str) -> ControlDir:
+        return ControlDir(control_dir_on_host(self.config.kubelet_root, pod_uid))
+
+    def find_pod(self, uid: str) -> PodSandbox:
+        root, timeout = self.config.kubelet_root, self.config.start_timeout
+        return PodSandbox.find(uid, root, timeout, cancelled=self.stopping.is_set)

@@ -1,0 +1,27 @@
+"""Reading Kubernetes objects as the plain dicts the agent gets from the API server."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def meta(obj: dict[str, Any] | None) -> dict[str, Any]:
+    return (obj or {}).get("metadata") or {}
+
+
+def labels(obj: dict[str, Any] | None) -> dict[str, str]:
+    return meta(obj).get("labels") or {}
+
+
+def status(obj: dict[str, Any] | None) -> dict[str, Any]:
+    return (obj or {}).get("status") or {}
+
+
+def key(obj: dict[str, Any]) -> str:
+    """`namespace/name`, for logs."""
+    return f"{meta(obj)['namespace']}/{meta(obj)['name']}"
+
+
+def store_snapshot_id(snap: dict[str, Any]) -> str:
+    """The store id an InferenceSnapshot's status points at ("" before it is Ready)."""
+    return str(status(snap).get("snapshotId") or "")

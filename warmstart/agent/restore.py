@@ -1,0 +1,190 @@
+"""Restore phase: a restore pod gets its InferenceSnapshot's snapshot restored into its namespaces.
+
+The snapshot must be Ready, in the pod's namespace (checked against the namespace the store's manifest
+recorded at capture) and its identity must hash to what the InferenceSnapshot names. `restore-complete`
+carries the port the worker serves on; any refusal or failure sends `restore-failed` (the worker
+cold-starts), records an Event and the failure count, and the InferenceSnapshot turns Invalid after
+repeated failures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import threading
+import time
+from typing import Any
+
+from warmstart.agent import objects
+from warmstart.agent.context import NodeContext
+from warmstart.agent.pods import PodProcessError, PodSandbox
+from warmstart.api import labels as L
+from warmstart.api.snapshot import AGENT, Phase, SnapshotStatus, status_patch
+from warmstart.checkpoint.restore import FailureCounter, RestoreFailed, RestoreRefused, restore
+from warmstart.identity import SnapshotIdentity
+from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
+from warmstart.snapshot.manifest import SnapshotError
+
+log = logging.getLogger(__name__)
+
+
+class Refused(RuntimeError):
+    """A restore this agent will not attempt; the reason names what is wrong."""
+
+
+def answered(control: ControlDir) -> bool:
+    """True when the pod already got `restore-complete` or `restore-failed`."""
+    return control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED)
+
+
+def worker_port(pod: dict[str, Any]) -> int | None:
+    """The port the worker serves on: its container's first port, else its `--port` argument."""
+    containers = (pod.get("spec") or {}).get("containers") or []
+    for container in containers:
+        for port in container.get("ports") or []:
+            if port.get("containerPort"):
+                return int(port["containerPort"])
+        args = list(container.get("args") or [])
+        if "--port" in args[:-1]:
+            with contextlib.suppress(ValueError):
+                return int(args[args.index("--port") + 1])
+    return None
+
+
+class RestorePhase:
+    def __init__(self, node: NodeContext) -> None:
+        self.node = node
+        self._slots = threading.BoundedSemaphore(node.config.max_restores)
+
+    def handle(self, pod: dict[str, Any]) -> None:
+        """Restore the pod's snapshot into it, or tell it to cold-start; then the pod needs nothing more."""
+        uid = objects.meta(pod)["uid"]
+        control = self.node.control_dir(uid)
+        if answered(control):
+            return
+        try:
+            snap, snapshot_id, identity = self.restorable(pod)
+        except Refused as exc:
+            self._wait_control_dir(control)
+            self._refuse(pod, control, str(exc))
+            return
+        sandbox = self.node.find_pod(uid)
+        if answered(control):  # answered while the pod's container was awaited
+            return
+        if sandbox.engine_running():
+            log.info("pod %s already runs an engine (it gave up waiting): no restore", objects.key(pod))
+            return
+        with self._slots:
+            self._restore(pod, snap, snapshot_id, identity, sandbox, control)
+
+    def restorable(self, pod: dict[str, Any]) -> tuple[dict[str, Any], str, SnapshotIdentity]:
+        """The pod's InferenceSnapshot, its store id and identity; Refused with the reason otherwise."""
+        namespace, name = objects.meta(pod)["namespace"], objects.labels(pod).get(L.SNAPSHOT_LABEL, "")
+        snap = self.node.kube.get_snapshot(namespace, name) if name else None
+        if snap is None:
+            raise Refused(f"no InferenceSnapshot {name!r} in namespace {namespace}")
+        status, spec = SnapshotStatus.of(snap), snap.get("spec") or {}
+        if status.phase != Phase.READY:
+            raise Refused(f"InferenceSnapshot {name} is {status.phase}, not Ready")
+        snapshot_id = objects.store_snapshot_id(snap)
+        try:
+            identity = SnapshotIdentity.from_dict(spec.get("identity") or {})
+        except (TypeError, ValueError) as exc:
+            raise Refused(f"InferenceSnapshot {name} has no valid spec.identity: {exc}") from exc
+        if identity.digest() != spec.get("identityHash"):
+            raise Refused(f"InferenceSnapshot {name}: spec.identity does not hash to spec.identityHash")
+        try:
+            recorded = self.node.store.get(snapshot_id).meta.get("namespace")
+        except SnapshotError as exc:
+            raise Refused(f"InferenceSnapshot {name}: {exc}") from exc
+        if recorded != namespace:
+            raise Refused(
+                f"snapshot {snapshot_id} was captured in namespace {recorded!r}; it is never restored into "
+                f"another namespace ({namespace})"
+            )
+        return snap, snapshot_id, identity
+
+    def _wait_control_dir(self, control: ControlDir) -> None:
+        """The kubelet makes the emptyDir before the container starts; a refusal needs only the directory."""
+        deadline = time.monotonic() + self.node.config.start_timeout
+        while not control.path.is_dir():
+            if time.monotonic() >= deadline or self.node.stopping.is_set():
+                raise PodProcessError(f"no control directory at {control.path} (is the kubelet root right?)")
+            time.sleep(0.1)
+
+    def _refuse(self, pod: dict[str, Any], control: ControlDir, reason: str) -> None:
+        log.warning("restore into %s refused: %s", objects.key(pod), reason)
+        control.send(RESTORE_FAILED, {"reason": reason})
+        self.node.metrics.restores.labels("refused").inc()
+        self.node.kube.event(pod, "Pod", "Warning", "RestoreRefused", f"{reason}; the worker starts cold")
+        self.node.kube.annotate_pod(
+            objects.meta(pod)["namespace"], objects.meta(pod)["name"], {"restoreFailed": reason}
+        )
+
+    def _restore(
+        self,
+        pod: dict[str, Any],
+        snap: dict[str, Any],
+        snapshot_id: str,
+        identity: SnapshotIdentity,
+        sandbox: PodSandbox,
+        control: ControlDir,
+    ) -> None:
+        node = self.node
+        failures = FailureCounter(node.store.root)
+        work_dir = node.config.restore_work_dir / objects.meta(pod)["uid"]
+        resume: dict[str, Any] = {"restore_started_at": time.time()}
+        if (port := worker_port(pod)) is not None:
+            resume["port"] = port
+        started = time.monotonic()
+        node.metrics.in_flight.labels(L.ROLE_RESTORE).inc()
+        try:
+            sandbox.reserve_low_pids()
+            result = restore(
+                store=node.store, verifier=node.verifier, snapshot_id=snapshot_id, expected_identity=identity,
+                sandbox=sandbox, control=control, criu=node.criu, work_dir=work_dir, resume_payload=resume,
+                failures=failures,
+            )  # fmt: skip
+        except PodProcessError as exc:
+            # The pod, not the snapshot, is at fault: a cold start, without counting against the snapshot.
+            self._refuse(pod, control, f"the pod cannot take a restore: {exc}")
+            return
+        except (RestoreRefused, RestoreFailed) as exc:
+            self._failed(pod, snap, snapshot_id, str(exc), failures)
+            return
+        finally:
+            node.metrics.in_flight.labels(L.ROLE_RESTORE).dec()
+            shutil.rmtree(work_dir, ignore_errors=True)
+        seconds = time.monotonic() - started
+        node.metrics.restores.labels("succeeded").inc()
+        node.metrics.restore_seconds.observe(seconds)
+        node.metrics.restored_bytes.inc(result.snapshot.size)
+        namespace, name = objects.meta(pod)["namespace"], objects.meta(pod)["name"]
+        report = {"restoreSeconds": round(seconds, 3), "snapshot": objects.meta(snap)["name"]}
+        node.kube.annotate_pod(namespace, name, report)
+        node.kube.event(pod, "Pod", "Normal", "Restored", f"from snapshot {snapshot_id} in {seconds:.2f}s")
+
+    def _failed(
+        self,
+        pod: dict[str, Any],
+        snap: dict[str, Any],
+        snapshot_id: str,
+        reason: str,
+        failures: FailureCounter,
+    ) -> None:
+        """Report a failed restore (already counted in `failures`); Invalid once it failed too often."""
+        node, count = self.node, failures.count(snapshot_id)
+        node.metrics.restores.labels("failed").inc()
+        message = f"{reason} (failure {count} of {failures.max_failures}); the worker starts cold"
+        node.kube.event(pod, "Pod", "Warning", "RestoreFailed", message)
+        node.kube.annotate_pod(
+            objects.meta(pod)["namespace"], objects.meta(pod)["name"], {"restoreFailed": reason}
+        )
+        fields: dict[str, Any] = {"restore_failures": count}
+        if count >= failures.max_failures:
+            invalid = f"{count} restores failed: {reason}"[:1024]
+            fields.update(phase=Phase.INVALID, reason="RestoreFailures", message=invalid)
+            node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "Invalid", invalid)
+        namespace, name = objects.meta(snap)["namespace"], objects.meta(snap)["name"]
+        node.kube.patch_snapshot_status(namespace, name, status_patch(AGENT, **fields))
