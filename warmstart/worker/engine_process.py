@@ -29,6 +29,8 @@ from warmstart.protocol import (
     ControlDir,
     Signal,
 )
+from warmstart.worker.connections import ConnectionLimits, quiet_connection_logs, uvicorn_options
+from warmstart.worker.openai_requests import RequestLimits
 from warmstart.worker.options import add_worker_arguments, engine_options
 
 log = logging.getLogger("warmstart.worker.engine")
@@ -143,7 +145,12 @@ def _resume_address(received: Signal, args: argparse.Namespace) -> tuple[str, in
 
 
 class _HttpRunner:
-    def __init__(self, engine: Any) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        connection_limits: ConnectionLimits | None = None,
+        request_limits: RequestLimits | None = None,
+    ) -> None:
         import uvicorn
 
         from warmstart.worker.metrics import WorkerMetrics
@@ -152,7 +159,8 @@ class _HttpRunner:
         self.engine = engine
         self.metrics = WorkerMetrics()
         self.state = ServerState()
-        self.app = build_app(engine, self.metrics, self.state)
+        self.connection_limits = connection_limits or ConnectionLimits()
+        self.app = build_app(engine, self.metrics, self.state, request_limits)
         self._uvicorn = uvicorn
 
     def serve(self, host: str, port: int, mode: str, since: float) -> int:
@@ -164,14 +172,15 @@ class _HttpRunner:
                 if not self.should_exit:
                     runner._mark_serving(mode, since)
 
+        quiet_connection_logs()
         config = self._uvicorn.Config(
             self.app,
             host=host,
             port=port,
             log_level="info",
-            access_log=False,
             lifespan="off",
             timeout_graceful_shutdown=5,
+            **uvicorn_options(self.connection_limits),
         )
         server = Server(config)
         try:

@@ -1,19 +1,24 @@
 """The worker's OpenAI-compatible HTTP API (FastAPI), started only after the engine is resumed.
 
-Routes: /v1/models, /v1/completions, /v1/chat/completions (both with `stream: true` as server-sent events),
-/health (process alive), /ready (engine serving), /metrics (Prometheus). Bad requests get 400 with an
-OpenAI-style error body naming the field; an unknown model gets 404.
+Routes: /v1/models, /v1/completions, /v1/chat/completions (both with `stream: true` as server-sent events,
+`stream_options.include_usage` honoured), /health (process alive), /ready (engine serving), /metrics
+(Prometheus), /openapi.json (the request schema). Bad requests get 400 with an OpenAI-style error body
+naming the field (413 for an oversized body), a parameter the engine does not honour included; an unknown
+model gets 404; /v1/responses gets a 400 saying it is not implemented. Every response, errors included, is
+counted in the metrics. A client that disconnects stops its generation: the engine stream is closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
-import itertools
 import json
+import logging
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +26,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from warmstart.engines.base import (
     Engine,
@@ -28,28 +35,28 @@ from warmstart.engines.base import (
     GenerationRequest,
     GenerationResult,
     RequestError,
-    SamplingParams,
     TokenDelta,
 )
-from warmstart.worker.metrics import WorkerMetrics
+from warmstart.worker.metrics import GenerationTracker, WorkerMetrics
+from warmstart.worker.openai_requests import (
+    ApiError,
+    ParsedRequest,
+    RequestLimits,
+    body_too_large,
+    parse_json_body,
+    parse_request,
+)
+from warmstart.worker.openapi_schema import openapi_schema
 
-DEFAULT_COMPLETION_TOKENS = 16
-DEFAULT_CHAT_TOKENS = 256
-MAX_STOP_STRINGS = 4
-CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+__all__ = ["ApiError", "RequestLimits", "ServerState", "build_app"]
+
+log = logging.getLogger("warmstart.worker.server")
+
+CLIENT_GONE = 499  # the status a request is counted with when its client left before the answer
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    def body(self) -> dict[str, Any]:
-        kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
 
 
 @contextlib.contextmanager
@@ -68,23 +75,57 @@ class ServerState:
     ready: bool = False
 
 
-def build_app(engine: Engine, metrics: WorkerMetrics, state: ServerState) -> FastAPI:
-    app = FastAPI(title="warmstart worker", docs_url=None, redoc_url=None, openapi_url=None)
-    api = _Api(engine, metrics)
+class _CountResponses:
+    """Counts every response by route and status, and answers an unexpected exception with an OpenAI-style
+    500 (still counted) instead of a bare one."""
 
-    @app.middleware("http")
-    async def count_requests(request: Request, call_next: Callable[..., Any]) -> Response:
+    def __init__(self, app: ASGIApp, metrics: WorkerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         started = time.perf_counter()
-        response = await call_next(request)
-        route = request.scope.get("route")
-        path = getattr(route, "path", "unmatched")
-        metrics.requests.labels(path, str(response.status_code)).inc()
-        metrics.latency.labels(path).observe(time.perf_counter() - started)
-        return response
+        status: int | None = None
+
+        async def send_counted(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_counted)
+        except Exception:
+            log.exception("unexpected error answering %s %s", scope.get("method"), scope.get("path"))
+            if status is None:
+                await _error_response(ApiError(500, "internal error in the worker"))(scope, receive, send)
+                status = 500
+        finally:
+            path = getattr(scope.get("route"), "path", "unmatched")
+            self.metrics.requests.labels(path, str(status or CLIENT_GONE)).inc()
+            self.metrics.latency.labels(path).observe(time.perf_counter() - started)
+
+
+def build_app(
+    engine: Engine, metrics: WorkerMetrics, state: ServerState, limits: RequestLimits | None = None
+) -> FastAPI:
+    limits = limits or RequestLimits()
+    app = FastAPI(title="warmstart worker", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
+    app.openapi = lambda: openapi_schema(limits, engine.max_model_len)  # type: ignore[method-assign]
+    app.add_middleware(_CountResponses, metrics=metrics)
+    api = _Api(engine, metrics, limits)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, error: ApiError) -> JSONResponse:
-        return error.response()
+        return _error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
+        code = "not_found" if error.status_code == 404 else None
+        return _error_response(ApiError(error.status_code, str(error.detail), None, code))
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -113,138 +154,200 @@ def build_app(engine: Engine, metrics: WorkerMetrics, state: ServerState) -> Fas
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
-        return await api.complete(await _json_body(request), chat=False)
+        return await api.complete(request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
-        return await api.complete(await _json_body(request), chat=True)
+        return await api.complete(request, chat=True)
+
+    @app.api_route("/v1/responses", methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    @app.api_route("/v1/responses/{rest:path}", methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    async def responses() -> Response:
+        # A 400, not a 501: OpenAI clients retry 5xx answers, and retrying cannot help here.
+        raise ApiError(
+            400,
+            "this worker does not implement the Responses API (/v1/responses); use /v1/chat/completions",
+            None,
+            "unsupported_endpoint",
+        )
 
     return app
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+async def _read_body(request: Request, limits: RequestLimits) -> bytes:
+    """The body, refused with a 413 as soon as it is known to exceed the limit (before reading it, when its
+    Content-Length says so) and with a 408 when it does not arrive within the body timeout."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise body_too_large(limits)
+    chunks: list[bytes] = []
+    size = 0
     try:
-        body = json.loads(await request.body() or b"null")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the request body must be a JSON object")
-    return body
+        async with asyncio.timeout(limits.body_timeout_seconds):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise body_too_large(limits)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise ApiError(
+            408, f"the request body did not arrive within {limits.body_timeout_seconds} s"
+        ) from None
+    return b"".join(chunks)
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns once the client has disconnected (the body must have been read already)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Cancelled(Exception):
+    """The client went away; the generation was stopped."""
 
 
 class _Api:
-    def __init__(self, engine: Engine, metrics: WorkerMetrics) -> None:
+    def __init__(self, engine: Engine, metrics: WorkerMetrics, limits: RequestLimits) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.limits = limits
         self.created = int(time.time())
 
-    async def complete(self, body: dict[str, Any], chat: bool) -> Response:
-        model = _field(body, "model", str, required=True)
-        if model != self.engine.served_model_name:
+    async def complete(self, http_request: Request, chat: bool) -> Response:
+        body = parse_json_body(await _read_body(http_request, self.limits), self.limits)
+        parsed = parse_request(body, chat, self.limits)
+        if parsed.model != self.engine.served_model_name:
             raise ApiError(
                 404,
-                f"The model `{model}` does not exist; this worker serves `{self.engine.served_model_name}`.",
+                f"The model `{parsed.model}` does not exist; this worker serves "
+                f"`{self.engine.served_model_name}`.",
                 "model",
                 "model_not_found",
             )
-        prompts = self._chat_prompt(body) if chat else self._prompts(body)
-        sampling = self._sampling(body, chat)
-        n = _field(body, "n", int, default=1)
-        if n < 1:
-            raise ApiError(400, f"n must be at least 1, got {n}", "n")
-        stream = _field(body, "stream", bool, default=False)
-        if stream and len(prompts) * n != 1:
-            raise ApiError(400, "stream: true supports one prompt and n = 1", "stream")
+        requests, prompt_tokens = self._requests(parsed, chat)
+        reply = _Reply(chat, self.engine.served_model_name)
+        if parsed.stream:
+            return await self._stream(http_request, requests[0], reply, parsed.include_usage, prompt_tokens)
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        stop = threading.Event()
+        work = asyncio.ensure_future(run_in_threadpool(self._generate, requests, stop))
+        gone = asyncio.ensure_future(_client_gone(http_request))
+        try:
+            await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            stop.set()  # no-op once the work is done; after a disconnect, stops it at its next token
+        try:
+            results = await work
+        except _Cancelled:
+            return Response(status_code=CLIENT_GONE)
+        return JSONResponse(reply.full(results, prompt_tokens))
+
+    def _requests(self, parsed: ParsedRequest, chat: bool) -> tuple[list[GenerationRequest], int]:
+        prompts = (
+            [{"prompt": self.engine.chat_prompt(parsed.messages)}] if parsed.messages else parsed.prompts
+        )
         requests: list[GenerationRequest] = []
         prompt_tokens = 0
         for prompt in prompts:
-            count, fitted = self._fit(GenerationRequest(sampling=sampling, **prompt), body, chat)
+            request = GenerationRequest(sampling=parsed.sampling, **prompt)
+            count, fitted = self._fit(request, parsed.max_tokens_param, chat)
             prompt_tokens += count
-            requests += [dataclasses.replace(fitted, request_id=uuid.uuid4().hex) for _ in range(n)]
-        self.metrics.prompt_tokens.inc(prompt_tokens)
-        reply = _Reply(chat, self.engine.served_model_name)
-        if stream:
-            return await self._stream(requests[0], reply)
-        results = await run_in_threadpool(self._generate, requests)
-        self.metrics.completion_tokens.inc(sum(len(result.token_ids) for result in results))
-        return JSONResponse(reply.full(results, prompt_tokens))
+            requests += [dataclasses.replace(fitted, request_id=uuid.uuid4().hex) for _ in range(parsed.n)]
+        return requests, prompt_tokens
 
-    def _generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
-        with _engine_errors():
-            if len(requests) == 1:  # through stream() so the first token's time is known
-                started = time.perf_counter()
-                deltas = list(self._timed(self.engine.stream(requests[0]), started))
-                return [_merge(requests[0].request_id, deltas)]
-            return self.engine.generate(requests)
-
-    def _timed(self, deltas: Iterator[TokenDelta], started: float) -> Iterator[TokenDelta]:
-        with _engine_errors():
-            first = next(deltas)
-        self.metrics.time_to_first_token.observe(time.perf_counter() - started)
-        return itertools.chain([first], deltas)
-
-    async def _stream(self, request: GenerationRequest, reply: _Reply) -> StreamingResponse:
+    def _generate(self, requests: list[GenerationRequest], stop: threading.Event) -> list[GenerationResult]:
+        """Run every choice through engine.stream() (so it can be stopped between tokens), all submitted
+        before any is read to the end so they batch together."""
         started = time.perf_counter()
-        # Pull the first token before answering, so a request the engine refuses still gets a 400.
-        deltas = await run_in_threadpool(self._timed, self.engine.stream(request), started)
+        with contextlib.ExitStack() as stack:
+            trackers = [stack.enter_context(self.metrics.generation()) for _ in requests]
+            streams = [stack.enter_context(contextlib.closing(self.engine.stream(r))) for r in requests]
+            firsts = [
+                self._first_delta(stream, tracker, stop)
+                for stream, tracker in zip(streams, trackers, strict=True)
+            ]
+            self.metrics.time_to_first_token.observe(time.perf_counter() - started)
+            return [
+                _merge(request.request_id, self._drain(first, stream, stop))
+                for request, first, stream in zip(requests, firsts, streams, strict=True)
+            ]
 
-        def events() -> Iterator[str]:
-            yield from reply.stream_start()
-            try:
-                with _engine_errors():
-                    for delta in deltas:
-                        self.metrics.completion_tokens.inc(len(delta.token_ids))
+    def _first_delta(
+        self, stream: Iterator[TokenDelta], tracker: GenerationTracker, stop: threading.Event
+    ) -> TokenDelta:
+        delta = self._next(stream, stop)
+        if delta is None:
+            raise ApiError(503, "the engine ended a generation without output")
+        tracker.started()
+        return delta
+
+    def _drain(
+        self, first: TokenDelta, stream: Iterator[TokenDelta], stop: threading.Event
+    ) -> list[TokenDelta]:
+        deltas = [first]
+        while deltas[-1].finish_reason is None:
+            delta = self._next(stream, stop)
+            if delta is None:
+                break
+            deltas.append(delta)
+        return deltas
+
+    def _next(self, stream: Iterator[TokenDelta], stop: threading.Event) -> TokenDelta | None:
+        if stop.is_set():
+            self.metrics.requests_cancelled.inc()
+            raise _Cancelled()
+        with _engine_errors():
+            delta = next(stream, None)
+        if delta is not None:
+            self.metrics.completion_tokens.inc(len(delta.token_ids))
+        return delta
+
+    async def _stream(
+        self,
+        http_request: Request,
+        request: GenerationRequest,
+        reply: _Reply,
+        include_usage: bool,
+        prompt_tokens: int,
+    ) -> StreamingResponse:
+        started = time.perf_counter()
+        never = threading.Event()
+        with contextlib.ExitStack() as setup:
+            tracker = setup.enter_context(self.metrics.generation())
+            stream = setup.enter_context(contextlib.closing(self.engine.stream(request)))
+            # The first token before answering, so a request the engine refuses still gets an HTTP error.
+            first = await run_in_threadpool(self._first_delta, stream, tracker, never)
+            self.metrics.time_to_first_token.observe(time.perf_counter() - started)
+            self.metrics.prompt_tokens.inc(prompt_tokens)
+            owned = setup.pop_all()  # from here the event stream closes the engine stream and the tracker
+
+        async def events() -> AsyncIterator[str]:
+            completion_tokens = 0
+            with owned:
+                try:
+                    for text in reply.stream_start():
+                        yield text
+                    delta: TokenDelta | None = first
+                    while delta is not None:
+                        completion_tokens += len(delta.token_ids)
                         yield reply.chunk(delta)
-            except ApiError as error:  # the 200 went out with the first token: the error is the last event
-                yield _sse(error.body())
-            yield "data: [DONE]\n\n"
+                        if delta.finish_reason is not None:
+                            break
+                        delta = await run_in_threadpool(self._next, stream, never)
+                except ApiError as error:  # the 200 is out: the error is the last event
+                    yield _sse(error.body())
+                except asyncio.CancelledError:  # the client went away
+                    self.metrics.requests_cancelled.inc()
+                    raise
+                if include_usage:
+                    yield reply.usage_chunk(prompt_tokens, completion_tokens)
+                yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
-    def _prompts(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        prompt = body.get("prompt")
-        if prompt is None:
-            raise ApiError(400, "prompt is required", "prompt")
-        if isinstance(prompt, str):
-            return [{"prompt": prompt}]
-        if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-            return [{"prompt": p} for p in prompt]
-        if isinstance(prompt, list) and prompt and all(_is_int(p) for p in prompt):
-            return [{"prompt_token_ids": tuple(prompt)}]
-        raise ApiError(
-            400, "prompt must be a non-empty string, a list of strings or a list of token ids", "prompt"
-        )
-
-    def _chat_prompt(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
-        turns = [_chat_turn(message, index) for index, message in enumerate(messages)]
-        return [{"prompt": self.engine.chat_prompt(turns)}]
-
-    def _sampling(self, body: dict[str, Any], chat: bool) -> SamplingParams:
-        default_tokens = DEFAULT_CHAT_TOKENS if chat else DEFAULT_COMPLETION_TOKENS
-        name = "max_completion_tokens" if chat and "max_completion_tokens" in body else "max_tokens"
-        max_tokens = _field(body, name, int, default=None)
-        temperature = float(_field(body, "temperature", (int, float), default=1.0))
-        top_p = float(_field(body, "top_p", (int, float), default=1.0))
-        if not 0.0 <= temperature <= 2.0:
-            raise ApiError(400, f"temperature must be between 0 and 2, got {temperature}", "temperature")
-        if not 0.0 < top_p <= 1.0:
-            raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
-        if max_tokens is not None and max_tokens < 1:
-            raise ApiError(400, f"{name} must be at least 1, got {max_tokens}", name)
-        return SamplingParams(
-            max_tokens=max_tokens if max_tokens is not None else -default_tokens,  # negative: a default
-            temperature=temperature,
-            top_p=top_p,
-            seed=_seed(body),
-            stop=_stop_strings(body.get("stop")),
-            ignore_eos=_field(body, "ignore_eos", bool, default=False),
-        )
-
     def _fit(
-        self, request: GenerationRequest, body: dict[str, Any], chat: bool
+        self, request: GenerationRequest, max_tokens_param: str, chat: bool
     ) -> tuple[int, GenerationRequest]:
         """Check the prompt plus output fits the model, resolving a defaulted max_tokens to what fits."""
         try:
@@ -268,12 +371,11 @@ class _Api:
             sampling = dataclasses.replace(request.sampling, max_tokens=min(-wanted, room))
             return count, dataclasses.replace(request, sampling=sampling)
         if wanted > room:
-            name = "max_completion_tokens" if "max_completion_tokens" in body else "max_tokens"
             message = (
-                f"{name} is {wanted}, but the prompt has {count} tokens and this model's context is {limit}: "
-                f"at most {room} can be generated"
+                f"{max_tokens_param} is {wanted}, but the prompt has {count} tokens and this model's context "
+                f"is {limit}: at most {room} can be generated"
             )
-            raise ApiError(400, message, name)
+            raise ApiError(400, message, max_tokens_param)
         return count, request
 
 
@@ -294,11 +396,7 @@ class _Reply:
         return {
             **self._head("chat.completion" if self.chat else "text_completion"),
             "choices": choices,
-            "usage": {
-                "prompt_tokens": prompt_tokens,
-                "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-            },
+            "usage": _usage(prompt_tokens, completion_tokens),
         }
 
     def stream_start(self) -> Iterator[str]:
@@ -313,6 +411,11 @@ class _Reply:
             return _sse({**self._head("chat.completion.chunk"), "choices": [choice]})
         choice = {"index": 0, "text": delta.text, "logprobs": None, "finish_reason": delta.finish_reason}
         return _sse({**self._head("text_completion"), "choices": [choice]})
+
+    def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
+        """The last chunk of a stream asked for with stream_options.include_usage: no choices, the usage."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return _sse({**self._head(kind), "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
 
     def _choice(self, index: int, text: str, finish_reason: str) -> dict[str, Any]:
         if self.chat:
@@ -339,73 +442,6 @@ def _merge(request_id: str, deltas: list[TokenDelta]) -> GenerationResult:
     )
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _type_name(kind: type | tuple[type, ...]) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return "a number" if float in kinds else " or ".join(names.get(k, k.__name__) for k in kinds)
-
-
-def _field(
-    body: dict[str, Any],
-    name: str,
-    kind: type | tuple[type, ...],
-    required: bool = False,
-    default: Any = None,
-) -> Any:
-    if name not in body or body[name] is None:
-        if required:
-            raise ApiError(400, f"{name} is required", name)
-        return default
-    value = body[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    is_bool = isinstance(value, bool)
-    if not isinstance(value, kinds) or (is_bool and bool not in kinds):
-        raise ApiError(400, f"{name} must be {_type_name(kind)}, got {json.dumps(value)[:80]}", name)
-    return value
-
-
-def _chat_turn(message: Any, index: int) -> dict[str, str]:
-    where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise ApiError(400, f"{where} must be an object with role and content", where)
-    role = message.get("role")
-    if role not in CHAT_ROLES:
-        raise ApiError(
-            400, f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {role!r}", f"{where}.role"
-        )
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: keep the text ones
-        texts = [
-            part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"
-        ]
-        if len(texts) != len(content) or not all(isinstance(text, str) for text in texts):
-            raise ApiError(
-                400, f"{where}.content parts must all be {{type: text, text: string}}", f"{where}.content"
-            )
-        content = "".join(texts)
-    if not isinstance(content, str):
-        raise ApiError(400, f"{where}.content must be a string", f"{where}.content")
-    return {"role": role, "content": content}
-
-
-def _seed(body: dict[str, Any]) -> int | None:
-    seed = _field(body, "seed", int, default=None)
-    if seed is not None and not 0 <= seed < 2**63:
-        raise ApiError(400, f"seed must be between 0 and 2**63 - 1, got {seed}", "seed")
-    return seed
-
-
-def _stop_strings(stop: Any) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(400, "stop must be a non-empty string or a list of non-empty strings", "stop")
-    if len(stop) > MAX_STOP_STRINGS:
-        raise ApiError(400, f"stop takes at most {MAX_STOP_STRINGS} strings, got {len(stop)}", "stop")
-    return tuple(stop)
+def _usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    total = prompt_tokens + completion_tokens
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": total}
