@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmstart.identity import SnapshotIdentity
+from warmstart.parallel import default_workers, parallel_map
 from warmstart.snapshot import SnapshotStore
-from warmstart.snapshot.hashing import default_workers, hash_file, parallel_map
+from warmstart.snapshot.hashing import hash_file
 from warmstart.snapshot.signing import HmacKey
 
 GIB = 1 << 30

@@ -62,6 +62,20 @@ def start_ticks(pid: int | str = "self", proc: Path = PROC) -> int | None:
     return stat.start_ticks if stat is not None else None
 
 
+def same_process(pid: int, started: int | None, proc: Path = PROC) -> bool:
+    """True while `pid` is the process that started `started` ticks after boot (None: whichever has it).
+
+    An entry that exists but cannot be read counts as that process: from here it cannot be told apart.
+    """
+    try:
+        text = (proc / str(pid) / "stat").read_text(errors="replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    except OSError:
+        return True
+    return started is None or parse_stat(text).start_ticks == started
+
+
 def is_running(pid: int, proc: Path = PROC) -> bool:
     """True when process `pid` exists and is neither a zombie nor dead."""
     stat = read_stat(pid, proc)

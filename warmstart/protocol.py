@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from warmstart.fileio import write_atomic
+
 CONTROL_DIR_ENV = "WARMSTART_CONTROL_DIR"
 
 READY_FOR_SNAPSHOT = "ready-for-snapshot"  # worker: engine initialised, warm, quiesced; payload has the pid
@@ -59,15 +61,7 @@ class ControlDir:
     def send(self, name: str, payload: dict[str, Any] | None = None) -> None:
         target = self._file(name)
         self.path.mkdir(parents=True, exist_ok=True)
-        tmp = self.path / f".{name}.{os.getpid()}.tmp"
-        data = json.dumps(payload or {}, sort_keys=True).encode()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.write(fd, data)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
+        write_atomic(target, json.dumps(payload or {}, sort_keys=True).encode())
 
     def read(self, name: str) -> Signal | None:
         try:

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmstart.fileio import write_atomic
 from warmstart.snapshot.keys import signing_keys
 
 if TYPE_CHECKING:
@@ -117,8 +118,8 @@ class IdentityCache:
 
         self.directory.mkdir(parents=True, exist_ok=True)
         target = self.directory / f"{self.key(spec)}.json"
-        _atomic_write(target, data)
-        _atomic_write(target.with_suffix(".sig"), signature_document(self.signer, data))
+        write_atomic(target, data)
+        write_atomic(target.with_suffix(".sig"), signature_document(self.signer, data))
 
     def lookup(self, spec: WorkerSpec) -> tuple[SnapshotIdentity | None, str]:
         """The identity a worker of `spec` has here, or None with the reason."""
@@ -178,12 +179,6 @@ def _fingerprint(model_dir: str) -> dict[str, list[int]]:
                 info = entry.stat()
                 found[entry.name] = [info.st_size, info.st_mtime_ns]
     return found
-
-
-def _atomic_write(target: Path, data: bytes) -> None:
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    temporary.write_bytes(data)
-    os.replace(temporary, target)
 
 
 def wait_http_ready(spec: WorkerSpec, deadline: float, worker: Sandbox | PlainWorker) -> None:

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,8 +54,18 @@ def _snapshot(plan: StagingPlan) -> _Snapshot:
 
 
 def _sandbox_process(user: int | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """A process standing for a sandbox's first one (its root is ours: the plan's paths resolve alike)."""
-    return subprocess.Popen(["sleep", "60"], user=user, env=env)
+    """A process standing for a sandbox's first one (its root is ours: the plan's paths resolve alike).
+
+    Returned once it runs `sleep`: before its exec, /proc shows the forked test process's user and env.
+    """
+    process = subprocess.Popen(["sleep", "60"], user=user, env=env)
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{process.pid}/comm").read_text().strip() != "sleep":
+        if time.monotonic() > deadline or process.poll() is not None:
+            process.kill()
+            raise RuntimeError("the stand-in sandbox process never ran sleep")
+        time.sleep(0.01)
+    return process
 
 
 @pytest.fixture

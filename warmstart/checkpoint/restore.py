@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from warmstart.checkpoint.capture import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.criu import Criu, CriuError
 from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.checkpoint.weight_staging import StagerProcess, start_stager
+from warmstart.fileio import write_atomic
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.manifest import SnapshotError
@@ -82,9 +82,7 @@ class FailureCounter:
         count = self.count(snapshot_id) + 1
         self.directory.mkdir(parents=True, exist_ok=True)
         target = self._file(snapshot_id)
-        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        temporary.write_text(json.dumps({"count": count, "reason": reason, "time": time.time()}))
-        os.replace(temporary, target)
+        write_atomic(target, json.dumps({"count": count, "reason": reason, "time": time.time()}).encode())
         return count
 
     def invalid(self, snapshot_id: str) -> bool:

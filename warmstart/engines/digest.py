@@ -15,6 +15,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from warmstart.fileio import write_atomic
+
 log = logging.getLogger(__name__)
 
 DIGEST_SIDECAR = ".warmstart-digest.json"
@@ -84,10 +86,7 @@ def write_sidecar(
         stat = stats[name] if stats else (model_dir / name).stat()
         files[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha}
     body = json.dumps({"files": files, "digest": combine_digests(file_hashes)}, indent=2, sort_keys=True)
-    tmp = model_dir / f"{DIGEST_SIDECAR}.{os.getpid()}.tmp"
     try:
-        tmp.write_text(body + "\n")
-        os.replace(tmp, model_dir / DIGEST_SIDECAR)
+        write_atomic(model_dir / DIGEST_SIDECAR, (body + "\n").encode())
     except OSError as exc:  # a read-only model directory: the digest is simply not cached
         log.warning("cannot cache the weights digest in %s: %s", model_dir, exc)
-        tmp.unlink(missing_ok=True)

@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from warmstart.engines.weights_io import pread_exact, run_parallel
+from warmstart.engines.weights_io import pread_exact
+from warmstart.parallel import share_among_threads
 
 log = logging.getLogger(__name__)
 
@@ -330,7 +331,7 @@ class _SharedDeviceMemory:
 
 def _fill(memory: _SharedDeviceMemory, copies: tuple[Copy, ...], files: dict[str, int], threads: int) -> None:
     """Page cache -> per-thread pinned buffers -> device, on per-thread streams (like `weights_io.refill`)."""
-    run_parallel(lambda queue: _copy_some(memory, files, queue), iter(copies), threads)
+    share_among_threads(lambda queue: _copy_some(memory, files, queue), iter(copies), threads, name="stage")
 
 
 def _copy_some(memory: _SharedDeviceMemory, fds: dict[str, int], queue: Iterator[Copy]) -> None:

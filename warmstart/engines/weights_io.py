@@ -15,12 +15,14 @@ import json
 import math
 import os
 import struct
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from warmstart.fileio import atomic_file
+from warmstart.parallel import share_among_threads
 
 if TYPE_CHECKING:
     import torch
@@ -211,7 +213,7 @@ def refill(
 
             torch.cuda.synchronize(arena.device)  # no earlier kernel may still be using the destination
             worker = _cuda_worker(arena, fds, buffer_bytes, direct_io)
-        run_parallel(worker, iter(chunks), threads)
+        share_among_threads(worker, iter(chunks), threads, name="refill")
     return RefillStats(total, time.perf_counter() - started, threads)
 
 
@@ -288,47 +290,6 @@ def release_pinned_cache() -> None:
 
     if hasattr(torch._C, "_host_emptyCache"):
         torch._C._host_emptyCache()
-
-
-def run_parallel(work: Callable[[Iterator[Any]], None], items: Iterator[Any], threads: int) -> None:
-    """`threads` threads running `work` on one shared queue of `items`; the first error stops them all."""
-    shared = _LockedIterator(items)
-    errors: list[BaseException] = []
-
-    def guarded() -> None:
-        try:
-            work(shared)
-        except BaseException as exc:  # re-raised in the caller below
-            errors.append(exc)
-            shared.stop()
-
-    pool = [threading.Thread(target=guarded, name=f"refill-{i}", daemon=True) for i in range(threads)]
-    for thread in pool:
-        thread.start()
-    for thread in pool:
-        thread.join()
-    if errors:
-        raise errors[0]
-
-
-class _LockedIterator:
-    def __init__(self, items: Iterator[Chunk]) -> None:
-        self._items = items
-        self._lock = threading.Lock()
-        self._stopped = False
-
-    def __iter__(self) -> _LockedIterator:
-        return self
-
-    def __next__(self) -> Chunk:
-        with self._lock:
-            if self._stopped:
-                raise StopIteration
-            return next(self._items)
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
 
 
 class _OpenFiles:
@@ -435,8 +396,7 @@ def write_safetensors(
     import torch
 
     emit = on_bytes or (lambda _data: None)
-    tmp = Path(f"{path}.partial")
-    with open(tmp, "wb") as handle:
+    with atomic_file(Path(path)) as handle:
         for piece in (struct.pack("<Q", len(encoded)), encoded):
             handle.write(piece)
             emit(piece)
@@ -448,6 +408,3 @@ def write_safetensors(
             data = memoryview(tensor.view(-1).view(torch.uint8).numpy())
             handle.write(data)
             emit(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)

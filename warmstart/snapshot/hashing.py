@@ -11,19 +11,12 @@ import functools
 import hashlib
 import os
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+
+from warmstart.parallel import run_heaviest_first
 
 CHUNK_BYTES = 4 << 20
-T = TypeVar("T")
-R = TypeVar("R")
-
-
-def default_workers() -> int:
-    """Enough threads to keep a disk or NFS mount busy; hashing itself is bounded by the cores."""
-    return max(4, min(32, (os.cpu_count() or 1) * 2))
 
 
 def hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
@@ -40,15 +33,6 @@ def hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
         if fsync:
             os.fsync(handle.fileno())
     return "sha256:" + digest.hexdigest(), size
-
-
-def parallel_map(function: Callable[[T], R], items: Iterable[T], *, workers: int | None = None) -> list[R]:
-    """`function` over `items` in threads, results in input order; the first exception propagates."""
-    work = list(items)
-    if not work:
-        return []
-    with ThreadPoolExecutor(max_workers=min(workers or default_workers(), len(work))) as pool:
-        return list(pool.map(function, work))
 
 
 def hash_range(path: Path, offset: int, length: int) -> str:
@@ -84,14 +68,6 @@ class FileHash:
     chunks: tuple[str, ...] = ()  # hex SHA-256 of each chunk
 
 
-def run_parallel(jobs: list[tuple[int, Callable[[], R]]], *, workers: int | None = None) -> list[R]:
-    """Run (weight, job) pairs in threads, heaviest first; results in the order given."""
-    order = sorted(range(len(jobs)), key=lambda index: jobs[index][0], reverse=True)
-    results = parallel_map(lambda index: jobs[index][1](), order, workers=workers)
-    by_index = dict(zip(order, results, strict=True))
-    return [by_index[index] for index in range(len(jobs))]
-
-
 def hash_files(
     paths: Iterable[Path], *, workers: int | None = None, fsync: bool = False, chunk_size: int = 0
 ) -> dict[Path, FileHash]:
@@ -108,7 +84,7 @@ def hash_files(
             for offset, length in chunk_ranges(size, chunk_size):
                 chunk_owners.append(path)
                 chunk_jobs.append((length, functools.partial(hash_range, path, offset, length)))
-    results: list[object] = run_parallel([*whole_jobs, *chunk_jobs], workers=workers)
+    results: list[object] = run_heaviest_first([*whole_jobs, *chunk_jobs], workers=workers)
     chunks: dict[Path, list[str]] = {}
     for owner, chunk in zip(chunk_owners, results[len(whole_jobs) :], strict=True):
         chunks.setdefault(owner, []).append(str(chunk))

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from warmstart.snapshot.files import write_new_file
+from warmstart.fileio import write_new_file
 
 SIGNING_KEY_ENV = "WARMSTART_SIGNING_KEY"
 HMAC_SHA256 = "hmac-sha256"

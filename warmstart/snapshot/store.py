@@ -42,16 +42,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from warmstart import procinfo
+from warmstart.fileio import fsync_dir, write_new_file
 from warmstart.identity import SnapshotIdentity
-from warmstart.procinfo import parse_stat
-from warmstart.snapshot.files import fsync_dir, write_new_file
+from warmstart.parallel import parallel_map, run_heaviest_first
 from warmstart.snapshot.hashing import (
     chunk_ranges,
     hash_file,
     hash_files,
     hash_range,
-    parallel_map,
-    run_parallel,
 )
 from warmstart.snapshot.manifest import (
     CREATED_FORMAT,
@@ -132,25 +131,6 @@ def _this_host() -> str:
     except OSError:
         boot_id = ""
     return f"{socket.gethostname()}/{boot_id}"
-
-
-def _process_start_ticks(pid: int) -> int | None:
-    """The start time of `pid` (clock ticks since boot), None when the process does not exist."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return -1  # exists, unreadable
-    return parse_stat(raw).start_ticks
-
-
-def _process_alive(pid: int, start_ticks: int | None) -> bool:
-    current = _process_start_ticks(pid)
-    if current is None:
-        return False
-    # A different start time means the pid was reused by another process.
-    return start_ticks is None or current in (-1, start_ticks)
 
 
 # --- public value types ----------------------------------------------------------------------------------
@@ -447,7 +427,7 @@ class SnapshotStore:
         """A staging directory and its owner record, made under the shared lock: GC never sees it bare."""
         owner = {
             "pid": os.getpid(),
-            "pid_start": _process_start_ticks(os.getpid()),
+            "pid_start": procinfo.start_ticks(os.getpid()),
             "host": _this_host(),
             "created": _utc_now().strftime(CREATED_FORMAT),
         }
@@ -664,7 +644,7 @@ class SnapshotStore:
             else:
                 by_blob.setdefault(dataclasses.replace(entry, mode=0), []).append(path)
         checks = [check for entry in by_blob for check in self._content_checks(entry)]
-        outcomes = run_parallel([(weight, job) for weight, job, _ in checks], workers=self.hash_workers)
+        outcomes = run_heaviest_first([(weight, job) for weight, job, _ in checks], workers=self.hash_workers)
         for (_, _, (entry, expected, what)), actual in zip(checks, outcomes, strict=True):
             if actual != expected:
                 names = ", ".join(repr(p) for p in by_blob[entry])
@@ -799,7 +779,7 @@ class SnapshotStore:
         except (OSError, ValueError):
             owner = None
         if isinstance(owner, dict) and owner.get("host") == here and isinstance(owner.get("pid"), int):
-            if _process_alive(owner["pid"], owner.get("pid_start")):
+            if procinfo.same_process(owner["pid"], owner.get("pid_start")):
                 return False, f"owner pid {owner['pid']} is running"
             return True, f"owner pid {owner['pid']} is gone"
         age = now - _newest_mtime(entry)
