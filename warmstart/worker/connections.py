@@ -4,8 +4,8 @@ log that a flood of bad connections cannot fill.
 The defaults, and why:
 - `max_connections` 1024: far more than the engine can batch (8-256 sequences), so real clients never
   meet it, yet a bounded number of file descriptors and buffers. Past it, the longest-idle connection is
-  closed to make room for the new one; when none is idle, uvicorn's `limit_concurrency` (the same number)
-  answers a 503, which OpenAI clients retry.
+  closed to make room for the new one; when none is idle, uvicorn's `limit_concurrency` (one more) answers
+  a 503, which OpenAI clients retry.
 - `keep_alive_seconds` 5 (uvicorn's own default): an idle connection, before its first request, between
   requests, or still sending its request head (slowloris), is closed after this long. Short enough that a
   flood of idle sockets drains in seconds, long enough for a client to reuse its connection for the next
@@ -43,7 +43,8 @@ def uvicorn_options(limits: ConnectionLimits) -> dict[str, Any]:
     """The uvicorn.Config keyword arguments that enforce `limits`."""
     return {
         "http": protocol_for(limits),
-        "limit_concurrency": limits.max_connections,
+        # uvicorn answers 503 once this many connections exist; eviction keeps at most max_connections.
+        "limit_concurrency": limits.max_connections + 1,
         # uvicorn takes an int; the protocol below applies the exact value to every idle phase.
         "timeout_keep_alive": max(1, round(limits.keep_alive_seconds)),
         "h11_max_incomplete_event_size": limits.max_head_bytes,
