@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from warmstart.checkpoint.layout import CRIU_DIR
 from warmstart.serve import LocalNode, ServeError, StartReport, WorkerSpec, add_worker_arguments
 
 if TYPE_CHECKING:
@@ -122,7 +123,9 @@ def _wait_for_child_pid(sandbox: Sandbox) -> int:
 
 def snapshot_blob_paths(store: SnapshotStore, snapshot: Snapshot) -> list[Path]:
     return [
-        store.blob_path(entry.digest) for name, entry in snapshot.files.items() if name.startswith("criu/")
+        store.blob_path(entry.digest)
+        for name, entry in snapshot.files.items()
+        if name.startswith(f"{CRIU_DIR}/")
     ]
 
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu
+from warmstart.checkpoint.layout import CRIU_DIR, LOGS_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
@@ -36,9 +37,6 @@ from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 log = logging.getLogger(__name__)
 
-CRIU_DIR = "criu"  # CRIU image files, relative to the snapshot
-LOGS_DIR = "logs"  # CRIU's own dump log
-SANDBOX_FILES_DIR = "sandbox"  # files the engine holds open under the sandbox mountpoint, by relative path
 _CORE_IMAGE = re.compile(r"core-(\d+)\.img")
 
 
@@ -59,16 +57,6 @@ class CaptureOptions:
     ready_timeout: float = 600.0
     cuda_lock_timeout_ms: int = cuda.DEFAULT_LOCK_TIMEOUT_MS
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-@contextlib.contextmanager
-def timed(timings: dict[str, float], name: str) -> Iterator[None]:
-    """Record the seconds the block took as `timings[name]` (also when it raises)."""
-    started = time.monotonic()
-    try:
-        yield
-    finally:
-        timings[name] = round(time.monotonic() - started, 6)
 
 
 class _Timer:

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.checkpoint import cuda
-from warmstart.checkpoint.capture import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.criu import Criu, CriuError
+from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.checkpoint.weight_staging import StagerProcess, start_stager
 from warmstart.fileio import write_atomic
