@@ -1,4 +1,4 @@
-"""What a checkpoint snapshot holds (paths relative to its root in the store): capture writes, restore reads."""
+"""What a checkpoint snapshot holds (paths relative to its root in the store): capture writes it."""
 
 from __future__ import annotations
 
