@@ -287,7 +287,7 @@ def _print_tables(
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from warmstart.worker.options import port_number
+    from warmstart.worker_flags import port_number
 
     bench = subparsers.add_parser("bench", help="benchmarks")
     kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND", required=True)

@@ -486,7 +486,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from warmstart.worker.options import port_number
+    from warmstart.worker_flags import port_number
 
     parser = subparsers.add_parser(
         "serve",

@@ -20,11 +20,11 @@ from warmstart.engines.vllm import (
     VllmOptions,
     check_fits,
     model_files_digest,
-    parse_engine_arg,
     sampling_kwargs,
     snapshot_identity,
 )
-from warmstart.worker.options import add_worker_arguments, engine_argv, engine_options
+from warmstart.worker.options import engine_argv, engine_options
+from warmstart.worker_flags import add_worker_arguments, parse_engine_arg
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 TEST_MODEL_ENV = "WARMSTART_VLLM_TEST_MODEL"

@@ -155,18 +155,6 @@ def sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
     }
 
 
-def parse_engine_arg(text: str) -> tuple[str, Any]:
-    """`KEY=VALUE` -> (key, value); VALUE is JSON where it parses (numbers, booleans, objects), else text."""
-    key, sep, raw = text.partition("=")
-    key = key.strip().replace("-", "_")
-    if not sep or not key.isidentifier():
-        raise ValueError(f"expected KEY=VALUE with KEY an engine argument name, got {text!r}")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
-
-
 def import_vllm() -> Any:
     try:
         import vllm

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmstart.worker_flags import worker_flags_problem
+
 ENGINES = ("vllm", "builtin")
 AUTOSCALING_MODES = ("none", "hpa", "keda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -213,8 +215,6 @@ def parse_engine(spec: dict[str, Any]) -> EngineSpec:
 
 def _check_worker_flags(args: list[str]) -> None:
     """engine.args are `warmstart worker` flags: refuse those it would reject and those the spec sets."""
-    from warmstart.worker.options import worker_flags_problem
-
     for arg in args:
         flag = arg.split("=", 1)[0]
         if flag in OPERATOR_FLAGS:

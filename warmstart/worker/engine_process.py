@@ -31,7 +31,8 @@ from warmstart.protocol import (
 )
 from warmstart.worker.connections import ConnectionLimits, quiet_connection_logs, uvicorn_options
 from warmstart.worker.openai_requests import RequestLimits
-from warmstart.worker.options import add_worker_arguments, engine_options
+from warmstart.worker.options import engine_options
+from warmstart.worker_flags import add_worker_arguments
 
 log = logging.getLogger("warmstart.worker.engine")
 

@@ -6,84 +6,11 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 from warmstart.config import cache_dir, env_float
 from warmstart.protocol import CONTROL_DIR_ENV
-
-MODES = ("cold", "capture", "restore")
-DEFAULT_RESTORE_TIMEOUT = 600.0
-
-
-def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    engine = parser.add_argument_group("engine")
-    engine.add_argument("--engine", default="builtin", help="engine kind (default builtin)")
-    engine.add_argument("--model", default="tiny", help="preset (tiny, qwen3-0.6b, qwen3-8b) or a model dir")
-    engine.add_argument(
-        "--model-dir", help="model directory (default: $WARMSTART_CACHE/models/<preset>-<seed>)"
-    )
-    engine.add_argument("--served-model-name", help="the model name clients ask for (default: the preset)")
-    engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    engine.add_argument("--seed", type=int, default=0, help="seed of generated weights (default 0)")
-    engine.add_argument(
-        "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights dtype (auto: as stored)"
-    )
-    engine.add_argument("--revision", help="model revision of a Hugging Face model id (vllm engine)")
-    engine.add_argument("--max-model-len", type=int, help="context length (default min(model's, 4096))")
-    engine.add_argument("--max-num-seqs", type=int, help="sequences batched together (default 8 CPU, 16 GPU)")
-    engine.add_argument(
-        "--cuda-graph-sizes", type=_int_list, help="decode batch sizes to capture, e.g. 1,2,4,8"
-    )
-    engine.add_argument("--compile", action="store_true", help="torch.compile the decode step (CUDA)")
-    engine.add_argument(
-        "--release-weights",
-        action=argparse.BooleanOptionalAction,
-        help="drop the weights before a checkpoint and reload them after resume (default: on CUDA with the "
-        "cuda-vmm arena, where they come back at the same addresses; off elsewhere)",
-    )
-    engine.add_argument(
-        "--arena",
-        default="auto",
-        choices=("auto", "torch", "cuda-vmm"),
-        help="weight/KV memory backend (auto: cuda-vmm on CUDA, which keeps addresses; torch on CPU)",
-    )
-    vllm = parser.add_argument_group("vllm engine (--engine vllm)")
-    vllm.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model (default 1)")
-    vllm.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory to take (default 0.9)"
-    )
-    vllm.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    vllm.add_argument(
-        "--sleep-level", type=int, choices=(1, 2), default=2,
-        help="before a checkpoint: 2 drops the weights and reloads them from the model files after resume, "
-        "1 keeps them in CPU memory, inside the snapshot (default 2)",
-    )  # fmt: skip
-    vllm.add_argument(
-        "--engine-arg", action="append", type=_engine_arg, metavar="KEY=VALUE",
-        help="any other vLLM engine argument (repeatable; VALUE is JSON where it parses)",
-    )  # fmt: skip
-    worker = parser.add_argument_group("worker")
-    worker.add_argument(
-        "--mode", choices=MODES, default="cold", help="cold, capture or restore (default cold)"
-    )
-    worker.add_argument("--host", default="127.0.0.1", help="HTTP listen address (default 127.0.0.1)")
-    worker.add_argument("--port", type=port_number, default=8000, help="HTTP port (default 8000)")
-    worker.add_argument(
-        "--control-dir",
-        default=os.environ.get(CONTROL_DIR_ENV),
-        help=f"control directory shared with the agent (default ${CONTROL_DIR_ENV})",
-    )
-    worker.add_argument(
-        "--log-dir",
-        help="where the engine's stdout/stderr go (default <control-dir>/logs, else $WARMSTART_CACHE/logs)",
-    )
-    worker.add_argument(
-        "--restore-timeout",
-        type=float,
-        default=None,
-        help=f"restore mode: seconds to wait for the agent before a cold start "
-        f"(default $WARMSTART_RESTORE_TIMEOUT or {DEFAULT_RESTORE_TIMEOUT:g})",
-    )
+from warmstart.worker_flags import DEFAULT_RESTORE_TIMEOUT
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -144,22 +71,6 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
     return argv
 
 
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise ValueError(message)
-
-
-def worker_flags_problem(argv: list[str]) -> str | None:
-    """Why `warmstart worker` would reject these flags (argparse's own words), or None."""
-    parser = _RaisingParser(prog="warmstart worker", add_help=False, allow_abbrev=False)
-    add_worker_arguments(parser)
-    try:
-        _, unknown = parser.parse_known_args(argv)
-    except ValueError as exc:
-        return str(exc)
-    return f"unrecognized arguments: {' '.join(unknown)}" if unknown else None
-
-
 def check_worker_args(args: argparse.Namespace) -> str | None:
     """An error message naming what to fix, or None."""
     if args.mode in ("capture", "restore") and not args.control_dir:
@@ -186,33 +97,3 @@ def restore_timeout(args: argparse.Namespace) -> float:
     if args.restore_timeout is not None:
         return args.restore_timeout
     return env_float("WARMSTART_RESTORE_TIMEOUT", DEFAULT_RESTORE_TIMEOUT)
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def _engine_arg(text: str) -> tuple[str, object]:
-    from warmstart.engines.vllm import parse_engine_arg
-
-    try:
-        return parse_engine_arg(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def port_number(text: str) -> int:
-    """An argparse type: a TCP port, 0 to 65535."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be an integer, got {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535, got {value}")
-    return value
