@@ -13,12 +13,11 @@ from typing import Any
 import pytest
 
 from warmstart.engines import create_engine, engine_kinds
-from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams
+from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams, check_fits
 from warmstart.engines.vllm import (
     INSTALL_HINT,
     VllmEngine,
     VllmOptions,
-    check_fits,
     model_files_digest,
     sampling_kwargs,
     snapshot_identity,

@@ -1,0 +1,278 @@
+"""The vLLM engine behind the `Engine` interface (the optional `warmstart[vllm]` extra).
+
+vLLM is imported only in `load()`, so naming this engine, translating its options and checking requests work
+where vLLM is not installed. The engine is built with `enable_sleep_mode=True`: `release()` puts it to sleep
+before a checkpoint (level 2 by default: weights and KV cache are discarded, so neither travels in the
+snapshot; level 1 keeps the weights in CPU memory, inside the snapshot) and `reacquire()` wakes it, reloading
+the weights from the model files after a level-2 sleep. vLLM's sleep-mode allocator keeps the virtual
+addresses of what it frees, so captured CUDA graphs stay valid across a sleep.
+
+Requests are served continuously by one driver thread that owns the `LLMEngine` (it is not thread-safe): new
+requests join the running batch between engine steps, and each step's cumulative output is turned into
+deltas for streaming. The thread starts with the first request and stops in `release()`, so a process about
+to be checkpointed runs no thread of ours.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from warmstart.engines.base import (
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    RequestError,
+    SamplingParams,
+    TokenDelta,
+    check_fits,
+    check_token_ids,
+)
+from warmstart.engines.host import gpu_facts
+from warmstart.engines.vllm.driver import _Driver, _Submission
+from warmstart.engines.vllm.identity import ENGINE_KIND, model_files_digest, snapshot_identity
+from warmstart.engines.vllm.options import VllmOptions, import_vllm, sampling_kwargs
+from warmstart.identity import SnapshotIdentity
+
+log = logging.getLogger(__name__)
+
+
+class VllmEngine(Engine):
+    kind = ENGINE_KIND
+
+    def __init__(
+        self,
+        model: str,
+        model_dir: str | os.PathLike[str] | None = None,
+        device: str = "cuda",
+        served_model_name: str | None = None,
+        dtype: str | None = None,
+        max_model_len: int | None = None,
+        max_num_seqs: int | None = None,
+        cuda_graph_sizes: list[int] | tuple[int, ...] | None = None,
+        seed: int = 0,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
+        sleep_level: int = 2,
+        engine_args: dict[str, Any] | None = None,
+        in_process: bool = True,
+    ) -> None:
+        if device != "cuda":
+            raise EngineError(
+                f"the vllm engine runs on CUDA GPUs: pass --device cuda (got {device!r}); "
+                "choose GPUs with CUDA_VISIBLE_DEVICES"
+            )
+        source = str(model_dir) if model_dir else model
+        self.options = VllmOptions(
+            model=source,
+            dtype=dtype or "auto",
+            tensor_parallel_size=tensor_parallel_size,
+            max_model_len=max_model_len,
+            max_num_seqs=max_num_seqs,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            seed=seed,
+            cuda_graph_sizes=tuple(cuda_graph_sizes or ()),
+            sleep_level=sleep_level,
+            extra=dict(engine_args or {}),
+        )
+        self._name = served_model_name or (Path(source).name if Path(source).is_dir() else model)
+        self._in_process = in_process
+        self._llm: Any = None
+        self._vllm: Any = None
+        self._tokenizer: Any = None
+        self._tokenizer_lock = threading.Lock()
+        self._driver: _Driver | None = None
+        self._max_len = max_model_len or 0
+        self._dtype = "" if self.options.dtype == "auto" else self.options.dtype
+        self._model_dir: Path | None = Path(source) if Path(source).is_dir() else None
+        self._digest: str | None = None
+        self._asleep_level = 0
+        self._ids = itertools.count()
+
+    # --- Engine interface ----------------------------------------------------------------------------
+
+    @property
+    def served_model_name(self) -> str:
+        return self._name
+
+    @property
+    def max_model_len(self) -> int:
+        return self._max_len
+
+    @property
+    def model_dir(self) -> Path | str:
+        return self._model_dir or ""
+
+    def load(self) -> None:
+        if self._in_process:
+            # One process holding the CUDA context is what a process checkpoint can capture.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        vllm = import_vllm()
+        try:
+            llm = vllm.LLM(**self.options.llm_kwargs())
+        except (ValueError, TypeError, OSError, RuntimeError) as exc:
+            raise EngineError(f"vLLM could not load {self.options.model!r}: {exc}") from exc
+        self._vllm, self._llm = vllm, llm
+        self._tokenizer = llm.get_tokenizer()
+        model_config = llm.llm_engine.model_config
+        self._max_len = int(model_config.max_model_len)
+        self._dtype = str(model_config.dtype).removeprefix("torch.")
+        self._driver = _Driver(llm.llm_engine)
+        log.info(
+            "loaded %s with vLLM %s: %s, tensor parallel %d, max_model_len %d",
+            self._name,
+            vllm.__version__,
+            self._dtype,
+            self.options.tensor_parallel_size,
+            self._max_len,
+        )
+
+    def warm_up(self) -> None:
+        request = GenerationRequest(
+            prompt="warm up", sampling=SamplingParams(max_tokens=4), request_id="warm-up"
+        )
+        self.generate([request])
+
+    def release(self) -> bool:
+        llm = self._require_llm()
+        self._require_driver().stop()
+        llm.sleep(level=self.options.sleep_level)
+        self._asleep_level = self.options.sleep_level
+        return self.options.sleep_level == 2
+
+    def reacquire(self) -> None:
+        llm = self._require_llm()
+        if self._asleep_level == 0:
+            return  # nothing was released
+        if self._asleep_level == 2:
+            llm.wake_up(tags=["weights"])
+            try:
+                llm.collective_rpc("reload_weights")
+            except (AttributeError, NotImplementedError, RuntimeError) as exc:
+                raise EngineError(
+                    f"this vLLM ({self._vllm.__version__}) cannot reload weights after a level-2 sleep: "
+                    f"{exc}; use sleep level 1"
+                ) from exc
+            llm.wake_up(tags=["kv_cache"])
+        else:
+            llm.wake_up()
+        llm.reset_prefix_cache()  # cached prefixes pointed into the discarded KV cache
+        self._asleep_level = 0
+
+    def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        submissions = [self._submit(request) for request in requests]
+        return [submission.result() for submission in submissions]
+
+    def stream(self, request: GenerationRequest) -> Iterator[TokenDelta]:
+        submission = self._submit(request)
+        try:
+            yield from submission.deltas()
+        finally:
+            if not submission.done and self._driver is not None:  # the reader went away: stop its work
+                self._driver.cancel(submission.request_id)
+
+    def count_prompt_tokens(self, request: GenerationRequest) -> int:
+        return len(self._prompt_ids(request))
+
+    def chat_prompt(self, messages: list[dict[str, str]]) -> str:
+        tokenizer = self._require_tokenizer()
+        if not getattr(tokenizer, "chat_template", None):
+            return super().chat_prompt(messages)
+        with self._tokenizer_lock:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def identity(self) -> SnapshotIdentity:
+        vllm = self._vllm or import_vllm()
+        if self._digest is None:
+            self._digest = model_files_digest(self._resolve_model_dir())
+        return snapshot_identity(
+            self.options, self._digest, vllm.__version__, self._max_len, self._dtype, self._gpu_facts()
+        )
+
+    def close(self) -> None:
+        if self._driver is not None:
+            self._driver.stop()
+
+    def describe(self) -> dict[str, Any]:
+        facts = super().describe()
+        facts.update(
+            device="cuda",
+            model_dir=str(self.model_dir),
+            vllm_version=self._vllm.__version__ if self._vllm else "",
+            tensor_parallel_size=self.options.tensor_parallel_size,
+            sleep_level=self.options.sleep_level,
+        )
+        return facts
+
+    # --- internals -----------------------------------------------------------------------------------
+
+    def _submit(self, request: GenerationRequest) -> _Submission:
+        driver = self._require_driver()
+        ids = self._prompt_ids(request)
+        check_fits(len(ids), request.sampling.max_tokens, self._max_len)
+        params = self._vllm.SamplingParams(**sampling_kwargs(request.sampling))
+        request_id = f"{request.request_id or 'request'}-{next(self._ids)}"
+        submission = _Submission(request_id, {"prompt_token_ids": ids}, params, len(ids))
+        driver.submit(submission)
+        return submission
+
+    def _prompt_ids(self, request: GenerationRequest) -> list[int]:
+        tokenizer = self._require_tokenizer()
+        if request.prompt_token_ids is not None:
+            return check_token_ids(request.prompt_token_ids, len(tokenizer))
+        if request.prompt is None:
+            raise RequestError("a request needs a prompt or prompt_token_ids", "prompt")
+        if not request.prompt:
+            return []
+        # A chat template may already start with the BOS token; adding another would change the output.
+        bos = getattr(tokenizer, "bos_token", None)
+        add_special = not (bos and request.prompt.startswith(bos))
+        with self._tokenizer_lock:
+            return list(tokenizer.encode(request.prompt, add_special_tokens=add_special))
+
+    def _resolve_model_dir(self) -> Path:
+        if self._model_dir is None:
+            self._model_dir = _hub_snapshot_dir(self.options.model, self.options.extra.get("revision"))
+        return self._model_dir
+
+    def _gpu_facts(self) -> tuple[str, str, int]:
+        import torch
+
+        if not torch.cuda.is_available():
+            return "", "", 0
+        return gpu_facts(torch.device("cuda", torch.cuda.current_device()))
+
+    def _require_llm(self) -> Any:
+        if self._llm is None:
+            raise EngineError("the engine is not loaded; call load() first")
+        return self._llm
+
+    def _require_tokenizer(self) -> Any:
+        self._require_llm()
+        return self._tokenizer
+
+    def _require_driver(self) -> _Driver:
+        self._require_llm()
+        if self._asleep_level:
+            raise EngineError("the engine is released; call reacquire() first")
+        return self._driver
+
+
+def _hub_snapshot_dir(model: str, revision: str | None) -> Path:
+    """The local copy vLLM downloaded for a Hugging Face model id."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(model, revision=revision, local_files_only=True))
+    except Exception as exc:  # noqa: BLE001 (any failure means the same: no local copy to digest)
+        raise EngineError(
+            f"cannot find the local files of {model!r} to digest them ({exc}); pass a model directory"
+        ) from exc
