@@ -281,4 +281,3 @@ def test_the_gauges_are_documented(worker) -> None:
 def test_raw_helper_sanity(worker) -> None:
     _, port = worker
     assert raw_post(port, "/v1/completions", b"{}").startswith(b"HTTP/1.1 400")
-
