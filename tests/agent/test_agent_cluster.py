@@ -28,7 +28,8 @@ from warmstart.api import labels as L
 from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.keys import signing_keys
-from warmstart.snapshot.store import MANIFEST_FILE, SnapshotStore
+from warmstart.snapshot.layout import MANIFEST_FILE
+from warmstart.snapshot.store import SnapshotStore
 
 pytestmark = pytest.mark.integration
 
