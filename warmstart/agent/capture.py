@@ -28,8 +28,8 @@ from warmstart.checkpoint.capture import (
 )
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
-from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.layout import MANIFEST_FILE
+from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.store import Snapshot
 
 log = logging.getLogger(__name__)
