@@ -15,6 +15,7 @@ If the capturing process itself is killed, its staging directory stays invisible
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import re
@@ -57,6 +58,9 @@ class CaptureOptions:
     ready_timeout: float = 600.0
     cuda_lock_timeout_ms: int = cuda.DEFAULT_LOCK_TIMEOUT_MS
     meta: dict[str, Any] = field(default_factory=dict)
+    # Identity fields the capturing side measures itself and records instead of the worker's own word
+    # (on a cluster: the image digest the container runtime reports).
+    measured_identity: dict[str, Any] = field(default_factory=dict)
 
 
 class _Timer:
@@ -167,7 +171,7 @@ def capture(
     with timer.phase("wait_ready"):
         payload = wait_ready(control, sandbox, options.ready_timeout)
     try:
-        identity = identity_from_payload(payload)
+        identity = dataclasses.replace(identity_from_payload(payload), **options.measured_identity)
         namespace_pid, host_pid = engine_pids(payload, sandbox)
     except CaptureError:  # nothing was suspended: the worker only waits for word to serve
         _tell_source_to_serve(control, options.resume_payload)
