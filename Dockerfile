@@ -1,18 +1,33 @@
 # warmstart: operator, node agent and worker launcher in one image.
-# CRIU >= 4 is needed (Debian 12's 3.17 fails on 6.x kernels): Debian 13 ships 4.1.
-FROM python:3.12-slim-trixie
+# Debian 13's python3 (3.13) in a virtual environment, and its criu (>= 4; Debian 12's 3.17 fails on 6.x
+# kernels). Build with BuildKit (docker build, docker buildx, buildctl); `hack/control-plane images` builds it
+# here without a registry.
+FROM debian:trixie-slim
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends criu iproute2 util-linux \
+ && apt-get install -y --no-install-recommends python3 python3-venv criu iproute2 util-linux ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 
+RUN python3 -m venv /opt/warmstart
+ENV PATH=/opt/warmstart/bin:$PATH
+
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY warmstart ./warmstart
 # The control-plane image (operator, agent) needs the CUDA checkpoint bindings only; the worker image adds the
 # engines: docker build --build-arg EXTRAS=gpu,engine,vllm -t warmstart-worker .
 ARG EXTRAS=gpu
-RUN pip install --no-cache-dir ".[${EXTRAS}]" && rm -rf /src
+# Dependencies first, from pyproject.toml alone, so a change to the code does not download them again. A build
+# behind a TLS-intercepting proxy can hand its CA bundle in as the optional secret `extra-ca` (not kept in
+# the image): --secret id=extra-ca,src=/etc/ssl/certs/ca-certificates.crt
+COPY pyproject.toml README.md ./
+RUN --mount=type=secret,id=extra-ca,required=false \
+    if [ -s /run/secrets/extra-ca ]; then export PIP_CERT=/run/secrets/extra-ca; fi \
+ && mkdir warmstart && touch warmstart/__init__.py \
+ && pip install --no-cache-dir ".[${EXTRAS}]" \
+ && pip uninstall -y warmstart && rm -rf warmstart
+COPY warmstart ./warmstart
+RUN --mount=type=secret,id=extra-ca,required=false \
+    if [ -s /run/secrets/extra-ca ]; then export PIP_CERT=/run/secrets/extra-ca; fi \
+ && pip install --no-cache-dir --no-deps . && rm -rf /src
 
 # The operator runs as this user; the agent's DaemonSet runs privileged as root.
 RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin warmstart

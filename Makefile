@@ -9,14 +9,15 @@ PORT ?= 8000
 STORE ?= $(WARMSTART_CACHE)/demo-store
 EXTRAS ?= engine,gpu,dev
 
-.PHONY: demo test setup criu control-plane lint unit clean
+.PHONY: demo test setup criu control-plane images lint unit clean
 
 demo: $(VENV)/.installed criu
 	$(BIN)/warmstart serve --engine builtin --model tiny --device cpu --store $(STORE) --port $(PORT) \
 		--criu "$(CURDIR)/hack/criu"
 
-test: $(VENV)/.installed criu control-plane
+test: $(VENV)/.installed criu control-plane images
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/pytest
 
 unit: $(VENV)/.installed
@@ -24,8 +25,9 @@ unit: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
-setup: $(VENV)/.installed criu control-plane
+setup: $(VENV)/.installed criu control-plane images
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -36,8 +38,13 @@ $(VENV)/.installed: pyproject.toml
 criu:
 	hack/criu-setup
 
+# The control plane, and the real node's kubelet, kube-proxy, pause image and Debian packages.
 control-plane:
 	hack/control-plane build
+
+# The chart's images from the Dockerfile (BuildKit, no registry), for the real node.
+images: $(VENV)/.installed control-plane
+	hack/control-plane images
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -11,7 +11,7 @@ from support import criu_command_or_skip
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["kube_plugin"]
+pytest_plugins = ["kube_plugin", "node_plugin"]
 
 
 @pytest.fixture

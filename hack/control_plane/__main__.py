@@ -1,4 +1,5 @@
-"""hack/control-plane {build,up,down,status,bin-dir}: the local Kubernetes control plane by hand."""
+"""hack/control-plane {build,images,up,down,status,bin-dir}: the local Kubernetes control plane (and one real
+node) by hand."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import build, versions
+from . import build, node_build, versions
 
 
 def up_state_dir() -> Path:
@@ -15,7 +16,25 @@ def up_state_dir() -> Path:
 
 
 def command_build(args: argparse.Namespace) -> int:
-    return build.main_with(force=args.force)
+    status = build.main_with(force=args.force)
+    if status != 0 or args.no_node:
+        return status
+    try:
+        node_build.build_node(force=args.force)
+    except build.BuildError as error:
+        print(f"real node build failed: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def command_images(args: argparse.Namespace) -> int:
+    from . import images
+
+    return images.main_with(force=args.force)
+
+
+def node_state_dir() -> Path:
+    return up_state_dir() / "node"
 
 
 def command_up(args: argparse.Namespace) -> int:
@@ -44,7 +63,24 @@ def command_up(args: argparse.Namespace) -> int:
         f"logs in {state_dir / 'logs'}",
         file=sys.stderr,
     )
+    if args.real_node and start_real_node(plane) != 0:
+        return 1
     print(f"export KUBECONFIG={plane.kubeconfig}")
+    return 0
+
+
+def start_real_node(plane: object) -> int:
+    from . import images
+    from .node import NodeError, NodeImage, RealNode, node_summary
+
+    built = [NodeImage(reference, path) for reference, path in images.built_images().items()]
+    node = RealNode(plane=plane, state_dir=node_state_dir(), images=built, die_with_parent=False)  # type: ignore[arg-type]
+    try:
+        node.start()
+    except (NodeError, TimeoutError) as error:
+        print(f"real node failed to start: {error}\nlogs: {node.state_dir / 'logs'}", file=sys.stderr)
+        return 1
+    print(f"{node_summary(node)}; logs in {node.state_dir / 'logs'}", file=sys.stderr)
     return 0
 
 
@@ -61,7 +97,10 @@ def running_names(state: dict[str, object]) -> list[str]:
 
 def command_down(_args: argparse.Namespace) -> int:
     from .cluster import stop_recorded
+    from .node import stop_recorded_node
 
+    if stop_recorded_node():
+        print("stopped the real node")
     stopped = stop_recorded(up_state_dir())
     print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
     return 0
@@ -69,8 +108,14 @@ def command_down(_args: argparse.Namespace) -> int:
 
 def command_status(_args: argparse.Namespace) -> int:
     from .cluster import load_state
+    from .node import NodeRecord, missing_parts
 
     print(f"binaries: {'built' if build.is_cached() else 'not built'} ({versions.bin_dir()})")
+    reasons = missing_parts()
+    print(f"real node: {'ready to start' if not reasons else '; '.join(reasons)}")
+    record = NodeRecord.load()
+    if record is not None:
+        print(f"real node: {'running' if record.holder_alive() else 'stale (run down)'} ({record.state_dir})")
     state = load_state(up_state_dir())
     if state is None:
         print("control plane: down")
@@ -94,11 +139,26 @@ def parser() -> argparse.ArgumentParser:
         "build", help="build the binaries and fetch CRDs into the cache (once)"
     )
     build_parser.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
+    build_parser.add_argument(
+        "--no-node", action="store_true", help="only the control plane, not kubelet/kube-proxy/pause"
+    )
     build_parser.set_defaults(func=command_build)
+    images_parser = commands.add_parser(
+        "images", help="build the chart's images from the Dockerfile with BuildKit (cached by input hash)"
+    )
+    images_parser.add_argument(
+        "--force", action="store_true", help="rebuild even when the inputs are the same"
+    )
+    images_parser.set_defaults(func=command_images)
     up = commands.add_parser("up", help="start a detached control plane and print `export KUBECONFIG=...`")
     up.add_argument("--nodes", type=positive_int, default=2, help="number of fake GPU nodes (default 2)")
+    up.add_argument(
+        "--real-node", action="store_true", help="also start one real node (kubelet + containerd)"
+    )
     up.set_defaults(func=command_up)
-    commands.add_parser("down", help="stop the control plane started by `up`").set_defaults(func=command_down)
+    commands.add_parser("down", help="stop the control plane (and real node) started by `up`").set_defaults(
+        func=command_down
+    )
     commands.add_parser("status", help="show what is built and running").set_defaults(func=command_status)
     commands.add_parser("bin-dir", help="print the directory holding the binaries").set_defaults(
         func=command_bin_dir

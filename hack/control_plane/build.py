@@ -99,11 +99,12 @@ class BuildError(RuntimeError):
 class Progress:
     """Prints one line per step with the time since the build began."""
 
-    def __init__(self) -> None:
+    def __init__(self, label: str = "control-plane") -> None:
+        self.label = label
         self.started = time.monotonic()
 
     def step(self, message: str) -> None:
-        print(f"[control-plane {time.monotonic() - self.started:6.1f}s] {message}", flush=True)
+        print(f"[{self.label} {time.monotonic() - self.started:6.1f}s] {message}", flush=True)
 
 
 def go_env() -> dict[str, str]:
@@ -169,8 +170,8 @@ def kubernetes_go_mod(kubernetes_go_mod_text: str) -> str:
     )
 
 
-def tools_go() -> str:
-    imports = "\n".join(f'\t_ "k8s.io/kubernetes/cmd/{name}"' for name in versions.KUBERNETES_COMMANDS)
+def tools_go(commands: tuple[str, ...] = versions.KUBERNETES_COMMANDS) -> str:
+    imports = "\n".join(f'\t_ "k8s.io/kubernetes/cmd/{name}"' for name in commands)
     return (
         "//go:build tools\n\n"
         "// Package tools pins the Kubernetes commands this module builds.\n"
@@ -184,8 +185,8 @@ def write_if_changed(path: Path, text: str) -> None:
         path.write_text(text)
 
 
-def build_kubernetes_and_etcd(progress: Progress, out: Path) -> None:
-    module_dir = versions.cache_root() / "src" / "kubernetes"
+def prepare_kubernetes_module(progress: Progress, module_dir: Path, commands: tuple[str, ...]) -> None:
+    """Write our go.mod (k8s.io/kubernetes at the pinned release) and resolve it for `commands`."""
     progress.step(f"fetching k8s.io/kubernetes v{versions.KUBERNETES} go.mod")
     upstream = Path(download_module("k8s.io/kubernetes", f"v{versions.KUBERNETES}")["GoMod"]).read_text()
     generated = kubernetes_go_mod(upstream)
@@ -195,28 +196,28 @@ def build_kubernetes_and_etcd(progress: Progress, out: Path) -> None:
         write_if_changed(module_dir / "go.mod", generated)
         (module_dir / "go.sum").unlink(missing_ok=True)
         write_if_changed(template, generated)
-    write_if_changed(module_dir / "tools.go", tools_go())
-    write_if_changed(module_dir / "cmd" / "etcd" / "main.go", ETCD_MAIN)
+    write_if_changed(module_dir / "tools.go", tools_go(commands))
     progress.step("resolving modules (go mod tidy; downloads on first run)")
     run_go(["mod", "tidy"], cwd=module_dir)
+
+
+def compile_packages(progress: Progress, module_dir: Path, packages: list[str], out: Path) -> None:
+    run_go_with_progress(
+        ["build", "-v", "-trimpath", f"-ldflags={kubernetes_ldflags()}", "-o", f"{out}/", *packages],
+        cwd=module_dir,
+        progress=progress,
+    )
+
+
+def build_kubernetes_and_etcd(progress: Progress, out: Path) -> None:
+    module_dir = versions.cache_root() / "src" / "kubernetes"
+    write_if_changed(module_dir / "cmd" / "etcd" / "main.go", ETCD_MAIN)
+    prepare_kubernetes_module(progress, module_dir, versions.KUBERNETES_COMMANDS)
     progress.step(
         f"compiling {', '.join(versions.KUBERNETES_COMMANDS)}, etcd (the long step on a fresh machine)"
     )
     packages = [f"k8s.io/kubernetes/cmd/{name}" for name in versions.KUBERNETES_COMMANDS]
-    run_go_with_progress(
-        [
-            "build",
-            "-v",
-            "-trimpath",
-            f"-ldflags={kubernetes_ldflags()}",
-            "-o",
-            f"{out}/",
-            *packages,
-            "./cmd/etcd",
-        ],
-        cwd=module_dir,
-        progress=progress,
-    )
+    compile_packages(progress, module_dir, [*packages, "./cmd/etcd"], out)
 
 
 def go_install(progress: Progress, out: Path, package: str, version: str, ldflags: str = LDFLAGS) -> None:

@@ -24,13 +24,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import pki, versions
+from . import network, pki, versions
 
 T = TypeVar("T")
 
 GPUS_PER_NODE = 8
 FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 STATE_FILE = "state.json"
+EGRESS_CONFIG = "egress-selector.json"
+EGRESS_SOCKET = "cluster-egress.sock"
 STOP_GRACE_SECONDS = 10.0
 PR_SET_PDEATHSIG = 1
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -133,12 +135,19 @@ def stop_process_group(pid: int, grace: float = STOP_GRACE_SECONDS) -> None:
         raise ControlPlaneError(f"process {pid} survived SIGKILL for {grace:.0f}s")
 
 
+def _join_cgroups(cgroup_dirs: tuple[Path, ...]) -> None:
+    for directory in cgroup_dirs:
+        (directory / "cgroup.procs").write_text(f"{os.getpid()}\n")
+
+
 @dataclass
 class Component:
     name: str
     argv: list[str]
     log: Path
     process: subprocess.Popen[bytes] | None = None
+    # Cgroups (one per hierarchy) the process joins before it runs: its children are found there later.
+    cgroups: tuple[Path, ...] = ()
 
     def start(self, die_with_parent: bool) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -149,8 +158,20 @@ class Component:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=self._child_setup(die_with_parent),
             )
+
+    def _child_setup(self, die_with_parent: bool) -> Callable[[], None] | None:
+        cgroups = self.cgroups
+        if not cgroups and not die_with_parent:
+            return None
+
+        def setup() -> None:
+            _join_cgroups(cgroups)
+            if die_with_parent:
+                _die_with_parent()
+
+        return setup
 
     def check_running(self) -> None:
         if self.process is not None and self.process.poll() is not None:
@@ -198,6 +219,15 @@ class ControlPlane:
         return self.state_dir / "kubeconfig"
 
     @property
+    def egress_config(self) -> Path:
+        return self.state_dir / EGRESS_CONFIG
+
+    @property
+    def egress_socket(self) -> Path:
+        """Where the apiserver sends its traffic to kubelets, pods and Services (HTTP CONNECT)."""
+        return self.state_dir / EGRESS_SOCKET
+
+    @property
     def server(self) -> str:
         return f"https://127.0.0.1:{self.apiserver_port}"
 
@@ -235,6 +265,7 @@ class ControlPlane:
         etcd_port = free_port()
         self.apiserver_port = free_port()
         self.write_kubeconfig(certificates)
+        self.write_egress_config()
         self._launch("etcd", self.etcd_argv(etcd_port))
         self._launch("kube-apiserver", self.apiserver_argv(etcd_port, certificates))
         self.wait_ready(timeout=120)
@@ -302,7 +333,15 @@ class ControlPlane:
             str(self.binary("kube-apiserver")),
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            # The address pods get for the `kubernetes` Service: a real node's gateway serves it inside the
+            # node's namespace (see network.py). Without a real node nothing uses it.
+            f"--advertise-address={network.API_IP}",
+            # Traffic to kubelets, pods and Services goes through that gateway's socket, never out of this
+            # machine's own interfaces; with no real node there it fails at once.
+            f"--egress-selector-config-file={self.egress_config}",
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={certificates.admin_cert}",
+            f"--kubelet-client-key={certificates.admin_key}",
             f"--secure-port={self.apiserver_port}",
             f"--tls-cert-file={certificates.serving_cert}",
             f"--tls-private-key-file={certificates.serving_key}",
@@ -383,6 +422,22 @@ class ControlPlane:
         # JSON is YAML, and every kubeconfig reader accepts it.
         self.kubeconfig.write_text(json.dumps(config, indent=2) + "\n")
         self.kubeconfig.chmod(0o600)
+
+    def write_egress_config(self) -> None:
+        config = {
+            "apiVersion": "apiserver.k8s.io/v1beta1",
+            "kind": "EgressSelectorConfiguration",
+            "egressSelections": [
+                {
+                    "name": "cluster",
+                    "connection": {
+                        "proxyProtocol": "HTTPConnect",
+                        "transport": {"uds": {"udsName": str(self.egress_socket)}},
+                    },
+                }
+            ],
+        }
+        self.egress_config.write_text(json.dumps(config, indent=2) + "\n")
 
     def tool_env(self) -> dict[str, str]:
         env = dict(os.environ)

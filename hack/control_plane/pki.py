@@ -13,6 +13,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from . import network
+
 VALIDITY = datetime.timedelta(days=7)
 SERVICE_CLUSTER_IP = "10.0.0.1"
 APISERVER_DNS_NAMES = (
@@ -57,6 +59,8 @@ def _write_cert(path: Path, cert: x509.Certificate) -> None:
 
 def _builder(subject: x509.Name, issuer: x509.Name, public_key: object) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
+    # Key identifiers: strict verifiers (Python 3.13's default SSL context, as pods running Debian 13's
+    # python3 use) refuse a chain without them.
     return (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -65,6 +69,7 @@ def _builder(subject: x509.Name, issuer: x509.Name, public_key: object) -> x509.
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + VALIDITY)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)  # type: ignore[arg-type]
     )
 
 
@@ -80,6 +85,9 @@ def _leaf(
         _builder(subject, ca_name, key.public_key())
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False
+        )
     )
     if alt_names:
         builder = builder.add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
@@ -122,7 +130,9 @@ def generate(directory: Path) -> Pki:
     _write_cert(pki.ca_cert, ca_cert)
 
     alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in APISERVER_DNS_NAMES]
-    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", SERVICE_CLUSTER_IP)]
+    # The real node and its pods reach the apiserver at network.API_IP (inside the node's namespace).
+    apiserver_ips = ("127.0.0.1", SERVICE_CLUSTER_IP, network.API_IP)
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in apiserver_ips]
     serving, serving_key = _leaf(
         ca_key, ca_name, _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, alt_names
     )

@@ -21,6 +21,24 @@ BUILD_RECIPE = 3
 KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 BINARIES = (*KUBERNETES_COMMANDS, "etcd", "kwok", "helm")
 
+# The real node has its own stamp, so adding or changing it never rebuilds the control plane above.
+NODE_BUILD_RECIPE = 1
+NODE_COMMANDS = ("kubelet", "kube-proxy")
+# Debian's packages for the rest of the node; `nftables` gives kube-proxy its `nft`.
+NODE_DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "nftables", "conntrack")
+NODE_DEBIAN_COMMANDS = {
+    "containerd": "containerd",
+    "runc": "runc",
+    "containernetworking-plugins": "/usr/lib/cni/bridge",
+    "nftables": "nft",
+    "conntrack": "conntrack",
+}
+PAUSE_IMAGE = "localhost/warmstart/pause:1"
+
+# BuildKit builds the project's images from the Dockerfile; its own stamp, too.
+BUILDKIT = "0.34.2"
+IMAGES_RECIPE = 1
+
 
 def staging_version(kubernetes: str = KUBERNETES) -> str:
     """The v0.x tag that k8s.io staging modules carry for a given Kubernetes release (1.35.4 -> v0.35.4)."""
@@ -28,8 +46,12 @@ def staging_version(kubernetes: str = KUBERNETES) -> str:
     return f"v0.{minor}.{patch}"
 
 
+def warmstart_cache() -> Path:
+    return Path(os.environ.get("WARMSTART_CACHE") or Path.home() / ".cache" / "warmstart")
+
+
 def cache_root() -> Path:
-    return Path(os.environ.get("WARMSTART_CACHE") or Path.home() / ".cache" / "warmstart") / "k8s"
+    return warmstart_cache() / "k8s"
 
 
 def bin_dir() -> Path:
@@ -63,3 +85,25 @@ def wanted_stamp() -> dict[str, object]:
         },
         "binaries": list(BINARIES),
     }
+
+
+def node_stamp_path() -> Path:
+    return cache_root() / "node-stamp.json"
+
+
+def node_cache_dir() -> Path:
+    """What the real node keeps between runs: the pause image and containerd's image store."""
+    return cache_root() / "node"
+
+
+def wanted_node_stamp(pause_source: str) -> dict[str, object]:
+    return {
+        "recipe": NODE_BUILD_RECIPE,
+        "kubernetes": KUBERNETES,
+        "binaries": list(NODE_COMMANDS),
+        "pause": pause_source,
+    }
+
+
+def images_cache_dir() -> Path:
+    return warmstart_cache() / "images"

@@ -1,0 +1,604 @@
+"""One real Kubernetes node beside the kwok ones: containerd + runc + CNI, kubelet and kube-proxy.
+
+Layout (everything the node touches is its own):
+- a holder process (`unshare --net --mount`) owns the node's network and mount namespaces; containerd,
+  kubelet and kube-proxy join both with nsenter. A second one owns the "apiserver" network namespace. A veth
+  pair joins the two (the node's address on one end, the apiserver's on the other, network.py); CNI's bridge
+  and the pods' veths hang off the node's. Nothing links either namespace to the machine: the netns gateway
+  (netns_gateway.py) listens at the apiserver's address and carries traffic to the apiserver on loopback.
+- in the mount namespace, the paths kubelet and containerd hard-code (/var/lib/kubelet, /run/containerd,
+  /var/log/pods, ...) are bind mounts of the node's own directories, and the global sysctls kubelet would
+  rewrite are bind mounts of files already holding its values, so the machine's sysctls are never written.
+- every process (daemons, shims, containers) lives under one cgroup root, `warmstart-node`, in every
+  hierarchy: teardown kills what is in it and removes it.
+- containerd's image store is kept in the cache between runs, so images are imported once.
+
+A record of the running node (`run.json` in the node cache) lets `down`, or the next start after a crash,
+clean up whatever a node left.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import host_state, network, node_build, node_config, versions
+from .cluster import Component, ControlPlane, ControlPlaneError, node_is_ready, process_alive, wait_for
+
+HACK_DIR = Path(__file__).resolve().parent.parent
+RECORD = "run.json"
+DAEMONS_CGROUP = f"{node_config.CGROUP_ROOT}/daemons"
+PODS_CGROUP = f"{node_config.CGROUP_ROOT}/kubepods"
+CRI_STATE_DIRS = ("io.containerd.grpc.v1.cri/sandboxes", "io.containerd.grpc.v1.cri/containers")
+IMPORTED_INDEX = "warmstart-imported.json"
+NODE_READY_TIMEOUT = 120.0
+DAEMON_STOP_GRACE = 5.0
+
+# Paths kubelet, containerd, CNI and the chart's agent use on a node -> the node directory bound over them.
+SHADOWED_DIRS = {
+    "/var/lib/kubelet": "kubelet",
+    "/run/containerd": "run-containerd",
+    "/var/lib/cni": "cni-state",
+    "/etc/cni/net.d": "cni-config",
+    "/var/log/pods": "pod-logs",
+    "/var/log/containers": "container-logs",
+    "/var/lib/warmstart": "warmstart",
+    "/run/warmstart": "run-warmstart",
+}
+CONTAINERD_ROOT = "/var/lib/containerd"
+
+
+class NodeError(RuntimeError):
+    pass
+
+
+@dataclass
+class NodeImage:
+    reference: str
+    archive: Path
+
+
+@dataclass
+class NodeRecord:
+    """What a started node changed, enough to undo it without the process that started it."""
+
+    holder_pid: int
+    # "node-net", "node-mnt", "api-net" -> inode of that namespace (the kind follows the last "-").
+    namespaces: dict[str, int]
+    created_dirs: list[str]
+    host: host_state.HostSnapshot
+    state_dir: str
+    pids: dict[str, int] = field(default_factory=dict)
+
+    def save(self) -> None:
+        data = {**self.__dict__, "host": self.host.to_json()}
+        path = record_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(".partial")
+        partial.write_text(json.dumps(data, indent=2) + "\n")
+        partial.replace(path)
+
+    @classmethod
+    def load(cls) -> NodeRecord | None:
+        try:
+            data = json.loads(record_path().read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        data["host"] = host_state.HostSnapshot.from_json(data["host"])
+        return cls(**data)
+
+    def holder_alive(self) -> bool:
+        return process_alive(self.holder_pid) and host_state.namespace_inode(
+            self.holder_pid, "net"
+        ) == self.namespaces.get("node-net")
+
+
+def record_path() -> Path:
+    return versions.node_cache_dir() / RECORD
+
+
+def containerd_root() -> Path:
+    return versions.node_cache_dir() / "containerd"
+
+
+@contextlib.contextmanager
+def node_lock() -> Iterator[None]:
+    """One node start or teardown at a time on this machine."""
+    path = versions.node_cache_dir() / "lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def missing_parts() -> list[str]:
+    """Why a real node cannot start here, one reason each; empty when it can."""
+    reasons = []
+    if os.geteuid() != 0:
+        reasons.append("a real node needs root (namespaces, cgroups, mounts)")
+    if not node_build.is_cached():
+        reasons.append(f"kubelet/kube-proxy/pause are not built in {versions.cache_root()}")
+    if missing := node_build.missing_debian_packages():
+        reasons.append(f"Debian packages missing: {', '.join(missing)}")
+    for tool in ("unshare", "nsenter", "ip"):
+        if shutil.which(tool) is None:
+            reasons.append(f"{tool} is not installed")
+    return reasons
+
+
+@dataclass
+class RealNode:
+    plane: ControlPlane
+    state_dir: Path
+    images: list[NodeImage] = field(default_factory=list)
+    die_with_parent: bool = True
+    components: dict[str, Component] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+    record: NodeRecord | None = None
+
+    name = network.NODE_NAME
+
+    # -- paths ---------------------------------------------------------------------------------------------
+
+    def shadow(self, target: str) -> Path:
+        """The node's directory that is bound over `target` inside its mount namespace."""
+        return self.state_dir / "node-fs" / SHADOWED_DIRS[target]
+
+    @property
+    def containerd_socket(self) -> Path:
+        """containerd's socket as the machine sees it (the node sees it at /run/containerd/...)."""
+        return self.shadow("/run/containerd") / "containerd.sock"
+
+    @property
+    def config_dir(self) -> Path:
+        return self.state_dir / "config"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """kubelet's and kube-proxy's kubeconfig: the apiserver through the gateway, inside the node."""
+        return self.config_dir / "kubeconfig"
+
+    @property
+    def startup_seconds(self) -> float:
+        return self.timings.get("total", 0.0)
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if reasons := missing_parts():
+            raise NodeError("; ".join(reasons))
+        started = time.monotonic()
+        try:
+            with node_lock():
+                clean_up_stale_node()
+                self._make_namespaces()
+            self.timings["namespaces"] = time.monotonic() - started
+            self._start_gateway()
+            self._start_containerd()
+            self.timings["containerd"] = time.monotonic() - started
+            self._import_images()
+            self.timings["images"] = time.monotonic() - started
+            self._start_kubelet_and_proxy()
+            self.wait_ready()
+            self.timings["node-ready"] = time.monotonic() - started
+        except BaseException:
+            self.stop()
+            raise
+        self.timings["total"] = time.monotonic() - started
+
+    def stop(self) -> None:
+        """Stop the node and undo everything it changed on the machine (also after a failed start)."""
+        with node_lock():
+            self._stop_daemons_in_order()
+            if self.record is not None:
+                undo(self.record)
+                self.record = None
+        with contextlib.suppress(ControlPlaneError, OSError, subprocess.SubprocessError):
+            self.plane.kubectl("delete", "node", self.name, "--ignore-not-found", "--wait=false", timeout=20)
+
+    def leftovers(self, record: NodeRecord) -> list[str]:
+        return host_state.leftovers(
+            record.host,
+            node_config.CGROUP_ROOT,
+            record.namespaces,
+            record.created_dirs,
+            [Path(record.state_dir), containerd_root()],
+        )
+
+    # -- namespaces, mounts, cgroups -----------------------------------------------------------------------
+
+    def _make_namespaces(self) -> None:
+        before = host_state.HostSnapshot.take()
+        self._write_files()
+        daemon_cgroups = tuple(host_state.make_cgroup(DAEMONS_CGROUP))
+        created = ensure_mount_points(list(SHADOWED_DIRS) + [CONTAINERD_ROOT])
+        holder = self._launch(
+            "holder",
+            ["unshare", "--net", "--mount", "--propagation", "private", "sleep", "infinity"],
+            daemon_cgroups,
+        )
+        api_holder = self._launch("api-holder", ["unshare", "--net", "sleep", "infinity"], daemon_cgroups)
+        namespaces = {f"node-{k}": v for k, v in wait_for_own_namespaces(holder, ("net", "mnt")).items()}
+        namespaces["api-net"] = wait_for_own_namespaces(api_holder, ("net",))["net"]
+        self.record = NodeRecord(holder, namespaces, created, before, str(self.state_dir), self.pids())
+        self.record.save()
+        self._nsenter_script(self._nsenter(), self._node_setup_script(api_holder), timeout=30)
+        api_side = ["nsenter", f"--target={api_holder}", "--net", "--"]
+        self._nsenter_script(api_side, self._api_setup_script(), timeout=30)
+
+    @property
+    def api_netns(self) -> str:
+        assert self.record is not None
+        return f"/proc/{self.record.pids['api-holder']}/ns/net"
+
+    @staticmethod
+    def _api_setup_script() -> list[str]:
+        prefix = network.NODE_NETWORK.prefixlen
+        return [
+            "ip link set lo up",
+            f"ip addr add {network.API_IP}/{prefix} dev {network.API_LINK}",
+            f"ip link set {network.API_LINK} up",
+            # The apiserver's side reaches pods and Services through the node, as on a real cluster.
+            f"ip route add {network.POD_SUBNET} via {network.NODE_IP}",
+            f"ip route add {network.SERVICE_SUBNET} via {network.NODE_IP}",
+        ]
+
+    def _node_setup_script(self, api_holder: int) -> list[str]:
+        prefix = network.NODE_NETWORK.prefixlen
+        link = network.NODE_LINK
+        lines = [
+            "ip link set lo up",
+            f"ip link add {link} type veth peer name {network.API_LINK} netns {api_holder}",
+            f"ip addr add {network.NODE_IP}/{prefix} dev {link}",
+            f"ip link set {link} up",
+            # The apiserver's namespace routes nothing further: whatever is not for the node's networks
+            # ends there.
+            f"ip route add default via {network.API_IP}",
+        ]
+        binds = {target: self.shadow(target) for target in SHADOWED_DIRS}
+        binds[CONTAINERD_ROOT] = containerd_root()
+        for name in host_state.KUBELET_SYSCTLS:
+            binds[str(host_state.PROC_SYS / name)] = self.state_dir / "sysctl" / name.replace("/", ".")
+        lines += [
+            f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}"
+            for target, source in binds.items()
+        ]
+        return lines
+
+    def _write_files(self) -> None:
+        for target in SHADOWED_DIRS:
+            self.shadow(target).mkdir(parents=True, exist_ok=True)
+        containerd_root().mkdir(parents=True, exist_ok=True)
+        remove_cri_state()
+        sysctl_dir = self.state_dir / "sysctl"
+        sysctl_dir.mkdir(parents=True, exist_ok=True)
+        for name, value in host_state.KUBELET_SYSCTLS.items():
+            (sysctl_dir / name.replace("/", ".")).write_text(f"{value}\n")
+        self.config_dir.mkdir(parents=True, exist_ok=True)
+        certificates = self.plane.state_dir / "pki"
+        files = {
+            "containerd.toml": node_config.containerd_toml(),
+            "kubelet.json": node_config.kubelet_config(
+                certificates / "ca.crt", self.config_dir / "resolv.conf"
+            ),
+            "kube-proxy.json": node_config.kube_proxy_config(self.kubeconfig),
+            "resolv.conf": node_config.resolv_conf(),
+            "kubeconfig": self._kubeconfig_text(),
+        }
+        for name, text in files.items():
+            (self.config_dir / name).write_text(text)
+        (self.shadow("/etc/cni/net.d") / "10-warmstart.conflist").write_text(node_config.cni_conflist())
+
+    def _kubeconfig_text(self) -> str:
+        config = json.loads(self.plane.kubeconfig.read_text())
+        config["clusters"][0]["cluster"]["server"] = f"https://{network.API_IP}:{self.plane.apiserver_port}"
+        return json.dumps(config, indent=2) + "\n"
+
+    def _nsenter(self) -> list[str]:
+        assert self.record is not None
+        return ["nsenter", f"--target={self.record.holder_pid}", "--net", "--mount", "--"]
+
+    @staticmethod
+    def _nsenter_script(nsenter: list[str], lines: list[str], timeout: float) -> None:
+        script = "set -e\n" + "\n".join(lines) + "\n"
+        argv = [*nsenter, "sh", "-c", script]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            raise NodeError(f"setting up the node's namespaces failed:\n{result.stderr.strip()}")
+
+    # -- daemons -------------------------------------------------------------------------------------------
+
+    def _launch(self, name: str, argv: list[str], cgroups: tuple[Path, ...] | None = None) -> int:
+        if cgroups is None:
+            cgroups = tuple(host_state.make_cgroup(DAEMONS_CGROUP))
+        component = Component(name, argv, self.state_dir / "logs" / f"{name}.log", cgroups=cgroups)
+        self.components[name] = component
+        component.start(self.die_with_parent)
+        assert component.process is not None
+        if self.record is not None:
+            self.record.pids[name] = component.process.pid
+            self.record.save()
+        return component.process.pid
+
+    def pids(self) -> dict[str, int]:
+        return {name: c.process.pid for name, c in self.components.items() if c.process is not None}
+
+    def check_running(self) -> None:
+        for component in self.components.values():
+            component.check_running()
+
+    def _start_gateway(self) -> None:
+        assert self.record is not None
+        self.plane.egress_socket.unlink(missing_ok=True)
+        port = self.plane.apiserver_port
+        argv = [
+            sys.executable,
+            "-m",
+            "control_plane.netns_gateway",
+            f"--netns={self.api_netns}",
+            f"--listen={network.API_IP}:{port}",
+            f"--upstream=127.0.0.1:{port}",
+            f"--egress-socket={self.plane.egress_socket}",
+        ]
+        previous = os.environ.get("PYTHONPATH")
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HACK_DIR), previous]))
+        try:
+            self._launch("gateway", argv)
+        finally:
+            if previous is None:
+                os.environ.pop("PYTHONPATH")
+            else:
+                os.environ["PYTHONPATH"] = previous
+
+        def listening() -> bool:
+            self.check_running()
+            return self.plane.egress_socket.exists()
+
+        wait_for(listening, timeout=30, interval=0.05, message="the node's gateway")
+
+    def _start_containerd(self) -> None:
+        self._launch(
+            "containerd", [*self._nsenter(), "containerd", f"--config={self.config_dir / 'containerd.toml'}"]
+        )
+        self._wait_containerd()
+        stale = self.ctr("containers", "ls", "-q").split()
+        if stale:
+            # Left by a node that was killed: remove them, then restart containerd so its CRI plugin
+            # forgets them too.
+            self.ctr("containers", "rm", *stale, check=False)
+            self.components.pop("containerd").stop()
+            remove_cri_state()
+            self._launch(
+                "containerd",
+                [*self._nsenter(), "containerd", f"--config={self.config_dir / 'containerd.toml'}"],
+            )
+            self._wait_containerd()
+
+    def _wait_containerd(self) -> None:
+        def answers() -> bool:
+            self.check_running()
+            return self.ctr("version", check=False, timeout=5) != ""
+
+        wait_for(answers, timeout=60, interval=0.05, message="containerd's socket")
+
+    def ctr(self, *args: str, check: bool = True, timeout: float = 120) -> str:
+        argv = ["ctr", f"--address={self.containerd_socket}", "--namespace=k8s.io", *args]
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        if result.returncode != 0:
+            if check:
+                raise NodeError(f"`{' '.join(argv)}` failed: {result.stderr.strip()}")
+            return ""
+        return result.stdout
+
+    def _import_images(self) -> None:
+        """Import each image archive once; containerd's store is kept in the cache between runs."""
+        index_path = containerd_root() / IMPORTED_INDEX
+        try:
+            imported: dict[str, str] = json.loads(index_path.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            imported = {}
+        present = set(self.ctr("images", "ls", "-q").split())
+        pause = NodeImage(versions.PAUSE_IMAGE, node_build.pause_archive())
+        for image in [pause, *self.images]:
+            marker = archive_marker(image.archive)
+            if imported.get(image.reference) == marker and image.reference in present:
+                continue
+            self.ctr("images", "import", str(image.archive), timeout=600)
+            imported[image.reference] = marker
+            index_path.write_text(json.dumps(imported, indent=2) + "\n")
+
+    def _start_kubelet_and_proxy(self) -> None:
+        bin_dir = self.plane.bin_dir
+        self._launch(
+            "kubelet",
+            [
+                *self._nsenter(),
+                str(bin_dir / "kubelet"),
+                f"--config={self.config_dir / 'kubelet.json'}",
+                f"--kubeconfig={self.kubeconfig}",
+                f"--hostname-override={self.name}",
+                f"--node-ip={network.NODE_IP}",
+                "--v=1",
+            ],
+        )
+        self._launch(
+            "kube-proxy",
+            [
+                *self._nsenter(),
+                str(bin_dir / "kube-proxy"),
+                f"--config={self.config_dir / 'kube-proxy.json'}",
+            ],
+        )
+
+    def wait_ready(self, timeout: float = NODE_READY_TIMEOUT) -> None:
+        def ready() -> bool:
+            self.check_running()
+            result = self.plane.kubectl("get", "node", self.name, "-o", "json", check=False)
+            return result.returncode == 0 and node_is_ready(json.loads(result.stdout))
+
+        try:
+            wait_for(ready, timeout=timeout, interval=0.1, message=f"node {self.name} Ready")
+        except TimeoutError as error:
+            kubelet = self.components.get("kubelet")
+            raise NodeError(f"{error}\n{kubelet.log_tail() if kubelet else ''}") from error
+
+    def _stop_daemons_in_order(self) -> None:
+        """kube-proxy and kubelet first, then the pods, their containers in containerd, containerd itself."""
+        for name in ("kube-proxy", "kubelet"):
+            if component := self.components.pop(name, None):
+                component_stop(component)
+        host_state.kill_cgroup_tree(host_state.process_hierarchy() / PODS_CGROUP)
+        if "containerd" in self.components:
+            self._remove_all_containers()
+        for name in ("containerd", "gateway", "holder", "api-holder"):
+            if component := self.components.pop(name, None):
+                component_stop(component)
+        for component in self.components.values():
+            component_stop(component)
+        self.components.clear()
+
+    def _remove_all_containers(self) -> None:
+        with contextlib.suppress(NodeError, subprocess.SubprocessError, OSError):
+            tasks = self.ctr("tasks", "ls", "-q", timeout=20).split()
+            for task in tasks:
+                self.ctr("tasks", "rm", "-f", task, check=False, timeout=20)
+            if containers := self.ctr("containers", "ls", "-q", timeout=20).split():
+                self.ctr("containers", "rm", *containers, check=False, timeout=60)
+
+
+def component_stop(component: Component) -> None:
+    with contextlib.suppress(ControlPlaneError):
+        component.stop()
+
+
+def archive_marker(path: Path) -> str:
+    stat = path.stat()
+    return f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}"
+
+
+def wait_for_own_namespaces(holder_pid: int, kinds: tuple[str, ...]) -> dict[str, int]:
+    """Wait until the holder has made its namespaces and runs `sleep`; returns their inodes."""
+    mine = {kind: host_state.namespace_inode(os.getpid(), kind) for kind in kinds}
+
+    def made() -> dict[str, int] | None:
+        if not process_alive(holder_pid):
+            raise NodeError("the node's namespace holder (unshare) exited")
+        theirs = {kind: host_state.namespace_inode(holder_pid, kind) for kind in mine}
+        comm = Path(f"/proc/{holder_pid}/comm").read_text().strip()
+        if comm == "sleep" and all(theirs[k] not in (None, mine[k]) for k in mine):
+            return {kind: inode for kind, inode in theirs.items() if inode is not None}
+        return None
+
+    return wait_for(made, timeout=20, interval=0.01, message="the node's namespaces")
+
+
+def ensure_mount_points(paths: list[str]) -> list[str]:
+    """Create the directories bind mounts need; returns the topmost of those it created (to remove later)."""
+    created = []
+    for path in paths:
+        missing = [p for p in [Path(path), *Path(path).parents] if not p.exists()]
+        if missing:
+            top = missing[-1]
+            Path(path).mkdir(parents=True)
+            created.append(str(top))
+    return created
+
+
+def remove_cri_state() -> None:
+    for relative in CRI_STATE_DIRS:
+        shutil.rmtree(containerd_root() / relative, ignore_errors=True)
+
+
+def undo(record: NodeRecord) -> list[str]:
+    """Kill what is left of a node and undo its changes to the machine; returns problems it could not fix."""
+    problems = []
+    hierarchy = host_state.process_hierarchy()
+    survivors = host_state.kill_cgroup_tree(hierarchy / node_config.CGROUP_ROOT)
+    for name, inode in record.namespaces.items():
+        for pid in host_state.pids_in_namespace(host_state.namespace_kind(name), inode):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+    if survivors:
+        problems.append(f"processes that would not die: {sorted(survivors)}")
+    with contextlib.suppress(TimeoutError):
+        wait_for(
+            lambda: (
+                not any(
+                    host_state.pids_in_namespace(host_state.namespace_kind(name), inode)
+                    for name, inode in record.namespaces.items()
+                )
+            ),
+            timeout=10,
+            interval=0.05,
+            message="the node's namespaces to empty",
+        )
+    if remaining := host_state.remove_cgroup_tree(node_config.CGROUP_ROOT):
+        problems.append(f"cgroups that would not go: {remaining}")
+    remove_cri_state()
+    for path in sorted(record.created_dirs, key=len, reverse=True):
+        remove_empty_tree(Path(path))
+    host_state.restore_sysctls(record.host.sysctls)
+    record_path().unlink(missing_ok=True)
+    return problems
+
+
+def remove_empty_tree(top: Path) -> None:
+    """rmdir `top` and the empty directories under it; anything holding files stays."""
+    if not top.is_dir():
+        return
+    for directory, _subdirectories, _files in os.walk(top, topdown=False):
+        with contextlib.suppress(OSError):
+            Path(directory).rmdir()
+
+
+def clean_up_stale_node() -> None:
+    """Undo a node whose starter died without stopping it; refuse if one is still running."""
+    record = NodeRecord.load()
+    if record is None:
+        return
+    if record.holder_alive() and record.pids:
+        owner_alive = any(process_alive(pid) for name, pid in record.pids.items() if name != "holder")
+        if owner_alive:
+            raise NodeError(
+                f"a real node is already running (holder pid {record.holder_pid}): "
+                "stop it with `hack/control-plane down`"
+            )
+    undo(record)
+
+
+def stop_recorded_node() -> bool:
+    """Stop a node started by a detached `up`; returns whether there was one."""
+    with node_lock():
+        record = NodeRecord.load()
+        if record is None:
+            return False
+        for name in ("kube-proxy", "kubelet", "containerd", "gateway", "holder", "api-holder"):
+            pid = record.pids.get(name)
+            if pid is not None and process_alive(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 15)
+        time.sleep(0.5)
+        undo(record)
+    return True
+
+
+def node_summary(node: RealNode) -> str:
+    phases = ", ".join(
+        f"{phase} {seconds:.1f}s" for phase, seconds in node.timings.items() if phase != "total"
+    )
+    return (
+        f"real node {node.name} (kubelet {versions.KUBERNETES}) up in {node.startup_seconds:.1f}s: {phases}"
+    )

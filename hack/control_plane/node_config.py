@@ -1,0 +1,151 @@
+"""Configuration files of the real node's containerd, kubelet, kube-proxy and CNI network.
+
+Paths in them are the standard ones (/var/lib/kubelet, /run/containerd, ...): the node runs in a mount
+namespace of its own where those paths are bind mounts of the node's directories (see node.SHADOWED_DIRS).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import network, versions
+
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+CGROUP_ROOT = "warmstart-node"
+CNI_BIN_DIR = "/usr/lib/cni"
+
+
+def containerd_toml() -> str:
+    # restrict_oom_score_adj: without CAP_SYS_RESOURCE (withheld on some VMs even from root) runc cannot lower
+    # a container's oom_score_adj and every sandbox fails to start.
+    return f"""\
+version = 2
+root = "/var/lib/containerd"
+state = "/run/containerd"
+oom_score = 0
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs",
+  "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.snapshotter.v1.zfs",
+]
+
+[grpc]
+  address = "{CONTAINERD_SOCKET}"
+
+[ttrpc]
+  address = "{CONTAINERD_SOCKET}.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "/var/lib/containerd/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{versions.PAUSE_IMAGE}"
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        Root = "/run/containerd/runc"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{CNI_BIN_DIR}"
+    conf_dir = "/etc/cni/net.d"
+"""
+
+
+def cni_conflist() -> str:
+    bridge = {
+        "type": "bridge",
+        "bridge": network.POD_BRIDGE,
+        "isGateway": True,
+        "ipMasq": False,
+        # A pod reaching itself through a Service comes back over its own veth.
+        "hairpinMode": True,
+        "ipam": {
+            "type": "host-local",
+            "ranges": [[{"subnet": str(network.POD_SUBNET)}]],
+            "routes": [{"dst": "0.0.0.0/0"}],
+        },
+    }
+    return json.dumps({"cniVersion": "1.0.0", "name": "warmstart", "plugins": [bridge]}, indent=2) + "\n"
+
+
+def kubelet_config(ca_cert: Path, resolv_conf: Path) -> str:
+    config = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        # Kubernetes 1.35 refuses cgroup v1 unless told otherwise (support is announced to end in 1.36).
+        "failCgroupV1": False,
+        "cgroupDriver": "cgroupfs",
+        # Every pod cgroup under one root of ours, so teardown finds and removes them all.
+        "cgroupRoot": f"/{CGROUP_ROOT}",
+        "cgroupsPerQOS": True,
+        "enforceNodeAllocatable": ["pods"],
+        "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
+        "address": network.NODE_IP,
+        "port": network.KUBELET_PORT,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(ca_cert)},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "failSwapOn": False,
+        # Lowering oom_score_adj needs CAP_SYS_RESOURCE, which some VMs withhold even from root.
+        "oomScoreAdj": 0,
+        # Images come from the project's build, not a registry: kubelet must never collect them.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%", "imagefs.available": "2%"},
+        "serializeImagePulls": False,
+        "clusterDNS": [],
+        "clusterDomain": "cluster.local",
+        "resolvConf": str(resolv_conf),
+        "volumePluginDir": "/var/lib/kubelet/volume-plugins",
+        "registerNode": True,
+        "maxPods": 32,
+        "shutdownGracePeriod": "0s",
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def kube_proxy_config(kubeconfig: Path) -> str:
+    zero = "0s"
+    config = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": network.NODE_NAME,
+        "mode": "nftables",
+        # Masquerading every Service connection lets a pod reach a Service whose endpoint shares its bridge
+        # without br_netfilter (a module and sysctls global to the machine).
+        "nftables": {"masqueradeAll": True},
+        "clusterCIDR": str(network.POD_SUBNET),
+        "metricsBindAddress": "127.0.0.1:10249",
+        "healthzBindAddress": "127.0.0.1:10256",
+        "oomScoreAdj": 0,
+        # Zeros leave the machine-wide conntrack sysctls alone.
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": zero,
+            "tcpCloseWaitTimeout": zero,
+            "udpTimeout": zero,
+            "udpStreamTimeout": zero,
+        },
+    }
+    return json.dumps(config, indent=2) + "\n"
+
+
+def resolv_conf() -> str:
+    # The node has no DNS: lookups in pods go to their own loopback and fail at once.
+    return "nameserver 127.0.0.1\noptions ndots:1 attempts:1 timeout:1\n"

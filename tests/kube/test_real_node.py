@@ -1,0 +1,205 @@
+"""The real node runs the project's images as real containers: a privileged hostPID DaemonSet and a
+Deployment behind a ClusterIP Service, from the chart's image built from the Dockerfile; and stopping the node
+leaves nothing on the machine."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from control_plane.cluster import ControlPlane, wait_for
+from control_plane.node import RealNode
+
+pytestmark = pytest.mark.integration
+
+WEB_PORT = 8080
+SERVICE_PORT = 80
+READY_TIMEOUT = 180.0
+# Run by the images' python3: a tiny HTTP server that names the pod it runs in.
+WEB_SERVER = """
+import http.server, os
+class Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = os.environ["HOSTNAME"].encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), Hello).serve_forever()
+"""
+FETCH = """
+import ssl, sys, urllib.request
+url = sys.argv[1]
+context = None
+if url.startswith("https://"):
+    account = "/var/run/secrets/kubernetes.io/serviceaccount"
+    context = ssl.create_default_context(cafile=f"{account}/ca.crt")
+with urllib.request.urlopen(url, timeout=10, context=context) as response:
+    print(response.status, response.read().decode()[:200])
+"""
+FIND_KUBELET = """
+import os
+names = set()
+for pid in filter(str.isdigit, os.listdir("/proc")):
+    try:
+        names.add(open(f"/proc/{pid}/comm").read().strip())
+    except OSError:
+        pass
+print("kubelet" in names, "containerd" in names)
+"""
+
+
+def on_the_real_node(node: RealNode) -> dict[str, Any]:
+    return {
+        "nodeSelector": {"kubernetes.io/hostname": node.name},
+        "terminationGracePeriodSeconds": 1,
+        "automountServiceAccountToken": True,
+    }
+
+
+def agent_like_daemonset(image: str, node: RealNode) -> dict[str, Any]:
+    container = {
+        "name": "agent",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["python3", "-c", "import time\nwhile True: time.sleep(3600)"],
+        "securityContext": {"privileged": True},
+        "readinessProbe": {"exec": {"command": ["criu", "--version"]}, "periodSeconds": 2},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": "agent"},
+        "spec": {
+            "selector": {"matchLabels": {"app": "agent"}},
+            "template": {
+                "metadata": {"labels": {"app": "agent"}},
+                "spec": {**on_the_real_node(node), "hostPID": True, "containers": [container]},
+            },
+        },
+    }
+
+
+def web_deployment(image: str, node: RealNode) -> dict[str, Any]:
+    container = {
+        "name": "web",
+        "image": image,
+        "imagePullPolicy": "Never",
+        "command": ["python3", "-c", WEB_SERVER],
+        "env": [{"name": "PORT", "value": str(WEB_PORT)}],
+        "ports": [{"containerPort": WEB_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": WEB_PORT}, "periodSeconds": 1},
+        "resources": {"limits": {"memory": "128Mi", "cpu": "500m"}},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web"},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {**on_the_real_node(node), "containers": [container]},
+            },
+        },
+    }
+
+
+def web_service() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "web"},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {"app": "web"},
+            "ports": [{"port": SERVICE_PORT, "targetPort": WEB_PORT}],
+        },
+    }
+
+
+def get_json(kube: ControlPlane, *args: str) -> dict[str, Any]:
+    return json.loads(kube.kubectl("get", *args, "-o", "json").stdout)
+
+
+def ready_pods(kube: ControlPlane, namespace: str, app: str) -> list[dict[str, Any]]:
+    pods = get_json(kube, "pods", "-n", namespace, "-l", f"app={app}")["items"]
+    return [
+        pod
+        for pod in pods
+        if pod["status"].get("phase") == "Running"
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in pod["status"].get("conditions", []))
+    ]
+
+
+def both_ready(kube: ControlPlane, namespace: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    agents, webs = ready_pods(kube, namespace, "agent"), ready_pods(kube, namespace, "web")
+    return (agents[0], webs[0]) if agents and webs else None
+
+
+def exec_python(kube: ControlPlane, namespace: str, pod: str, code: str, *args: str) -> str:
+    return kube.kubectl("exec", "-n", namespace, pod, "--", "python3", "-c", code, *args, timeout=60).stdout
+
+
+def test_daemonset_and_deployment_from_the_project_image_run_and_serve(
+    kube: ControlPlane, real_node: RealNode, chart_image: str, namespace: str
+) -> None:
+    manifests = [
+        agent_like_daemonset(chart_image, real_node),
+        web_deployment(chart_image, real_node),
+        web_service(),
+    ]
+    listing = {"apiVersion": "v1", "kind": "List", "items": manifests}
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(listing))
+
+    agent_pod, web_pod = wait_for(
+        lambda: both_ready(kube, namespace),
+        timeout=READY_TIMEOUT,
+        interval=0.5,
+        message="the DaemonSet's and the Deployment's pods Running and Ready on the real node",
+    )
+    for pod in (agent_pod, web_pod):
+        assert pod["spec"]["nodeName"] == real_node.name
+        statuses = pod["status"]["containerStatuses"]
+        assert all(status["ready"] and "running" in status["state"] for status in statuses)
+        assert all(status["imageID"] for status in statuses), "a real container reports the image it runs"
+    agent_name, web_name = agent_pod["metadata"]["name"], web_pod["metadata"]["name"]
+    web_ip = web_pod["status"]["podIP"]
+    assert web_ip and web_ip != agent_pod["status"]["podIP"]
+
+    # The image is the project's: warmstart and a CRIU >= 4 inside.
+    installed = exec_python(kube, namespace, web_name, "import warmstart; print(warmstart.__name__)")
+    assert installed.strip() == "warmstart"
+    criu = kube.kubectl("exec", "-n", namespace, agent_name, "--", "criu", "--version").stdout
+    assert "Version: 4" in criu
+
+    # hostPID: the agent sees the node's own processes.
+    assert exec_python(kube, namespace, agent_name, FIND_KUBELET).split() == ["True", "True"]
+
+    # A ClusterIP Service answers from another pod (kube-proxy's nftables rules, inside the node).
+    cluster_ip = get_json(kube, "service", "web", "-n", namespace)["spec"]["clusterIP"]
+    answer = exec_python(kube, namespace, agent_name, FETCH, f"http://{cluster_ip}:{SERVICE_PORT}/")
+    assert answer.split() == ["200", web_name]
+
+    # The `kubernetes` Service reaches the apiserver through the node's gateway, with a verified certificate.
+    kubernetes_ip = get_json(kube, "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
+    version = exec_python(kube, namespace, web_name, FETCH, f"https://{kubernetes_ip}/version")
+    assert version.startswith("200 ")
+
+    logs = kube.kubectl("logs", "-n", namespace, web_name).stdout
+    assert logs == ""
+
+
+def test_stopping_the_node_leaves_nothing_behind(real_node: RealNode) -> None:
+    """Runs after the workloads above; the node is started again for any later test."""
+    record = real_node.record
+    assert record is not None
+    assert record.host.sysctls, "the machine's sysctls were saved before the node started"
+    real_node.stop()
+    left = real_node.leftovers(record)
+    real_node.start()
+    assert left == []

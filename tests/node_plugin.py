@@ -1,0 +1,89 @@
+"""pytest fixtures for one real Kubernetes node beside the kwok ones (see `hack/control-plane`,
+docs/real-node.md).
+
+`real_node` (session scope, needs `kube`) starts containerd, kubelet and kube-proxy in network and mount
+namespaces of their own, with the images `hack/control-plane images` built imported into containerd, and
+waits until the node is Ready. Its start time is printed like the control plane's. At the end of the session
+(also on Ctrl-C) it is stopped and the session fails if the node left anything on the machine (processes,
+mounts, cgroups, namespaces, links, nft tables, sysctls). When its parts are not built, or the machine cannot
+run it (not root), tests using it are skipped with the reason. Tests using it are marked
+`@pytest.mark.integration`.
+
+The `real_node` object (control_plane.node.RealNode):
+    .name                the Node's name
+    .images              the images imported (.reference, .archive)
+    .ctr(*args)          `ctr --namespace k8s.io ...` against the node's containerd, stdout
+    .stop(), .start()    stop (undoing everything), start again
+    .record              what the running node changed (None once stopped); .leftovers(record) lists
+                         whatever of it is still there
+    .startup_seconds, .timings
+
+`chart_image` (session scope): the chart's image reference, imported into the node (skips when not built).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+HACK = Path(__file__).resolve().parent.parent / "hack"
+if str(HACK) not in sys.path:
+    sys.path.insert(0, str(HACK))
+
+from control_plane import images, versions  # noqa: E402
+from control_plane.cluster import ControlPlane  # noqa: E402
+from control_plane.node import NodeImage, RealNode, missing_parts, node_summary  # noqa: E402
+
+STARTUP_KEY = pytest.StashKey[str]()
+
+
+def _images_to_import() -> tuple[list[NodeImage], list[str]]:
+    """Every built image, and the references among the chart's whose build predates the working tree."""
+    built = images.built_images()
+    current = images.current_images()
+    stale = [reference for reference in built if reference not in current]
+    return [NodeImage(reference, path) for reference, path in built.items()], stale
+
+
+@pytest.fixture(scope="session")
+def real_node(
+    kube: ControlPlane, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RealNode]:
+    if reasons := missing_parts():
+        pytest.skip(f"no real node: {'; '.join(reasons)}: run `hack/control-plane build` as root")
+    node_images, stale = _images_to_import()
+    node = RealNode(plane=kube, state_dir=tmp_path_factory.mktemp("node"), images=node_images)
+    node.start()
+    summary = node_summary(node)
+    if stale:
+        summary += f" (images older than the working tree: {', '.join(stale)}; `hack/control-plane images`)"
+    request.config.stash[STARTUP_KEY] = summary
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"\n{summary}")
+    try:
+        yield node
+    finally:
+        record = node.record
+        node.stop()
+        if record is not None and (left := node.leftovers(record)):
+            pytest.fail("the real node left things behind:\n" + "\n".join(left), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def chart_image(real_node: RealNode) -> str:
+    wanted = images.chart_images()[0].reference
+    if wanted not in {image.reference for image in real_node.images}:
+        pytest.skip(
+            f"{wanted} is not built in {versions.images_cache_dir()}: run `hack/control-plane images`"
+        )
+    return wanted
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    summary = config.stash.get(STARTUP_KEY, None)
+    if summary:
+        terminalreporter.write_line(summary)
