@@ -16,7 +16,9 @@ from support import answers, free_port, recording_criu_command
 
 from warmstart.checkpoint.criu import Criu
 from warmstart.identity import SnapshotIdentity
-from warmstart.serve import IdentityCache, LocalNode, StartReport, WorkerSpec
+from warmstart.serve.identity_cache import IdentityCache
+from warmstart.serve.local_node import LocalNode
+from warmstart.serve.worker_spec import StartReport, WorkerSpec
 from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.store import SnapshotStore
 

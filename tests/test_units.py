@@ -12,7 +12,9 @@ import pytest
 from warmstart.bench import Floor, Series, _rows
 from warmstart.checkpoint.restore import FailureCounter
 from warmstart.identity import SnapshotIdentity
-from warmstart.serve import IdentityCache, WorkerSpec, prune_work_dir
+from warmstart.serve.identity_cache import IdentityCache
+from warmstart.serve.local_node import prune_work_dir
+from warmstart.serve.worker_spec import WorkerSpec
 from warmstart.snapshot.keys import signing_keys
 
 IDENTITY = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="x")

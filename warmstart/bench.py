@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from warmstart.checkpoint.layout import CRIU_DIR
-from warmstart.serve import LocalNode, ServeError, StartReport, WorkerSpec, add_worker_arguments
+from warmstart.serve.cli import add_worker_arguments
+from warmstart.serve.local_node import LocalNode
+from warmstart.serve.worker_spec import ServeError, StartReport, WorkerSpec
 
 if TYPE_CHECKING:
     from warmstart.checkpoint.criu import Criu
@@ -147,7 +149,7 @@ def timed_start(
 
 def run_bench(args: argparse.Namespace) -> int:
     from warmstart.config import default_criu_command
-    from warmstart.serve import usable_criu
+    from warmstart.serve.local_node import usable_criu
     from warmstart.snapshot.keys import signing_keys
     from warmstart.snapshot.store import SnapshotStore
 

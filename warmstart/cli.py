@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 # (module, purpose): every module exposes `register(subparsers)`; each parser sets `func(args) -> int`.
 COMMAND_MODULES: tuple[str, ...] = (
-    "warmstart.serve",
+    "warmstart.serve.cli",
     "warmstart.worker.cli",
     "warmstart.snapshot.cli",
     "warmstart.agent.cli",

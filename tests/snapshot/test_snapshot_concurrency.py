@@ -93,7 +93,7 @@ def test_concurrent_publishers_of_one_identity_all_succeed_while_gc_runs(
 
 def test_a_delete_waits_for_a_running_gc(store: SnapshotStore, publish: Callable[..., Snapshot]) -> None:
     snapshot = publish({"criu/a.img": b"a"})
-    with store._lock(exclusive=True):  # what gc() holds while it reads every manifest
+    with store.layout.lock(exclusive=True):  # what gc() holds while it reads every manifest
         deleting = threading.Thread(target=store.delete, args=(snapshot.id,))
         deleting.start()
         deleting.join(timeout=0.5)

@@ -181,8 +181,6 @@ def _cmd_show(args: argparse.Namespace) -> int:
         files.add_column(column, justify="right" if column == "size" else "left")
     for path, entry in sorted(snapshot.files.items()):
         files.add_row(path, human_bytes(entry.size), f"{entry.mode:04o}", entry.digest[:19])
-    for name, entry in sorted(snapshot.refs.items()):
-        files.add_row(f"ref:{name}", human_bytes(entry.size), f"{entry.mode:04o}", entry.digest[:19])
     console.print(files)
     return 0
 

@@ -111,7 +111,6 @@ class Manifest:
     identity: SnapshotIdentity
     identity_hash: str
     files: dict[str, FileEntry]
-    refs: dict[str, FileEntry] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     node: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
@@ -122,12 +121,12 @@ class Manifest:
 
     @property
     def size(self) -> int:
-        """Bytes of the snapshot's own files (references such as weight blobs not included)."""
+        """Bytes of the snapshot's files."""
         return sum(entry.size for entry in self.files.values())
 
     def digests(self) -> set[str]:
-        """Every blob the snapshot needs: its files and its references."""
-        return {entry.digest for entry in self.files.values()} | {e.digest for e in self.refs.values()}
+        """Every blob the snapshot needs."""
+        return {entry.digest for entry in self.files.values()}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -137,7 +136,6 @@ class Manifest:
             "identity": self.identity.to_dict(),
             "identity_hash": self.identity_hash,
             "files": {path: self.files[path].to_dict() for path in sorted(self.files)},
-            "refs": {name: self.refs[name].to_dict() for name in sorted(self.refs)},
             "timings": self.timings,
             "node": self.node,
             "meta": self.meta,
@@ -181,13 +179,16 @@ class Manifest:
         except (TypeError, ValueError) as exc:
             raise SnapshotInvalid(f"manifest field 'identity' is invalid: {exc}") from exc
         identity_hash = _string_field(data, "identity_hash")
+        if data.get("refs"):
+            raise SnapshotInvalid(
+                "manifest field 'refs' is not supported: every blob must be listed in 'files'"
+            )
         return cls(
             id=snapshot_id,
             created=created,
             identity=identity,
             identity_hash=identity_hash,
-            files=_entries(data, "files", required=True),
-            refs=_entries(data, "refs", required=False),
+            files=_entries(data, "files"),
             timings=_timings(data),
             node=_object_field(data, "node"),
             meta=_object_field(data, "meta"),
@@ -216,9 +217,7 @@ def _timings(data: dict[str, Any]) -> dict[str, float]:
     return {name: float(value) for name, value in timings.items()}
 
 
-def _entries(data: dict[str, Any], name: str, *, required: bool) -> dict[str, FileEntry]:
-    if name not in data and not required:
-        return {}
+def _entries(data: dict[str, Any], name: str) -> dict[str, FileEntry]:
     raw = data.get(name)
     if not isinstance(raw, dict):
         raise SnapshotInvalid(f"manifest field {name!r} is missing or not an object")

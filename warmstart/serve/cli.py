@@ -1,0 +1,121 @@
+"""`warmstart serve`: the embedded default, one machine and no cluster.
+
+The first start is a cold start plus a capture: the worker loads, warms up and quiesces, its process is
+snapshotted into the store, and the same process then resumes and serves (restore in place), so the first
+start costs a cold start and one dump, and the snapshot is ready for the next start. Every later start
+restores from the newest valid snapshot of the same identity into a fresh sandbox. Whenever restoring is not
+possible (no CRIU 4, not root, a snapshot refused or failing) it cold-starts and says why.
+
+Each worker runs in its own sandbox (PID + mount namespace) so a restore gets the PIDs and paths its
+process had when it was dumped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+
+from warmstart.serve.local_node import LocalNode, usable_criu
+from warmstart.serve.worker_spec import ServeError, StartReport, WorkerSpec
+from warmstart.snapshot.keys import signing_keys
+
+
+def print_report(report: StartReport, spec: WorkerSpec) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"warmstart serve: {spec.engine}/{spec.model} on {spec.device} at {spec.base_url}")
+    for column in ("mode", "time to ready", "snapshot size", "snapshot id"):
+        table.add_column(column)
+    size = f"{report.snapshot_bytes / 2**20:.1f} MiB" if report.snapshot_bytes else "-"
+    table.add_row(report.mode, f"{report.seconds_to_ready:.2f} s", size, report.snapshot_id or "-")
+    console = Console(width=max(Console().width, 120))
+    console.print(table)
+    if report.reason:
+        console.print(f"[yellow]{report.reason}[/yellow]")
+    if report.timings:
+        console.print("phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in report.timings.items()))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from warmstart.config import default_criu_command
+    from warmstart.snapshot.store import SnapshotStore
+
+    store_root = Path(args.store).resolve()
+    store_root.mkdir(parents=True, exist_ok=True)
+    spec = WorkerSpec(args.engine, args.model, args.device, args.host, args.port, list(args.worker_arg))
+    signer, verifier, note = signing_keys(store_root, args.key)
+    if note:
+        print(note)
+    criu, why_not = usable_criu(args.criu or default_criu_command())
+    if criu is None:
+        print(f"snapshots are off: {why_not}")
+    work_dir = Path(args.work_dir) if args.work_dir else store_root / "pods"
+    node = LocalNode(spec, SnapshotStore(store_root), signer, verifier, criu, work_dir, args.ready_timeout)
+    _stop_on_signals()
+    try:
+        report = node.start()
+        print_report(report, spec)
+        if args.once:
+            return 0
+        print(f"serving on {spec.base_url} (Ctrl-C to stop)", flush=True)
+        while any(sandbox.alive() for sandbox in node.sandboxes):
+            time.sleep(0.2)
+        print("the worker exited", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("stopping", flush=True)
+        return 0
+    except ServeError as exc:
+        print(f"warmstart serve: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)  # let the clean-up finish
+        node.stop_all()
+
+
+def _stop_on_signals() -> None:
+    """SIGTERM stops serve like Ctrl-C does (a KeyboardInterrupt, so every clean-up path runs)."""
+
+    def interrupt(signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGINT, interrupt)
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--engine", default="builtin", help="engine adapter (default builtin)")
+    parser.add_argument("--model", default="tiny", help="model preset or directory (default tiny)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu or cuda (default cpu)")
+    parser.add_argument("--store", required=True, help="snapshot store directory (created if missing)")
+    parser.add_argument("--key", help="signing key file (default: <store>/keys/hmac.key, generated once)")
+    parser.add_argument("--criu", help="CRIU 4 command line (default: WARMSTART_CRIU or criu)")
+    parser.add_argument("--host", default="127.0.0.1", help="address the worker listens on")
+    parser.add_argument("--work-dir", help="where sandboxes keep their files (default <store>/pods)")
+    parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for a worker")
+    parser.add_argument(
+        "--worker-arg", action="append", default=[], help="extra argument for `warmstart worker` (repeatable)"
+    )
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from warmstart.worker_flags import port_number
+
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve an OpenAI-compatible endpoint; first start cold + capture, later starts restore",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_worker_arguments(parser)
+    parser.add_argument("--port", type=port_number, default=8000, help="port to serve on (default 8000)")
+    parser.add_argument(
+        "--once", "--exit-after-ready", dest="once", action="store_true",
+        help="stop the worker and exit once it served (tests, demos)",
+    )  # fmt: skip
+    parser.set_defaults(func=_serve)

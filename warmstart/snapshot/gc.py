@@ -1,0 +1,124 @@
+"""Garbage collection (stale staging, unreferenced blobs) and retention (the N newest per identity).
+
+GC holds the store's lock exclusively while it reads every manifest and removes blobs none references.
+Unreferenced blobs younger than `blob_grace` seconds are kept (ingesting a blob refreshes its mtime).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from warmstart.snapshot.catalog import list_snapshots, unpublish
+from warmstart.snapshot.layout import MANIFEST_FILE, SnapshotNotFound, StoreLayout
+from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN, Manifest, SnapshotInvalid
+from warmstart.snapshot.staging import staging_is_stale, this_host
+
+
+@dataclass
+class GcReport:
+    dry_run: bool = False
+    removed_blobs: list[str] = field(default_factory=list)
+    freed_bytes: int = 0
+    removed_staging: list[str] = field(default_factory=list)
+    kept_staging: list[str] = field(default_factory=list)
+    young_blobs: list[str] = field(default_factory=list)  # unreferenced, within the grace period
+    referenced_blobs: int = 0
+    deleted_snapshots: list[str] = field(default_factory=list)  # by retention, when the caller ran it
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def collect_garbage(
+    layout: StoreLayout, *, staging_older_than: float, blob_grace: float | None, dry_run: bool
+) -> GcReport:
+    """Remove stale staging directories and unreferenced blobs older than `blob_grace` seconds.
+
+    A staging directory is stale when its owner process (same host) is gone, or, when the owner cannot
+    be checked from here, when nothing in it changed for `staging_older_than` seconds. `blob_grace`
+    defaults to `staging_older_than`.
+    """
+    layout.require_root()
+    grace = staging_older_than if blob_grace is None else blob_grace
+    report = GcReport(dry_run=dry_run)
+    with layout.lock(exclusive=True):
+        _gc_staging(layout, staging_older_than, report)
+        referenced = _referenced_digests(layout, report)
+        if referenced is not None:
+            _gc_blobs(layout, referenced, grace, report)
+    return report
+
+
+def _gc_staging(layout: StoreLayout, older_than: float, report: GcReport) -> None:
+    here, now = this_host(), time.time()
+    for entry in sorted(layout.staging_dir.iterdir()):
+        try:
+            stale, why = staging_is_stale(entry, here, now, older_than)
+        except FileNotFoundError:  # discarded by its owner meanwhile
+            continue
+        if not stale:
+            report.kept_staging.append(f"{entry.name} ({why})")
+            continue
+        report.removed_staging.append(f"{entry.name} ({why})")
+        if not report.dry_run:
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+def _referenced_digests(layout: StoreLayout, report: GcReport) -> set[str] | None:
+    """Every digest a published manifest names; None (remove no blob) when a manifest is unreadable."""
+    referenced: set[str] = set()
+    for entry in layout.snapshots_dir.iterdir():
+        if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name):
+            continue  # not a snapshot (listing ignores it too)
+        try:
+            raw = (entry / MANIFEST_FILE).read_bytes()
+            referenced |= Manifest.from_bytes(raw).digests()
+        except (OSError, SnapshotInvalid) as exc:
+            report.errors.append(f"snapshot {entry.name}: unreadable manifest ({exc}); no blob removed")
+            return None
+    report.referenced_blobs = len(referenced)
+    return referenced
+
+
+def _gc_blobs(layout: StoreLayout, referenced: set[str], grace: float, report: GcReport) -> None:
+    now = time.time()
+    for blob in sorted(layout.blobs_dir.iterdir()):
+        digest = f"sha256:{blob.name}"
+        if digest in referenced:
+            continue
+        info = blob.lstat()
+        if now - info.st_mtime < grace:
+            report.young_blobs.append(digest)
+            continue
+        report.removed_blobs.append(digest)
+        report.freed_bytes += info.st_size
+        if not report.dry_run:
+            blob.unlink(missing_ok=True)
+
+
+def apply_retention(
+    layout: StoreLayout, keep: int, identity_hash: str | None = None, *, dry_run: bool = False
+) -> list[str]:
+    """Delete all but the `keep` newest snapshots of each identity; return the deleted ids."""
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ValueError(f"keep must be a non-negative integer, got {keep!r}")
+    seen: dict[str, int] = {}
+    doomed: list[str] = []
+    for snapshot in list_snapshots(layout, identity_hash):  # newest first
+        seen[snapshot.identity_hash] = seen.get(snapshot.identity_hash, 0) + 1
+        if seen[snapshot.identity_hash] > keep:
+            doomed.append(snapshot.id)
+    if not dry_run:
+        for snapshot_id in doomed:
+            with contextlib.suppress(SnapshotNotFound):
+                unpublish(layout, snapshot_id)
+    return doomed

@@ -1,0 +1,180 @@
+"""Verification (signature, schema, identity, every blob's size and digest) and materialisation.
+
+Nothing a manifest names is used before its signature checks out; a blob is hashed before it is placed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from warmstart.identity import SnapshotIdentity
+from warmstart.parallel import parallel_map, run_heaviest_first
+from warmstart.snapshot.blobs import place
+from warmstart.snapshot.catalog import Snapshot, parse_manifest, read_manifest_bytes
+from warmstart.snapshot.hashing import chunk_ranges, hash_file, hash_range
+from warmstart.snapshot.layout import SIGNATURE_FILE, StoreLayout
+from warmstart.snapshot.manifest import (
+    FileEntry,
+    IdentityMismatch,
+    Manifest,
+    SnapshotError,
+    SnapshotInvalid,
+    check_prefix,
+)
+from warmstart.snapshot.signing import SignatureInvalid, Verifier, verify_document
+
+MAX_REPORTED_PROBLEMS = 5
+ContentCheck = tuple[int, Callable[[], str], tuple[FileEntry, str, str]]
+
+
+def verify_snapshot(
+    layout: StoreLayout,
+    snapshot_id: str,
+    verifier: Verifier,
+    expected_identity: SnapshotIdentity | None = None,
+    *,
+    prefix: str | None = None,
+    workers: int | None = None,
+) -> Snapshot:
+    """Check signature, schema, identity and every blob's size and SHA-256; SnapshotInvalid otherwise.
+
+    With `prefix`, only blobs of files under it are hashed (signature and schema are always checked).
+    """
+    manifest = verified_manifest(layout, snapshot_id, verifier)
+    if expected_identity is not None and expected_identity.digest() != manifest.identity_hash:
+        raise IdentityMismatch(manifest.identity.mismatches(expected_identity), snapshot_id=snapshot_id)
+    verify_blobs(layout, snapshot_id, selected_entries(manifest, prefix), workers)
+    return Snapshot(layout.snapshots_dir / snapshot_id, manifest)
+
+
+def verified_manifest(layout: StoreLayout, snapshot_id: str, verifier: Verifier) -> Manifest:
+    """The manifest once its signature, schema, id and identity hash check out."""
+    raw = read_manifest_bytes(layout, snapshot_id)
+    try:
+        signature = (layout.snapshots_dir / snapshot_id / SIGNATURE_FILE).read_bytes()
+    except FileNotFoundError as exc:
+        raise SnapshotInvalid(
+            f"{SIGNATURE_FILE} is missing: the snapshot is unsigned", snapshot_id=snapshot_id
+        ) from exc
+    try:
+        verify_document(verifier, raw, signature)
+    except SignatureInvalid as exc:
+        raise SnapshotInvalid(f"{SIGNATURE_FILE}: {exc}", snapshot_id=snapshot_id) from exc
+    manifest = parse_manifest(raw, snapshot_id)
+    if manifest.id != snapshot_id:
+        raise SnapshotInvalid(
+            f"manifest field 'id' is {manifest.id!r} but the snapshot directory is {snapshot_id!r}",
+            snapshot_id=snapshot_id,
+        )
+    actual_hash = manifest.identity.digest()
+    if manifest.identity_hash != actual_hash:
+        raise SnapshotInvalid(
+            f"manifest field 'identity_hash' is {manifest.identity_hash} but the identity hashes to "
+            f"{actual_hash}",
+            snapshot_id=snapshot_id,
+        )
+    return manifest
+
+
+def selected_entries(manifest: Manifest, prefix: str | None) -> dict[str, FileEntry]:
+    if prefix is None:
+        return dict(manifest.files)
+    normalized = check_prefix(prefix)
+    selected = {path: e for path, e in manifest.files.items() if path.startswith(normalized)}
+    if not selected:
+        raise SnapshotInvalid(f"no files under prefix {normalized!r}", snapshot_id=manifest.id)
+    return selected
+
+
+def verify_blobs(
+    layout: StoreLayout, snapshot_id: str, entries: dict[str, FileEntry], workers: int | None
+) -> None:
+    problems: list[str] = []
+    by_blob: dict[FileEntry, list[str]] = {}  # each distinct (blob, chunking) is hashed once
+    for path, entry in entries.items():
+        problem = _blob_shape_problem(layout, path, entry)
+        if problem:
+            problems.append(problem)
+        else:
+            by_blob.setdefault(dataclasses.replace(entry, mode=0), []).append(path)
+    checks = [check for entry in by_blob for check in _content_checks(layout, entry)]
+    outcomes = run_heaviest_first([(weight, job) for weight, job, _ in checks], workers=workers)
+    for (_, _, (entry, expected, what)), actual in zip(checks, outcomes, strict=True):
+        if actual != expected:
+            names = ", ".join(repr(p) for p in by_blob[entry])
+            problems.append(f"file {names}: blob {entry.digest} {what} does not match (corrupted)")
+    if problems:
+        extra = len(problems) - MAX_REPORTED_PROBLEMS
+        reason = "; ".join(problems[:MAX_REPORTED_PROBLEMS]) + (f"; and {extra} more" if extra > 0 else "")
+        raise SnapshotInvalid(reason, snapshot_id=snapshot_id)
+
+
+def _content_checks(layout: StoreLayout, entry: FileEntry) -> list[ContentCheck]:
+    """(weight, hashing job, (entry, expected result, what is checked)) for one blob."""
+    blob = layout.blob_path(entry.digest)
+    if not entry.chunks:
+        return [(entry.size, lambda: hash_file(blob)[0], (entry, entry.digest, "content"))]
+    return [
+        (
+            length,
+            functools.partial(hash_range, blob, offset, length),
+            (entry, expected, f"chunk {index} (bytes {offset}..{offset + length - 1})"),
+        )
+        for index, ((offset, length), expected) in enumerate(
+            zip(chunk_ranges(entry.size, entry.chunk_size), entry.chunks, strict=True)
+        )
+    ]
+
+
+def _blob_shape_problem(layout: StoreLayout, path: str, entry: FileEntry) -> str | None:
+    blob = layout.blob_path(entry.digest)
+    try:
+        info = blob.lstat()
+    except FileNotFoundError:
+        return f"file {path!r}: blob {entry.digest} is missing"
+    if not stat.S_ISREG(info.st_mode):
+        return f"file {path!r}: blob {entry.digest} is not a regular file"
+    if info.st_size != entry.size:
+        return f"file {path!r}: blob {entry.digest} has {info.st_size} bytes, manifest says {entry.size}"
+    return None
+
+
+def materialize_snapshot(
+    layout: StoreLayout,
+    snapshot_id: str,
+    dest: str | os.PathLike[str],
+    verifier: Verifier,
+    *,
+    prefix: str | None = None,
+    expected_identity: SnapshotIdentity | None = None,
+    strip_prefix: bool = False,
+    link: bool = True,
+    workers: int | None = None,
+) -> Snapshot:
+    """Verify, then build `dest` from blobs: hardlinks on the same filesystem, copies otherwise.
+
+    Files keep their paths relative to the snapshot (`criu/pages-1.img` -> `dest/criu/pages-1.img`), or
+    lose the prefix with `strip_prefix=True`. Copies get the recorded mode exactly; a hardlink shares the
+    immutable blob's inode, so it carries the recorded mode without write bits (when the blob's mode
+    differs from that, the file is copied instead).
+    """
+    snapshot = verify_snapshot(
+        layout, snapshot_id, verifier, expected_identity, prefix=prefix, workers=workers
+    )
+    selected = selected_entries(snapshot.manifest, prefix)
+    target_root = Path(dest)
+    if target_root.exists() and any(target_root.iterdir()):
+        raise SnapshotError(f"materialise destination {target_root} is not empty")
+    target_root.mkdir(parents=True, exist_ok=True)
+    cut = len(check_prefix(prefix)) if (prefix and strip_prefix) else 0
+    plan = [(target_root / path[cut:], entry) for path, entry in selected.items()]
+    for directory in {target.parent for target, _ in plan}:
+        directory.mkdir(parents=True, exist_ok=True)
+    use_link = [link]
+    parallel_map(lambda item: place(layout, item[0], item[1], use_link), plan, workers=workers)
+    return snapshot
