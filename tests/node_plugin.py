@@ -10,7 +10,9 @@ run it (not root), tests using it are skipped with the reason. Tests using it ar
 `@pytest.mark.integration`.
 
 The `real_node` object (control_plane.node.RealNode):
-    .name                the Node's name
+    .name                the Node's name; it carries the label and NoSchedule taint
+                         warmstart.dev/real-node=true, so only pods meant for it land there
+    .pod_placement()     nodeSelector + tolerations that put a pod on it
     .images              the images imported (.reference, .archive)
     .ctr(*args)          `ctr --namespace k8s.io ...` against the node's containerd, stdout
     .stop(), .start()    stop (undoing everything), start again

@@ -211,12 +211,20 @@ class ControlPlane:
     components: list[Component] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     apiserver_port: int = 0
+    node_addresses: network.NodeAddresses | None = None
 
     # -- paths and addresses -------------------------------------------------------------------------------
 
     @property
     def kubeconfig(self) -> Path:
         return self.state_dir / "kubeconfig"
+
+    @property
+    def addresses(self) -> network.NodeAddresses:
+        """The addresses a real node joining this control plane uses (chosen at start)."""
+        if self.node_addresses is None:
+            raise ControlPlaneError("the control plane has not been started")
+        return self.node_addresses
 
     @property
     def egress_config(self) -> Path:
@@ -261,7 +269,9 @@ class ControlPlane:
 
     def _start_all(self, started: float) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        certificates = pki.generate(self.state_dir / "pki")
+        self.node_addresses = network.choose()
+        # A real node and its pods reach the apiserver at the node network's apiserver address.
+        certificates = pki.generate(self.state_dir / "pki", extra_ips=(self.node_addresses.api_ip,))
         etcd_port = free_port()
         self.apiserver_port = free_port()
         self.write_kubeconfig(certificates)
@@ -306,6 +316,7 @@ class ControlPlane:
             "kubeconfig": str(self.kubeconfig),
             "bin_dir": str(self.bin_dir),
             "processes": self.pids(),
+            "node_addresses": self.addresses.to_json() if self.node_addresses else None,
         }
         (self.state_dir / STATE_FILE).write_text(json.dumps(state, indent=2) + "\n")
 
@@ -334,8 +345,8 @@ class ControlPlane:
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1",
             # The address pods get for the `kubernetes` Service: a real node's gateway serves it inside the
-            # node's namespace (see network.py). Without a real node nothing uses it.
-            f"--advertise-address={network.API_IP}",
+            # node's namespaces (see network.py). Without a real node nothing uses it.
+            f"--advertise-address={self.addresses.api_ip}",
             # Traffic to kubelets, pods and Services goes through that gateway's socket, never out of this
             # machine's own interfaces; with no real node there it fails at once.
             f"--egress-selector-config-file={self.egress_config}",

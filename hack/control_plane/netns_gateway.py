@@ -8,10 +8,10 @@ sockets inside the node's namespace (setns around socket(); a socket stays in th
   (what kubelet, kube-proxy and the `kubernetes` Service's endpoint use);
 - an HTTP CONNECT proxy on a unix socket for the apiserver's egress selector (`cluster`): exec, logs and
   port-forward to the kubelet, and anything else the apiserver sends to nodes, pods or Services, dialled
-  from inside the node's namespace, and only to the node's own address ranges.
+  from inside the node's namespaces, and only to the node's own address ranges (--allow).
 
     python -m control_plane.netns_gateway --netns /proc/PID/ns/net --listen IP:PORT \\
-        --upstream 127.0.0.1:PORT --egress-socket PATH
+        --upstream 127.0.0.1:PORT --egress-socket PATH --allow CIDR [--allow CIDR ...]
 """
 
 from __future__ import annotations
@@ -26,8 +26,6 @@ import signal
 import socket
 import sys
 from pathlib import Path
-
-from . import network
 
 CLONE_NEWNET = 0x40000000
 CONNECT_HEADER_LIMIT = 8192
@@ -86,18 +84,20 @@ async def splice(
             writer.close()
 
 
-def allowed_destination(host: str) -> bool:
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return any(address in subnet for subnet in network.GATEWAY_DESTINATIONS)
-
-
 class Gateway:
-    def __init__(self, sockets: NamespaceSockets, upstream: tuple[str, int]) -> None:
+    def __init__(
+        self, sockets: NamespaceSockets, upstream: tuple[str, int], allowed: list[ipaddress.IPv4Network]
+    ) -> None:
         self.sockets = sockets
         self.upstream = upstream
+        self.allowed = allowed
+
+    def allowed_destination(self, host: str) -> bool:
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            return False
+        return any(address in subnet for subnet in self.allowed)
 
     async def forward_to_apiserver(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -129,7 +129,7 @@ class Gateway:
         method, _, rest = head.decode("latin-1").partition(" ")
         target = rest.split(" ", 1)[0]
         host, _, port_text = target.rpartition(":")
-        if method != "CONNECT" or not port_text.isdigit() or not allowed_destination(host):
+        if method != "CONNECT" or not port_text.isdigit() or not self.allowed_destination(host):
             await self.refuse(writer, "403 Forbidden", f"only CONNECT to the real node's addresses: {target}")
             return
         try:
@@ -152,7 +152,8 @@ class Gateway:
 
 async def serve(args: argparse.Namespace) -> None:
     sockets = NamespaceSockets(args.netns)
-    gateway = Gateway(sockets, parse_address(args.upstream))
+    allowed = [ipaddress.IPv4Network(cidr) for cidr in args.allow]
+    gateway = Gateway(sockets, parse_address(args.upstream), allowed)
     listener = sockets.tcp_socket()
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(parse_address(args.listen))
@@ -180,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--listen", required=True, help="IP:PORT inside that namespace")
     parser.add_argument("--upstream", required=True, help="the apiserver, IP:PORT on this machine's loopback")
     parser.add_argument("--egress-socket", required=True, help="unix socket for the apiserver's egress")
+    parser.add_argument("--allow", action="append", default=[], help="a CIDR egress may reach (repeat)")
     asyncio.run(serve(parser.parse_args(argv)))
     return 0
 

@@ -31,6 +31,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from . import host_state, network, node_build, node_config, versions
 from .cluster import Component, ControlPlane, ControlPlaneError, node_is_ready, process_alive, wait_for
@@ -151,6 +152,14 @@ class RealNode:
 
     name = network.NODE_NAME
 
+    @staticmethod
+    def pod_placement() -> dict[str, Any]:
+        """Pod spec fields that put a pod on the real node (its label, a toleration of its taint)."""
+        return {
+            "nodeSelector": {network.REAL_NODE_LABEL: "true"},
+            "tolerations": [{"key": network.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+        }
+
     # -- paths ---------------------------------------------------------------------------------------------
 
     def shadow(self, target: str) -> Path:
@@ -244,29 +253,34 @@ class RealNode:
         assert self.record is not None
         return f"/proc/{self.record.pids['api-holder']}/ns/net"
 
-    @staticmethod
-    def _api_setup_script() -> list[str]:
-        prefix = network.NODE_NETWORK.prefixlen
+    @property
+    def addresses(self) -> network.NodeAddresses:
+        return self.plane.addresses
+
+    def _api_setup_script(self) -> list[str]:
+        addresses = self.addresses
+        prefix = addresses.node_network.prefixlen
         return [
             "ip link set lo up",
-            f"ip addr add {network.API_IP}/{prefix} dev {network.API_LINK}",
+            f"ip addr add {addresses.api_ip}/{prefix} dev {network.API_LINK}",
             f"ip link set {network.API_LINK} up",
             # The apiserver's side reaches pods and Services through the node, as on a real cluster.
-            f"ip route add {network.POD_SUBNET} via {network.NODE_IP}",
-            f"ip route add {network.SERVICE_SUBNET} via {network.NODE_IP}",
+            f"ip route add {addresses.pod_subnet} via {addresses.node_ip}",
+            f"ip route add {network.SERVICE_SUBNET} via {addresses.node_ip}",
         ]
 
     def _node_setup_script(self, api_holder: int) -> list[str]:
-        prefix = network.NODE_NETWORK.prefixlen
+        addresses = self.addresses
+        prefix = addresses.node_network.prefixlen
         link = network.NODE_LINK
         lines = [
             "ip link set lo up",
             f"ip link add {link} type veth peer name {network.API_LINK} netns {api_holder}",
-            f"ip addr add {network.NODE_IP}/{prefix} dev {link}",
+            f"ip addr add {addresses.node_ip}/{prefix} dev {link}",
             f"ip link set {link} up",
             # The apiserver's namespace routes nothing further: whatever is not for the node's networks
             # ends there.
-            f"ip route add default via {network.API_IP}",
+            f"ip route add default via {addresses.api_ip}",
         ]
         binds = {target: self.shadow(target) for target in SHADOWED_DIRS}
         binds[CONTAINERD_ROOT] = containerd_root()
@@ -292,19 +306,22 @@ class RealNode:
         files = {
             "containerd.toml": node_config.containerd_toml(),
             "kubelet.json": node_config.kubelet_config(
-                certificates / "ca.crt", self.config_dir / "resolv.conf"
+                self.addresses, certificates / "ca.crt", self.config_dir / "resolv.conf"
             ),
-            "kube-proxy.json": node_config.kube_proxy_config(self.kubeconfig),
+            "kube-proxy.json": node_config.kube_proxy_config(self.addresses, self.kubeconfig),
             "resolv.conf": node_config.resolv_conf(),
             "kubeconfig": self._kubeconfig_text(),
         }
         for name, text in files.items():
             (self.config_dir / name).write_text(text)
-        (self.shadow("/etc/cni/net.d") / "10-warmstart.conflist").write_text(node_config.cni_conflist())
+        conflist = self.shadow("/etc/cni/net.d") / "10-warmstart.conflist"
+        conflist.write_text(node_config.cni_conflist(self.addresses))
 
     def _kubeconfig_text(self) -> str:
         config = json.loads(self.plane.kubeconfig.read_text())
-        config["clusters"][0]["cluster"]["server"] = f"https://{network.API_IP}:{self.plane.apiserver_port}"
+        config["clusters"][0]["cluster"]["server"] = (
+            f"https://{self.addresses.api_ip}:{self.plane.apiserver_port}"
+        )
         return json.dumps(config, indent=2) + "\n"
 
     def _nsenter(self) -> list[str]:
@@ -349,7 +366,8 @@ class RealNode:
             "-m",
             "control_plane.netns_gateway",
             f"--netns={self.api_netns}",
-            f"--listen={network.API_IP}:{port}",
+            f"--listen={self.addresses.api_ip}:{port}",
+            *(f"--allow={subnet}" for subnet in self.addresses.gateway_destinations),
             f"--upstream=127.0.0.1:{port}",
             f"--egress-socket={self.plane.egress_socket}",
         ]
@@ -430,7 +448,8 @@ class RealNode:
                 f"--config={self.config_dir / 'kubelet.json'}",
                 f"--kubeconfig={self.kubeconfig}",
                 f"--hostname-override={self.name}",
-                f"--node-ip={network.NODE_IP}",
+                f"--node-ip={self.addresses.node_ip}",
+                f"--node-labels={network.REAL_NODE_LABEL}=true",
                 "--v=1",
             ],
         )

@@ -59,7 +59,7 @@ disabled_plugins = [
 """
 
 
-def cni_conflist() -> str:
+def cni_conflist(addresses: network.NodeAddresses) -> str:
     bridge = {
         "type": "bridge",
         "bridge": network.POD_BRIDGE,
@@ -69,14 +69,14 @@ def cni_conflist() -> str:
         "hairpinMode": True,
         "ipam": {
             "type": "host-local",
-            "ranges": [[{"subnet": str(network.POD_SUBNET)}]],
+            "ranges": [[{"subnet": str(addresses.pod_subnet)}]],
             "routes": [{"dst": "0.0.0.0/0"}],
         },
     }
     return json.dumps({"cniVersion": "1.0.0", "name": "warmstart", "plugins": [bridge]}, indent=2) + "\n"
 
 
-def kubelet_config(ca_cert: Path, resolv_conf: Path) -> str:
+def kubelet_config(addresses: network.NodeAddresses, ca_cert: Path, resolv_conf: Path) -> str:
     config = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -88,7 +88,7 @@ def kubelet_config(ca_cert: Path, resolv_conf: Path) -> str:
         "cgroupsPerQOS": True,
         "enforceNodeAllocatable": ["pods"],
         "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
-        "address": network.NODE_IP,
+        "address": addresses.node_ip,
         "port": network.KUBELET_PORT,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
@@ -112,13 +112,14 @@ def kubelet_config(ca_cert: Path, resolv_conf: Path) -> str:
         "resolvConf": str(resolv_conf),
         "volumePluginDir": "/var/lib/kubelet/volume-plugins",
         "registerNode": True,
+        "registerWithTaints": [{"key": network.REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}],
         "maxPods": 32,
         "shutdownGracePeriod": "0s",
     }
     return json.dumps(config, indent=2) + "\n"
 
 
-def kube_proxy_config(kubeconfig: Path) -> str:
+def kube_proxy_config(addresses: network.NodeAddresses, kubeconfig: Path) -> str:
     zero = "0s"
     config = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
@@ -129,7 +130,7 @@ def kube_proxy_config(kubeconfig: Path) -> str:
         # Masquerading every Service connection lets a pod reach a Service whose endpoint shares its bridge
         # without br_netfilter (a module and sysctls global to the machine).
         "nftables": {"masqueradeAll": True},
-        "clusterCIDR": str(network.POD_SUBNET),
+        "clusterCIDR": str(addresses.pod_subnet),
         "metricsBindAddress": "127.0.0.1:10249",
         "healthzBindAddress": "127.0.0.1:10256",
         "oomScoreAdj": 0,

@@ -13,8 +13,6 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from . import network
-
 VALIDITY = datetime.timedelta(days=7)
 SERVICE_CLUSTER_IP = "10.0.0.1"
 APISERVER_DNS_NAMES = (
@@ -94,8 +92,9 @@ def _leaf(
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
-def generate(directory: Path) -> Pki:
-    """Write a fresh set of certificates and keys into `directory` and return their paths."""
+def generate(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
+    """Write a fresh set of certificates and keys into `directory` and return their paths; the apiserver's
+    certificate also names `extra_ips`."""
     directory.mkdir(parents=True, exist_ok=True)
     pki = Pki(
         ca_cert=directory / "ca.crt",
@@ -130,8 +129,7 @@ def generate(directory: Path) -> Pki:
     _write_cert(pki.ca_cert, ca_cert)
 
     alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in APISERVER_DNS_NAMES]
-    # The real node and its pods reach the apiserver at network.API_IP (inside the node's namespace).
-    apiserver_ips = ("127.0.0.1", SERVICE_CLUSTER_IP, network.API_IP)
+    apiserver_ips = ("127.0.0.1", SERVICE_CLUSTER_IP, *extra_ips)
     alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in apiserver_ips]
     serving, serving_key = _leaf(
         ca_key, ca_name, _name("kube-apiserver"), ExtendedKeyUsageOID.SERVER_AUTH, alt_names

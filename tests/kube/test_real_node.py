@@ -5,9 +5,11 @@ leaves nothing on the machine."""
 from __future__ import annotations
 
 import json
+import subprocess
 from typing import Any
 
 import pytest
+from control_plane import host_state, network
 from control_plane.cluster import ControlPlane, wait_for
 from control_plane.node import RealNode
 
@@ -53,11 +55,7 @@ print("kubelet" in names, "containerd" in names)
 
 
 def on_the_real_node(node: RealNode) -> dict[str, Any]:
-    return {
-        "nodeSelector": {"kubernetes.io/hostname": node.name},
-        "terminationGracePeriodSeconds": 1,
-        "automountServiceAccountToken": True,
-    }
+    return {**node.pod_placement(), "terminationGracePeriodSeconds": 1}
 
 
 def agent_like_daemonset(image: str, node: RealNode) -> dict[str, Any]:
@@ -192,6 +190,29 @@ def test_daemonset_and_deployment_from_the_project_image_run_and_serve(
 
     logs = kube.kubectl("logs", "-n", namespace, web_name).stdout
     assert logs == ""
+
+
+def run(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
+
+
+def test_the_node_network_lives_only_in_its_namespaces(real_node: RealNode) -> None:
+    """Runs after the workloads above: the pods' bridge and kube-proxy's rules exist, inside the node."""
+    record = real_node.record
+    assert record is not None
+    addresses = real_node.addresses
+    inside = ["nsenter", f"--target={record.holder_pid}", "--net", "--"]
+    node_addresses = run(*inside, "ip", "-o", "addr")
+    assert addresses.node_ip in node_addresses and f" {network.POD_BRIDGE} " in node_addresses
+    assert "table ip kube-proxy" in run(*inside, "nft", "list", "tables")
+
+    # None of the node's networks is one the machine's own interfaces or routes use.
+    for ours in (addresses.node_network, addresses.pod_subnet):
+        assert not any(ours.overlaps(theirs) for theirs in network.machine_networks())
+    assert host_state.host_links() == record.host.links
+    assert host_state.host_nft_tables() == record.host.nft_tables
+    # kubelet found its sysctls already set (files bound over them in its mount namespace).
+    assert host_state.read_sysctls() == record.host.sysctls
 
 
 def test_stopping_the_node_leaves_nothing_behind(real_node: RealNode) -> None:
