@@ -24,15 +24,19 @@ BINARIES = (*KUBERNETES_COMMANDS, "etcd", "kwok", "helm")
 # The real node has its own stamp, so adding or changing it never rebuilds the control plane above.
 NODE_BUILD_RECIPE = 1
 NODE_COMMANDS = ("kubelet", "kube-proxy")
-# Debian's packages for the rest of the node; `nftables` gives kube-proxy its `nft`.
-NODE_DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "nftables", "conntrack")
+# Debian's packages for the rest of the node; `nftables` gives kube-proxy its `nft`; gcc and libc6-dev build
+# the static pause binary, debootstrap the images' base.
 NODE_DEBIAN_COMMANDS = {
     "containerd": "containerd",
     "runc": "runc",
     "containernetworking-plugins": "/usr/lib/cni/bridge",
     "nftables": "nft",
     "conntrack": "conntrack",
+    "gcc": "gcc",
+    "libc6-dev": "/usr/include/stdio.h",
+    "debootstrap": "debootstrap",
 }
+NODE_DEBIAN_PACKAGES = tuple(NODE_DEBIAN_COMMANDS)
 PAUSE_IMAGE = "localhost/warmstart/pause:1"
 
 # BuildKit builds the project's images from the Dockerfile; its own stamp, too.
