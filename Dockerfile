@@ -18,12 +18,13 @@ ARG EXTRAS=gpu
 # Dependencies first, from pyproject.toml alone, so a change to the code does not download them again. A build
 # behind a TLS-intercepting proxy can hand its CA bundle in as the optional secret `extra-ca` (not kept in
 # the image): --secret id=extra-ca,src=/etc/ssl/certs/ca-certificates.crt
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 RUN --mount=type=secret,id=extra-ca,required=false \
     if [ -s /run/secrets/extra-ca ]; then export PIP_CERT=/run/secrets/extra-ca; fi \
- && mkdir warmstart && touch warmstart/__init__.py \
+ && mkdir warmstart && touch warmstart/__init__.py README.md \
  && pip install --no-cache-dir ".[${EXTRAS}]" \
- && pip uninstall -y warmstart && rm -rf warmstart
+ && pip uninstall -y warmstart && rm -rf warmstart README.md
+COPY README.md ./
 COPY warmstart ./warmstart
 RUN --mount=type=secret,id=extra-ca,required=false \
     if [ -s /run/secrets/extra-ca ]; then export PIP_CERT=/run/secrets/extra-ca; fi \
