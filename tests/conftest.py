@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from support import criu_command_or_skip
+
+from warmstart.checkpoint.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,6 +25,15 @@ def repo_root() -> Path:
 @pytest.fixture
 def python_exe() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def sandboxes() -> Iterator[list[Sandbox]]:
+    """Sandboxes a test started (append them here): each is stopped when the test ends."""
+    started: list[Sandbox] = []
+    yield started
+    for sandbox in started:
+        sandbox.stop(grace=2)
 
 
 @pytest.fixture(scope="session")

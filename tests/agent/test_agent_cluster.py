@@ -26,6 +26,8 @@ from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.pods import control_dir_on_host
 from warmstart.api import labels as L
 from warmstart.checkpoint.sandbox import Sandbox
+from warmstart.operator.request_key import request_key, request_key_hash
+from warmstart.operator.spec import parse_spec
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.layout import MANIFEST_FILE
@@ -35,6 +37,12 @@ pytestmark = pytest.mark.integration
 
 NODE = "kwok-gpu-0"
 ENDPOINT = "tiny"
+ENDPOINT_SPEC = {
+    "model": {"uri": "tiny"}, "engine": {"kind": "builtin", "image": "warmstart:test"},
+    "resources": {"gpus": 0}, "snapshot": {"enabled": True, "storage": {"claimName": "snapshots"}},
+}  # fmt: skip
+REQUEST_KEY = request_key(parse_spec(ENDPOINT_SPEC))
+TEST_IMAGE_ID = "sha256:" + "7" * 64
 
 
 def _serving(port: int) -> bool:
@@ -59,22 +67,18 @@ class Cluster:
     def endpoint(self, namespace: str) -> dict[str, Any]:
         body = {
             "apiVersion": L.API_VERSION, "kind": L.ENDPOINT_KIND,
-            "metadata": {"name": ENDPOINT, "namespace": namespace},
-            "spec": {
-                "model": {"uri": "tiny"}, "engine": {"kind": "builtin", "image": "warmstart:test"},
-                "resources": {"gpus": 1},
-                "snapshot": {"enabled": True, "storage": {"claimName": "snapshots"}},
-            },
+            "metadata": {"name": ENDPOINT, "namespace": namespace}, "spec": ENDPOINT_SPEC,
         }  # fmt: skip
         return self.custom.create_namespaced_custom_object(
             L.GROUP, L.VERSION, namespace, L.ENDPOINT_PLURAL, body
         )
 
-    def snapshot(self, namespace: str, name: str, identity: dict[str, Any], identity_hash: str) -> dict:
+    def snapshot(self, namespace: str, name: str, key: dict[str, Any] = REQUEST_KEY) -> dict:
+        """An InferenceSnapshot as the operator makes it, for the request `key`."""
         body = {
             "apiVersion": L.API_VERSION, "kind": L.SNAPSHOT_KIND,
             "metadata": {"name": name, "namespace": namespace, "labels": {L.ENDPOINT_LABEL: ENDPOINT}},
-            "spec": {"endpoint": ENDPOINT, "identityHash": identity_hash, "identity": identity},
+            "spec": {"endpoint": ENDPOINT, "requestKeyHash": request_key_hash(key), "requestKey": key},
         }  # fmt: skip
         return self.custom.create_namespaced_custom_object(
             L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, body
@@ -88,7 +92,10 @@ class Cluster:
     def pod(self, namespace: str, name: str, role: str, snapshot: str, port: int, owner: dict | None) -> dict:
         metadata: dict[str, Any] = {
             "name": name, "namespace": namespace,
-            "labels": {L.ENDPOINT_LABEL: ENDPOINT, L.ROLE_LABEL: role, L.SNAPSHOT_LABEL: snapshot},
+            "labels": {
+                L.ENDPOINT_LABEL: ENDPOINT, L.ROLE_LABEL: role, L.SNAPSHOT_LABEL: snapshot,
+                L.REQUEST_KEY_LABEL: L.request_key_label(request_key_hash(REQUEST_KEY)),
+            },
         }  # fmt: skip
         if owner is not None:
             metadata["ownerReferences"] = [_reference(owner)]
@@ -97,7 +104,23 @@ class Cluster:
             "apiVersion": "v1", "kind": "Pod", "metadata": metadata,
             "spec": {"nodeName": NODE, "containers": [container]},
         }  # fmt: skip
-        return self.api.sanitize_for_serialization(self.core.create_namespaced_pod(namespace, body))
+        created = self.api.sanitize_for_serialization(self.core.create_namespaced_pod(namespace, body))
+        self.report_running(created)
+        return created
+
+    def report_running(self, pod: dict[str, Any]) -> None:
+        """What the kubelet reports once the container runs: the image digest the runtime resolved (after
+        kwok, which plays this node's kubelet, reported the pod Running without one)."""
+        meta = pod["metadata"]
+        self.kube.wait_for(
+            lambda: self.core.read_namespaced_pod(meta["name"], meta["namespace"]).status.phase == "Running",
+            timeout=60, message=f"pod {meta['name']} Running",
+        )  # fmt: skip
+        status = {"containerStatuses": [{
+            "name": "worker", "image": "warmstart:test", "imageID": TEST_IMAGE_ID, "ready": False,
+            "restartCount": 0, "state": {"running": {}},
+        }]}  # fmt: skip
+        self.core.patch_namespaced_pod_status(meta["name"], meta["namespace"], {"status": status})
 
     def set_owner(self, pod: dict[str, Any], owner: dict[str, Any]) -> None:
         meta = pod["metadata"]
@@ -198,7 +221,7 @@ def test_agent_captures_restores_and_refuses(
     sandboxes.append(_container(capture_pod, kubelet_root, "capture", port))
     control = ControlDir(control_dir_on_host(kubelet_root, capture_pod["metadata"]["uid"]))
     ready = kube.wait_for(lambda: control.read(READY_FOR_SNAPSHOT), timeout=180, message="ready-for-snapshot")
-    snap = cluster.snapshot(namespace, "tiny-snap", ready.payload["identity"], ready.payload["identity_hash"])
+    snap = cluster.snapshot(namespace, "tiny-snap")
     cluster.set_owner(capture_pod, snap)
     # A pod of no InferenceEndpoint on this node: the agent must leave it alone.
     stranger = cluster.pod(namespace, "stranger", L.ROLE_RESTORE, "tiny-snap", port, owner=None)
@@ -218,6 +241,11 @@ def test_agent_captures_restores_and_refuses(
     assert status["sizeBytes"] == store.get(snapshot_id).size > 0
     assert status["node"] == NODE and status["storagePath"] == f"snapshots/{snapshot_id}"
     assert status["timings"]["criu_dump"] > 0
+    recorded = store.get(snapshot_id).identity  # the worker's measurement, the image from the runtime
+    assert status["identity"] == recorded.to_dict() and status["identityHash"] == recorded.digest()
+    assert (
+        recorded.image == TEST_IMAGE_ID and recorded.model_digest == ready.payload["identity"]["model_digest"]
+    )
     verified = store.verify(
         snapshot_id, agent.node.verifier, expected_identity=store.get(snapshot_id).identity
     )
@@ -251,7 +279,7 @@ def test_agent_captures_restores_and_refuses(
     other = f"{namespace}-b"
     kube.kubectl("create", "namespace", other)
     try:
-        _refused_in_other_namespace(kube, cluster, other, ready.payload, snapshot_id, port, kubelet_root)
+        _refused_in_other_namespace(kube, cluster, other, status, port, kubelet_root)
     finally:
         kube.kubectl("delete", "namespace", other, "--wait=false", check=False)
 
@@ -304,18 +332,19 @@ def _refused_in_other_namespace(
     kube: Any,
     cluster: Cluster,
     other: str,
-    ready: dict[str, Any],
-    snapshot_id: str,
+    ready_status: dict[str, Any],
     port: int,
     kubelet_root: Path,
 ) -> None:
     kube.wait_default_service_account(other)
     endpoint = cluster.endpoint(other)
-    cluster.snapshot(other, "tiny-snap", ready["identity"], ready["identity_hash"])
+    cluster.snapshot(other, "tiny-snap")
+    copied = {
+        key: ready_status[key] for key in ("phase", "snapshotId", "storagePath", "identity", "identityHash")
+    }
     cluster.custom.patch_namespaced_custom_object_status(
-        L.GROUP, L.VERSION, other, L.SNAPSHOT_PLURAL, "tiny-snap",
-        {"status": {"phase": "Ready", "snapshotId": snapshot_id, "storagePath": f"snapshots/{snapshot_id}"}},
-    )  # fmt: skip
+        L.GROUP, L.VERSION, other, L.SNAPSHOT_PLURAL, "tiny-snap", {"status": copied}
+    )
     pod = cluster.pod(other, "tiny-restore-1", L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
     control = control_dir_on_host(kubelet_root, pod["metadata"]["uid"])
     control.mkdir(parents=True)  # the kubelet's emptyDir; no container needed for a refusal
@@ -343,21 +372,16 @@ def test_failed_capture_marks_the_snapshot_failed_and_the_worker_serves(
     criu_command: str,
     sandboxes: list[Sandbox],
 ) -> None:
-    """The InferenceSnapshot describes another identity than the worker reports: no snapshot, the worker
-    carries on serving, the InferenceSnapshot goes Failed with the reason and an Event says so."""
-    import dataclasses
-
-    from warmstart.identity import SnapshotIdentity
-
+    """The InferenceSnapshot asks for another engine than the worker runs: no snapshot, the worker carries
+    on serving, the InferenceSnapshot goes Failed with the reason and an Event says so."""
     agent = make_agent(criu_command)
     port = free_port()
     pod = cluster.pod(namespace, "tiny-capture-1", L.ROLE_CAPTURE, "tiny-snap", port, owner=None)
     sandboxes.append(_container(pod, agent.config.kubelet_root, "capture", port))
     control = ControlDir(control_dir_on_host(agent.config.kubelet_root, pod["metadata"]["uid"]))
     ready = kube.wait_for(lambda: control.read(READY_FOR_SNAPSHOT), timeout=180, message="ready-for-snapshot")
-    reported = SnapshotIdentity.from_dict(ready.payload["identity"])
-    other = dataclasses.replace(reported, engine_version=reported.engine_version + "-other")
-    snap = cluster.snapshot(namespace, "tiny-snap", other.to_dict(), other.digest())
+    assert ready.payload["identity"]["engine"] == "builtin"
+    snap = cluster.snapshot(namespace, "tiny-snap", {**REQUEST_KEY, "engine": {"kind": "vllm"}})
     cluster.set_owner(pod, snap)
 
     _start_agent(agent)
@@ -366,7 +390,7 @@ def test_failed_capture_marks_the_snapshot_failed_and_the_worker_serves(
         and cluster.get_snapshot(namespace, "tiny-snap")["status"],
         timeout=60, message="InferenceSnapshot Failed",
     )  # fmt: skip
-    assert status["reason"] == "CaptureFailed" and "identity" in status["message"]
+    assert status["reason"] == "CaptureFailed" and "another engine" in status["message"]
     assert "CaptureFailed" in [reason for reason, _ in cluster.events(namespace, "tiny-snap")]
     assert SnapshotStore(agent.config.store).list() == []
     kube.wait_for(lambda: _serving(port), timeout=60, message="the source serving after the failed capture")
@@ -417,7 +441,7 @@ def test_a_vanished_published_snapshot_fails_the_capture_once(
     from warmstart.protocol import SNAPSHOT_COMPLETE
 
     agent = make_agent(criu_command)
-    snap = cluster.snapshot(namespace, "tiny-snap", {"engine": "builtin"}, "0" * 64)
+    snap = cluster.snapshot(namespace, "tiny-snap")
     pod = cluster.pod(namespace, "tiny-capture-1", L.ROLE_CAPTURE, "tiny-snap", free_port(), owner=snap)
     control = ControlDir(control_dir_on_host(agent.config.kubelet_root, pod["metadata"]["uid"]))
     control.send(SNAPSHOT_COMPLETE, {"snapshot": "deadbeef0000-20260101000000-000000"})

@@ -18,7 +18,7 @@ import pytest
 from support import wait_until
 
 from warmstart.agent.agent import Agent, AgentConfig
-from warmstart.agent.capture import identity_problem
+from warmstart.agent.capture import request_problem
 from warmstart.agent.cleanup import snapshots_to_remove
 from warmstart.agent.grpc_api import AgentClient, serve
 from warmstart.agent.kube_status import KubeStatus
@@ -210,15 +210,19 @@ def test_store_snapshot_id_and_worker_port() -> None:
     assert worker_port({"spec": {"containers": [{"args": ["worker", "--port"]}]}}) is None
 
 
-def test_identity_problem_covers_a_malformed_payload_as_well_as_a_mismatch() -> None:
+def test_request_problem_covers_a_malformed_payload_as_well_as_another_engine() -> None:
     """Both mean no capture, and both must resume the waiting worker (the agent acts on any problem)."""
     from warmstart.identity import SnapshotIdentity
 
     identity = SnapshotIdentity(model_digest="sha256:" + "cd" * 32, engine="builtin", engine_version="1")
     payload = {"identity": identity.to_dict(), "pid": 2}
-    assert identity_problem(payload, identity.digest()) is None
-    assert "the snapshot wants" in (identity_problem(payload, "0" * 64) or "")
-    assert "no valid 'identity'" in (identity_problem({"pid": 2}, identity.digest()) or "")
+    key = {"engine": {"kind": "builtin", "tensorParallelSize": 1}, "resources": {"gpus": 0}}
+    assert request_problem(payload, key) is None
+    gpu_key = {"engine": {"kind": "vllm", "tensorParallelSize": 2}, "resources": {"gpus": 2}}
+    problem = request_problem(payload, gpu_key) or ""
+    assert "engine 'builtin' (asked for 'vllm')" in problem and "device 'cpu' (asked for 'cuda')" in problem
+    assert "parallelism 1 (asked for 2)" in problem
+    assert "no valid 'identity'" in (request_problem({"pid": 2}, key) or "")
 
 
 def test_config_names_what_to_fix(tmp_path: Path) -> None:

@@ -35,13 +35,13 @@ def endpoint_body(name: str = "qwen", namespace: str = "ml", **spec_overrides: A
 
 
 def snapshot_object(
-    name: str, identity_hash: str, phase: str | None, created: str, **status: Any
+    name: str, request_hash: str, phase: str | None, created: str, **status: Any
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "apiVersion": L.API_VERSION,
         "kind": L.SNAPSHOT_KIND,
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "creationTimestamp": created},
-        "spec": {"endpoint": "qwen", "identityHash": identity_hash, "identity": {}},
+        "spec": {"endpoint": "qwen", "requestKeyHash": request_hash, "requestKey": {}},
         "status": dict(status),
     }
     if phase is not None:

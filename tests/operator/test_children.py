@@ -54,7 +54,7 @@ def test_restore_deployment_names_the_snapshot():
     dep = children.deployment(owner, spec, L.ROLE_RESTORE, "qwen-abababab", HASH)
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels[L.ROLE_LABEL] == "restore" and labels[L.SNAPSHOT_LABEL] == "qwen-abababab"
-    assert labels[L.IDENTITY_HASH_LABEL] == HASH[: L.IDENTITY_LABEL_LENGTH]
+    assert labels[L.REQUEST_KEY_LABEL] == HASH[: L.REQUEST_KEY_LABEL_LENGTH]
     env = {e["name"]: e.get("value") for e in container_of(dep["spec"]["template"]["spec"])["env"]}
     assert env["WARMSTART_SNAPSHOT"] == "qwen-abababab"
 

@@ -257,7 +257,7 @@ def test_snapshot_lifecycle_capture_restore_and_identity_change(kube, namespace,
         message="an InferenceSnapshot",
     )
     name = snap["metadata"]["name"]
-    assert snap["spec"]["identityHash"].startswith(snap["metadata"]["labels"][L.IDENTITY_HASH_LABEL])
+    assert snap["spec"]["requestKeyHash"].startswith(snap["metadata"]["labels"][L.REQUEST_KEY_LABEL])
     kube.wait_for(
         lambda: (get(kube, "isnap", namespace, name) or {}).get("status", {}).get("phase") == "Pending",
         timeout=TIMEOUT,
@@ -316,7 +316,7 @@ def test_snapshot_lifecycle_capture_restore_and_identity_change(kube, namespace,
         timeout=TIMEOUT,
         message="a second snapshot for the new identity",
     )
-    assert fresh[0]["spec"]["identityHash"] != snap["spec"]["identityHash"]
+    assert fresh[0]["spec"]["requestKeyHash"] != snap["spec"]["requestKeyHash"]
     kube.wait_for(
         lambda: get(kube, "pod", namespace, f"{fresh[0]['metadata']['name']}-capture-1"),
         timeout=TIMEOUT,

@@ -6,7 +6,7 @@ from builders import endpoint_body, snapshot_object
 
 from warmstart.api import labels as L
 from warmstart.operator.children import Owner
-from warmstart.operator.identity import endpoint_identity
+from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import Backoff, format_time, plan_snapshots
 from warmstart.operator.spec import parse_spec
 
@@ -16,17 +16,17 @@ NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 def plan(snapshots, now=NOW, **overrides):
     body = endpoint_body(**overrides)
     spec = parse_spec(body["spec"])
-    identity = endpoint_identity(spec)
+    key = request_key(spec)
     result = plan_snapshots(
         Owner.from_body(body),
         spec,
-        identity.digest(),
-        identity.to_dict(),
+        request_key_hash(key),
+        key,
         snapshots,
         now,
         Backoff(base_seconds=10, max_seconds=100),
     )
-    return result, identity.digest()
+    return result, request_key_hash(key)
 
 
 def current_hash(**overrides) -> str:
@@ -38,8 +38,8 @@ def test_no_snapshot_creates_one_and_runs_cold():
     assert result.role == L.ROLE_COLD
     assert result.create is not None
     assert result.create["metadata"]["name"] == f"qwen-{digest[:10]}"
-    assert result.create["metadata"]["labels"][L.IDENTITY_HASH_LABEL] == digest[: L.IDENTITY_LABEL_LENGTH]
-    assert result.create["spec"]["identityHash"] == digest
+    assert result.create["metadata"]["labels"][L.REQUEST_KEY_LABEL] == digest[: L.REQUEST_KEY_LABEL_LENGTH]
+    assert result.create["spec"]["requestKeyHash"] == digest
     assert result.create["metadata"]["ownerReferences"][0]["kind"] == L.ENDPOINT_KIND
     assert result.capture_attempt == 1 and result.active == result.create["metadata"]["name"]
     assert result.status_patches == {result.active: {"phase": "Pending", "attempts": 1}}
@@ -68,7 +68,7 @@ def test_identity_change_starts_a_new_capture_and_keeps_the_old_one():
     old = snapshot_object("qwen-old", "0" * 64, "Ready", "2026-01-01T11:00:00Z")
     result, digest = plan([old], engine={"kind": "vllm", "image": "registry.example/warmstart-worker:0.2"})
     assert result.role == L.ROLE_COLD and result.ready == ""
-    assert result.create is not None and result.create["spec"]["identityHash"] == digest
+    assert result.create is not None and result.create["spec"]["requestKeyHash"] == digest
     assert result.delete == []  # retention 2: the old one stays for a rollback
 
 

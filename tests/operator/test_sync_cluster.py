@@ -10,9 +10,9 @@ from builders import endpoint_spec
 
 from warmstart.api import labels as L
 from warmstart.operator.children import Owner
-from warmstart.operator.identity import endpoint_identity
 from warmstart.operator.kube import Kube
 from warmstart.operator.reconcile import sync_snapshots
+from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import plan_snapshots
 from warmstart.operator.spec import parse_spec
 
@@ -35,16 +35,16 @@ def test_a_snapshot_that_already_exists_keeps_its_status_and_gets_no_capture_pod
     api = Kube(kube.api_client())
     body = _create_endpoint(api, namespace, "qwen")
     owner, spec = Owner.from_body(body), parse_spec(body["spec"])
-    identity = endpoint_identity(spec)
+    key = request_key(spec)
     # Planned from a list that did not see the snapshot yet (another reconcile created and captured it since).
-    plan = plan_snapshots(owner, spec, identity.digest(), identity.to_dict(), [], dt.datetime.now(dt.UTC))
+    plan = plan_snapshots(owner, spec, request_key_hash(key), key, [], dt.datetime.now(dt.UTC))
     assert plan.create is not None
     name = plan.create["metadata"]["name"]
     assert api.create(plan.create) is not None
     ready = {"phase": "Ready", "attempts": 1, "snapshotId": "s-1", "reason": "Captured"}
     api.patch_status(L.SNAPSHOT_KIND, namespace, name, ready)
 
-    sync_snapshots(api, owner, spec, plan, identity.digest())
+    sync_snapshots(api, owner, spec, plan, request_key_hash(key))
 
     status = (api.get(L.SNAPSHOT_KIND, namespace, name) or {}).get("status") or {}
     assert {key: status.get(key) for key in ready} == ready

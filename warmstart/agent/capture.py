@@ -48,17 +48,27 @@ def gpu_status(identity: SnapshotIdentity) -> dict[str, str]:
     return {key: value for key, value in facts.items() if value}
 
 
-def identity_problem(payload: dict[str, Any], wanted: str) -> str | None:
-    """Why a worker's `ready-for-snapshot` does not match the InferenceSnapshot's identity hash, or None."""
+def request_problem(payload: dict[str, Any], key: dict[str, Any]) -> str | None:
+    """Why a worker's `ready-for-snapshot` cannot be what the InferenceSnapshot's request asked for, or None.
+
+    The worker measures its identity (model digest, engine version, GPU...); what the request names must
+    agree with it: engine kind, tensor parallelism and device.
+    """
     try:
-        reported = identity_from_payload(payload).digest()
+        identity = identity_from_payload(payload)
     except CaptureError as exc:
         return str(exc)
-    if reported != wanted:
-        return (
-            f"the worker reports identity {reported[:12]}, the snapshot wants {wanted[:12]}: "
-            "the pod runs another image, model or engine arguments than the snapshot describes"
-        )
+    engine = key.get("engine") or {}
+    wanted = {
+        "engine": engine.get("kind"),
+        "parallelism": engine.get("tensorParallelSize", 1),
+        "device": "cuda" if (key.get("resources") or {}).get("gpus") else "cpu",
+    }
+    reported = {name: getattr(identity, name) for name in wanted}
+    differences = [f"{name} {reported[name]!r} (asked for {wanted[name]!r})" for name in wanted
+                   if reported[name] != wanted[name]]  # fmt: skip
+    if differences:
+        return "the worker runs another engine than its snapshot's request: " + ", ".join(differences)
     return None
 
 
@@ -119,18 +129,22 @@ class CapturePhase:
         pod_name, node_name = objects.meta(pod)["name"], node.config.node
         started = time.monotonic()
         node.kube.patch_snapshot_status(namespace, snap_name, status_patch(
-            AGENT, phase=Phase.CAPTURING, node=node_name, capture_pod=pod_name, started_at=utc_now(),
+            AGENT, phase=Phase.CAPTURING, node=node_name, started_at=utc_now(),
             reason="Capturing", message=f"capturing pod {pod_name} on {node_name}",
         ))  # fmt: skip
         node.metrics.in_flight.labels(L.ROLE_CAPTURE).inc()
         try:
-            problem = identity_problem(payload, (snap.get("spec") or {}).get("identityHash", ""))
+            problem = request_problem(payload, (snap.get("spec") or {}).get("requestKey") or {})
+            image = objects.worker_image_id(node.kube.get_pod(namespace, pod_name) or pod)
+            if not problem and not image:
+                problem = "the kubelet reports no image digest for the worker container"
             if problem:
                 # Not captured: the worker carries on serving, as after any failed capture.
                 control.send(RESTORE_COMPLETE, {"restored_in_place": True})
                 raise CaptureError(problem)
             options = CaptureOptions(
                 keep_serving=False,
+                measured_identity={"image": image},
                 ready_timeout=node.config.ready_timeout,
                 meta={
                     "namespace": namespace,
@@ -163,7 +177,8 @@ class CapturePhase:
         message = f"captured on {node.config.node}: {snapshot.size / 2**20:.1f} MiB"
         patch = status_patch(
             AGENT, phase=Phase.READY, reason="Captured", message=message, node=node.config.node,
-            capture_pod=pod_name, gpu=gpu_status(snapshot.identity), snapshot_id=snapshot.id,
+            identity=snapshot.identity.to_dict(), identity_hash=snapshot.identity_hash,
+            gpu=gpu_status(snapshot.identity), snapshot_id=snapshot.id,
             storage_path=str(snapshot.path.relative_to(node.store.root)), size_bytes=snapshot.size,
             manifest_digest=manifest_digest(snapshot), completed_at=utc_now(),
             timings={key: float(value) for key, value in timings.items()},

@@ -50,6 +50,17 @@ class KubeStatus:
         pods = [self.core.api_client.sanitize_for_serialization(pod) for pod in listing.items]
         return pods, listing.metadata.resource_version
 
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            pod = self.core.read_namespaced_pod(name, namespace, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return self.core.api_client.sanitize_for_serialization(pod)
+
     def get_snapshot(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self._get_custom(L.SNAPSHOT_PLURAL, namespace, name)
 

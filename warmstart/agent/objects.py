@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from warmstart.api import labels as L
+
 
 def meta(obj: dict[str, Any] | None) -> dict[str, Any]:
     return (obj or {}).get("metadata") or {}
@@ -20,6 +22,14 @@ def status(obj: dict[str, Any] | None) -> dict[str, Any]:
 def key(obj: dict[str, Any]) -> str:
     """`namespace/name`, for logs."""
     return f"{meta(obj)['namespace']}/{meta(obj)['name']}"
+
+
+def worker_image_id(pod: dict[str, Any]) -> str:
+    """The image the container runtime runs the worker from, as the kubelet reports it ("" before it runs)."""
+    for container in status(pod).get("containerStatuses") or []:
+        if container.get("name") == L.WORKER_CONTAINER:
+            return str(container.get("imageID") or "")
+    return ""
 
 
 def store_snapshot_id(snap: dict[str, Any]) -> str:

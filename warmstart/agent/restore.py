@@ -10,6 +10,7 @@ repeated failures.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import shutil
 import threading
@@ -25,6 +26,7 @@ from warmstart.checkpoint.restore import FailureCounter, RestoreFailed, RestoreR
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.manifest import SnapshotError
+from warmstart.snapshot.store import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +66,7 @@ class RestorePhase:
         if answered(control):
             return
         try:
-            snap, snapshot_id, identity = self.restorable(pod)
+            snap, snapshot = self.restorable(pod)
         except Refused as exc:
             self._wait_control_dir(control)
             self._refuse(pod, control, str(exc))
@@ -75,11 +77,19 @@ class RestorePhase:
         if sandbox.engine_running():
             log.info("pod %s already runs an engine (it gave up waiting): no restore", objects.key(pod))
             return
+        try:
+            expected = self.expected_identity(snapshot.identity, pod)
+        except Refused as exc:
+            self._refuse(pod, control, str(exc))
+            return
         with self._slots:
-            self._restore(pod, snap, snapshot_id, identity, sandbox, control)
+            self._restore(pod, snap, snapshot.id, expected, sandbox, control)
 
-    def restorable(self, pod: dict[str, Any]) -> tuple[dict[str, Any], str, SnapshotIdentity]:
-        """The pod's InferenceSnapshot, its store id and identity; Refused with the reason otherwise."""
+    def restorable(self, pod: dict[str, Any]) -> tuple[dict[str, Any], Snapshot]:
+        """The pod's InferenceSnapshot and the store snapshot it names; Refused with the reason otherwise.
+
+        The store's manifest is read here only to compare; `restore()` verifies it before CRIU runs.
+        """
         namespace, name = objects.meta(pod)["namespace"], objects.labels(pod).get(L.SNAPSHOT_LABEL, "")
         snap = self.node.kube.get_snapshot(namespace, name) if name else None
         if snap is None:
@@ -87,23 +97,40 @@ class RestorePhase:
         status, spec = SnapshotStatus.of(snap), snap.get("spec") or {}
         if status.phase != Phase.READY:
             raise Refused(f"InferenceSnapshot {name} is {status.phase}, not Ready")
+        asked = objects.labels(pod).get(L.REQUEST_KEY_LABEL, "")
+        if not asked or asked != L.request_key_label(str(spec.get("requestKeyHash", ""))):
+            raise Refused(
+                f"the pod asks for request key {asked!r}, InferenceSnapshot {name} was made for another"
+            )
         snapshot_id = objects.store_snapshot_id(snap)
         try:
-            identity = SnapshotIdentity.from_dict(spec.get("identity") or {})
-        except (TypeError, ValueError) as exc:
-            raise Refused(f"InferenceSnapshot {name} has no valid spec.identity: {exc}") from exc
-        if identity.digest() != spec.get("identityHash"):
-            raise Refused(f"InferenceSnapshot {name}: spec.identity does not hash to spec.identityHash")
-        try:
-            recorded = self.node.store.get(snapshot_id).meta.get("namespace")
+            snapshot = self.node.store.get(snapshot_id)
         except SnapshotError as exc:
             raise Refused(f"InferenceSnapshot {name}: {exc}") from exc
+        if snapshot.identity_hash != status.identity_hash:
+            raise Refused(
+                f"InferenceSnapshot {name} records another identity than store snapshot {snapshot_id}"
+            )
+        recorded = snapshot.meta.get("namespace")
         if recorded != namespace:
             raise Refused(
                 f"snapshot {snapshot_id} was captured in namespace {recorded!r}; it is never restored into "
                 f"another namespace ({namespace})"
             )
-        return snap, snapshot_id, identity
+        return snap, snapshot
+
+    def expected_identity(self, recorded: SnapshotIdentity, pod: dict[str, Any]) -> SnapshotIdentity:
+        """The identity this pod on this node can take: the recorded one with what the agent measures here
+        (the image the container runtime runs); Refused, naming each difference, when they differ."""
+        meta = objects.meta(pod)
+        image = objects.worker_image_id(self.node.kube.get_pod(meta["namespace"], meta["name"]) or pod)
+        if not image:
+            raise Refused("the kubelet reports no image digest for the worker container")
+        here = dataclasses.replace(recorded, image=image)
+        differences = recorded.mismatches(here)
+        if differences:
+            raise Refused("the snapshot was captured for another pod or node: " + "; ".join(differences))
+        return here
 
     def _wait_control_dir(self, control: ControlDir) -> None:
         """The kubelet makes the emptyDir before the container starts; a refusal needs only the directory."""

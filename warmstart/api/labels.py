@@ -15,7 +15,7 @@ FIELD_MANAGER = "warmstart-operator"
 ENDPOINT_LABEL = f"{GROUP}/endpoint"
 ROLE_LABEL = f"{GROUP}/role"
 SNAPSHOT_LABEL = f"{GROUP}/snapshot"
-IDENTITY_HASH_LABEL = f"{GROUP}/identity-hash"
+REQUEST_KEY_LABEL = f"{GROUP}/request-key"
 STATUS_ANNOTATION = f"{GROUP}/status"
 STORE_CLEANUP_ANNOTATION = f"{GROUP}/store-cleanup"
 
@@ -23,21 +23,23 @@ ROLE_CAPTURE = "capture"
 ROLE_RESTORE = "restore"
 ROLE_COLD = "cold"
 
+WORKER_CONTAINER = "worker"  # the worker pods' one container
+
 COMPONENT_LABEL = "app.kubernetes.io/component"
 WORKER_COMPONENT = "worker"
 CAPTURE_COMPONENT = "capture"
 
 # Label values are limited to 63 characters, a SHA-256 hex digest has 64: labels carry this prefix and
-# spec.identityHash the full digest, which is what matching compares.
-IDENTITY_LABEL_LENGTH = 32
+# spec.requestKeyHash the full digest, which is what matching compares.
+REQUEST_KEY_LABEL_LENGTH = 32
 
 CONTROL_DIR_PATH = "/run/warmstart/control"
 POD_UID_ENV = "WARMSTART_POD_UID"  # worker containers carry their pod uid (downward API)
 STORE_MOUNT_PATH = "/var/lib/warmstart/store"
 
 
-def identity_label(identity_hash: str) -> str:
-    return identity_hash[:IDENTITY_LABEL_LENGTH]
+def request_key_label(request_hash: str) -> str:
+    return request_hash[:REQUEST_KEY_LABEL_LENGTH]
 
 
 def label_selector(labels: dict[str, str]) -> str:

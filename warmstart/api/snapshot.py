@@ -41,8 +41,10 @@ class SnapshotStatus:
     message: str | None = _owned(OPERATOR, AGENT)
     attempts: int = _owned(OPERATOR, default=1)
     retry_after: str | None = _owned(OPERATOR)
-    capture_pod: str | None = _owned(AGENT)
+    capture_pod: str | None = _owned(OPERATOR)  # the pod it made for the current attempt
     node: str | None = _owned(AGENT)
+    identity: dict[str, Any] | None = _owned(AGENT)  # the runtime identity, as the store's manifest has it
+    identity_hash: str | None = _owned(AGENT)
     gpu: dict[str, str] | None = _owned(AGENT)
     snapshot_id: str | None = _owned(AGENT)  # the snapshot's id in the store
     storage_path: str | None = _owned(AGENT)  # its directory, relative to the store's root

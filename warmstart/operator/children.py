@@ -10,7 +10,6 @@ from warmstart.operator.spec import EndpointSpec
 from warmstart.protocol import CONTROL_DIR_ENV
 
 STARTUP_PROBE_SECONDS = 1800  # cold starts of large models take minutes; restores are much shorter
-WORKER_CONTAINER = "worker"
 
 
 @dataclass(frozen=True)
@@ -88,7 +87,7 @@ def _worker_args(spec: EndpointSpec, role: str) -> list[str]:
     return args + list(engine.args)
 
 
-def _env(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identity_hash: str) -> list[dict]:
+def _env(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, request_hash: str) -> list[dict]:
     def field_ref(path: str) -> dict[str, Any]:
         return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -96,7 +95,7 @@ def _env(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identity_h
         {"name": CONTROL_DIR_ENV, "value": L.CONTROL_DIR_PATH},
         {"name": "WARMSTART_ENDPOINT", "value": endpoint},
         {"name": "WARMSTART_ROLE", "value": role},
-        {"name": "WARMSTART_IDENTITY_HASH", "value": identity_hash},
+        {"name": "WARMSTART_REQUEST_KEY", "value": request_hash},
         {"name": "WARMSTART_POD_NAME", **field_ref("metadata.name")},
         {"name": "WARMSTART_POD_NAMESPACE", **field_ref("metadata.namespace")},
         {"name": L.POD_UID_ENV, **field_ref("metadata.uid")},  # how the node agent finds its processes
@@ -131,7 +130,7 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identity_hash: str) -> dict:
+def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, request_hash: str) -> dict:
     mounts = [{"name": "control", "mountPath": L.CONTROL_DIR_PATH}, {"name": "shm", "mountPath": "/dev/shm"}]
     if spec.snapshot.enabled:
         store_mount = {"name": "store", "mountPath": L.STORE_MOUNT_PATH, "readOnly": True}
@@ -139,12 +138,12 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, iden
             store_mount["subPath"] = spec.snapshot.sub_path
         mounts.append(store_mount)
     container: dict[str, Any] = {
-        "name": WORKER_CONTAINER,
+        "name": L.WORKER_CONTAINER,
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": ["warmstart"],
         "args": _worker_args(spec, role),
-        "env": _env(endpoint, spec, role, snapshot, identity_hash),
+        "env": _env(endpoint, spec, role, snapshot, request_hash),
         "ports": [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}],
         "readinessProbe": _probe("/ready", 2, 3),
         "livenessProbe": _probe("/health", 10, 6),
@@ -186,18 +185,18 @@ def _scheduling(spec: EndpointSpec) -> dict[str, Any]:
     return scheduling
 
 
-def pod_labels(endpoint: str, component: str, role: str, snapshot: str, identity_hash: str) -> dict[str, str]:
+def pod_labels(endpoint: str, component: str, role: str, snapshot: str, request_hash: str) -> dict[str, str]:
     pod = common_labels(endpoint, component)
     pod[L.ROLE_LABEL] = role
-    pod[L.IDENTITY_HASH_LABEL] = L.identity_label(identity_hash)
+    pod[L.REQUEST_KEY_LABEL] = L.request_key_label(request_hash)
     if snapshot:
         pod[L.SNAPSHOT_LABEL] = snapshot
     return pod
 
 
-def pod_spec(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identity_hash: str) -> dict:
+def pod_spec(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, request_hash: str) -> dict:
     return {
-        "containers": [_container(endpoint, spec, role, snapshot, identity_hash)],
+        "containers": [_container(endpoint, spec, role, snapshot, request_hash)],
         "volumes": _volumes(spec),
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
@@ -205,11 +204,11 @@ def pod_spec(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, identi
     }
 
 
-def deployment(owner: Owner, spec: EndpointSpec, role: str, snapshot: str, identity_hash: str) -> dict:
+def deployment(owner: Owner, spec: EndpointSpec, role: str, snapshot: str, request_hash: str) -> dict:
     """The serving workers: role `cold` until a snapshot is Ready, then `restore` from it."""
     labels = {
         **spec.template.labels,
-        **pod_labels(owner.name, L.WORKER_COMPONENT, role, snapshot, identity_hash),
+        **pod_labels(owner.name, L.WORKER_COMPONENT, role, snapshot, request_hash),
     }
     return {
         "apiVersion": "apps/v1",
@@ -221,21 +220,21 @@ def deployment(owner: Owner, spec: EndpointSpec, role: str, snapshot: str, ident
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
             "template": {
                 "metadata": {"labels": labels, "annotations": dict(spec.template.annotations)},
-                "spec": pod_spec(owner.name, spec, role, snapshot, identity_hash),
+                "spec": pod_spec(owner.name, spec, role, snapshot, request_hash),
             },
         },
     }
 
 
 def capture_pod(
-    snapshot_owner: Owner, endpoint: str, spec: EndpointSpec, attempt: int, identity_hash: str
+    snapshot_owner: Owner, endpoint: str, spec: EndpointSpec, attempt: int, request_hash: str
 ) -> dict[str, Any]:
     """One worker that cold-starts, signals ready-for-snapshot and is captured by the node agent."""
     labels = {
         **spec.template.labels,
-        **pod_labels(endpoint, L.CAPTURE_COMPONENT, L.ROLE_CAPTURE, snapshot_owner.name, identity_hash),
+        **pod_labels(endpoint, L.CAPTURE_COMPONENT, L.ROLE_CAPTURE, snapshot_owner.name, request_hash),
     }
-    body = pod_spec(endpoint, spec, L.ROLE_CAPTURE, snapshot_owner.name, identity_hash)
+    body = pod_spec(endpoint, spec, L.ROLE_CAPTURE, snapshot_owner.name, request_hash)
     body["restartPolicy"] = "Never"
     return {
         "apiVersion": "v1",

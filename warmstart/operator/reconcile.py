@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.snapshot import OPERATOR, status_patch
 from warmstart.operator import children
-from warmstart.operator.identity import endpoint_identity
 from warmstart.operator.kube import Kube, KubeError
+from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import (
     CAPTURE_STARTED,
     Backoff,
@@ -118,7 +119,7 @@ def apply_optional_children(
 
 
 def sync_snapshots(
-    kube: Kube, endpoint: children.Owner, spec: EndpointSpec, plan: SnapshotPlan, identity_hash: str
+    kube: Kube, endpoint: children.Owner, spec: EndpointSpec, plan: SnapshotPlan, request_hash: str
 ) -> None:
     """Carry out the plan: create/retry/delete InferenceSnapshots and keep exactly the right capture pod.
 
@@ -148,8 +149,8 @@ def sync_snapshots(
         if snapshot is None:
             return  # created a moment ago and already gone: next reconcile decides again
         owner = children.Owner.from_body(snapshot)
-        kube.create(children.capture_pod(owner, endpoint.name, spec, plan.capture_attempt, identity_hash))
-        kube.patch_status(L.SNAPSHOT_KIND, ns, plan.active, {"capturePod": wanted})
+        kube.create(children.capture_pod(owner, endpoint.name, spec, plan.capture_attempt, request_hash))
+        kube.patch_status(L.SNAPSHOT_KIND, ns, plan.active, status_patch(OPERATOR, capture_pod=wanted))
 
 
 def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) -> Outcome:
@@ -166,18 +167,18 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
             L.ENDPOINT_KIND, owner.namespace, owner.name, invalid_status(generation, str(exc), previous, now)
         )
         raise
-    identity = endpoint_identity(spec)
-    identity_hash = identity.digest()
+    key = request_key(spec)
+    request_hash = request_key_hash(key)
     snapshots = (
         kube.list(L.SNAPSHOT_KIND, owner.namespace, {L.ENDPOINT_LABEL: owner.name})
         if spec.snapshot.enabled
         else []
     )
-    plan = plan_snapshots(owner, spec, identity_hash, identity.to_dict(), snapshots, now, backoff)
+    plan = plan_snapshots(owner, spec, request_hash, key, snapshots, now, backoff)
     if spec.snapshot.enabled:
-        sync_snapshots(kube, owner, spec, plan, identity_hash)
+        sync_snapshots(kube, owner, spec, plan, request_hash)
     snapshot = plan.ready if plan.role == L.ROLE_RESTORE else ""
-    deployment = kube.apply(children.deployment(owner, spec, plan.role, snapshot, identity_hash))
+    deployment = kube.apply(children.deployment(owner, spec, plan.role, snapshot, request_hash))
     kube.apply(children.service(owner, spec))
     # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.
     recorded = previous.get("children") if previous else []
@@ -193,7 +194,7 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
         plan=plan,
         work=Workload.from_deployment(spec.replicas, deployment),
         selector=children.selector_string(owner.name),
-        identity_hash=identity_hash,
+        request_hash=request_hash,
         pods=pods,
         previous=previous,
         now=now,

@@ -1,6 +1,6 @@
 """Snapshot lifecycle decisions: pure functions over the endpoint's InferenceSnapshots.
 
-Per identity hash at most one snapshot is *active*: the newest Ready one is used for restores; otherwise
+Per request key at most one snapshot is *active*: the newest Ready one is used for restores; otherwise
 the one being captured (Pending, Capturing, or Failed awaiting a retry). Invalid snapshots are never used
 again: a fresh capture gets a new name. Retention keeps the newest N, never the active one.
 """
@@ -34,7 +34,7 @@ class Backoff:
 class SnapshotPlan:
     role: str  # cold | restore: what the Deployment's workers do
     ready: str = ""  # the Ready snapshot restores use
-    active: str = ""  # the snapshot being captured (or retried) for the current identity
+    active: str = ""  # the snapshot being captured (or retried) for the current request key
     active_phase: str = ""
     attempts: int = 0
     exhausted: bool = False  # capture failed maxCaptureAttempts times; serving stays cold
@@ -70,9 +70,9 @@ def parse_time(text: str) -> dt.datetime:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
-def snapshot_name(endpoint: str, identity_hash: str, taken: set[str]) -> str:
+def snapshot_name(endpoint: str, request_hash: str, taken: set[str]) -> str:
     """`<endpoint>-<hash prefix>`, then `-1`, `-2`, ... while the name is taken (e.g. by an Invalid one)."""
-    base = f"{endpoint}-{identity_hash[:NAME_HASH_CHARS]}"
+    base = f"{endpoint}-{request_hash[:NAME_HASH_CHARS]}"
     if base not in taken:
         return base
     index = 1
@@ -82,10 +82,10 @@ def snapshot_name(endpoint: str, identity_hash: str, taken: set[str]) -> str:
 
 
 def snapshot_body(
-    endpoint: Owner, spec: EndpointSpec, name: str, identity_hash: str, identity: dict[str, Any]
+    endpoint: Owner, spec: EndpointSpec, name: str, request_hash: str, key: dict[str, Any]
 ) -> dict[str, Any]:
     labels = common_labels(endpoint.name, "snapshot")
-    labels[L.IDENTITY_HASH_LABEL] = L.identity_label(identity_hash)
+    labels[L.REQUEST_KEY_LABEL] = L.request_key_label(request_hash)
     body: dict[str, Any] = {
         "apiVersion": L.API_VERSION,
         "kind": L.SNAPSHOT_KIND,
@@ -95,7 +95,7 @@ def snapshot_body(
             "labels": labels,
             "ownerReferences": [endpoint.reference()],
         },
-        "spec": {"endpoint": endpoint.name, "identityHash": identity_hash, "identity": identity},
+        "spec": {"endpoint": endpoint.name, "requestKeyHash": request_hash, "requestKey": key},
     }
     if spec.snapshot.claim_name:
         storage = {"claimName": spec.snapshot.claim_name}
@@ -151,8 +151,8 @@ def _plan_failed(
 def plan_snapshots(
     endpoint: Owner,
     spec: EndpointSpec,
-    identity_hash: str,
-    identity: dict[str, Any],
+    request_hash: str,
+    key: dict[str, Any],
     snapshots: list[dict[str, Any]],
     now: dt.datetime,
     backoff: Backoff = Backoff(),
@@ -161,11 +161,11 @@ def plan_snapshots(
     if not spec.snapshot.enabled:
         return SnapshotPlan(role=L.ROLE_COLD)
     ordered = _newest_first(snapshots)
-    mine = [s for s in ordered if (s.get("spec") or {}).get("identityHash") == identity_hash]
+    mine = [s for s in ordered if (s.get("spec") or {}).get("requestKeyHash") == request_hash]
     ready = next((s for s in mine if phase_of(s) == Phase.READY), None)
     plan = SnapshotPlan(role=L.ROLE_RESTORE if ready else L.ROLE_COLD, ready=_name(ready) if ready else "")
     if ready is None:
-        _plan_capture(plan, endpoint, spec, identity_hash, identity, mine, ordered, now, backoff)
+        _plan_capture(plan, endpoint, spec, request_hash, key, mine, ordered, now, backoff)
     plan.delete = _retention(ordered, spec.snapshot.retention, keep={plan.ready, plan.active})
     return plan
 
@@ -174,8 +174,8 @@ def _plan_capture(
     plan: SnapshotPlan,
     endpoint: Owner,
     spec: EndpointSpec,
-    identity_hash: str,
-    identity: dict[str, Any],
+    request_hash: str,
+    key: dict[str, Any],
     mine: list[dict[str, Any]],
     everything: list[dict[str, Any]],
     now: dt.datetime,
@@ -183,15 +183,15 @@ def _plan_capture(
 ) -> None:
     active = next((s for s in mine if phase_of(s) != Phase.INVALID), None)
     if active is None:
-        name = snapshot_name(endpoint.name, identity_hash, {_name(s) for s in everything})
-        plan.create = snapshot_body(endpoint, spec, name, identity_hash, identity)
+        name = snapshot_name(endpoint.name, request_hash, {_name(s) for s in everything})
+        plan.create = snapshot_body(endpoint, spec, name, request_hash, key)
         plan.active, plan.active_phase, plan.attempts, plan.capture_attempt = name, Phase.PENDING, 1, 1
         plan.status_patches[name] = status_patch(OPERATOR, phase=Phase.PENDING, attempts=1)
         plan.events.append(
             (
                 "Normal",
                 CAPTURE_STARTED,
-                f"no Ready snapshot for identity {identity_hash[:12]}: created {name} and a capture pod",
+                f"no Ready snapshot for request key {request_hash[:12]}: created {name} and a capture pod",
             )
         )
         return

@@ -9,7 +9,7 @@ from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
-from warmstart.operator.children import STARTUP_PROBE_SECONDS, WORKER_CONTAINER
+from warmstart.operator.children import STARTUP_PROBE_SECONDS
 from warmstart.operator.snapshots import SnapshotPlan, format_time, parse_time
 
 READY, SNAPSHOT_READY, PROGRESSING, DEGRADED = "Ready", "SnapshotReady", "Progressing", "Degraded"
@@ -168,7 +168,8 @@ def _start_to_ready(status: dict[str, Any]) -> tuple[dt.datetime, float] | None:
     """(when the pod turned Ready, seconds from its worker container's start to then); None unless the pod
     is Ready and turned Ready as it started."""
     ready = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
-    worker = next((c for c in status.get("containerStatuses") or [] if c.get("name") == WORKER_CONTAINER), {})
+    containers = status.get("containerStatuses") or []
+    worker = next((c for c in containers if c.get("name") == L.WORKER_CONTAINER), {})
     if ready.get("status") != "True":
         return None
     started = _report_time(((worker.get("state") or {}).get("running") or {}).get("startedAt"))
@@ -199,7 +200,7 @@ def endpoint_status(
     plan: SnapshotPlan,
     work: Workload,
     selector: str,
-    identity_hash: str,
+    request_hash: str,
     pods: list[dict[str, Any]],
     previous: dict[str, Any],
     now: dt.datetime,
@@ -220,7 +221,7 @@ def endpoint_status(
         "replicas": work.replicas,
         "readyReplicas": work.ready,
         "selector": selector,
-        "identityHash": identity_hash,
+        "requestKeyHash": request_hash,
         "currentSnapshot": plan.ready or None,
         "workerRole": plan.role,
         "captureAttempts": plan.attempts if plan.active else None,
