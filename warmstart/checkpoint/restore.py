@@ -1,19 +1,23 @@
 """Restore: a verified snapshot back into a running worker inside a sandbox.
 
 Order matters for trust: signature, identity (against this machine) and every digest are checked BEFORE
-CRIU sees a byte (`store.materialize` verifies, then hardlinks the image files). Then the sandbox gets the
-files the engine held open at dump time (copies: the engine writes to them, blobs are immutable), CRIU
-restores the engine into the sandbox's namespaces, the CUDA state comes back when the snapshot holds some,
-and `restore-complete` carries the resume payload (e.g. the port). A snapshot whose engine left its
-weights out gets a weight stager (`weight_staging`) once verified, working while CRIU runs. On any failure
-the half-restored tasks are killed, `restore-failed` carries the reason (the worker then cold-starts) and
-the failure is counted so the caller can mark a snapshot that keeps failing Invalid.
+CRIU sees a byte (`store.materialize` verifies, then hardlinks the image files). Then the restore takes the
+pod's restore claim (`protocol.RESTORE_CLAIM`; a pod whose worker claimed it for a cold start is left
+alone), the sandbox gets the files the engine held open at dump time (copies: the engine writes to them,
+blobs are immutable; written through directory descriptors, never through a link in the tenant's
+directory), CRIU restores the engine into the sandbox's namespaces, the CUDA state comes back when the
+snapshot holds some, and `restore-complete` carries the resume payload (e.g. the port). A snapshot whose
+engine left its weights out gets a weight stager (`weight_staging`) once verified, working while CRIU runs.
+On any failure the half-restored tasks are killed, `restore-failed` carries the reason (the worker then
+cold-starts) and the failure is counted so the caller can mark a snapshot that keeps failing Invalid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -25,9 +29,27 @@ from warmstart.checkpoint.criu import Criu, CriuError
 from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.checkpoint.weight_staging import StagerProcess, start_stager
-from warmstart.fileio import write_atomic
+from warmstart.fileio import (
+    DIRECTORY_FLAGS,
+    RESOLVE_BENEATH,
+    RESOLVE_NO_SYMLINKS,
+    UnsafeInput,
+    atomic_file,
+    directory_fd,
+    openat2,
+    read_json_file,
+    write_atomic,
+)
 from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
+from warmstart.protocol import (
+    CLAIM_COLD,
+    CLAIM_RESTORE,
+    RESTORE_CLAIM,
+    RESTORE_COMPLETE,
+    RESTORE_FAILED,
+    ControlDir,
+    SignalError,
+)
 from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.store import Snapshot, SnapshotStore
@@ -36,10 +58,17 @@ log = logging.getLogger(__name__)
 
 FAILURES_DIR = "restore-failures"
 DEFAULT_MAX_FAILURES = 3
+RESTORE_LOGS_DIR = "restore-logs"  # in the restorer's work directory, and a copy in the sandbox's
+RESTORE_LOG = "restore.log"  # as CRIU names it
 
 
 class RestoreRefused(RuntimeError):
     """The snapshot failed verification (signature, digest, identity); CRIU was not run."""
+
+
+class RestoreClaimed(RestoreRefused):
+    """The pod's worker claimed it for a cold start first (or another restore did): nothing was done in the
+    pod and nothing was sent; the pod is a cold start and the snapshot is not at fault."""
 
 
 class RestoreFailed(RuntimeError):
@@ -55,34 +84,48 @@ class RestoreResult:
 
 
 class FailureCounter:
-    """Restore failures per snapshot, one small JSON file each under `<store>/restore-failures/`."""
+    """Restore failures per snapshot, one small JSON file each under `<store>/restore-failures/`.
+
+    The directory is opened without following a symbolic link and every file in it is read and written
+    through that descriptor, so a link planted in the store never makes root read or write elsewhere.
+    """
+
+    MAX_RECORD_BYTES = 64 << 10
 
     def __init__(self, store_root: Path, max_failures: int = DEFAULT_MAX_FAILURES) -> None:
-        self.directory = Path(store_root) / FAILURES_DIR
+        self.store_root = Path(store_root)
+        self.directory = self.store_root / FAILURES_DIR
         self.max_failures = max_failures
 
-    def _file(self, snapshot_id: str) -> Path:
-        if "/" in snapshot_id or snapshot_id.startswith("."):
+    @staticmethod
+    def _name(snapshot_id: str) -> str:
+        if "/" in snapshot_id or snapshot_id.startswith(".") or "\x00" in snapshot_id:
             raise ValueError(f"{snapshot_id!r} is not a snapshot id")
-        return self.directory / f"{snapshot_id}.json"
+        return f"{snapshot_id}.json"
+
+    def _record(self, snapshot_id: str) -> dict[str, Any]:
+        """The stored record, or {} when there is none or it cannot be trusted as one."""
+        name = self._name(snapshot_id)
+        try:
+            with directory_fd(self.store_root, FAILURES_DIR) as fd:
+                record = read_json_file(name, self.MAX_RECORD_BYTES, dir_fd=fd)
+        except (OSError, UnsafeInput):
+            return {}
+        return record if isinstance(record, dict) else {}
 
     def count(self, snapshot_id: str) -> int:
-        try:
-            return int(json.loads(self._file(snapshot_id).read_text())["count"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return 0
+        count = self._record(snapshot_id).get("count")
+        return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
 
     def last_reason(self, snapshot_id: str) -> str:
-        try:
-            return str(json.loads(self._file(snapshot_id).read_text())["reason"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return ""
+        reason = self._record(snapshot_id).get("reason")
+        return reason if isinstance(reason, str) else ""
 
     def record(self, snapshot_id: str, reason: str) -> int:
         count = self.count(snapshot_id) + 1
-        self.directory.mkdir(parents=True, exist_ok=True)
-        target = self._file(snapshot_id)
-        write_atomic(target, json.dumps({"count": count, "reason": reason, "time": time.time()}).encode())
+        content = json.dumps({"count": count, "reason": reason, "time": time.time()}).encode()
+        with directory_fd(self.store_root, FAILURES_DIR, create=True) as fd:
+            write_atomic(Path(self._name(snapshot_id)), content, dir_fd=fd)
         return count
 
     def invalid(self, snapshot_id: str) -> bool:
@@ -90,7 +133,12 @@ class FailureCounter:
         return self.count(snapshot_id) >= self.max_failures
 
     def clear(self, snapshot_id: str) -> None:
-        self._file(snapshot_id).unlink(missing_ok=True)
+        name = self._name(snapshot_id)
+        try:
+            with directory_fd(self.store_root, FAILURES_DIR) as fd:
+                os.unlink(name, dir_fd=fd)
+        except (FileNotFoundError, UnsafeInput):
+            pass
 
 
 def verify_and_materialize(
@@ -110,7 +158,12 @@ def verify_and_materialize(
 
 
 def place_sandbox_files(snapshot: Snapshot, materialized: Path, sandbox: Sandbox) -> None:
-    """Copy the engine's open files (as they were at dump time) to the same paths inside the sandbox."""
+    """Copy the engine's open files (as they were at dump time) to the same paths inside the sandbox.
+
+    The sandbox's directory is the tenant's: it is walked one directory descriptor at a time, never
+    through a symbolic link (one where a directory goes is refused), and each file is written under a
+    fresh name and renamed into place, so a link planted where a file goes is replaced, never followed.
+    """
     mountpoint = Path(snapshot.meta.get("sandbox_mountpoint", str(sandbox.mountpoint)))
     if mountpoint != sandbox.mountpoint:
         raise RestoreFailed(
@@ -119,11 +172,61 @@ def place_sandbox_files(snapshot: Snapshot, materialized: Path, sandbox: Sandbox
     source_root = materialized / SANDBOX_FILES_DIR
     if not source_root.is_dir():
         return
-    for source in source_root.rglob("*"):
-        if source.is_file():
-            target = sandbox.host_dir / source.relative_to(source_root)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, target)  # a copy: the blob behind `source` is immutable
+    root_fd = _open_sandbox_dir(sandbox.host_dir)
+    try:
+        for source in sorted(source_root.rglob("*")):
+            if source.is_file():
+                relative = source.relative_to(source_root)
+                mode = _recorded_mode(snapshot, relative)
+                _place_file(root_fd, relative, source, mode, sandbox.host_dir)
+    finally:
+        os.close(root_fd)
+
+
+def _open_sandbox_dir(host_dir: Path) -> int:
+    try:
+        return os.open(host_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RestoreFailed(f"the sandbox directory {host_dir} is unusable ({exc.strerror})") from exc
+
+
+def _recorded_mode(snapshot: Snapshot, relative: Path) -> int:
+    entry = snapshot.files.get(f"{SANDBOX_FILES_DIR}/{relative}")
+    return entry.mode & 0o777 if entry is not None else 0o644
+
+
+def _place_file(root_fd: int, relative: Path, source: Path, mode: int, host_dir: Path) -> None:
+    try:
+        parent_fd = _directory_beneath(root_fd, relative.parts[:-1])
+        try:
+            with (
+                open(source, "rb") as content,
+                atomic_file(Path(relative.name), mode, dir_fd=parent_fd) as out,
+            ):
+                shutil.copyfileobj(content, out)  # a copy: the blob behind `source` is immutable
+        finally:
+            os.close(parent_fd)
+    except OSError as exc:
+        raise RestoreFailed(
+            f"cannot place {relative} in the sandbox directory {host_dir}: {exc.strerror or exc} "
+            "(a symbolic link or another file where the snapshot has a directory is never followed)"
+        ) from exc
+
+
+def _directory_beneath(root_fd: int, parts: tuple[str, ...]) -> int:
+    """A descriptor of root/parts..., each created where missing and opened without following a link."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+            child = openat2(fd, part, DIRECTORY_FLAGS, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def restore(
@@ -141,31 +244,37 @@ def restore(
 ) -> RestoreResult:
     """Restore `snapshot_id` into `sandbox`; `control` is the sandbox's control directory (host path).
 
-    Raises RestoreRefused (nothing ran) or RestoreFailed (cleaned up); both after `restore-failed` was sent.
+    The pod's restore claim is taken once the snapshot is verified, before anything in the pod is touched:
+    when the pod's worker claimed it first (it cold-started), RestoreClaimed says so and nothing is done or
+    sent. Otherwise raises RestoreRefused (nothing ran) or RestoreFailed (cleaned up), both after
+    `restore-failed` was sent: a restore that holds the claim always answers.
     """
     failures = failures or FailureCounter(store.root)
     timings: dict[str, float] = {}
     stager: StagerProcess | None = None
+    claimed = False
     try:
         with timed(timings, "verify_materialize"):
             snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
+        claim_restore(control, snapshot_id)
+        claimed = True
         with timed(timings, "place_sandbox_files"):
             place_sandbox_files(snapshot, work_dir, sandbox)
         # Verified: the engine's weights may now go to the GPU while CRIU restores the engine.
         stager = start_stager(snapshot, sandbox.init_pid, control)
         namespace_pid, host_pid = _restore_process(snapshot, sandbox, criu, work_dir, timings)
+    except RestoreClaimed:
+        raise  # the pod is its worker's: nothing to undo, nothing to say
     except (RestoreRefused, RestoreFailed) as exc:
         _stop(stager)
         _fail(control, failures, snapshot_id, str(exc))
         raise
     except (CriuError, cuda.CudaCheckpointError, cuda.CudaUnavailable, OSError) as exc:
-        _stop(stager)
-        sandbox.kill_all_but_init()
+        _undo(stager, sandbox, claimed)
         _fail(control, failures, snapshot_id, str(exc))
         raise RestoreFailed(f"restore of {snapshot_id} failed: {exc}") from exc
     except BaseException:  # interrupted: leave nothing half-restored behind
-        _stop(stager)
-        sandbox.kill_all_but_init()
+        _undo(stager, sandbox, claimed)
         _fail(control, failures, snapshot_id, "restore interrupted")
         raise
     staged = stager.payload() if stager is not None else {}
@@ -173,6 +282,29 @@ def restore(
         RESTORE_COMPLETE, {**(resume_payload or {}), **staged, "snapshot": snapshot_id, "pid": namespace_pid}
     )
     return RestoreResult(snapshot, namespace_pid, host_pid, timings)
+
+
+def claim_restore(control: ControlDir, snapshot_id: str) -> None:
+    """Take the pod's restore claim; RestoreClaimed when its worker (or another restore) holds it already."""
+    try:
+        claim = control.claim(CLAIM_RESTORE, snapshot=snapshot_id)
+    except (SignalError, OSError) as exc:
+        raise RestoreClaimed(
+            f"restore of {snapshot_id} not started: no claim in {control.path}: {exc}"
+        ) from exc
+    if not claim.ours:
+        who = "the worker (for a cold start)" if claim.holder == CLAIM_COLD else "another restore"
+        raise RestoreClaimed(
+            f"restore of {snapshot_id} not started: {who} holds {control.path / RESTORE_CLAIM} "
+            f"(since {claim.payload.get('time', 'an unknown time')})"
+        )
+
+
+def _undo(stager: StagerProcess | None, sandbox: Sandbox, claimed: bool) -> None:
+    """Stop the stager and kill what was restored; an unclaimed pod may run its worker's cold engine."""
+    _stop(stager)
+    if claimed:
+        sandbox.kill_all_but_init()
 
 
 def _stop(stager: StagerProcess | None) -> None:
@@ -183,10 +315,13 @@ def _stop(stager: StagerProcess | None) -> None:
 def _restore_process(
     snapshot: Snapshot, sandbox: Sandbox, criu: Criu, work_dir: Path, timings: dict[str, float]
 ) -> tuple[int, int]:
-    with timed(timings, "criu_restore"):
-        namespace_pid = criu.in_namespaces_of(sandbox.init_pid).restore(
-            work_dir / CRIU_DIR, logs_dir=sandbox.host_dir / "restore-logs"
-        )
+    try:
+        with timed(timings, "criu_restore"):
+            namespace_pid = criu.in_namespaces_of(sandbox.init_pid).restore(
+                work_dir / CRIU_DIR, logs_dir=work_dir / RESTORE_LOGS_DIR
+            )
+    finally:
+        _hand_over_restore_log(work_dir, sandbox)
     sandbox.set_main_pid(namespace_pid)
     host_pid = sandbox.host_pid(namespace_pid)
     if host_pid is None:  # a CRIU-side failure: the caller kills whatever half-restored tasks remain
@@ -197,7 +332,28 @@ def _restore_process(
     return namespace_pid, host_pid
 
 
+def _hand_over_restore_log(work_dir: Path, sandbox: Sandbox) -> None:
+    """A copy of CRIU's restore log for the pod (CRIU, as root, writes only into the restorer's own
+    directory, never to a path in the tenant's)."""
+    source = work_dir / RESTORE_LOGS_DIR / RESTORE_LOG
+    if not source.is_file():
+        return
+    try:
+        root_fd = _open_sandbox_dir(sandbox.host_dir)
+        try:
+            _place_file(root_fd, Path(RESTORE_LOGS_DIR, RESTORE_LOG), source, 0o644, sandbox.host_dir)
+        finally:
+            os.close(root_fd)
+    except RestoreFailed as exc:
+        log.warning("CRIU's restore log stays in %s: %s", source, exc)
+
+
 def _fail(control: ControlDir, failures: FailureCounter, snapshot_id: str, reason: str) -> None:
-    count = failures.record(snapshot_id, reason)
-    log.warning("restore of %s failed (%d time(s)): %s", snapshot_id, count, reason)
+    """Count the failure and answer `restore-failed` (the answer goes out even when counting fails)."""
+    count: int | None = None
+    try:
+        count = failures.record(snapshot_id, reason)
+    except OSError as exc:
+        log.error("could not count the failed restore of %s: %s", snapshot_id, exc)
+    log.warning("restore of %s failed (%s time(s)): %s", snapshot_id, count, reason)
     control.send(RESTORE_FAILED, {"reason": reason, "snapshot": snapshot_id, "failures": count})

@@ -105,6 +105,8 @@ class Sandbox:
     ) -> Sandbox:
         """Make the namespaces, bind `host_dir` at `mountpoint` inside, exec `init_command` as PID 1."""
         host_dir.mkdir(parents=True, exist_ok=True)
+        if host_dir.is_symlink():  # root would write and bind-mount wherever it points
+            raise SandboxError(f"the sandbox directory {host_dir} is a symbolic link; refusing to use it")
         (host_dir / READY_MARK).unlink(missing_ok=True)
         argv = [
             "unshare", "--pid", "--fork", "--mount-proc", "--mount", "--propagation", "private",

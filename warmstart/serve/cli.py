@@ -53,7 +53,7 @@ def _serve(args: argparse.Namespace) -> int:
     criu, why_not = usable_criu(args.criu or default_criu_command())
     if criu is None:
         print(f"snapshots are off: {why_not}")
-    work_dir = Path(args.work_dir) if args.work_dir else store_root / "pods"
+    work_dir = Path(args.work_dir).resolve() if args.work_dir else store_root / "pods"
     node = LocalNode(spec, SnapshotStore(store_root), signer, verifier, criu, work_dir, args.ready_timeout)
     _stop_on_signals()
     try:

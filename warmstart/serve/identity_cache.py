@@ -8,14 +8,25 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from warmstart.fileio import write_atomic
+from warmstart.fileio import UnsafeInput, directory_fd, loads_json, read_regular_file, write_atomic
 from warmstart.serve.worker_spec import WorkerSpec
 
 if TYPE_CHECKING:
     from warmstart.identity import SnapshotIdentity
     from warmstart.snapshot.signing import Signer, Verifier
+    from warmstart.snapshot.store import SnapshotStore
+
+
+IDENTITIES_DIR = "identities"
+CACHE_KEY_META = "identity_cache_key"  # in a snapshot's meta: the key of the identity record it belongs to
+MAX_RECORD_BYTES = 4 << 20
+MAX_SIGNATURE_BYTES = 64 << 10
+
+
+class RecordRefused(Exception):
+    """An identity record that is not trusted: unsigned, forged, malformed, or recorded under another key."""
 
 
 class IdentityCache:
@@ -26,11 +37,16 @@ class IdentityCache:
     everything that identity derives from and that is cheap to read here: engine, model, device, worker
     arguments, Python/torch/warmstart versions and warmstart's own source files, NVIDIA driver and GPU
     model, the image name; and the model files' sizes and mtimes. Any change there is a miss, and a miss is
-    a cold start that records afresh. Entries are signed with the store's key, like manifests.
+    a cold start that records afresh. Entries are signed with the store's key, like manifests, and name
+    their key inside the signed bytes: a record copied over another key's file name is refused.
+
+    The record is written after the snapshot is published, and the snapshot's meta names the key too, so a
+    start that finds no record (the last one died in between) recovers it from the published snapshot.
     """
 
     def __init__(self, store_root: Path, signer: Signer, verifier: Verifier) -> None:
-        self.directory = store_root / "identities"
+        self.store_root = Path(store_root)
+        self.directory = self.store_root / IDENTITIES_DIR
         self.signer = signer
         self.verifier = verifier
 
@@ -46,32 +62,97 @@ class IdentityCache:
         return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
     def record(self, spec: WorkerSpec, identity: SnapshotIdentity, model_dir: str) -> None:
-        entry = {"identity": identity.to_dict(), "model_dir": model_dir, "files": _fingerprint(model_dir)}
-        data = json.dumps(entry, sort_keys=True).encode()
+        self._write(self.key(spec), identity, model_dir)
+
+    def _write(self, key: str, identity: SnapshotIdentity, model_dir: str) -> None:
         from warmstart.snapshot.signing import signature_document
 
-        self.directory.mkdir(parents=True, exist_ok=True)
-        target = self.directory / f"{self.key(spec)}.json"
-        write_atomic(target, data)
-        write_atomic(target.with_suffix(".sig"), signature_document(self.signer, data))
+        entry = {
+            "key": key,
+            "identity": identity.to_dict(),
+            "model_dir": model_dir,
+            "files": _fingerprint(model_dir),
+        }
+        data = json.dumps(entry, sort_keys=True).encode()
+        with directory_fd(self.store_root, IDENTITIES_DIR, create=True) as fd:
+            write_atomic(Path(f"{key}.json"), data, dir_fd=fd)
+            write_atomic(Path(f"{key}.sig"), signature_document(self.signer, data), dir_fd=fd)
 
     def lookup(self, spec: WorkerSpec) -> tuple[SnapshotIdentity | None, str]:
         """The identity a worker of `spec` has here, or None with the reason."""
-        from warmstart.identity import SnapshotIdentity
-        from warmstart.snapshot.signing import SignatureInvalid, verify_document
-
-        target = self.directory / f"{self.key(spec)}.json"
+        key = self.key(spec)
         try:
-            data = target.read_bytes()
-            verify_document(self.verifier, data, target.with_suffix(".sig").read_bytes())
+            entry = self._read_verified(key)
+            identity = _identity_of(entry)
         except FileNotFoundError:
             return None, "no earlier start of this engine, model, device and software here"
-        except SignatureInvalid as exc:
-            return None, f"the recorded identity {target} is not trusted: {exc}"
-        entry = json.loads(data)
+        except RecordRefused as exc:
+            return None, f"the recorded identity {self.directory / key}.json is not trusted: {exc}"
         if _fingerprint(entry["model_dir"]) != entry["files"]:
             return None, f"the model files in {entry['model_dir']} changed since the last capture"
-        return SnapshotIdentity.from_dict(entry["identity"]), ""
+        return identity, ""
+
+    def _read_verified(self, key: str) -> dict[str, Any]:
+        """The signed record stored under `key`; FileNotFoundError, or RecordRefused saying why not."""
+        from warmstart.snapshot.signing import SignatureInvalid, verify_document
+
+        try:
+            with directory_fd(self.store_root, IDENTITIES_DIR) as fd:
+                data = read_regular_file(f"{key}.json", MAX_RECORD_BYTES, dir_fd=fd)
+                signature = read_regular_file(f"{key}.sig", MAX_SIGNATURE_BYTES, dir_fd=fd)
+            verify_document(self.verifier, data, signature)
+            entry = loads_json(data, "the identity record")
+        except (UnsafeInput, SignatureInvalid) as exc:
+            raise RecordRefused(str(exc)) from exc
+        if not isinstance(entry, dict) or entry.get("key") != key:
+            raise RecordRefused("it was recorded for another worker (its signed key differs from its name)")
+        if not isinstance(entry.get("model_dir"), str) or not isinstance(entry.get("files"), dict):
+            raise RecordRefused("it lacks 'model_dir' or 'files'")
+        return entry
+
+    def recover(self, spec: WorkerSpec, store: SnapshotStore) -> tuple[SnapshotIdentity | None, str]:
+        """The identity from the newest signed snapshot captured for `spec`, recorded again; else None."""
+        from warmstart.snapshot.manifest import SnapshotError
+
+        key = self.key(spec)
+        try:
+            snapshots = store.list()
+        except SnapshotError:
+            return None, ""
+        for snapshot in snapshots:
+            if snapshot.meta.get(CACHE_KEY_META) != key:
+                continue
+            try:
+                checked = store.check_signature(snapshot.id, self.verifier)
+            except SnapshotError:
+                continue
+            model_dir = _model_dir_of(checked.meta)
+            if model_dir is None or _changed_since(model_dir, checked.created.timestamp()):
+                continue
+            self._write(key, checked.identity, model_dir)
+            return checked.identity, f"identity recovered from snapshot {checked.id} (its record was missing)"
+        return None, ""
+
+
+def _identity_of(entry: dict[str, Any]) -> SnapshotIdentity:
+    from warmstart.identity import SnapshotIdentity
+
+    try:
+        return SnapshotIdentity.from_dict(entry["identity"])
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise RecordRefused(f"its 'identity' is not an identity ({exc})") from exc
+
+
+def _model_dir_of(meta: dict[str, Any]) -> str | None:
+    worker = meta.get("worker")
+    model_dir = worker.get("model_dir") if isinstance(worker, dict) else None
+    return model_dir if isinstance(model_dir, str) and model_dir else None
+
+
+def _changed_since(model_dir: str, timestamp: float) -> bool:
+    """Whether a model file was modified after `timestamp` (or the directory cannot be read)."""
+    files = _fingerprint(model_dir)
+    return not files or any(mtime_ns / 1e9 > timestamp for _, mtime_ns in files.values())
 
 
 def _code_fingerprint() -> str:

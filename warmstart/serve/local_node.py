@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmstart.serve.identity_cache import IdentityCache
-from warmstart.serve.worker_spec import CONTROL_SUBDIR, StartReport, WorkerSpec
+from warmstart.fileio import UnsafeInput
+from warmstart.serve.identity_cache import CACHE_KEY_META, IdentityCache
+from warmstart.serve.worker_spec import CONTROL_SUBDIR, ServeError, StartReport, WorkerSpec
 from warmstart.serve.workers import PlainWorker, wait_http_ready
 
 if TYPE_CHECKING:
@@ -17,7 +19,7 @@ if TYPE_CHECKING:
     from warmstart.checkpoint.sandbox import Sandbox
     from warmstart.identity import SnapshotIdentity
     from warmstart.snapshot.signing import Signer, Verifier
-    from warmstart.snapshot.store import SnapshotStore
+    from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 
 class LocalNode:
@@ -45,13 +47,19 @@ class LocalNode:
         self._started = 0
 
     def _new_sandbox_dir(self, role: str) -> Path:
+        """A fresh, real directory for one sandbox (anything planted under its name is removed first)."""
         if self._started == 0:
             prune_work_dir(self.work_dir)
         self._started += 1
         self.work_dir.mkdir(parents=True, exist_ok=True)
+        if self.work_dir.is_symlink():
+            raise ServeError(f"the work directory {self.work_dir} is a symbolic link; refusing to use it")
         path = self.work_dir / f"{role}-{self._started}-{os.getpid()}"
-        shutil.rmtree(path, ignore_errors=True)
-        (path / CONTROL_SUBDIR / "logs").mkdir(parents=True)
+        for stale in (path, _images_dir(path)):
+            _remove_without_following(stale)
+        os.mkdir(path, 0o755)  # fails rather than follow anything that appeared meanwhile
+        os.mkdir(path / CONTROL_SUBDIR, 0o755)
+        os.mkdir(path / CONTROL_SUBDIR / "logs", 0o755)
         return path
 
     def _start_worker_sandbox(self, mode: str) -> Sandbox:
@@ -81,6 +89,7 @@ class LocalNode:
         started = time.monotonic()
         sandbox = self._start_worker_sandbox("capture")
         options = CaptureOptions(
+            meta={CACHE_KEY_META: self.identities.key(self.spec)},
             keep_serving=True,
             resume_payload=self._resume_payload(),
             ready_timeout=self.ready_timeout,
@@ -95,13 +104,21 @@ class LocalNode:
             wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
             return StartReport("cold", time.monotonic() - started, reason=f"capture failed: {exc}")
         snapshot = result.snapshot
-        self.identities.record(
-            self.spec, snapshot.identity, str(snapshot.meta["worker"].get("model_dir", ""))
-        )
+        note = self._record_identity(snapshot)
         wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
         return StartReport(
-            "cold+capture", time.monotonic() - started, snapshot.id, snapshot.size, timings=result.timings
+            "cold+capture", time.monotonic() - started, snapshot.id, snapshot.size, note, result.timings
         )
+
+    def _record_identity(self, snapshot: Snapshot) -> str:
+        """Record the captured identity; a note when it cannot be (the next start recovers it)."""
+        try:
+            self.identities.record(
+                self.spec, snapshot.identity, str(snapshot.meta["worker"].get("model_dir", ""))
+            )
+        except (OSError, UnsafeInput) as exc:
+            return f"the identity record could not be written ({exc})"
+        return ""
 
     def start_restored(self, snapshot_id: str, identity: SnapshotIdentity) -> StartReport:
         from warmstart.checkpoint.restore import RestoreFailed, RestoreRefused, restore
@@ -138,21 +155,31 @@ class LocalNode:
     def start(self) -> StartReport:
         """Restore when a valid snapshot exists, else cold start (and capture when CRIU is usable)."""
         from warmstart.checkpoint.restore import FailureCounter
+        from warmstart.snapshot.manifest import SnapshotError
 
         if self.criu is None:
             return self.start_cold("CRIU 4 is not usable here (see above); snapshots are off")
         identity, unknown = self.identities.lookup(self.spec)
+        recovered = ""
+        if identity is None:
+            identity, recovered = self.identities.recover(self.spec, self.store)
         if identity is None:
             report = self.start_cold_and_capture()
             report.reason = "; ".join(filter(None, [unknown, report.reason]))
             return report
+        try:
+            candidates = self.store.list(identity.digest())
+        except SnapshotError as exc:
+            return self.start_cold(f"the snapshot store cannot be used: {exc}")
         failures = FailureCounter(self.store.root)
         skipped: list[str] = []
-        for snapshot in self.store.list(identity.digest()):
+        for snapshot in candidates:
             if failures.invalid(snapshot.id):
                 skipped.append(f"{snapshot.id} failed {failures.count(snapshot.id)} times")
                 continue
-            return self.start_restored(snapshot.id, identity)
+            report = self.start_restored(snapshot.id, identity)
+            report.reason = "; ".join(filter(None, [recovered, report.reason]))
+            return report
         report = self.start_cold_and_capture()
         if skipped:
             report.reason = "; ".join(
@@ -170,6 +197,18 @@ class LocalNode:
 
 def _images_dir(sandbox_dir: Path) -> Path:
     return sandbox_dir.with_name(sandbox_dir.name + "-images")
+
+
+def _remove_without_following(path: Path) -> None:
+    """Remove a directory tree, or unlink anything else (a symbolic link itself, never its target)."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def prune_work_dir(work_dir: Path) -> None:

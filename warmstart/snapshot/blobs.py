@@ -1,4 +1,8 @@
-"""Blob files: ingesting a hashed file as the blob of its digest, and placing a blob at a target path."""
+"""Blob files: ingesting a hashed file as the blob of its digest, and placing a blob at a target path.
+
+A name in `blobs/sha256/` that is not a regular file (a planted symbolic link, FIFO or device) is never
+followed: publishing replaces it with the right bytes, placing refuses it.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +12,11 @@ import logging
 import os
 import shutil
 import stat
-import uuid
 from pathlib import Path
 
+from warmstart.fileio import READ_FLAGS, atomic_file
 from warmstart.snapshot.layout import StoreLayout
-from warmstart.snapshot.manifest import FileEntry, SnapshotInvalid
+from warmstart.snapshot.manifest import FileEntry, SnapshotError, SnapshotInvalid
 
 log = logging.getLogger(__name__)
 
@@ -20,39 +24,41 @@ log = logging.getLogger(__name__)
 def touch(path: Path) -> None:
     """Refresh a blob's mtime (the GC grace clock); a blob owned by another user keeps its old one."""
     with contextlib.suppress(PermissionError):
-        os.utime(path)
+        os.utime(path, follow_symlinks=False)
 
 
 def copy_file(source: Path, target: Path, mode: int) -> None:
-    """Copy through a temporary name, fsync, then rename into place: `target` is never half-written."""
-    temporary = target.with_name(f".{target.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        shutil.copyfile(source, temporary)
-        os.chmod(temporary, mode)
-        with open(temporary, "rb") as handle:
-            os.fsync(handle.fileno())
-        os.replace(temporary, target)
-    finally:
-        temporary.unlink(missing_ok=True)
+    """Copy a regular file (never through a symbolic link) to `target`, which is never half-written."""
+    fd = os.open(source, READ_FLAGS | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as reader:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise SnapshotInvalid(f"{source} is not a regular file")
+        with atomic_file(target, mode) as writer:
+            shutil.copyfileobj(reader, writer, 8 << 20)
+            os.fchmod(writer.fileno(), mode)
 
 
 def ingest(layout: StoreLayout, source: Path, digest: str, size: int, mode: int) -> None:
     """Make `source` (already hashed, on disk) the blob for `digest`; drop it when the blob exists."""
     target = layout.blob_path(digest)
     try:
-        existing = target.stat()
+        existing = target.lstat()
     except FileNotFoundError:
         existing = None
-    if existing is not None and existing.st_size == size:
+    if existing is not None and stat.S_ISREG(existing.st_mode) and existing.st_size == size:
         touch(target)
         return
     os.chmod(source, mode & 0o555)
-    if existing is not None:  # wrong size: a damaged blob; replace it with good bytes
-        log.warning("replacing damaged blob %s (size %d, expected %d)", digest, existing.st_size, size)
+    if existing is not None:  # damaged (wrong size) or not a file at all: replace it with good bytes
+        if stat.S_ISDIR(existing.st_mode):
+            raise SnapshotError(f"blob {digest} in the store is a directory; remove {target}")
+        log.warning(
+            "replacing damaged blob %s (mode %o, %d bytes)", digest, existing.st_mode, existing.st_size
+        )
         os.replace(source, target)
     else:
         try:
-            os.link(source, target)
+            os.link(source, target, follow_symlinks=False)
         except FileExistsError:  # a concurrent publisher stored the same bytes first
             pass
         except OSError as exc:
@@ -65,9 +71,9 @@ def ingest(layout: StoreLayout, source: Path, digest: str, size: int, mode: int)
 def place(layout: StoreLayout, target: Path, entry: FileEntry, use_link: list[bool]) -> None:
     """Put the blob of `entry` at `target`: a hardlink while `use_link[0]` holds, else a copy."""
     blob = layout.blob_path(entry.digest)
-    if use_link[0] and stat.S_IMODE(blob.stat().st_mode) == entry.mode & 0o555:
+    if use_link[0] and stat.S_IMODE(blob.lstat().st_mode) == entry.mode & 0o555:
         try:
-            os.link(blob, target)
+            os.link(blob, target, follow_symlinks=False)
             return
         except FileNotFoundError as exc:
             raise SnapshotInvalid(f"blob {entry.digest} vanished while materialising {target}") from exc

@@ -1,18 +1,33 @@
-"""Published snapshots: the `Snapshot` value, reading one, listing them, unpublishing one."""
+"""Published snapshots: the `Snapshot` value, reading one, listing them, unpublishing one.
+
+A snapshot is listed only when `snapshots/<id>` is a real directory holding a regular `manifest.sig`: an
+unsigned directory there was not made by publish (which renames a directory already holding both files)
+and is left for GC.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+import stat
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from warmstart.fileio import UnsafeInput, read_regular_file
 from warmstart.identity import SnapshotIdentity
-from warmstart.snapshot.layout import DELETING_SUFFIX, MANIFEST_FILE, SnapshotNotFound, StoreLayout
+from warmstart.snapshot.layout import (
+    DELETING_SUFFIX,
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    MAX_SIGNATURE_BYTES,
+    SIGNATURE_FILE,
+    SnapshotNotFound,
+    StoreLayout,
+)
 from warmstart.snapshot.manifest import (
     SNAPSHOT_ID_PATTERN,
     FileEntry,
@@ -83,14 +98,50 @@ class Snapshot:
         }
 
 
-def read_manifest_bytes(layout: StoreLayout, snapshot_id: str) -> bytes:
+def _snapshot_directory(layout: StoreLayout, snapshot_id: str) -> Path:
+    """The snapshot's directory, checked to be a real directory (never a symbolic link)."""
     directory = layout.snapshot_dir(snapshot_id)
+    layout.check_directories()
     try:
-        return (directory / MANIFEST_FILE).read_bytes()
+        mode = directory.lstat().st_mode
     except FileNotFoundError as exc:
-        if not directory.is_dir():
-            raise SnapshotNotFound(f"no snapshot {snapshot_id} in {layout.root}") from exc
-        raise SnapshotInvalid(f"{MANIFEST_FILE} is missing", snapshot_id=snapshot_id) from exc
+        raise SnapshotNotFound(f"no snapshot {snapshot_id} in {layout.root}") from exc
+    if not stat.S_ISDIR(mode):
+        raise SnapshotInvalid(
+            f"{directory} is not a directory (a symbolic link is refused)", snapshot_id=snapshot_id
+        )
+    return directory
+
+
+def _read_snapshot_file(layout: StoreLayout, snapshot_id: str, name: str, limit: int) -> bytes:
+    path = _snapshot_directory(layout, snapshot_id) / name
+    try:
+        return read_regular_file(path, limit)
+    except FileNotFoundError as exc:
+        what = "the snapshot is unsigned" if name == SIGNATURE_FILE else "the snapshot is incomplete"
+        raise SnapshotInvalid(f"{name} is missing: {what}", snapshot_id=snapshot_id) from exc
+    except UnsafeInput as exc:
+        raise SnapshotInvalid(f"{name} refused: {exc}", snapshot_id=snapshot_id) from exc
+    except OSError as exc:
+        raise SnapshotInvalid(f"{name} cannot be read: {exc}", snapshot_id=snapshot_id) from exc
+
+
+def read_manifest_bytes(layout: StoreLayout, snapshot_id: str) -> bytes:
+    return _read_snapshot_file(layout, snapshot_id, MANIFEST_FILE, MAX_MANIFEST_BYTES)
+
+
+def read_signature_bytes(layout: StoreLayout, snapshot_id: str) -> bytes:
+    return _read_snapshot_file(layout, snapshot_id, SIGNATURE_FILE, MAX_SIGNATURE_BYTES)
+
+
+def is_signed_snapshot_dir(entry: Path) -> bool:
+    """A real directory named like a snapshot, holding a regular `manifest.sig`."""
+    if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name):
+        return False
+    try:
+        return stat.S_ISDIR(entry.lstat().st_mode) and stat.S_ISREG((entry / SIGNATURE_FILE).lstat().st_mode)
+    except OSError:
+        return False
 
 
 def parse_manifest(raw: bytes, snapshot_id: str) -> Manifest:
@@ -113,7 +164,7 @@ def list_snapshots(layout: StoreLayout, identity_hash: str | None = None) -> lis
         return []
     found: list[Snapshot] = []
     for entry in layout.snapshots_dir.iterdir():
-        if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name):
+        if not is_signed_snapshot_dir(entry):
             continue
         if identity_hash and not entry.name.startswith(identity_hash[:12]):
             continue

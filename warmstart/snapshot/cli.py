@@ -75,7 +75,8 @@ def _add_key_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--key",
         default=os.environ.get("WARMSTART_SIGNING_KEY"),
-        help="verification key: HMAC secret or Ed25519 public key PEM (default $WARMSTART_SIGNING_KEY)",
+        help="verification key: HMAC secret or Ed25519 public key PEM "
+        "(default $WARMSTART_SIGNING_KEY, else <store>/keys/hmac.key)",
     )
 
 
@@ -212,9 +213,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from warmstart.snapshot import SnapshotError, load_verifier
 
     store = _store(args)
-    if not args.key:
-        raise UsageError("verify needs a key: pass --key PATH or set WARMSTART_SIGNING_KEY")
-    verifier = load_verifier(args.key)
+    verifier = load_verifier(_verification_key(args.key, store.root))
     expected = _load_expected_identity(args.expect_identity)
     _check_prefix_flag(args.prefix)
     try:
@@ -234,6 +233,21 @@ def _cmd_verify(args: argparse.Namespace) -> int:
             f"identity and {len(snapshot.files)} files ({human_bytes(snapshot.size)}) check out"
         )
     return 0
+
+
+def _verification_key(given: str | None, store_root: Path) -> Path | str:
+    """The key given, else the store's own key (the one `serve` and the agent generate there)."""
+    from warmstart.snapshot.keys import store_key_path
+
+    if given:
+        return given
+    default = store_key_path(store_root)
+    if not default.is_file():
+        raise UsageError(
+            "verify needs a key: pass --key PATH, set WARMSTART_SIGNING_KEY, "
+            f"or keep the store's key at {default}"
+        )
+    return default
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
@@ -261,6 +275,8 @@ def _print_gc_report(report: Any) -> None:
         console.print(f"{verb} snapshot {snapshot_id} (retention)")
     for staging in report.removed_staging:
         console.print(f"{verb} staging {staging}")
+    for unsigned in report.removed_unsigned:
+        console.print(f"{verb} {unsigned}")
     for digest in report.removed_blobs:
         console.print(f"{verb} blob {digest}")
     for error in report.errors:

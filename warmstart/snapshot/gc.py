@@ -2,21 +2,35 @@
 
 GC holds the store's lock exclusively while it reads every manifest and removes blobs none references.
 Unreferenced blobs younger than `blob_grace` seconds are kept (ingesting a blob refreshes its mtime).
+An entry of `snapshots/` that is not a signed snapshot directory (no `manifest.sig`, or not a directory at
+all) is never listed; once nothing in it changed for `staging_older_than` seconds GC removes it. Publish
+renames a directory that already holds both files, so the grace period is only a margin.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import shutil
+import stat
 import time
+import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from warmstart.snapshot.catalog import list_snapshots, unpublish
-from warmstart.snapshot.layout import MANIFEST_FILE, SnapshotNotFound, StoreLayout
+from warmstart.fileio import UnsafeInput, read_regular_file
+from warmstart.snapshot.catalog import is_signed_snapshot_dir, list_snapshots, unpublish
+from warmstart.snapshot.layout import (
+    DELETING_SUFFIX,
+    MANIFEST_FILE,
+    MAX_MANIFEST_BYTES,
+    SnapshotNotFound,
+    StoreLayout,
+)
 from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN, Manifest, SnapshotInvalid
-from warmstart.snapshot.staging import staging_is_stale, this_host
+from warmstart.snapshot.staging import newest_mtime, staging_is_stale, this_host
 
 
 @dataclass
@@ -29,6 +43,7 @@ class GcReport:
     young_blobs: list[str] = field(default_factory=list)  # unreferenced, within the grace period
     referenced_blobs: int = 0
     deleted_snapshots: list[str] = field(default_factory=list)  # by retention, when the caller ran it
+    removed_unsigned: list[str] = field(default_factory=list)  # snapshots/ entries publish never made
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -49,6 +64,7 @@ def collect_garbage(
     report = GcReport(dry_run=dry_run)
     with layout.lock(exclusive=True):
         _gc_staging(layout, staging_older_than, report)
+        _gc_unsigned(layout, staging_older_than, report)
         referenced = _referenced_digests(layout, report)
         if referenced is not None:
             _gc_blobs(layout, referenced, grace, report)
@@ -73,18 +89,60 @@ def _gc_staging(layout: StoreLayout, older_than: float, report: GcReport) -> Non
                 entry.unlink(missing_ok=True)
 
 
+def _gc_unsigned(layout: StoreLayout, older_than: float, report: GcReport) -> None:
+    """Remove what sits in `snapshots/` under a snapshot's name but is no signed snapshot directory."""
+    now = time.time()
+    for entry in sorted(layout.snapshots_dir.iterdir()):
+        if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name) or is_signed_snapshot_dir(entry):
+            continue
+        try:
+            age = now - _age_clock(entry)
+        except FileNotFoundError:
+            continue
+        if age <= older_than:
+            continue
+        report.removed_unsigned.append(f"{entry.name} (unsigned, untouched for {age:.0f}s)")
+        if not report.dry_run:
+            _remove_entry(layout, entry)
+
+
+def _age_clock(entry: Path) -> float:
+    """The newest mtime in a real directory, the entry's own otherwise (a link is never followed)."""
+    if stat.S_ISDIR(entry.lstat().st_mode):
+        return newest_mtime(entry)
+    return entry.lstat().st_mtime
+
+
+def _remove_entry(layout: StoreLayout, entry: Path) -> None:
+    """Remove a directory in one rename out of `snapshots/`, then its contents; unlink anything else."""
+    if not stat.S_ISDIR(entry.lstat().st_mode):
+        entry.unlink(missing_ok=True)
+        return
+    doomed = layout.staging_dir / f"{uuid.uuid4().hex}{DELETING_SUFFIX}"
+    os.rename(entry, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
 def _referenced_digests(layout: StoreLayout, report: GcReport) -> set[str] | None:
-    """Every digest a published manifest names; None (remove no blob) when a manifest is unreadable."""
+    """Every digest a manifest in `snapshots/` names; None (remove no blob) when a manifest is unreadable.
+
+    An unsigned directory still in its grace period counts when its manifest can be read, and is skipped
+    when not (it will be removed, it cannot block GC).
+    """
     referenced: set[str] = set()
     for entry in layout.snapshots_dir.iterdir():
         if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name):
             continue  # not a snapshot (listing ignores it too)
+        signed = is_signed_snapshot_dir(entry)
         try:
-            raw = (entry / MANIFEST_FILE).read_bytes()
+            if not signed and not stat.S_ISDIR(entry.lstat().st_mode):
+                continue
+            raw = read_regular_file(entry / MANIFEST_FILE, MAX_MANIFEST_BYTES)
             referenced |= Manifest.from_bytes(raw).digests()
-        except (OSError, SnapshotInvalid) as exc:
-            report.errors.append(f"snapshot {entry.name}: unreadable manifest ({exc}); no blob removed")
-            return None
+        except (OSError, UnsafeInput, SnapshotInvalid) as exc:
+            if signed:
+                report.errors.append(f"snapshot {entry.name}: unreadable manifest ({exc}); no blob removed")
+                return None
     report.referenced_blobs = len(referenced)
     return referenced
 
@@ -102,7 +160,10 @@ def _gc_blobs(layout: StoreLayout, referenced: set[str], grace: float, report: G
         report.removed_blobs.append(digest)
         report.freed_bytes += info.st_size
         if not report.dry_run:
-            blob.unlink(missing_ok=True)
+            try:
+                blob.unlink(missing_ok=True)
+            except OSError as exc:  # a directory planted among the blobs
+                report.errors.append(f"blob {digest}: cannot remove ({exc.strerror})")
 
 
 def apply_retention(

@@ -7,16 +7,28 @@ not finish last alone.
 
 from __future__ import annotations
 
+import errno
 import functools
 import hashlib
 import os
+import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmstart.fileio import READ_FLAGS
 from warmstart.parallel import run_heaviest_first
 
 CHUNK_BYTES = 4 << 20
+
+
+def open_regular(path: Path) -> int:
+    """A read descriptor of a regular file: a symbolic link, FIFO or device is refused (OSError)."""
+    fd = os.open(path, READ_FLAGS | os.O_NOFOLLOW)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", str(path))
+    return fd
 
 
 def hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
@@ -25,7 +37,7 @@ def hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
     buffer = bytearray(CHUNK_BYTES)
     view = memoryview(buffer)
     size = 0
-    with open(path, "rb", buffering=0) as handle:
+    with os.fdopen(open_regular(path), "rb", buffering=0) as handle:
         os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while count := handle.readinto(buffer):
             digest.update(view[:count])
@@ -40,7 +52,7 @@ def hash_range(path: Path, offset: int, length: int) -> str:
     digest = hashlib.sha256()
     buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
     view = memoryview(buffer)
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_SEQUENTIAL)
         position, end = offset, offset + length

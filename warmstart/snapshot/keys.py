@@ -9,6 +9,11 @@ if TYPE_CHECKING:
     from warmstart.snapshot.signing import Signer, Verifier
 
 
+def store_key_path(store_root: Path) -> Path:
+    """Where a store keeps its own HMAC key."""
+    return Path(store_root) / "keys" / "hmac.key"
+
+
 def signing_keys(store_root: Path, key: str | None) -> tuple[Signer, Verifier, str]:
     """Signer and verifier from `key`, or from `<store>/keys/hmac.key`, generated once when missing.
 
@@ -18,7 +23,7 @@ def signing_keys(store_root: Path, key: str | None) -> tuple[Signer, Verifier, s
 
     note = ""
     if key is None:
-        path = store_root / "keys" / "hmac.key"
+        path = store_key_path(store_root)
         if not path.exists():
             generate_hmac_key(path)
             note = f"generated a signing key at {path} (mode 0600); pass --key to use your own"

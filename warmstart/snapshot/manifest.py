@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from warmstart.fileio import UnsafeInput, loads_json
 from warmstart.identity import SnapshotIdentity
 
 MANIFEST_SCHEMA = "warmstart.dev/snapshot-manifest/v1"
@@ -148,9 +149,9 @@ class Manifest:
     def from_bytes(cls, raw: bytes) -> Manifest:
         """Parse and check every field; SnapshotInvalid naming the field when something is wrong."""
         try:
-            data = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise SnapshotInvalid(f"manifest.json is not valid JSON ({exc})") from exc
+            data = loads_json(raw, "manifest.json")
+        except UnsafeInput as exc:
+            raise SnapshotInvalid(str(exc)) from exc
         return cls.from_dict(data)
 
     @classmethod

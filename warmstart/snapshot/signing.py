@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from warmstart.fileio import write_new_file
+from warmstart.fileio import UnsafeInput, loads_json, read_regular_file, write_new_file
 
 SIGNING_KEY_ENV = "WARMSTART_SIGNING_KEY"
 HMAC_SHA256 = "hmac-sha256"
 ED25519 = "ed25519"
 ALGORITHMS = (HMAC_SHA256, ED25519)
 MIN_HMAC_KEY_BYTES = 16
+MAX_KEY_FILE_BYTES = 64 << 10
 _PEM_MARKER = b"-----BEGIN "
 
 
@@ -150,9 +151,9 @@ def signature_document(signer: Signer, data: bytes) -> bytes:
 def verify_document(verifier: Verifier, data: bytes, document: bytes) -> None:
     """Raise SignatureInvalid with the precise reason unless `document` is a valid signature of `data`."""
     try:
-        parsed = json.loads(document)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SignatureInvalid(f"signature is not valid JSON ({exc})") from exc
+        parsed = loads_json(document, "signature")
+    except UnsafeInput as exc:
+        raise SignatureInvalid(str(exc)) from exc
     if not isinstance(parsed, dict):
         raise SignatureInvalid("signature must be a JSON object with algorithm, key_id and signature")
     for field in ("algorithm", "key_id", "signature"):
@@ -187,12 +188,14 @@ def _key_path(path: str | os.PathLike[str] | None) -> Path:
 
 
 def _read_key_file(path: Path) -> bytes:
-    try:
-        content = path.read_bytes()
+    try:  # a Kubernetes Secret's files are symbolic links: follow them, but read only a small regular file
+        content = read_regular_file(path, MAX_KEY_FILE_BYTES, follow_symlinks=True)
     except FileNotFoundError as exc:
         raise SigningKeyError(f"key file {path} does not exist") from exc
     except OSError as exc:
         raise SigningKeyError(f"key file {path} cannot be read: {exc.strerror}") from exc
+    except UnsafeInput as exc:
+        raise SigningKeyError(f"key file refused: {exc}") from exc
     if not content:
         raise SigningKeyError(f"key file {path} is empty")
     return content

@@ -20,10 +20,10 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from warmstart import procinfo
-from warmstart.fileio import write_new_file
+from warmstart.fileio import UnsafeInput, read_json_file, write_new_file
 from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.catalog import Snapshot
-from warmstart.snapshot.layout import DELETING_SUFFIX, OWNER_FILE, StoreLayout
+from warmstart.snapshot.layout import DELETING_SUFFIX, MAX_OWNER_BYTES, OWNER_FILE, StoreLayout
 from warmstart.snapshot.manifest import CREATED_FORMAT, SnapshotError, check_relative_path
 
 if TYPE_CHECKING:
@@ -73,9 +73,11 @@ def staging_is_stale(entry: Path, here: str, now: float, older_than: float) -> t
     """Whether GC may remove the staging entry, and why."""
     if entry.name.endswith(DELETING_SUFFIX):
         return True, "interrupted delete"
+    if not stat.S_ISDIR(entry.lstat().st_mode):
+        return True, "not a directory"
     try:
-        owner = json.loads((entry / OWNER_FILE).read_bytes())
-    except (OSError, ValueError):
+        owner = read_json_file(entry / OWNER_FILE, MAX_OWNER_BYTES)
+    except (OSError, UnsafeInput):
         owner = None
     if isinstance(owner, dict) and owner.get("host") == here and isinstance(owner.get("pid"), int):
         if procinfo.same_process(owner["pid"], owner.get("pid_start")):

@@ -114,6 +114,11 @@ class SnapshotStore:
             self.layout, snapshot_id, verifier, expected_identity, prefix=prefix, workers=self.hash_workers
         )
 
+    def check_signature(self, snapshot_id: str, verifier: Verifier) -> Snapshot:
+        """The snapshot once its signature, schema and identity hash check out (no blob is hashed)."""
+        manifest = verify.verified_manifest(self.layout, snapshot_id, verifier)
+        return Snapshot(self.snapshots_dir / snapshot_id, manifest)
+
     def materialize(
         self,
         snapshot_id: str,

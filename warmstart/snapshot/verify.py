@@ -15,7 +15,7 @@ from pathlib import Path
 from warmstart.identity import SnapshotIdentity
 from warmstart.parallel import parallel_map, run_heaviest_first
 from warmstart.snapshot.blobs import place
-from warmstart.snapshot.catalog import Snapshot, parse_manifest, read_manifest_bytes
+from warmstart.snapshot.catalog import Snapshot, parse_manifest, read_manifest_bytes, read_signature_bytes
 from warmstart.snapshot.hashing import chunk_ranges, hash_file, hash_range
 from warmstart.snapshot.layout import SIGNATURE_FILE, StoreLayout
 from warmstart.snapshot.manifest import (
@@ -55,12 +55,7 @@ def verify_snapshot(
 def verified_manifest(layout: StoreLayout, snapshot_id: str, verifier: Verifier) -> Manifest:
     """The manifest once its signature, schema, id and identity hash check out."""
     raw = read_manifest_bytes(layout, snapshot_id)
-    try:
-        signature = (layout.snapshots_dir / snapshot_id / SIGNATURE_FILE).read_bytes()
-    except FileNotFoundError as exc:
-        raise SnapshotInvalid(
-            f"{SIGNATURE_FILE} is missing: the snapshot is unsigned", snapshot_id=snapshot_id
-        ) from exc
+    signature = read_signature_bytes(layout, snapshot_id)
     try:
         verify_document(verifier, raw, signature)
     except SignatureInvalid as exc:
@@ -71,7 +66,12 @@ def verified_manifest(layout: StoreLayout, snapshot_id: str, verifier: Verifier)
             f"manifest field 'id' is {manifest.id!r} but the snapshot directory is {snapshot_id!r}",
             snapshot_id=snapshot_id,
         )
-    actual_hash = manifest.identity.digest()
+    try:
+        actual_hash = manifest.identity.digest()
+    except (TypeError, ValueError) as exc:
+        raise SnapshotInvalid(
+            f"manifest field 'identity' cannot be hashed: {exc}", snapshot_id=snapshot_id
+        ) from exc
     if manifest.identity_hash != actual_hash:
         raise SnapshotInvalid(
             f"manifest field 'identity_hash' is {manifest.identity_hash} but the identity hashes to "
@@ -118,17 +118,31 @@ def _content_checks(layout: StoreLayout, entry: FileEntry) -> list[ContentCheck]
     """(weight, hashing job, (entry, expected result, what is checked)) for one blob."""
     blob = layout.blob_path(entry.digest)
     if not entry.chunks:
-        return [(entry.size, lambda: hash_file(blob)[0], (entry, entry.digest, "content"))]
+        return [
+            (entry.size, _unless_unreadable(lambda: hash_file(blob)[0]), (entry, entry.digest, "content"))
+        ]
     return [
         (
             length,
-            functools.partial(hash_range, blob, offset, length),
+            _unless_unreadable(functools.partial(hash_range, blob, offset, length)),
             (entry, expected, f"chunk {index} (bytes {offset}..{offset + length - 1})"),
         )
         for index, ((offset, length), expected) in enumerate(
             zip(chunk_ranges(entry.size, entry.chunk_size), entry.chunks, strict=True)
         )
     ]
+
+
+def _unless_unreadable(job: Callable[[], str]) -> Callable[[], str]:
+    """The job's digest, or a note that matches no digest when the blob cannot be read as a file."""
+
+    def guarded() -> str:
+        try:
+            return job()
+        except OSError as exc:
+            return f"unreadable ({exc.strerror})"
+
+    return guarded
 
 
 def _blob_shape_problem(layout: StoreLayout, path: str, entry: FileEntry) -> str | None:
@@ -168,6 +182,8 @@ def materialize_snapshot(
     )
     selected = selected_entries(snapshot.manifest, prefix)
     target_root = Path(dest)
+    if target_root.is_symlink():
+        raise SnapshotError(f"materialise destination {target_root} is a symbolic link")
     if target_root.exists() and any(target_root.iterdir()):
         raise SnapshotError(f"materialise destination {target_root} is not empty")
     target_root.mkdir(parents=True, exist_ok=True)
