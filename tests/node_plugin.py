@@ -21,13 +21,22 @@ The `real_node` object (control_plane.node.RealNode):
     .startup_seconds, .timings
 
 `chart_image` (session scope): the chart's image reference, imported into the node (skips when not built).
+
+`host_python` (session scope): the test run's own Python environment (this virtual environment with torch,
+its base interpreter, the repository for the editable install) as read-only hostPath volumes at the same
+paths, so a pod of the chart's image can run the builtin engine without a worker image of several GB:
+    .python              the interpreter to run in the pod (this session's sys.executable)
+    .volumes, .volume_mounts
+                         lists to add to a pod spec and its container
 """
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,6 +92,31 @@ def chart_image(real_node: RealNode) -> str:
             f"{wanted} is not built in {versions.images_cache_dir()}: run `hack/control-plane images`"
         )
     return wanted
+
+
+@dataclass(frozen=True)
+class HostPython:
+    python: str
+    volumes: list[dict[str, Any]] = field(default_factory=list)
+    volume_mounts: list[dict[str, Any]] = field(default_factory=list)
+
+
+def host_python_paths() -> list[Path]:
+    """What the interpreter needs: the virtual environment, its base installation, the editable source."""
+    repository = Path(__file__).resolve().parent.parent
+    paths = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), repository}
+    # Nested paths (a .venv inside the repository) are covered by their parent's mount.
+    return sorted(p for p in paths if not any(p != other and p.is_relative_to(other) for other in paths))
+
+
+@pytest.fixture(scope="session")
+def host_python() -> HostPython:
+    volumes, mounts = [], []
+    for index, path in enumerate(host_python_paths()):
+        name = f"host-python-{index}"
+        volumes.append({"name": name, "hostPath": {"path": str(path), "type": "Directory"}})
+        mounts.append({"name": name, "mountPath": str(path), "readOnly": True})
+    return HostPython(python=sys.executable, volumes=volumes, volume_mounts=mounts)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -4,6 +4,7 @@ leaves nothing on the machine."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import subprocess
 from typing import Any
@@ -12,6 +13,7 @@ import pytest
 from control_plane import host_state, network
 from control_plane.cluster import ControlPlane, wait_for
 from control_plane.node import RealNode
+from node_plugin import HostPython
 
 pytestmark = pytest.mark.integration
 
@@ -190,6 +192,40 @@ def test_daemonset_and_deployment_from_the_project_image_run_and_serve(
 
     logs = kube.kubectl("logs", "-n", namespace, web_name).stdout
     assert logs == ""
+
+
+def test_a_pod_runs_the_engine_from_the_host_python_environment(
+    kube: ControlPlane, real_node: RealNode, chart_image: str, host_python: HostPython, namespace: str
+) -> None:
+    """The chart's image has no torch; a test worker takes this run's environment read-only from the host."""
+    container = {
+        "name": "worker",
+        "image": chart_image,
+        "imagePullPolicy": "Never",
+        "command": [host_python.python, "-c", "import torch, warmstart.engines; print(torch.__version__)"],
+        "volumeMounts": host_python.volume_mounts,
+    }
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "host-python"},
+        "spec": {
+            **on_the_real_node(real_node),
+            "restartPolicy": "Never",
+            "containers": [container],
+            "volumes": host_python.volumes,
+        },
+    }
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+
+    def finished() -> str | None:
+        phase = get_json(kube, "pod", "host-python", "-n", namespace)["status"].get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(finished, timeout=READY_TIMEOUT, interval=0.5, message="the host-python pod to finish")
+    logs = kube.kubectl("logs", "-n", namespace, "host-python").stdout
+    assert phase == "Succeeded", logs
+    assert logs.strip().startswith(importlib.metadata.version("torch"))
 
 
 def run(*argv: str) -> str:
