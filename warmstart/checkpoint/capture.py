@@ -2,7 +2,8 @@
 
 Phases, each timed into the manifest: wait for the worker, CUDA lock + checkpoint (only when the process
 uses CUDA), copy of the sandbox files the engine holds open (its stdio logs; a restore recreates them so
-CRIU finds the same files, and CRIU insists on the same size: the sizes are checked again after the dump),
+CRIU finds the same files, and CRIU insists on the same size: the sizes are checked again after the dump;
+they are read through the engine's own descriptors, never by a path the tenant could point elsewhere),
 CRIU dump of the engine subtree (always `--leave-running`: CRIU runs inside the engine's namespace and must
 not end it by killing the engine), publish. Then the source either exits
 (`snapshot-complete`) or, after its GPU state is restored in place, keeps serving (`restore-complete`).
@@ -19,26 +20,33 @@ import dataclasses
 import logging
 import os
 import re
-import shutil
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.layout import CRIU_DIR, LOGS_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox
 from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+from warmstart.protocol import (
+    READY_FOR_SNAPSHOT,
+    RESTORE_COMPLETE,
+    SNAPSHOT_COMPLETE,
+    ControlDir,
+    SignalError,
+)
 from warmstart.snapshot.signing import Signer
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 log = logging.getLogger(__name__)
 
 _CORE_IMAGE = re.compile(r"core-(\d+)\.img")
+COPY_CHUNK_BYTES = 1 << 20
 
 
 class CaptureError(RuntimeError):
@@ -84,7 +92,10 @@ def wait_ready(
     """The `ready-for-snapshot` payload; fails early when the sandbox dies first or `cancelled()`."""
     deadline = time.monotonic() + timeout
     while True:
-        signal = control.read(READY_FOR_SNAPSHOT)
+        try:
+            signal = control.read(READY_FOR_SNAPSHOT)
+        except SignalError as exc:
+            raise CaptureError(f"unusable ready-for-snapshot: {exc}") from exc
         if signal is not None:
             return signal.payload
         if not sandbox.alive():
@@ -122,36 +133,126 @@ def engine_pids(payload: dict[str, Any], sandbox: Sandbox) -> tuple[int, int]:
     return namespace_pid, host_pid
 
 
-def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> list[Path]:
-    """Regular files under the sandbox mountpoint that `host_pid` holds open (paths inside the sandbox)."""
-    found: set[Path] = set()
-    for fd in os.listdir(f"/proc/{host_pid}/fd"):
-        with contextlib.suppress(OSError):
-            target = Path(os.readlink(f"/proc/{host_pid}/fd/{fd}"))
-            if target.is_relative_to(sandbox.mountpoint) and sandbox.on_host(target).is_file():
-                found.add(target)
-    return sorted(found)
+@dataclass(frozen=True)
+class SandboxFile:
+    """A file the engine holds open on the sandbox mount, held open here too (the open file itself)."""
+
+    inside: Path  # its path inside the sandbox: names it in the snapshot, is never opened
+    fd: int  # read-only descriptor of the very file the engine has open
 
 
-def _copy_sandbox_files(files: list[Path], sandbox: Sandbox, destination: Path) -> dict[Path, int]:
-    """Copy the files; returns the sizes copied (CRIU refuses to restore a file of another size)."""
+def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> list[SandboxFile]:
+    """Regular files on the sandbox mount that `host_pid` holds open; close them with `close_sandbox_files`.
+
+    Each is opened through `/proc/<pid>/fd/N`, which leads to the engine's open file itself: its path is
+    never resolved again, so nothing the tenant put at that path (a link to a file only root may read, a
+    FIFO) is ever opened. Descriptors of links (O_PATH), devices, FIFOs, deleted files and files on any
+    other mount are left out.
+    """
+    mount_id = _mount_id_at(host_pid, sandbox.mountpoint)
+    found: dict[Path, SandboxFile] = {}
+    try:
+        for fd in os.listdir(f"/proc/{host_pid}/fd"):
+            opened = _open_engine_file(host_pid, fd, sandbox.mountpoint, mount_id)
+            if opened is None or opened.inside in found:
+                close_sandbox_files([opened] if opened else [])
+            else:
+                found[opened.inside] = opened
+    except BaseException:
+        close_sandbox_files(list(found.values()))
+        raise
+    return sorted(found.values(), key=lambda opened: opened.inside)
+
+
+def close_sandbox_files(files: list[SandboxFile]) -> None:
+    for opened in files:
+        os.close(opened.fd)
+
+
+def _open_engine_file(host_pid: int, fd: str, mountpoint: Path, mount_id: int) -> SandboxFile | None:
+    magic = f"/proc/{host_pid}/fd/{fd}"
+    try:
+        inside = Path(os.readlink(magic))  # only a name for the snapshot, never opened
+        if inside == mountpoint or not inside.is_relative_to(mountpoint):
+            return None
+        handle = os.open(magic, os.O_PATH | os.O_CLOEXEC)  # a magic link: the open file, no path lookup
+    except OSError:  # closed meanwhile
+        return None
+    try:
+        info = os.fstat(handle)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink == 0 or _mount_id_of(handle) != mount_id:
+            return None
+        readable = os.open(f"/proc/self/fd/{handle}", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    finally:
+        os.close(handle)
+    return SandboxFile(inside, readable)
+
+
+def _mount_id_at(host_pid: int, mountpoint: Path) -> int:
+    """The id of the mount at `mountpoint` in the mount namespace of `host_pid` (the topmost one)."""
+    found = None
+    with open(f"/proc/{host_pid}/mountinfo", encoding="utf-8", errors="surrogateescape") as mounts:
+        for line in mounts:
+            fields = line.split()
+            if _unescape_mountinfo(fields[4]) == str(mountpoint):
+                found = int(fields[0])
+    if found is None:
+        raise CaptureError(f"nothing is mounted at {mountpoint} in the worker's mount namespace")
+    return found
+
+
+def _unescape_mountinfo(field: str) -> str:
+    """Undo mountinfo's octal escapes (a space is written as \\040)."""
+    return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), field)
+
+
+def _mount_id_of(fd: int) -> int | None:
+    with open(f"/proc/self/fdinfo/{fd}", encoding="ascii") as info:
+        for line in info:
+            if line.startswith("mnt_id:"):
+                return int(line.split()[1])
+    return None
+
+
+def _copy_sandbox_files(files: list[SandboxFile], sandbox: Sandbox, destination: Path) -> dict[Path, int]:
+    """Copy the open files' contents; returns the sizes copied (CRIU refuses a file of another size)."""
     sizes = {}
-    for inside in files:
-        target = destination / inside.relative_to(sandbox.mountpoint)
+    for opened in files:
+        target = destination / opened.inside.relative_to(sandbox.mountpoint)
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(sandbox.on_host(inside), target)
-        sizes[inside] = target.stat().st_size
+        with open(target, "xb") as copy:
+            sizes[opened.inside] = _copy_from(opened.fd, copy)
     return sizes
 
 
-def _check_unchanged(files: list[Path], sandbox: Sandbox, sizes: dict[Path, int]) -> None:
+def _copy_from(source_fd: int, target: BinaryIO) -> int:
+    """Copy all of `source_fd` from offset 0 (its own open file: the engine's offset stays); bytes copied."""
+    copied = 0
+    while chunk := os.pread(source_fd, COPY_CHUNK_BYTES, copied):
+        target.write(chunk)
+        copied += len(chunk)
+    return copied
+
+
+@contextlib.contextmanager
+def _held_open(host_pid: int, sandbox: Sandbox) -> Iterator[list[SandboxFile]]:
+    files = open_sandbox_files(host_pid, sandbox)
+    try:
+        yield files
+    finally:
+        close_sandbox_files(files)
+
+
+def _check_unchanged(files: list[SandboxFile], sizes: dict[Path, int]) -> None:
     """The copies must match what CRIU saw: the quiesced engine must not write while it is captured."""
-    for inside in files:
-        now = sandbox.on_host(inside).stat().st_size
-        if now != sizes[inside]:
+    for opened in files:
+        now = os.fstat(opened.fd).st_size
+        if now != sizes[opened.inside]:
             raise CaptureError(
-                f"the worker wrote to {inside} during the capture ({sizes[inside]} -> {now} bytes); "
-                "it must stay quiet after ready-for-snapshot"
+                f"the worker wrote to {opened.inside} during the capture ({sizes[opened.inside]} -> {now} "
+                "bytes); it must stay quiet after ready-for-snapshot"
             )
 
 
@@ -223,9 +324,8 @@ def _dump_and_publish(
         "worker": {k: v for k, v in payload.items() if k not in ("identity", "pid")},
     }
     node = {"hostname": socket.gethostname()}
-    with store.stage(identity, node=node, meta=meta) as staging:
+    with store.stage(identity, node=node, meta=meta) as staging, _held_open(host_pid, sandbox) as files:
         with timer.phase("copy_sandbox_files"):
-            files = open_sandbox_files(host_pid, sandbox)
             sizes = _copy_sandbox_files(files, sandbox, staging.dir / SANDBOX_FILES_DIR)
         with timer.phase("criu_dump"):
             criu.in_namespaces_of(sandbox.init_pid).dump(
@@ -234,9 +334,9 @@ def _dump_and_publish(
                 logs_dir=staging.dir / LOGS_DIR,
                 leave_running=True,
             )
-        _check_unchanged(files, sandbox, sizes)
+        _check_unchanged(files, sizes)
         check_ids_restorable(staging.dir / CRIU_DIR)
-        staging.meta["sandbox_files"] = [str(path) for path in files]
+        staging.meta["sandbox_files"] = [str(opened.inside) for opened in files]
         staging.meta["sandbox_mountpoint"] = str(sandbox.mountpoint)
         staging.timings.update(timer.timings)
         with timer.phase("publish"):

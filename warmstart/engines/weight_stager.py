@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.engines.weights_io import pread_exact
+from warmstart.fileio import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, openat2
 from warmstart.parallel import share_among_threads
 
 log = logging.getLogger(__name__)
@@ -252,25 +253,14 @@ def open_inside(root_fd: int | None, path: str) -> int:
     if root_fd is None:
         fd = os.open(path, flags)
     else:
-        how = _OpenHow(flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
-        libc = ctypes.CDLL(None, use_errno=True)
-        fd = libc.syscall(SYS_OPENAT2, root_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
-        if fd < 0:
-            error = ctypes.get_errno()
-            raise OSError(error, f"{os.strerror(error)}: {path} (inside the engine's root)")
+        try:
+            fd = openat2(root_fd, path, flags, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+        except OSError as exc:
+            raise OSError(exc.errno, f"{exc.strerror}: {path} (inside the engine's root)") from exc
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise OSError(f"{path} is not a regular file")
     return fd
-
-
-SYS_OPENAT2 = 437  # the same number on x86_64 and arm64
-RESOLVE_NO_MAGICLINKS = 0x02
-RESOLVE_IN_ROOT = 0x10
-
-
-class _OpenHow(ctypes.Structure):
-    _fields_ = (("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64))
 
 
 def _stager_device(plan: StagingPlan) -> int:
