@@ -5,7 +5,11 @@ CRIU on its own. The supervisor forwards SIGTERM/SIGINT, reaps every child (also
 it, as a restored engine is: it is a child subreaper) and exits with the engine's status.
 
 restore mode: no engine is started at first; the agent restores one into this namespace and writes
-`restore-complete`. On `restore-failed`, or when nothing arrives in time, the supervisor cold-starts one.
+`restore-complete`. On `restore-failed` the supervisor cold-starts one. When nothing arrives within
+`--restore-timeout` it first takes the pod's restore claim for a cold start (`protocol.RESTORE_CLAIM`): if a
+restore holds it already, the supervisor keeps waiting for that restore's answer (up to
+`WARMSTART_RESTORE_ANSWER_TIMEOUT` more seconds, then it exits with an error) and never starts a second
+engine next to the one being restored.
 """
 
 from __future__ import annotations
@@ -23,13 +27,27 @@ from pathlib import Path
 from types import FrameType
 
 from warmstart import procinfo
-from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, SIGNALS, ControlDir
+from warmstart.config import env_float
+from warmstart.protocol import (
+    CLAIM_COLD,
+    RESTORE_CLAIM,
+    RESTORE_COMPLETE,
+    RESTORE_FAILED,
+    SIGNALS,
+    ControlDir,
+    Signal,
+)
 from warmstart.worker.engine_process import process_start_time
 from warmstart.worker.options import engine_argv, log_dir, restore_timeout
 
 log = logging.getLogger("warmstart.worker")
 
 PR_SET_CHILD_SUBREAPER = 36
+# Once a restore holds the claim, how long past --restore-timeout to wait for its answer (it always answers;
+# this bounds a restorer that died): longer than a CRIU restore's own timeout and the verification before it.
+RESTORE_ANSWER_TIMEOUT_ENV = "WARMSTART_RESTORE_ANSWER_TIMEOUT"
+DEFAULT_RESTORE_ANSWER_TIMEOUT = 1800.0
+EXIT_RESTORE_UNANSWERED = 75  # EX_TEMPFAIL: the pod may be restarted, it was not given an engine
 POLL_SECONDS = 0.05
 ENGINE_LOG = "engine.log"
 
@@ -57,25 +75,44 @@ class Supervisor:
     def _restore(self, started: float) -> int:
         control = ControlDir(self.args.control_dir)
         timeout = restore_timeout(self.args)
-        waiting_since = time.time()
+        answer_timeout = env_float(RESTORE_ANSWER_TIMEOUT_ENV, DEFAULT_RESTORE_ANSWER_TIMEOUT)
+        waiting_since = time.monotonic()
+        restorer_since: float | None = None  # when the restorer was found holding the claim
         log.info("restore mode: waiting up to %.0f s for the agent in %s", timeout, control.path)
         while self.stop_signal is None:
             self._reap_strays()
-            for name in (RESTORE_COMPLETE, RESTORE_FAILED):
-                received = control.read(name)
-                if received is None:
-                    continue
-                if name == RESTORE_FAILED:
-                    reason = received.payload.get("reason", "no reason given")
-                    log.warning("restore failed (%s); starting the engine cold", reason)
+            answer = _restore_answer(control)
+            if answer is not None:
+                return self._on_answer(answer, started)
+            now = time.monotonic()
+            if restorer_since is None and now - waiting_since >= timeout:
+                claim = control.claim(CLAIM_COLD)
+                if claim.holder == CLAIM_COLD:
+                    log.warning("no restore within %.0f s; starting the engine cold", timeout)
                     return self._run_engine("cold", started)
-                return self._adopt(received.payload, started)
-            if time.time() - waiting_since >= timeout:
-                log.warning("no restore within %.0f s; starting the engine cold", timeout)
-                return self._run_engine("cold", started)
+                restorer_since = now
+                log.warning(
+                    "no restore within %.0f s, but a restore holds the claim (%s): waiting up to %.0f s "
+                    "more for its answer instead of starting a second engine",
+                    timeout, claim.payload, answer_timeout,
+                )  # fmt: skip
+            if restorer_since is not None and now - restorer_since >= answer_timeout:
+                log.error(
+                    "the restore that holds %s never answered within %.0f s; exiting without starting an "
+                    "engine (two engines must never share the GPU)",
+                    control.path / RESTORE_CLAIM, answer_timeout,
+                )  # fmt: skip
+                return EXIT_RESTORE_UNANSWERED
             time.sleep(POLL_SECONDS)
         log.info("signal %d while waiting for a restore; exiting", self.stop_signal)
         return 0
+
+    def _on_answer(self, answer: Signal, started: float) -> int:
+        if answer.name == RESTORE_FAILED:
+            reason = answer.payload.get("reason", "no reason given")
+            log.warning("restore failed (%s); starting the engine cold", reason)
+            return self._run_engine("cold", started)
+        return self._adopt(answer.payload, started)
 
     def _adopt(self, payload: dict, started: float) -> int:
         pid = payload.get("pid")
@@ -159,6 +196,15 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.engine_pid, signum)
+
+
+def _restore_answer(control: ControlDir) -> Signal | None:
+    """The restorer's answer, `restore-complete` first; None while there is none."""
+    for name in (RESTORE_COMPLETE, RESTORE_FAILED):
+        received = control.read(name)
+        if received is not None:
+            return received
+    return None
 
 
 def _become_subreaper() -> None:
