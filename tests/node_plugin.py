@@ -46,7 +46,13 @@ if str(HACK) not in sys.path:
 
 from control_plane import images, versions  # noqa: E402
 from control_plane.cluster import ControlPlane  # noqa: E402
-from control_plane.node import NodeImage, RealNode, missing_parts, node_summary  # noqa: E402
+from control_plane.node import (  # noqa: E402
+    NodeBusyError,
+    NodeImage,
+    RealNode,
+    missing_parts,
+    node_summary,
+)
 
 STARTUP_KEY = pytest.StashKey[str]()
 
@@ -67,7 +73,10 @@ def real_node(
         pytest.skip(f"no real node: {'; '.join(reasons)}: run `hack/control-plane build` as root")
     node_images, stale = _images_to_import()
     node = RealNode(plane=kube, state_dir=tmp_path_factory.mktemp("node"), images=node_images)
-    node.start()
+    try:
+        node.start()
+    except NodeBusyError as error:
+        pytest.skip(f"no real node for this session: {error}")
     summary = node_summary(node)
     if stale:
         summary += f" (images older than the working tree: {', '.join(stale)}; `hack/control-plane images`)"

@@ -63,6 +63,10 @@ class NodeError(RuntimeError):
     pass
 
 
+class NodeBusyError(NodeError):
+    """Another real node runs on this machine (one at a time: the cgroup root and paths are shared)."""
+
+
 @dataclass
 class NodeImage:
     reference: str
@@ -591,7 +595,7 @@ def clean_up_stale_node() -> None:
     if record.holder_alive() and record.pids:
         owner_alive = any(process_alive(pid) for name, pid in record.pids.items() if name != "holder")
         if owner_alive:
-            raise NodeError(
+            raise NodeBusyError(
                 f"a real node is already running (holder pid {record.holder_pid}): "
                 "stop it with `hack/control-plane down`"
             )

@@ -5,17 +5,16 @@ leaves nothing on the machine."""
 from __future__ import annotations
 
 import importlib.metadata
+import ipaddress
 import json
 import subprocess
 from typing import Any
 
 import pytest
-from control_plane import host_state, network
+from control_plane import host_state, images, network, node_config, versions
 from control_plane.cluster import ControlPlane, wait_for
 from control_plane.node import RealNode
 from node_plugin import HostPython
-
-pytestmark = pytest.mark.integration
 
 WEB_PORT = 8080
 SERVICE_PORT = 80
@@ -145,6 +144,7 @@ def exec_python(kube: ControlPlane, namespace: str, pod: str, code: str, *args: 
     return kube.kubectl("exec", "-n", namespace, pod, "--", "python3", "-c", code, *args, timeout=60).stdout
 
 
+@pytest.mark.integration
 def test_daemonset_and_deployment_from_the_project_image_run_and_serve(
     kube: ControlPlane, real_node: RealNode, chart_image: str, namespace: str
 ) -> None:
@@ -194,6 +194,7 @@ def test_daemonset_and_deployment_from_the_project_image_run_and_serve(
     assert logs == ""
 
 
+@pytest.mark.integration
 def test_a_pod_runs_the_engine_from_the_host_python_environment(
     kube: ControlPlane, real_node: RealNode, chart_image: str, host_python: HostPython, namespace: str
 ) -> None:
@@ -232,6 +233,7 @@ def run(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
 
 
+@pytest.mark.integration
 def test_the_node_network_lives_only_in_its_namespaces(real_node: RealNode) -> None:
     """Runs after the workloads above: the pods' bridge and kube-proxy's rules exist, inside the node."""
     record = real_node.record
@@ -251,6 +253,7 @@ def test_the_node_network_lives_only_in_its_namespaces(real_node: RealNode) -> N
     assert host_state.read_sysctls() == record.host.sysctls
 
 
+@pytest.mark.integration
 def test_stopping_the_node_leaves_nothing_behind(real_node: RealNode) -> None:
     """Runs after the workloads above; the node is started again for any later test."""
     record = real_node.record
@@ -260,3 +263,45 @@ def test_stopping_the_node_leaves_nothing_behind(real_node: RealNode) -> None:
     left = real_node.leftovers(record)
     real_node.start()
     assert left == []
+
+
+# -- without a node ------------------------------------------------------------------------------------------
+
+
+def test_node_addresses_avoid_every_network_of_the_machine() -> None:
+    taken = [ipaddress.ip_network("198.51.100.0/24"), ipaddress.ip_network("10.245.0.0/16")]
+    node_network = network.first_free(network.NODE_NETWORK_CANDIDATES, taken)
+    pod_subnet = network.first_free(network.POD_SUBNET_CANDIDATES, [*taken, node_network])
+    addresses = network.NodeAddresses(node_network, pod_subnet)
+    assert str(node_network) == "203.0.113.0/24" and not pod_subnet.overlaps(taken[1])
+    assert (addresses.api_ip, addresses.node_ip) == ("203.0.113.1", "203.0.113.2")
+    assert network.NodeAddresses.from_json(addresses.to_json()) == addresses
+
+
+def test_the_node_has_a_stamp_of_its_own() -> None:
+    """Adding the node must not make a cached control plane look stale."""
+    control_plane = json.dumps(versions.wanted_stamp())
+    assert "kubelet" not in control_plane and "kube-proxy" not in control_plane
+    assert versions.node_stamp_path() != versions.stamp_path()
+
+
+def test_kubelet_and_containerd_carry_the_settings_this_kind_of_machine_needs(tmp_path) -> None:
+    addresses = network.NodeAddresses(
+        ipaddress.ip_network("203.0.113.0/24"), ipaddress.ip_network("10.245.0.0/24")
+    )
+    kubelet = json.loads(node_config.kubelet_config(addresses, tmp_path / "ca", tmp_path / "resolv"))
+    assert kubelet["failCgroupV1"] is False and kubelet["oomScoreAdj"] == 0
+    assert (kubelet["imageGCHighThresholdPercent"], kubelet["imageGCLowThresholdPercent"]) == (100, 99)
+    assert kubelet["cgroupRoot"] == f"/{node_config.CGROUP_ROOT}" and kubelet["address"] == "203.0.113.2"
+    assert "localStorageCapacityIsolation" not in kubelet
+    containerd = node_config.containerd_toml()
+    assert "restrict_oom_score_adj = true" in containerd and "SystemdCgroup = false" in containerd
+    proxy = json.loads(node_config.kube_proxy_config(addresses, tmp_path / "kubeconfig"))
+    assert proxy["mode"] == "nftables" and proxy["conntrack"]["maxPerCore"] == 0
+
+
+def test_the_image_hash_covers_what_the_dockerfile_copies() -> None:
+    sources = images.copied_sources(images.REPO / "Dockerfile")
+    assert {"pyproject.toml", "README.md", "warmstart"} <= set(sources)
+    files = images.context_files(sources)
+    assert files and not any(images.ignored(path) for path in files)
