@@ -84,11 +84,6 @@ def test_the_engine_stream_is_closed_when_the_client_leaves(serve_in_process, ti
     assert server.metrics.requests_cancelled._value.get() == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the builtin engine keeps generating a sequence whose stream was closed (its scheduler has no "
-    "cancel yet; warmstart/engines is changed elsewhere): remove this mark once it has",
-)
 def test_closing_a_builtin_stream_stops_its_sequence_and_frees_the_slot(tiny_engine, monkeypatch) -> None:
     sequences = []
     make_sequence = tiny_engine._sequence

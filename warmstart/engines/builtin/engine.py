@@ -284,8 +284,12 @@ class BuiltinEngine(Engine):
 
     def stream(self, request: GenerationRequest) -> Iterator[TokenDelta]:
         sequence = self._sequence(request, streaming=True)
-        self._require_scheduler().submit(sequence)
-        yield from sequence.deltas()
+        scheduler = self._require_scheduler()
+        scheduler.submit(sequence)
+        try:
+            yield from sequence.deltas()
+        finally:  # closed early: nobody reads the rest
+            scheduler.cancel(sequence)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> str:
         return self.tokenizer.apply_chat_template(messages)

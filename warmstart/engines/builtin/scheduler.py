@@ -188,6 +188,18 @@ class Scheduler:
             self._pending.clear()
             self._active.clear()
 
+    def cancel(self, sequence: Sequence) -> None:
+        """Stop generating for `sequence` (its client left): its KV slot goes back at once."""
+        with self._cond:
+            if sequence.done:
+                return
+            if sequence in self._pending:
+                self._pending.remove(sequence)
+            if sequence in self._active:
+                self._active.remove(sequence)
+            self._free(sequence)
+            sequence.fail(EngineError("cancelled: the client went away"))
+
     def run_inline(self, sequences: list[Sequence]) -> None:
         """Drive the loop in this thread until `sequences` are finished (no scheduler thread may run)."""
         if self.running:
@@ -247,6 +259,8 @@ class Scheduler:
             self._take(sequence, token)
 
     def _take(self, sequence: Sequence, token: int | Exception) -> None:
+        if sequence.done:  # cancelled while its token was computed: its slot is free already
+            return
         if isinstance(token, Exception):  # this request's sampling failed; the others carry on
             log.error("sampling failed for request %s: %s", sequence.request.request_id, token)
             if sequence in self._active:
