@@ -120,10 +120,12 @@ def plant(path: Path, kind: str, outside: Path) -> None:
 def report_refusals(pytestconfig: pytest.Config) -> Iterator[None]:
     yield
     reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
+    capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
     if reporter is not None and REFUSED:
         total = sum(REFUSED.values())
         details = ", ".join(f"{kind} {count}" for kind, count in sorted(REFUSED.items()))
-        reporter.write_line(f"hostile store contents tried and refused: {total} ({details})")
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"hostile store contents tried and refused: {total} ({details})")
 
 
 KINDS = ["fifo", "device", "link-to-zero", "link-outside", "deep", "deep-object", "huge"]
