@@ -70,6 +70,16 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     worker.add_argument("--host", default="127.0.0.1", help="HTTP listen address (default 127.0.0.1)")
     worker.add_argument("--port", type=port_number, default=8000, help="HTTP port (default 8000)")
+    http = parser.add_argument_group("HTTP limits (what one client may hold)")
+    http.add_argument("--http-keep-alive-seconds", type=float, default=5.0,
+                      help="idle connections are closed after this (default 5)")  # fmt: skip
+    http.add_argument("--http-max-connections", type=int, default=1024,
+                      help="open connections; past it the longest idle goes (default 1024)")  # fmt: skip
+    http.add_argument("--max-request-bytes", type=int, default=4 << 20,
+                      help="largest request body, else 413 (default 4 MiB)")  # fmt: skip
+    http.add_argument("--max-n", type=int, default=16, help="largest `n` of one request (default 16)")
+    http.add_argument("--max-output-tokens", type=int, default=None,
+                      help="largest max_tokens (default: what the context leaves)")  # fmt: skip
     worker.add_argument(
         "--control-dir",
         default=os.environ.get(CONTROL_DIR_ENV),

@@ -31,7 +31,7 @@ from warmstart.protocol import (
 )
 from warmstart.worker.connections import ConnectionLimits, quiet_connection_logs, uvicorn_options
 from warmstart.worker.openai_requests import RequestLimits
-from warmstart.worker.options import engine_options
+from warmstart.worker.options import engine_options, http_limits
 from warmstart.worker_flags import add_worker_arguments
 
 log = logging.getLogger("warmstart.worker.engine")
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("the engine could not start: %s", exc)
         return 2
     # Build the app now (imports done, nothing opened) so a restored copy only has to bind and serve.
-    runner = _HttpRunner(engine)
+    runner = _HttpRunner(engine, *http_limits(args))
     log.info("engine warm after %.2f s", time.time() - started_at)
     if args.mode == "cold":
         return runner.serve(args.host, args.port, "cold", started_at)
