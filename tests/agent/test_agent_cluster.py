@@ -406,10 +406,10 @@ def test_agent_command_serves_grpc_and_metrics_and_stops_on_sigterm(
 
     from warmstart.agent.grpc_api import AgentClient
 
-    grpc_port, metrics_port = free_port(), free_port()
+    socket_path, metrics_port = tmp_path / "run" / "agent.sock", free_port()
     env = {
         **os.environ, "WARMSTART_NODE_NAME": NODE, "WARMSTART_STORE": str(tmp_path / "store"),
-        "WARMSTART_KUBELET_ROOT": str(tmp_path / "kubelet"), "WARMSTART_AGENT_GRPC_PORT": str(grpc_port),
+        "WARMSTART_KUBELET_ROOT": str(tmp_path / "kubelet"), "WARMSTART_AGENT_GRPC_SOCKET": str(socket_path),
         "WARMSTART_AGENT_METRICS_PORT": str(metrics_port), "WARMSTART_AGENT_LISTEN_ADDRESS": "127.0.0.1",
         "KUBECONFIG": str(kube.kubeconfig),
     }  # fmt: skip
@@ -419,7 +419,8 @@ def test_agent_command_serves_grpc_and_metrics_and_stops_on_sigterm(
             stderr=subprocess.STDOUT,
         )  # fmt: skip
     try:
-        with AgentClient(f"127.0.0.1:{grpc_port}", timeout=5) as client:
+        kube.wait_for(socket_path.exists, timeout=60, message="the agent's gRPC socket")
+        with AgentClient(socket_path, timeout=5) as client:
             status = kube.wait_for(client.status, timeout=60, message="the agent's gRPC Status")
             assert status["node"] == NODE and isinstance(status["in_flight"], list)  # other tests' pods
             assert client.list_snapshots() == []

@@ -7,6 +7,7 @@ import datetime as dt
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import urllib.request
@@ -176,11 +177,14 @@ def test_find_names_what_is_missing(tmp_path: Path) -> None:
 # --- decisions over pods and snapshots ---------------------------------------------------------------
 
 
-def _publish(store: SnapshotStore, key: Path, content: bytes, namespace: str = "ml") -> Snapshot:
+def _publish(
+    store: SnapshotStore, key: Path, content: bytes, namespace: str = "ml", node: str = "node-a"
+) -> Snapshot:
     from warmstart.identity import SnapshotIdentity
 
     identity = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="1")
-    with store.stage(identity, meta={"namespace": namespace, "inferenceSnapshot": "s"}) as staging:
+    meta = {"namespace": namespace, "inferenceSnapshot": "s", "node": node}
+    with store.stage(identity, meta=meta) as staging:
         (staging.dir / "criu").mkdir()
         (staging.dir / "criu" / "pages.img").write_bytes(content)
         return staging.publish(load_signer(key))
@@ -259,11 +263,19 @@ def test_a_deleted_inference_snapshot_takes_its_store_files_only_when_marked(
     assert offline_agent.metrics.value("warmstart_agent_store_snapshots_deleted_total") == 1
 
 
-def test_grpc_status_and_list_snapshots(offline_agent: Agent, tmp_path: Path) -> None:
+def test_grpc_answers_on_a_root_only_socket_for_this_node_alone(offline_agent: Agent, tmp_path: Path) -> None:
     published = _publish(offline_agent.node.store, tmp_path / "key", b"x" * 1000, namespace="team-a")
-    server, port = serve(offline_agent, "127.0.0.1:0")
+    _publish(offline_agent.node.store, tmp_path / "key", b"y" * 10, node="node-b")  # a shared store
+    socket_path = tmp_path / "run" / "agent.sock"
+    socket_path.parent.mkdir()
+    socket_path.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(OSError, match="not a socket"):
+        serve(offline_agent, socket_path)
+    socket_path.unlink()
+    server = serve(offline_agent, socket_path)
+    assert stat.S_IMODE(socket_path.lstat().st_mode) == 0o600 and socket_path.stat().st_uid == os.getuid()
     try:
-        with AgentClient(f"127.0.0.1:{port}") as client:
+        with AgentClient(socket_path) as client:
             status = client.status()
             listed = client.list_snapshots()
             assert client.list_snapshots("ff" * 6) == []

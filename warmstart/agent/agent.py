@@ -202,6 +202,7 @@ class Agent:
         }  # fmt: skip
 
     def list_snapshots(self, identity_hash: str = "") -> list[dict[str, Any]]:
+        """The store snapshots captured on this node (the store may be shared by every node)."""
         return [
             {
                 "id": s.id,
@@ -214,4 +215,5 @@ class Agent:
                 "inference_snapshot": str(s.meta.get("inferenceSnapshot", "")),
             }  # fmt: skip
             for s in self.node.store.list(identity_hash or None)
+            if s.meta.get("node") == self.config.node
         ]

@@ -15,7 +15,7 @@ from warmstart.config import default_criu_command, env_int
 log = logging.getLogger(__name__)
 
 DEFAULT_METRICS_PORT = 9400
-DEFAULT_GRPC_PORT = 9401
+DEFAULT_GRPC_SOCKET = "/run/warmstart/agent.sock"
 STOP_GRACE_SECONDS = 20.0
 
 
@@ -45,8 +45,6 @@ def _run(args: argparse.Namespace) -> int:
     try:
         if args.metrics_port is None:
             args.metrics_port = env_int("WARMSTART_AGENT_METRICS_PORT", DEFAULT_METRICS_PORT)
-        if args.grpc_port is None:
-            args.grpc_port = env_int("WARMSTART_AGENT_GRPC_PORT", DEFAULT_GRPC_PORT)
         config = AgentConfig(
             node=args.node, store=Path(args.store).resolve(), criu_command=args.criu,
             kubelet_root=Path(args.kubelet_root), key=args.key, max_captures=args.max_captures,
@@ -64,9 +62,11 @@ def _run(args: argparse.Namespace) -> int:
     if args.metrics_port:
         metrics.serve(args.metrics_port, args.listen_address)
     server = None
-    if args.grpc_port:
-        server, port = grpc_api.serve(agent, f"{args.listen_address}:{args.grpc_port}")
-        log.info("gRPC API on %s:%d", args.listen_address, port)
+    if args.grpc_socket:
+        socket_path = Path(args.grpc_socket)
+        socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        server = grpc_api.serve(agent, socket_path)
+        log.info("gRPC API on unix socket %s", socket_path)
 
     def stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)
@@ -114,12 +114,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="Prometheus port, 0 for none (WARMSTART_AGENT_METRICS_PORT)",
     )  # fmt: skip
     parser.add_argument(
-        "--grpc-port", type=int, default=None,
-        help="gRPC API port, 0 for none (WARMSTART_AGENT_GRPC_PORT)",
+        "--grpc-socket", default=env("WARMSTART_AGENT_GRPC_SOCKET", DEFAULT_GRPC_SOCKET),
+        help="unix socket of the gRPC API (root only), empty for none (WARMSTART_AGENT_GRPC_SOCKET)",
     )  # fmt: skip
     parser.add_argument(
         "--listen-address", default=env("WARMSTART_AGENT_LISTEN_ADDRESS", "0.0.0.0"),
-        help="address for metrics and gRPC (WARMSTART_AGENT_LISTEN_ADDRESS)",
+        help="address of the metrics endpoint (WARMSTART_AGENT_LISTEN_ADDRESS)",
     )  # fmt: skip
     parser.add_argument("--max-captures", type=int, default=1, help="concurrent captures on this node")
     parser.add_argument("--max-restores", type=int, default=2, help="concurrent restores on this node")

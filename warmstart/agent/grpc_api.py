@@ -1,5 +1,8 @@
 """The node agent's gRPC API (`proto/agent.proto`): Status and ListSnapshots, messages encoded as JSON.
 
+Served on a unix socket only root on the node may open; it answers for this node alone (its operations in
+flight, the snapshots captured on it).
+
 grpc's generic handlers carry the messages as JSON objects whose fields are those of the .proto, so neither
 side needs generated code; `AgentClient` is the matching client.
 """
@@ -7,7 +10,10 @@ side needs generated code; `AgentClient` is the matching client.
 from __future__ import annotations
 
 import json
+import os
+import stat
 from concurrent import futures
+from pathlib import Path
 from typing import Any, Protocol
 
 import grpc
@@ -49,20 +55,38 @@ def _handlers(state: AgentState) -> grpc.GenericRpcHandler:
     return grpc.method_handlers_generic_handler(SERVICE, methods)
 
 
-def serve(state: AgentState, address: str, workers: int = 4) -> tuple[grpc.Server, int]:
-    """Start the API on `address` ("127.0.0.1:0" picks a port); returns the server and its port."""
+def serve(state: AgentState, socket_path: Path, workers: int = 4) -> grpc.Server:
+    """Start the API on a unix socket only root may connect to (the API has no authentication of its own).
+
+    A stale socket of an earlier agent is replaced; anything else at that path is refused.
+    """
+    _remove_stale_socket(socket_path)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     server.add_generic_rpc_handlers((_handlers(state),))
-    port = server.add_insecure_port(address)
-    if port == 0:
-        raise OSError(f"cannot listen on {address} for the agent's gRPC API (port taken or address wrong)")
+    previous = os.umask(0o177)  # the socket is created 0600: no window in which others may connect
+    try:
+        bound = server.add_insecure_port(f"unix:{socket_path}")
+    finally:
+        os.umask(previous)
+    if bound == 0:
+        raise OSError(f"cannot listen on {socket_path} for the agent's gRPC API")
     server.start()
-    return server, port
+    return server
+
+
+def _remove_stale_socket(path: Path) -> None:
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise OSError(f"{path} exists and is not a socket: refusing to replace it")
+    path.unlink()
 
 
 class AgentClient:
-    def __init__(self, target: str, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.channel = grpc.insecure_channel(target)
+    def __init__(self, socket_path: Path, timeout: float = DEFAULT_TIMEOUT) -> None:
+        self.channel = grpc.insecure_channel(f"unix:{socket_path}")
         self.timeout = timeout
 
     def _call(self, method: str, request: dict[str, Any]) -> dict[str, Any]:
