@@ -452,3 +452,40 @@ def test_a_vanished_published_snapshot_fails_the_capture_once(
     status = cluster.get_snapshot(namespace, "tiny-snap")["status"]
     assert status["phase"] == "Failed"
     assert "cannot be read" in status["message"], status["message"]
+
+
+def test_a_restore_the_previous_agent_left_unanswered_ends_in_a_cold_start(
+    kube: Any,
+    namespace: str,
+    cluster: Cluster,
+    make_agent: Callable[[str], Agent],
+    criu_command: str,
+    sandboxes: list[Sandbox],
+) -> None:
+    """An agent died holding a pod's restore claim: the next one answers restore-failed (the worker would
+    otherwise wait for an answer that never comes), records why, and the worker serves cold."""
+    import subprocess
+
+    from warmstart.protocol import CLAIM_RESTORE, RESTORE_CLAIM
+
+    agent = make_agent(criu_command)
+    endpoint = cluster.endpoint(namespace)
+    cluster.snapshot(namespace, "tiny-snap")
+    port = free_port()
+    pod = cluster.pod(namespace, "tiny-restore-1", L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
+    control = ControlDir(control_dir_on_host(agent.config.kubelet_root, pod["metadata"]["uid"]))
+    sandboxes.append(_container(pod, agent.config.kubelet_root, "restore", port))
+    kube.wait_for(control.path.is_dir, timeout=60, message="the pod's control directory")
+    dead_agent = subprocess.Popen(["true"])
+    dead_agent.wait()
+    assert control.claim(CLAIM_RESTORE, snapshot="whatever").ours
+    claim_file = control.path / RESTORE_CLAIM
+    record = json.loads(claim_file.read_text())
+    claim_file.unlink()
+    claim_file.write_text(json.dumps({**record, "pid": dead_agent.pid}))
+
+    _start_agent(agent)
+    failed = kube.wait_for(lambda: control.read(RESTORE_FAILED), timeout=120, message="restore-failed")
+    assert "stopped during" in failed.payload["reason"]
+    assert "RestoreInterrupted" in [reason for reason, _ in cluster.events(namespace, "tiny-restore-1")]
+    kube.wait_for(lambda: _serving(port), timeout=180, message="the worker serving cold")

@@ -12,23 +12,35 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import os
 import shutil
 import threading
 import time
 from typing import Any
 
+from warmstart import procinfo
 from warmstart.agent import objects
 from warmstart.agent.context import NodeContext
 from warmstart.agent.pods import PodProcessError, PodSandbox
 from warmstart.api import labels as L
 from warmstart.api.snapshot import AGENT, Phase, SnapshotStatus, status_patch
-from warmstart.checkpoint.restore import FailureCounter, RestoreFailed, RestoreRefused, restore
+from warmstart.checkpoint.restore import (
+    FailureCounter,
+    RestoreClaimed,
+    RestoreFailed,
+    RestoreRefused,
+    restore,
+)
 from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
+from warmstart.protocol import CLAIM_RESTORE, RESTORE_CLAIM, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.store import Snapshot
 
 log = logging.getLogger(__name__)
+
+
+class PodBusy(RuntimeError):
+    """Another process is working on this pod; look again later."""
 
 
 class Refused(RuntimeError):
@@ -38,6 +50,14 @@ class Refused(RuntimeError):
 def answered(control: ControlDir) -> bool:
     """True when the pod already got `restore-complete` or `restore-failed`."""
     return control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED)
+
+
+def _control_dir_exists(control: ControlDir) -> bool:
+    try:
+        with control.directory():
+            return True
+    except FileNotFoundError:
+        return False
 
 
 def worker_port(pod: dict[str, Any]) -> int | None:
@@ -65,6 +85,9 @@ class RestorePhase:
         control = self.node.control_dir(uid)
         if answered(control):
             return
+        if self._interrupted_earlier(control):
+            self._answer_interrupted(pod, control)
+            return
         try:
             snap, snapshot = self.restorable(pod)
         except Refused as exc:
@@ -73,9 +96,6 @@ class RestorePhase:
             return
         sandbox = self.node.find_pod(uid)
         if answered(control):  # answered while the pod's container was awaited
-            return
-        if sandbox.engine_running():
-            log.info("pod %s already runs an engine (it gave up waiting): no restore", objects.key(pod))
             return
         try:
             expected = self.expected_identity(snapshot.identity, pod)
@@ -135,10 +155,34 @@ class RestorePhase:
     def _wait_control_dir(self, control: ControlDir) -> None:
         """The kubelet makes the emptyDir before the container starts; a refusal needs only the directory."""
         deadline = time.monotonic() + self.node.config.start_timeout
-        while not control.path.is_dir():
+        while not _control_dir_exists(control):
             if time.monotonic() >= deadline or self.node.stopping.is_set():
                 raise PodProcessError(f"no control directory at {control.path} (is the kubelet root right?)")
             time.sleep(0.1)
+
+    @staticmethod
+    def _interrupted_earlier(control: ControlDir) -> bool:
+        """A restore claim without an answer: an agent before this one stopped in the middle of a restore.
+
+        While the claiming process still runs (an agent being replaced finishing its work) it is not
+        interrupted: PodBusy has the pod looked at again at the next resync.
+        """
+        claim = control.read(RESTORE_CLAIM) if _control_dir_exists(control) else None
+        if claim is None or claim.payload.get("holder") != CLAIM_RESTORE:
+            return False
+        pid = claim.payload.get("pid")
+        if isinstance(pid, int) and pid != os.getpid() and procinfo.is_running(pid):
+            raise PodBusy(f"a restore by process {pid} is still under way in {control.path}")
+        return True
+
+    def _answer_interrupted(self, pod: dict[str, Any], control: ControlDir) -> None:
+        """Kill what the interrupted restore left in the pod and let the worker start cold."""
+        reason = "the node agent stopped during this pod's restore"
+        self.node.find_pod(objects.meta(pod)["uid"]).kill_all_but_init()
+        log.warning("restore into %s: %s; the worker starts cold", objects.key(pod), reason)
+        control.send(RESTORE_FAILED, {"reason": reason})
+        self.node.metrics.restores.labels("failed").inc()
+        self.node.kube.event(pod, "Pod", "Warning", "RestoreInterrupted", f"{reason}; the worker starts cold")
 
     def _refuse(self, pod: dict[str, Any], control: ControlDir, reason: str) -> None:
         log.warning("restore into %s refused: %s", objects.key(pod), reason)
@@ -176,6 +220,10 @@ class RestorePhase:
         except PodProcessError as exc:
             # The pod, not the snapshot, is at fault: a cold start, without counting against the snapshot.
             self._refuse(pod, control, f"the pod cannot take a restore: {exc}")
+            return
+        except RestoreClaimed as exc:  # the worker gave up waiting and started cold: not the snapshot's fault
+            log.info("no restore into %s: %s", objects.key(pod), exc)
+            self.node.metrics.restores.labels("refused").inc()
             return
         except (RestoreRefused, RestoreFailed) as exc:
             self._failed(pod, snap, snapshot_id, str(exc), failures)

@@ -24,6 +24,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from warmstart.fileio import directory_fd, write_atomic
+
 MOUNTPOINT = Path("/run/warmstart/pod")
 PR_SET_PDEATHSIG = 1
 # Process and thread ids a restored engine may need (torch.compile's worker pool alone can use hundreds
@@ -174,7 +176,8 @@ class Sandbox:
 
     def set_main_pid(self, namespace_pid: int) -> None:
         """Tell the waiting init which process's exit ends the sandbox."""
-        (self.host_dir / MAIN_PID_FILE).write_text(f"{namespace_pid}\n")
+        with directory_fd(self.host_dir.parent, self.host_dir.name) as fd:  # never through a planted link
+            write_atomic(Path(MAIN_PID_FILE), f"{namespace_pid}\n".encode(), dir_fd=fd)
 
     def kill_all_but_init(self) -> None:
         """SIGKILL every process of the sandbox except PID 1 (e.g. what a failed restore left)."""

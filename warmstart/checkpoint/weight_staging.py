@@ -98,7 +98,7 @@ class StagerProcess:
     @classmethod
     def start(cls, plan: StagingPlan, sandbox_init_pid: int, control: ControlDir) -> StagerProcess:
         socket_name = f"weight-stager-{uuid.uuid4().hex[:12]}.sock"  # never one an older stager may remove
-        control_dir_fd = os.open(control.path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        control_dir_fd = os.open(control.path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         opened: list[Any] = []
         try:
             listener = listen(f"/proc/self/fd/{control_dir_fd}/{socket_name}")
