@@ -240,7 +240,8 @@ class RealNode:
         created = ensure_mount_points(list(SHADOWED_DIRS) + [CONTAINERD_ROOT])
         holder = self._launch(
             "holder",
-            ["unshare", "--net", "--mount", "--propagation", "private", "sleep", "infinity"],
+            # A slave of the machine's mounts: nothing mounted in here ever shows on the machine.
+            ["unshare", "--net", "--mount", "--propagation", "slave", "sleep", "infinity"],
             daemon_cgroups,
         )
         api_holder = self._launch("api-holder", ["unshare", "--net", "sleep", "infinity"], daemon_cgroups)
@@ -294,6 +295,9 @@ class RealNode:
             f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}"
             for target, source in binds.items()
         ]
+        # Shared within the node (still a slave of the machine), as on a real node: pods' HostToContainer
+        # and Bidirectional volume mounts (the chart's agent has both) need it.
+        lines.append("mount --make-rshared /")
         return lines
 
     def _write_files(self) -> None:

@@ -67,7 +67,16 @@ def agent_like_daemonset(image: str, node: RealNode) -> dict[str, Any]:
         "command": ["python3", "-c", "import time\nwhile True: time.sleep(3600)"],
         "securityContext": {"privileged": True},
         "readinessProbe": {"exec": {"command": ["criu", "--version"]}, "periodSeconds": 2},
+        # The chart's agent mounts these two with these propagations.
+        "volumeMounts": [
+            {"name": "run", "mountPath": "/run/warmstart", "mountPropagation": "Bidirectional"},
+            {"name": "pods", "mountPath": "/var/lib/kubelet/pods", "mountPropagation": "HostToContainer"},
+        ],
     }
+    volumes = [
+        {"name": "run", "hostPath": {"path": "/run/warmstart", "type": "DirectoryOrCreate"}},
+        {"name": "pods", "hostPath": {"path": "/var/lib/kubelet/pods", "type": "Directory"}},
+    ]
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -76,7 +85,12 @@ def agent_like_daemonset(image: str, node: RealNode) -> dict[str, Any]:
             "selector": {"matchLabels": {"app": "agent"}},
             "template": {
                 "metadata": {"labels": {"app": "agent"}},
-                "spec": {**on_the_real_node(node), "hostPID": True, "containers": [container]},
+                "spec": {
+                    **on_the_real_node(node),
+                    "hostPID": True,
+                    "containers": [container],
+                    "volumes": volumes,
+                },
             },
         },
     }
