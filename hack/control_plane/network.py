@@ -7,6 +7,7 @@ uses is ever one of the machine's (documentation ranges are used by some VMs' ow
 from __future__ import annotations
 
 import ipaddress
+import shutil
 import subprocess
 from dataclasses import dataclass
 
@@ -55,8 +56,11 @@ class NodeAddresses:
 
 
 def machine_networks() -> list[ipaddress.IPv4Network]:
-    """Every IPv4 network the machine's own interfaces and routes use (the default route aside)."""
-    found = []
+    """Every IPv4 network the machine's own interfaces and routes use (the default route aside); none known
+    without iproute2 (and then no real node can start either)."""
+    found: list[ipaddress.IPv4Network] = []
+    if shutil.which("ip") is None:
+        return found
     addresses = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, check=True).stdout
     for line in addresses.splitlines():
         words = line.split()
