@@ -32,6 +32,7 @@ paths, so a pod of the chart's image can run the builtin engine without a worker
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -77,6 +78,8 @@ def real_node(
         node.start()
     except NodeBusyError as error:
         pytest.skip(f"no real node for this session: {error}")
+    except Exception as error:
+        raise RuntimeError(f"the real node did not start: {error}\n{node.log_tails()}") from error
     summary = node_summary(node)
     if stale:
         summary += f" (images older than the working tree: {', '.join(stale)}; `hack/control-plane images`)"
@@ -111,9 +114,12 @@ class HostPython:
 
 
 def host_python_paths() -> list[Path]:
-    """What the interpreter needs: the virtual environment, its base installation, the editable source."""
-    repository = Path(__file__).resolve().parent.parent
-    paths = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), repository}
+    """What the interpreter needs: the virtual environment, its base installation, and the directory the
+    `warmstart` package is imported from (an editable install's source)."""
+    package = importlib.util.find_spec("warmstart")
+    assert package is not None and package.submodule_search_locations
+    source = Path(next(iter(package.submodule_search_locations))).resolve().parent
+    paths = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), source}
     # Nested paths (a .venv inside the repository) are covered by their parent's mount.
     return sorted(p for p in paths if not any(p != other and p.is_relative_to(other) for other in paths))
 

@@ -222,6 +222,13 @@ class RealNode:
         with contextlib.suppress(ControlPlaneError, OSError, subprocess.SubprocessError):
             self.plane.kubectl("delete", "node", self.name, "--ignore-not-found", "--wait=false", timeout=20)
 
+    def log_tails(self, lines: int = 15) -> str:
+        """The last lines of every component's log, for a start that failed."""
+        logs = sorted((self.state_dir / "logs").glob("*.log"))
+        return "\n".join(
+            f"--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) for log in logs
+        )
+
     def leftovers(self, record: NodeRecord) -> list[str]:
         return host_state.leftovers(
             record.host,
