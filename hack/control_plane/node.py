@@ -224,10 +224,11 @@ class RealNode:
 
     def log_tails(self, lines: int = 15) -> str:
         """The last lines of every component's log, for a start that failed."""
-        logs = sorted((self.state_dir / "logs").glob("*.log"))
-        return "\n".join(
-            f"--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-lines:]) for log in logs
-        )
+        tails = []
+        for log in sorted((self.state_dir / "logs").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            tails.append(f"--- {log.name}:\n" + "\n".join(tail))
+        return "\n".join(tails)
 
     def leftovers(self, record: NodeRecord) -> list[str]:
         return host_state.leftovers(
