@@ -148,6 +148,7 @@ class Component:
     process: subprocess.Popen[bytes] | None = None
     # Cgroups (one per hierarchy) the process joins before it runs: its children are found there later.
     cgroups: tuple[Path, ...] = ()
+    env: dict[str, str] | None = None
 
     def start(self, die_with_parent: bool) -> None:
         self.log.parent.mkdir(parents=True, exist_ok=True)
@@ -158,6 +159,7 @@ class Component:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=self.env,
                 preexec_fn=self._child_setup(die_with_parent),
             )
 

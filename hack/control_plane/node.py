@@ -354,10 +354,17 @@ class RealNode:
 
     # -- daemons -------------------------------------------------------------------------------------------
 
-    def _launch(self, name: str, argv: list[str], cgroups: tuple[Path, ...] | None = None) -> int:
+    def _launch(
+        self,
+        name: str,
+        argv: list[str],
+        cgroups: tuple[Path, ...] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> int:
         if cgroups is None:
             cgroups = tuple(host_state.make_cgroup(DAEMONS_CGROUP))
-        component = Component(name, argv, self.state_dir / "logs" / f"{name}.log", cgroups=cgroups)
+        log = self.state_dir / "logs" / f"{name}.log"
+        component = Component(name, argv, log, cgroups=cgroups, env=env)
         self.components[name] = component
         component.start(self.die_with_parent)
         assert component.process is not None
@@ -387,15 +394,8 @@ class RealNode:
             f"--upstream=127.0.0.1:{port}",
             f"--egress-socket={self.plane.egress_socket}",
         ]
-        previous = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HACK_DIR), previous]))
-        try:
-            self._launch("gateway", argv)
-        finally:
-            if previous is None:
-                os.environ.pop("PYTHONPATH")
-            else:
-                os.environ["PYTHONPATH"] = previous
+        python_path = os.pathsep.join(filter(None, [str(HACK_DIR), os.environ.get("PYTHONPATH")]))
+        self._launch("gateway", argv, env={**os.environ, "PYTHONPATH": python_path})
 
         def listening() -> bool:
             self.check_running()
@@ -561,8 +561,11 @@ def undo(record: NodeRecord) -> list[str]:
     """Kill what is left of a node and undo its changes to the machine; returns problems it could not fix."""
     problems = []
     hierarchy = host_state.process_hierarchy()
+    # Members of the node's namespaces that escaped its cgroups; only while the holder still pins them, since
+    # the inode of a namespace that is gone may be another one's by now.
+    holders_alive = record.holder_alive()
     survivors = host_state.kill_cgroup_tree(hierarchy / node_config.CGROUP_ROOT)
-    for name, inode in record.namespaces.items():
+    for name, inode in record.namespaces.items() if holders_alive else ():
         for pid in host_state.pids_in_namespace(host_state.namespace_kind(name), inode):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
@@ -620,9 +623,11 @@ def stop_recorded_node() -> bool:
         record = NodeRecord.load()
         if record is None:
             return False
+        # Only PIDs still in the node's cgroups: a recorded PID may belong to another process by now.
+        ours = host_state.cgroup_pids(host_state.process_hierarchy() / node_config.CGROUP_ROOT)
         for name in ("kube-proxy", "kubelet", "containerd", "gateway", "holder", "api-holder"):
             pid = record.pids.get(name)
-            if pid is not None and process_alive(pid):
+            if pid in ours:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, 15)
         time.sleep(0.5)
