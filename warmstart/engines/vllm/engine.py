@@ -11,6 +11,12 @@ Requests are served continuously by one driver thread that owns the `LLMEngine` 
 requests join the running batch between engine steps, and each step's cumulative output is turned into
 deltas for streaming. The thread starts with the first request and stops in `release()`, so a process about
 to be checkpointed runs no thread of ours.
+
+Before vLLM is imported the engine sets what makes its process dumpable (`quiesce`): the engine core in
+this process, torch.distributed's rendezvous through a file instead of a TCP store on libuv (whose io_uring
+CRIU cannot dump). After a level-2 sleep the weights come back by `reload_weights`, or, when
+`WARMSTART_VLLM_WEIGHTS_IMAGE` names a directory, from an image of the loaded parameters written there at
+release (`weights_image`: parallel pinned reads into the same addresses; no model loader).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import itertools
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,9 +45,15 @@ from warmstart.engines.host import gpu_facts
 from warmstart.engines.vllm.driver import _Driver, _Submission
 from warmstart.engines.vllm.identity import ENGINE_KIND, model_files_digest, snapshot_identity
 from warmstart.engines.vllm.options import VllmOptions, import_vllm, sampling_kwargs
+from warmstart.engines.vllm.quiesce import apply_env_defaults, open_resources, undumpable, use_file_rendezvous
 from warmstart.identity import SnapshotIdentity
 
 log = logging.getLogger(__name__)
+
+WEIGHTS_IMAGE_ENV = "WARMSTART_VLLM_WEIGHTS_IMAGE"  # a directory: write an image of the weights at release
+# A file in that directory naming how a resumed engine gets its weights back: "image" (the default when an
+# image exists) or "reload" (vLLM's reload_weights); read at resume: one snapshot is measured both ways.
+REFILL_CHOICE_FILE = "refill"
 
 
 class VllmEngine(Engine):
@@ -96,6 +109,10 @@ class VllmEngine(Engine):
         self._digest: str | None = None
         self._asleep_level = 0
         self._ids = itertools.count()
+        self._rendezvous: str | None = None
+        self._held: dict[str, int] = {}
+        self._weights_image: Path | None = None
+        self.timings: dict[str, float] = {}
 
     # --- Engine interface ----------------------------------------------------------------------------
 
@@ -113,9 +130,11 @@ class VllmEngine(Engine):
 
     def load(self) -> None:
         if self._in_process:
-            # One process holding the CUDA context is what a process checkpoint can capture.
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+            # One process holding the CUDA context, and nothing in it CRIU cannot dump (quiesce.py).
+            apply_env_defaults()
         vllm = import_vllm()
+        if self._in_process and self.options.tensor_parallel_size == 1:
+            self._rendezvous = use_file_rendezvous(vllm)
         try:
             llm = vllm.LLM(**self.options.llm_kwargs())
         except (ValueError, TypeError, OSError, RuntimeError) as exc:
@@ -144,28 +163,42 @@ class VllmEngine(Engine):
     def release(self) -> bool:
         llm = self._require_llm()
         self._require_driver().stop()
-        llm.sleep(level=self.options.sleep_level)
-        self._asleep_level = self.options.sleep_level
-        return self.options.sleep_level == 2
+        level = self.options.sleep_level
+        image_dir = os.environ.get(WEIGHTS_IMAGE_ENV)
+        if level == 2 and image_dir:
+            self._save_weights_image(Path(image_dir))
+        started = time.perf_counter()
+        llm.sleep(level=level)
+        self.timings["sleep_s"] = time.perf_counter() - started
+        self._asleep_level = level
+        self._held = open_resources()
+        log.info("asleep (level %d) in %.2f s; the process holds %s", level, self.timings["sleep_s"],
+                 self._held)  # fmt: skip
+        bad = undumpable(self._held)
+        if bad:
+            log.warning("the process holds what CRIU cannot dump: %s; the capture will fail", ", ".join(bad))
+        return level == 2
 
     def reacquire(self) -> None:
         llm = self._require_llm()
         if self._asleep_level == 0:
             return  # nothing was released
+        started = time.perf_counter()
         if self._asleep_level == 2:
             llm.wake_up(tags=["weights"])
-            try:
-                llm.collective_rpc("reload_weights")
-            except (AttributeError, NotImplementedError, RuntimeError) as exc:
-                raise EngineError(
-                    f"this vLLM ({self._vllm.__version__}) cannot reload weights after a level-2 sleep: "
-                    f"{exc}; use sleep level 1"
-                ) from exc
+            self.timings["wake_weights_s"] = time.perf_counter() - started
+            mark = time.perf_counter()
+            how = self._refill_weights(llm)
+            self.timings[f"weights_{how}_s"] = time.perf_counter() - mark
+            mark = time.perf_counter()
             llm.wake_up(tags=["kv_cache"])
+            self.timings["wake_kv_cache_s"] = time.perf_counter() - mark
         else:
             llm.wake_up()
         llm.reset_prefix_cache()  # cached prefixes pointed into the discarded KV cache
+        self.timings["reacquire_s"] = time.perf_counter() - started
         self._asleep_level = 0
+        log.info("awake: %s", ", ".join(f"{key} {value:.3f}" for key, value in self.timings.items()))
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         submissions = [self._submit(request) for request in requests]
@@ -209,10 +242,52 @@ class VllmEngine(Engine):
             vllm_version=self._vllm.__version__ if self._vllm else "",
             tensor_parallel_size=self.options.tensor_parallel_size,
             sleep_level=self.options.sleep_level,
+            rendezvous=self._rendezvous or "",
+            held_at_release=self._held,
+            weights_image=str(self._weights_image or ""),
+            timings={key: round(value, 4) for key, value in self.timings.items()},
         )
         return facts
 
     # --- internals -----------------------------------------------------------------------------------
+
+    def _model(self) -> Any:
+        return self._require_llm().collective_rpc(_worker_model)[0]
+
+    def _save_weights_image(self, directory: Path) -> None:
+        from warmstart.engines.vllm import weights_image
+
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"{self.identity().digest()}.weights"
+        try:
+            stats = weights_image.save(self._model(), path)
+        except (OSError, ValueError, RuntimeError) as exc:
+            log.warning("no weights image (%s); the weights will be reloaded after resume", exc)
+            return
+        self._weights_image = path
+        self.timings["weights_image_write_s"] = stats["seconds"]
+        log.info("weights image %s: %.2f GB in %.2f s", path, stats["bytes"] / 1e9, stats["seconds"])
+
+    def _refill_weights(self, llm: Any) -> str:
+        """Put the weights back after a level-2 wake; returns how ("image" or "reload")."""
+        image = self._weights_image
+        if image is not None and image.exists() and _refill_choice(image.parent) != "reload":
+            from warmstart.engines.vllm import weights_image
+
+            try:
+                stats = weights_image.refill(self._model(), image)
+                log.info("weights refilled from %s at %.1f GB/s", image, stats["gb_per_s"])
+                return "image"
+            except (OSError, ValueError, RuntimeError) as exc:
+                log.warning("weights image unusable (%s); reloading from the model files", exc)
+        try:
+            llm.collective_rpc("reload_weights")
+        except (AttributeError, NotImplementedError, RuntimeError) as exc:
+            raise EngineError(
+                f"this vLLM ({self._vllm.__version__}) cannot reload weights after a level-2 sleep: "
+                f"{exc}; use sleep level 1"
+            ) from exc
+        return "reload"
 
     def _submit(self, request: GenerationRequest) -> _Submission:
         driver = self._require_driver()
@@ -264,6 +339,19 @@ class VllmEngine(Engine):
         if self._asleep_level:
             raise EngineError("the engine is released; call reacquire() first")
         return self._driver
+
+
+def _worker_model(worker: Any) -> Any:
+    """Run by vLLM's executor on its worker: the model whose parameters the weights live in."""
+    runner = worker.model_runner
+    return runner.get_model() if hasattr(runner, "get_model") else runner.model
+
+
+def _refill_choice(directory: Path) -> str:
+    try:
+        return (directory / REFILL_CHOICE_FILE).read_text().strip()
+    except OSError:
+        return "image"
 
 
 def _hub_snapshot_dir(model: str, revision: str | None) -> Path:

@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""vLLM on one GPU, one run: `warmstart serve --engine vllm` (cold + capture, then restores) against vLLM's
+own cold start and its wake from sleep levels 1 and 2 in a live process, page cache hot and dropped.
+
+    python3 benchmarks/vllm_bench.py --criu "DIR/ld-linux-x86-64.so.2 --library-path DIR DIR/criu" \\
+        --model /var/tmp/qwen3-8b-shapes --work /var/tmp/warmstart-vllm --out results/
+
+The model is Qwen3-8B's configuration with seeded random bf16 weights (written once by `--write-model`), a
+small byte-level tokenizer trained on the spot. Every start is timed from the command's launch to the first
+token of a greedy completion received over HTTP; the greedy outputs of a fixed prompt set after every
+restore are compared with those of the cold start, token for token. Needs root, vLLM, CRIU >= 4.2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPTS = ["hello world the snapshot", "the worker restores in seconds", "snapshot hello", "world"]
+TOKENS = 16
+QWEN3_8B = dict(
+    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+    num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+    max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+)  # fmt: skip
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def drop_caches() -> None:
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+# --- the model -----------------------------------------------------------------------------------------
+
+
+def write_model(directory: Path, seed: int = 0) -> None:
+    """Qwen3-8B's shapes, seeded random bf16 weights in 4 GiB safetensors shards, a small BPE tokenizer."""
+    if (directory / "complete").exists():
+        return
+    import torch
+    from safetensors.torch import save_file
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    started = time.time()
+    directory.mkdir(parents=True, exist_ok=True)
+    config = Qwen3Config(**QWEN3_8B, torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"])
+    config.save_pretrained(directory)
+    with torch.device("meta"):
+        shapes = {name: t.shape for name, t in Qwen3ForCausalLM(config).state_dict().items()}
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    shard: dict[str, Any] = {}
+    weight_map: dict[str, str] = {}
+    size, index = 0, 0
+
+    def flush() -> None:
+        nonlocal shard, size, index
+        name = f"model-{index:05d}.safetensors"
+        save_file(shard, str(directory / name), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, name))
+        shard, size, index = {}, 0, index + 1
+
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight"):
+            tensor = torch.ones(shape, dtype=torch.bfloat16)
+        else:
+            tensor = (torch.randn(shape, device="cuda", generator=generator) * 0.02).to(torch.bfloat16).cpu()
+        shard[name] = tensor
+        size += tensor.numel() * 2
+        if size >= 4 << 30:
+            flush()
+    if shard:
+        flush()
+    (directory / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {}, "weight_map": weight_map})
+    )
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000, special_tokens=["<unk>", "<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )  # fmt: skip
+    tokenizer.train_from_iterator([" ".join(PROMPTS) * 40] * 20, trainer)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", unk_token="<unk>"
+    ).save_pretrained(directory)
+    (directory / "complete").write_text("1")
+    log(f"model written to {directory} in {time.time() - started:.1f} s")
+
+
+# --- HTTP ----------------------------------------------------------------------------------------------
+
+
+def post(url: str, body: dict[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    request = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def first_token(base: str, model: str, deadline: float, alive: Any) -> float:
+    """Poll until a one-token greedy completion comes back; returns when it did (epoch seconds)."""
+    while time.time() < deadline:
+        if not alive():
+            raise RuntimeError("the server exited before it served")
+        try:
+            post(f"{base}/v1/completions", {"model": model, "prompt": PROMPTS[0], "max_tokens": 1,
+                                            "temperature": 0}, timeout=30)  # fmt: skip
+            return time.time()
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            time.sleep(0.02)
+    raise TimeoutError("no first token before the deadline")
+
+
+def greedy(base: str, model: str) -> list[str]:
+    out = []
+    for prompt in PROMPTS:
+        body = {"model": model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
+        out.append(post(f"{base}/v1/completions", body)["choices"][0]["text"])
+    return out
+
+
+# --- warmstart serve -----------------------------------------------------------------------------------
+
+
+def serve_once(
+    args: argparse.Namespace, label: str, results: list[dict[str, Any]], reference: list[str] | None
+):
+    port = args.port
+    argv = [sys.executable, "-m", "warmstart", "serve", "--engine", "vllm", "--model", str(args.model),
+            "--device", "cuda", "--store", str(args.work / "store"), "--work-dir", str(args.work / "pods"),
+            "--port", str(port), "--criu", args.criu,
+            "--worker-arg=--dtype=bfloat16", f"--worker-arg=--gpu-memory-utilization={args.gpu_util}",
+            f"--worker-arg=--max-model-len={args.max_model_len}",
+            f"--worker-arg=--max-num-seqs={args.max_num_seqs}"]  # fmt: skip
+    log_path = args.out / f"serve-{label}.log"
+    env = dict(os.environ, WARMSTART_VLLM_WEIGHTS_IMAGE=str(args.work / "weights-image"))
+    started = time.time()
+    with open(log_path, "w") as log_file:
+        process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                                   start_new_session=True)  # fmt: skip
+    row: dict[str, Any] = {"run": label}
+    try:
+        model = Path(args.model).name
+        got = first_token(
+            f"http://127.0.0.1:{port}", model, started + args.start_timeout, lambda: process.poll() is None
+        )
+        row["to_first_token_s"] = round(got - started, 3)
+        outputs = greedy(f"http://127.0.0.1:{port}", model)
+        row["identical_to_cold"] = None if reference is None else outputs == reference
+        row["outputs"] = outputs
+        log(
+            f"{label}: first token after {row['to_first_token_s']:.2f} s; "
+            f"identical {row['identical_to_cold']}"
+        )
+    except (RuntimeError, TimeoutError, urllib.error.URLError, KeyError) as exc:
+        row["error"] = str(exc)
+        log(f"{label}: FAILED {exc}")
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    text = log_path.read_text(errors="replace")
+    for line in text.splitlines():
+        if line.startswith("phases:") or "│" in line and ("restore" in line or "cold" in line):
+            row.setdefault("report", []).append(line.strip())
+    results.append(row)
+    return row.get("outputs")
+
+
+def engine_logs(work: Path, out: Path) -> None:
+    logs = sorted((work / "pods").rglob("engine.log"), key=lambda p: p.stat().st_mtime)
+    with open(out / "engine-logs.txt", "w") as sink:
+        for path in logs:
+            sink.write(f"===== {path}\n")
+            for line in path.read_text(errors="replace").splitlines():
+                if "it/s]" not in line:
+                    sink.write(line + "\n")
+    with open(out / "criu-logs.txt", "w") as sink:
+        for path in sorted((work / "pods").rglob("*.log")):
+            if path.name in ("dump.log", "restore.log"):
+                lines = path.read_text(errors="replace").splitlines()
+                sink.write(f"===== {path} ({len(lines)} lines)\n")
+                bad = [line for line in lines if "Error" in line or "Warn" in line or "fail" in line.lower()]
+                sink.write("\n".join(bad[:60] + lines[-15:]) + "\n")
+
+
+def image_sizes(work: Path) -> dict[str, Any]:
+    """What the newest snapshot holds: CRIU page images (host memory) and everything else."""
+    manifests = sorted(
+        (work / "store" / "snapshots").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime
+    )
+    if not manifests:
+        return {}
+    manifest = json.loads(manifests[-1].read_text())
+    files = manifest.get("files", {})
+    pages = sum(f["size"] for name, f in files.items() if Path(name).name.startswith("pages-"))
+    total = sum(f["size"] for f in files.values())
+    biggest = sorted(((f["size"], name) for name, f in files.items()), reverse=True)[:8]
+    return {"snapshot": manifests[-1].parent.name, "total_bytes": total, "pages_bytes": pages,
+            "other_bytes": total - pages, "largest": [[name, size] for size, name in biggest]}  # fmt: skip
+
+
+# --- vLLM alone ----------------------------------------------------------------------------------------
+
+
+def vllm_alone(args: argparse.Namespace, label: str, sleeps: bool, results: list[dict[str, Any]]) -> None:
+    argv = [sys.executable, str(REPO / "benchmarks" / "vllm_live.py"), "--model", str(args.model),
+            "--gpu-util", str(args.gpu_util), "--max-model-len", str(args.max_model_len),
+            "--max-num-seqs", str(args.max_num_seqs), "--label", label]  # fmt: skip
+    argv += ["--sleeps"] if sleeps else []
+    with open(args.out / f"vllm-{label}.log", "w") as log_file:
+        code = subprocess.run(
+            argv, stdout=subprocess.PIPE, stderr=log_file, text=True, timeout=args.start_timeout + 120
+        )
+    for line in code.stdout.splitlines():
+        if line.startswith("{"):
+            results.append(json.loads(line))
+            log(f"{label}: {line}")
+    if code.returncode:
+        results.append({"run": label, "error": f"exit {code.returncode}"})
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--criu", required=True)
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--work", type=Path, default=Path("/var/tmp/warmstart-vllm"))
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "local")
+    parser.add_argument("--port", type=int, default=8130)
+    parser.add_argument("--gpu-util", type=float, default=0.85)
+    parser.add_argument("--max-model-len", type=int, default=1024)
+    parser.add_argument("--max-num-seqs", type=int, default=256)
+    parser.add_argument("--start-timeout", type=float, default=300)
+    parser.add_argument("--steps", default="capture,restore-reload,restore-image,restore-image-dropped,"
+                        "restore-reload-dropped,vllm-hot,vllm-dropped")  # fmt: skip
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_model(args.model)
+    results: list[dict[str, Any]] = []
+    reference = None
+    steps = args.steps.split(",")
+    refill = args.work / "weights-image" / "refill"
+    try:
+        for step in steps:
+            if step == "capture":
+                reference = serve_once(args, "cold-capture", results, None)
+                results[-1]["image"] = image_sizes(args.work)
+                if reference is None:
+                    break
+            elif step.startswith("restore-"):
+                refill.parent.mkdir(parents=True, exist_ok=True)
+                refill.write_text("reload" if "reload" in step else "image")
+                if step.endswith("dropped"):
+                    drop_caches()
+                serve_once(args, step, results, reference)
+            elif step.startswith("vllm-"):
+                if step.endswith("dropped"):
+                    drop_caches()
+                vllm_alone(args, step, step == "vllm-hot", results)
+    finally:
+        engine_logs(args.work, args.out)
+        (args.out / "results.json").write_text(json.dumps(results, indent=1))
+    for row in results:
+        row = {k: v for k, v in row.items() if k not in ("outputs",)}
+        print(json.dumps(row))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The vLLM engine's capture glue against a fake vLLM shaped like vLLM 0.26's interface (no vLLM, no GPU):
+the environment and file rendezvous set before the engine is built, the sleep/wake sequence around a
+checkpoint, the weights image written at release and preferred at resume (or reload_weights when told), and
+the report of what the process holds."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from warmstart.engines.vllm import engine as engine_module
+from warmstart.engines.vllm import quiesce, weights_image
+from warmstart.engines.vllm.engine import REFILL_CHOICE_FILE, WEIGHTS_IMAGE_ENV, VllmEngine
+
+torch = pytest.importorskip("torch")
+
+
+class FakeExecutor:
+    def _distributed_args(self) -> tuple[str, int, int]:
+        return "tcp://10.0.0.1:29500", 0, 0
+
+
+class FakeModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        generator = torch.Generator().manual_seed(0)
+        self.qkv = torch.nn.Parameter(torch.randn(8, 6, generator=generator).to(torch.bfloat16))
+        self.norm = torch.nn.Parameter(torch.randn(6, generator=generator))
+
+
+class FakeRunner:
+    def __init__(self) -> None:
+        self.model = FakeModel()
+
+    def get_model(self) -> FakeModel:
+        return self.model
+
+
+class FakeWorker:
+    def __init__(self, calls: list[str]) -> None:
+        self.model_runner = FakeRunner()
+        self.calls = calls
+        self.saved: dict[str, Any] = {}
+
+    def reload_weights(self) -> None:
+        self.calls.append("reload_weights")
+        for name, value in self.saved.items():
+            dict(self.model_runner.model.named_parameters())[name].data.copy_(value)
+
+
+class FakeLLM:
+    """vLLM's LLM: sleep(level), wake_up(tags), collective_rpc(name | callable), an in-process engine."""
+
+    instances: list[FakeLLM] = []
+
+    def __init__(self, **kwargs: Any) -> None:
+        self.kwargs = kwargs
+        self.calls: list[str] = []
+        self.worker = FakeWorker(self.calls)
+        executor = sys.modules["vllm.v1.executor.uniproc_executor"].UniProcExecutor()
+        self.init_method = executor._distributed_args()[0]
+        self.llm_engine = types.SimpleNamespace(
+            model_config=types.SimpleNamespace(max_model_len=256, dtype="torch.bfloat16")
+        )
+        FakeLLM.instances.append(self)
+
+    def get_tokenizer(self) -> Any:
+        return types.SimpleNamespace(encode=lambda text, add_special_tokens=True: [1, 2], bos_token=None)
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(f"sleep:{level}")
+        if level == 2:  # the bytes are gone, the tensors (addresses) stay
+            self.worker.saved = {
+                n: p.data.clone() for n, p in self.worker.model_runner.model.named_parameters()
+            }
+            for parameter in self.worker.model_runner.model.parameters():
+                parameter.data.fill_(float("nan"))
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append("wake_up:" + ",".join(tags or ["all"]))
+
+    def collective_rpc(self, method: Any, args: tuple = ()) -> list[Any]:
+        if isinstance(method, str):
+            return [getattr(self.worker, method)(*args)]
+        return [method(self.worker, *args)]
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append("reset_prefix_cache")
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    vllm = types.ModuleType("vllm")
+    vllm.__version__ = "0.26.0"
+    vllm.LLM = FakeLLM
+    executor_module = types.ModuleType("vllm.v1.executor.uniproc_executor")
+
+    class UniProcExecutor(FakeExecutor):
+        pass
+
+    executor_module.UniProcExecutor = UniProcExecutor
+    v1 = types.ModuleType("vllm.v1")
+    executor_package = types.ModuleType("vllm.v1.executor")
+    executor_package.uniproc_executor = executor_module
+    v1.executor = executor_package
+    vllm.v1 = v1
+    for name, module in {
+        "vllm": vllm, "vllm.v1": v1, "vllm.v1.executor": executor_package,
+        "vllm.v1.executor.uniproc_executor": executor_module,
+    }.items():  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, module)
+    for key in quiesce.ENV_DEFAULTS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(engine_module.VllmEngine, "_gpu_facts", lambda self: ("NVIDIA H200", "9.0", 580))
+    FakeLLM.instances.clear()
+    return vllm
+
+
+@pytest.fixture
+def model_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "model"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(b"weights")
+    (directory / "config.json").write_text("{}")
+    return directory
+
+
+def loaded(model_dir: Path) -> tuple[VllmEngine, FakeLLM]:
+    engine = VllmEngine("m", model_dir=model_dir)
+    engine.load()
+    return engine, FakeLLM.instances[-1]
+
+
+def test_load_sets_the_dumpable_environment_and_a_file_rendezvous(fake_vllm: Any, model_dir: Path) -> None:
+    import os
+
+    _engine, llm = loaded(model_dir)
+    assert os.environ["USE_LIBUV"] == "0"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert llm.init_method.startswith("file://")  # no TCPStore, so no socket and no io_uring
+    assert llm.kwargs["enable_sleep_mode"] is True
+    again = quiesce.use_file_rendezvous(fake_vllm)
+    assert again == llm.init_method  # idempotent
+
+
+def test_a_user_setting_is_kept(fake_vllm: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    monkeypatch.setenv("USE_LIBUV", "1")
+    loaded(model_dir)
+    assert os.environ["USE_LIBUV"] == "1"
+
+
+def test_release_and_reacquire_reload_weights_without_an_image(fake_vllm: Any, model_dir: Path) -> None:
+    engine, llm = loaded(model_dir)
+    before = {n: p.data.clone() for n, p in llm.worker.model_runner.model.named_parameters()}
+    assert engine.release() is True
+    assert "sleep_s" in engine.timings
+    assert isinstance(engine.describe()["held_at_release"], dict)
+    engine.reacquire()
+    assert llm.calls == [
+        "sleep:2",
+        "wake_up:weights",
+        "reload_weights",
+        "wake_up:kv_cache",
+        "reset_prefix_cache",
+    ]
+    for name, parameter in llm.worker.model_runner.model.named_parameters():
+        assert torch.equal(parameter.data, before[name])
+    assert "weights_reload_s" in engine.timings
+
+
+def test_weights_image_is_written_at_release_and_refills_the_same_tensors(
+    fake_vllm: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(WEIGHTS_IMAGE_ENV, str(tmp_path / "images"))
+    refills: list[Path] = []
+
+    def cpu_refill(model: Any, path: Path, **_kwargs: Any) -> dict[str, float]:
+        refills.append(path)
+        entries = weights_image.read_entries(path)
+        tensors = weights_image.parameters(model)
+        assert weights_image.matches(entries, tensors) is None
+        with open(path, "rb") as file:
+            for entry, (_name, tensor) in zip(entries, tensors, strict=True):
+                file.seek(entry.offset)
+                tensor.reshape(-1).view(torch.uint8).copy_(
+                    torch.frombuffer(bytearray(file.read(entry.nbytes)), dtype=torch.uint8)
+                )
+        return {"bytes": 1.0, "seconds": 1.0, "gb_per_s": 1.0}
+
+    monkeypatch.setattr(weights_image, "refill", cpu_refill)
+    engine, llm = loaded(model_dir)
+    model = llm.worker.model_runner.model
+    before = {n: p.data.clone() for n, p in model.named_parameters()}
+    pointers = {n: p.data.data_ptr() for n, p in model.named_parameters()}
+    engine.release()
+    image = Path(engine.describe()["weights_image"])
+    assert image.exists() and image.parent == tmp_path / "images"
+    engine.reacquire()
+    assert refills == [image]
+    assert "reload_weights" not in llm.calls
+    for name, parameter in model.named_parameters():
+        assert torch.equal(parameter.data, before[name])
+        assert parameter.data.data_ptr() == pointers[name]  # same addresses: CUDA graphs stay valid
+    assert "weights_image_s" in engine.timings
+
+    # told to reload (how the benchmark measures both paths from one snapshot)
+    (image.parent / REFILL_CHOICE_FILE).write_text("reload\n")
+    engine.release()
+    engine.reacquire()
+    assert llm.calls.count("reload_weights") == 1
+
+
+def test_an_image_that_does_not_match_the_model_falls_back_to_reload(
+    fake_vllm: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(WEIGHTS_IMAGE_ENV, str(tmp_path / "images"))
+    engine, llm = loaded(model_dir)
+    engine.release()
+    with torch.no_grad():
+        llm.worker.model_runner.model.extra = torch.nn.Parameter(torch.zeros(3))
+    engine.reacquire()  # the real refill checks the header before touching a byte
+    assert "reload_weights" in llm.calls
+
+
+def test_open_resources_counts_inet_sockets_by_state() -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    try:
+        held = quiesce.open_resources()
+    finally:
+        server.close()
+    assert held.get("tcp:listen", 0) >= 1
+    assert quiesce.undumpable(held) == []
+    assert quiesce.undumpable({"anon_inode:[io_uring]": 1, "map:anon_inode:[io_uring]": 1}) == [
+        "anon_inode:[io_uring]", "map:anon_inode:[io_uring]",
+    ]  # fmt: skip
+
+
+def test_weights_image_layout_round_trips(tmp_path: Path) -> None:
+    model = FakeModel()
+    tensors = weights_image.parameters(model)
+    path = tmp_path / "w.weights"
+    weights_image.save(model, path)
+    entries = weights_image.read_entries(path)
+    assert [e.name for e in entries] == ["qkv", "norm"]
+    assert all(e.offset % weights_image.ALIGN == 0 for e in entries)
+    assert weights_image.matches(entries, tensors) is None
+    assert "tensors in the image" in (weights_image.matches(entries, tensors[:1]) or "")
