@@ -14,6 +14,7 @@ from warmstart.api import labels as L
 
 APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
+CRD_KIND = "CustomResourceDefinition"
 
 
 @dataclass(frozen=True)
@@ -22,9 +23,13 @@ class Resource:
     plural: str
     namespaced: bool = True
 
+    @property
+    def version_path(self) -> str:
+        """The group version's discovery document."""
+        return "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
+
     def path(self, namespace: str = "", name: str = "", subresource: str = "") -> str:
-        prefix = "/api/v1" if self.api_version == "v1" else f"/apis/{self.api_version}"
-        parts = [prefix]
+        parts = [self.version_path]
         if self.namespaced and namespace:
             parts += ["namespaces", namespace]
         parts.append(self.plural)
@@ -43,6 +48,7 @@ RESOURCES: dict[str, Resource] = {
     "HorizontalPodAutoscaler": Resource("autoscaling/v2", "horizontalpodautoscalers"),
     "ScaledObject": Resource("keda.sh/v1alpha1", "scaledobjects"),
     "ServiceMonitor": Resource("monitoring.coreos.com/v1", "servicemonitors"),
+    CRD_KIND: Resource("apiextensions.k8s.io/v1", "customresourcedefinitions", namespaced=False),
     L.ENDPOINT_KIND: Resource(L.API_VERSION, L.ENDPOINT_PLURAL),
     L.SNAPSHOT_KIND: Resource(L.API_VERSION, L.SNAPSHOT_PLURAL),
 }
@@ -63,6 +69,34 @@ def resource_of(obj: dict[str, Any]) -> Resource:
     if kind not in RESOURCES:
         raise ValueError(f"kind {kind!r} is not one the operator manages")
     return RESOURCES[kind]
+
+
+def _json_body(raw: bytes | None, method: str, path: str) -> dict[str, Any]:
+    if not raw:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError as exc:  # a proxy or a half-started server answering 2xx with a page, not JSON
+        raise TransientKubeError(0, f"{method} {path}: the reply is not JSON: {_excerpt(raw)}") from exc
+    return data if isinstance(data, dict) else {}
+
+
+def _error_message(raw: bytes | None) -> str:
+    """The Status message of an error reply; the text itself when the body is not a JSON Status (the API
+    server answers an unknown path with a plain-text "404 page not found")."""
+    if not raw:
+        return "(empty reply)"
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return _excerpt(raw)
+    if isinstance(data, dict) and data.get("message"):
+        return str(data["message"])
+    return _excerpt(raw)
+
+
+def _excerpt(raw: bytes, limit: int = 200) -> str:
+    return raw[:limit].decode("utf-8", errors="replace").strip()
 
 
 class Kube:
@@ -110,12 +144,10 @@ class Kube:
             raise TransientKubeError(exc.status or 0, str(exc.reason)) from exc
         except (HTTPError, OSError) as exc:
             raise TransientKubeError(0, f"{method} {path}: {exc}") from exc
-        data = json.loads(response.data) if response.data else {}
         if 200 <= response.status <= 299:
-            return data
-        message = data.get("message") if isinstance(data, dict) else str(data)
+            return _json_body(response.data, method, path)
         error = TransientKubeError if response.status >= 500 or response.status == 429 else KubeError
-        raise error(response.status, f"{method} {path}: {message}")
+        raise error(response.status, f"{method} {path}: {_error_message(response.data)}")
 
     def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         """Server-side apply with force: creates the object or puts the fields we own back."""
@@ -142,10 +174,29 @@ class Kube:
                 return None
             raise
 
-    def list(self, kind: str, namespace: str, selector: dict[str, str]) -> list[dict[str, Any]]:
+    def list(
+        self, kind: str, namespace: str, selector: dict[str, str], fields: dict[str, str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Objects of `kind` in `namespace` ("" for all namespaces) matching labels and fields."""
         query = [("labelSelector", L.label_selector(selector))]
+        if fields:
+            query.append(("fieldSelector", ",".join(f"{key}={value}" for key, value in fields.items())))
         data = self.request("GET", RESOURCES[kind].path(namespace), query=query)
         return list(data.get("items") or [])
+
+    def served_verbs(self, kind: str) -> frozenset[str]:
+        """What discovery says the API server lets clients do with `kind` (empty: not served)."""
+        resource = RESOURCES[kind]
+        try:
+            data = self.request("GET", resource.version_path)
+        except KubeError as exc:
+            if exc.status == 404:
+                return frozenset()
+            raise
+        for entry in data.get("resources") or []:
+            if entry.get("name") == resource.plural:
+                return frozenset(entry.get("verbs") or [])
+        return frozenset()
 
     def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete in the background; False when it was already gone."""
