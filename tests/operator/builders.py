@@ -42,8 +42,25 @@ def snapshot_object(
         "kind": L.SNAPSHOT_KIND,
         "metadata": {"name": name, "namespace": "ml", "uid": f"uid-{name}", "creationTimestamp": created},
         "spec": {"endpoint": "qwen", "requestKeyHash": request_hash, "requestKey": {}},
-        "status": dict(status),
+        "status": {**agent_reported(phase, status), **status},
     }
-    if phase is not None:
-        body["status"]["phase"] = phase
     return body
+
+
+def agent_reported(phase: str | None, status: dict[str, Any]) -> dict[str, Any]:
+    """What the node agent reports for a snapshot the operator should see in `phase`."""
+    attempt = int(status.get("attempts") or 1)
+    message = status.get("message", "")
+    return {
+        None: {},
+        "Pending": {},
+        "Capturing": {"captureAttempt": attempt, "captureState": "Capturing"},
+        "Ready": {"captureAttempt": attempt, "captureState": "Captured", "snapshotId": f"id-of-{attempt}"},
+        "Failed": {"captureAttempt": attempt, "captureState": "Failed", "captureMessage": message},
+        "Invalid": {
+            "captureAttempt": attempt,
+            "captureState": "Captured",
+            "snapshotId": "id",
+            "restoreFailures": 3,
+        },
+    }[phase]

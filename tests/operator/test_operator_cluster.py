@@ -72,6 +72,9 @@ def template_role(kube, namespace: str, name: str) -> tuple[str, str]:
     return labels.get(L.ROLE_LABEL, ""), labels.get(L.SNAPSHOT_LABEL, "")
 
 
+STORE_ID = "0123456789ab-20260101000000-abcdef"
+
+
 def set_snapshot_status(kube, namespace: str, name: str, status: dict[str, Any]) -> None:
     """What the node agent does: report the capture's outcome on the status subresource."""
     kube.kubectl(
@@ -270,7 +273,9 @@ def test_snapshot_lifecycle_capture_restore_and_identity_change(kube, namespace,
     assert capture["metadata"]["ownerReferences"][0]["name"] == name
     assert template_role(kube, namespace, "llm") == ("cold", "")
 
-    set_snapshot_status(kube, namespace, name, {"phase": "Ready", "node": "kwok-gpu-0", "sizeBytes": 1 << 30})
+    assert capture["spec"]["activeDeadlineSeconds"] == 3600 and capture["spec"]["restartPolicy"] == "Never"
+    captured = {"captureAttempt": 1, "captureState": "Captured", "snapshotId": STORE_ID, "sizeBytes": 1 << 30}
+    set_snapshot_status(kube, namespace, name, {**captured, "node": "kwok-gpu-0"})
     kube.wait_for(
         lambda: template_role(kube, namespace, "llm") == ("restore", name),
         timeout=TIMEOUT,
@@ -341,7 +346,7 @@ def test_failed_capture_is_retried_then_invalid_is_replaced(kube, namespace, ope
         lambda: get(kube, "pod", namespace, f"{name}-capture-1"), timeout=TIMEOUT, message="capture 1"
     )
     set_snapshot_status(
-        kube, namespace, name, {"phase": "Failed", "reason": "DumpFailed", "message": "criu: boom"}
+        kube, namespace, name, {"captureAttempt": 1, "captureState": "Failed", "captureMessage": "criu: boom"}
     )
     retried = kube.wait_for(
         lambda: (s := get(kube, "isnap", namespace, name))["status"].get("attempts") == 2 and s,
@@ -352,7 +357,8 @@ def test_failed_capture_is_retried_then_invalid_is_replaced(kube, namespace, ope
     kube.wait_for(
         lambda: get(kube, "pod", namespace, f"{name}-capture-2"), timeout=TIMEOUT, message="capture 2"
     )
-    set_snapshot_status(kube, namespace, name, {"phase": "Failed", "message": "criu: boom again"})
+    again = {"captureAttempt": 2, "captureState": "Failed", "captureMessage": "criu: boom again"}
+    set_snapshot_status(kube, namespace, name, again)
     degraded = kube.wait_for(
         lambda: (
             (b := get(kube, "iep", namespace, "flaky"))
@@ -365,12 +371,35 @@ def test_failed_capture_is_retried_then_invalid_is_replaced(kube, namespace, ope
     assert "boom again" in condition(degraded, "SnapshotReady")["message"]
     assert template_role(kube, namespace, "flaky") == ("cold", "")
 
-    set_snapshot_status(kube, namespace, name, {"phase": "Invalid", "message": "signature mismatch"})
+    captured = {"captureAttempt": 2, "captureState": "Captured", "snapshotId": STORE_ID}
+    set_snapshot_status(kube, namespace, name, {**captured, "restoreFailures": 3})
     kube.wait_for(
         lambda: get(kube, "isnap", namespace, f"{name}-1"),
         timeout=TIMEOUT,
         message="a fresh snapshot replaces the Invalid one",
     )
+
+
+def test_a_capture_pod_not_done_in_time_fails_the_attempt_and_is_replaced(kube, namespace, operator):
+    """Its pod never got scheduled (no store claim), so no kubelet ever enforces its activeDeadlineSeconds:
+    the operator fails the attempt once captureTimeoutSeconds passed, says why, and retries with a new pod."""
+    snapshot = {"storage": {"claimName": "absent"}, "captureTimeoutSeconds": 30}
+    apply(kube, endpoint("stuck", namespace, snapshot=snapshot))
+    snap = kube.wait_for(
+        lambda: (s := items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}=stuck")) and s[0],
+        timeout=TIMEOUT,
+        message="an InferenceSnapshot",
+    )
+    name = snap["metadata"]["name"]
+    first = kube.wait_for(
+        lambda: get(kube, "pod", namespace, f"{name}-capture-1"), timeout=TIMEOUT, message="1"
+    )
+    assert first["spec"]["activeDeadlineSeconds"] == 30
+    kube.wait_for(
+        lambda: get(kube, "pod", namespace, f"{name}-capture-2"), timeout=TIMEOUT + 30, message="capture 2"
+    )
+    events = kube.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
+    assert "not done within 30s" in events and "persistentvolumeclaim" in events
 
 
 def test_child_deleted_or_edited_by_hand_comes_back(kube, namespace, operator):

@@ -76,10 +76,12 @@ def test_failed_capture_is_retried_with_backoff_then_gives_up():
     digest = current_hash()
     failed = snapshot_object("qwen-a", digest, "Failed", "2026-01-01T11:00:00Z", attempts=1, message="OOM")
     first, _ = plan([failed])
-    assert first.status_patches == {"qwen-a": {"retryAfter": format_time(NOW + dt.timedelta(seconds=10))}}
+    retry_at = format_time(NOW + dt.timedelta(seconds=10))
+    derived = {"phase": "Failed", "reason": "CaptureFailed", "message": "OOM"}  # from the agent's report
+    assert first.status_patches == {"qwen-a": {**derived, "retryAfter": retry_at}}
     assert not first.capture_attempt and first.events[0][1] == "CaptureFailed"
 
-    failed["status"]["retryAfter"] = format_time(NOW + dt.timedelta(seconds=10))
+    failed["status"].update(derived, retryAfter=retry_at)
     early, _ = plan([failed], now=NOW + dt.timedelta(seconds=5))
     assert early.status_patches == {} and not early.capture_attempt
 
@@ -87,7 +89,7 @@ def test_failed_capture_is_retried_with_backoff_then_gives_up():
     assert due.status_patches["qwen-a"]["phase"] == "Pending"
     assert due.status_patches["qwen-a"]["attempts"] == 2 and due.capture_attempt == 2
 
-    failed["status"].update(attempts=5, retryAfter=None)
+    failed["status"].update(attempts=5, captureAttempt=5, retryAfter=None)
     spent, _ = plan([failed])
     assert spent.exhausted and not spent.capture_attempt and spent.role == L.ROLE_COLD
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import threading
 
-from warmstart.operator.workqueue import WorkQueue
+from warmstart.operator.workqueue import RetryBackoff, WorkQueue
 
 
 def test_keys_are_deduplicated_and_rerun_when_added_during_work():
@@ -61,3 +61,28 @@ def test_a_returned_delay_requeues_and_crashes_do_not_kill_workers():
     finally:
         queue.stop()
     assert len(calls) == 3
+
+
+def test_retry_backoff_doubles_from_the_base_up_to_the_cap():
+    backoff = RetryBackoff(base_seconds=1.0, cap_seconds=8.0)
+    assert [backoff.delay(n) for n in range(1, 7)] == [1, 2, 4, 8, 8, 8]
+    assert backoff.delay(10_000) == 8  # no overflow however long it keeps failing
+
+
+def test_a_failing_key_is_retried_from_one_schedule_and_a_success_resets_it():
+    runs = threading.Semaphore(0)
+    queue = WorkQueue(lambda key: runs.release(), workers=1, backoff=RetryBackoff(0.05, 0.05))
+    queue.start()
+    try:
+        key = ("ns", "a")
+        assert queue.retry_later(key) == 0.05
+        assert queue.backing_off(key)
+        queue.retry_later(key)  # a second failure while the retry is pending: no second schedule
+        assert queue.failures(key) == 2
+        assert runs.acquire(timeout=10)
+        assert not runs.acquire(timeout=0.5)  # ran once, not once per failure
+        assert not queue.backing_off(key)
+        queue.reset(key)
+        assert queue.failures(key) == 0
+    finally:
+        queue.stop()

@@ -18,7 +18,7 @@ from warmstart.agent.context import NodeContext
 from warmstart.agent.kube_status import utc_now
 from warmstart.agent.pods import PodSandbox
 from warmstart.api import labels as L
-from warmstart.api.snapshot import AGENT, Phase, SnapshotStatus, status_patch
+from warmstart.api.snapshot import AGENT, CaptureState, Phase, SnapshotStatus, derive_phase, status_patch
 from warmstart.checkpoint.capture import (
     CaptureError,
     CaptureOptions,
@@ -85,14 +85,17 @@ class CapturePhase:
             return
         status = SnapshotStatus.of(snap)
         control = node.control_dir(meta["uid"])
-        if status.phase == Phase.READY:
+        if status.captured:
             if control.path.is_dir() and not control.present(SNAPSHOT_COMPLETE):
                 control.send(SNAPSHOT_COMPLETE, {"snapshot": objects.store_snapshot_id(snap)})
             return
-        if status.phase in (Phase.INVALID, Phase.FAILED) or status.capture_pod not in (
-            None,
-            "",
-            meta["name"],
+        failed_already = (
+            status.capture_attempt == status.attempt and status.capture_state == CaptureState.FAILED
+        )
+        if (
+            derive_phase(status)[0] == Phase.INVALID
+            or failed_already
+            or status.capture_pod not in (None, "", meta["name"])
         ):
             return  # given up on, or not this pod's attempt (any more)
         done = control.read(SNAPSHOT_COMPLETE)
@@ -129,8 +132,8 @@ class CapturePhase:
         pod_name, node_name = objects.meta(pod)["name"], node.config.node
         started = time.monotonic()
         node.kube.patch_snapshot_status(namespace, snap_name, status_patch(
-            AGENT, phase=Phase.CAPTURING, node=node_name, started_at=utc_now(),
-            reason="Capturing", message=f"capturing pod {pod_name} on {node_name}",
+            AGENT, capture_attempt=SnapshotStatus.of(snap).attempt, capture_state=CaptureState.CAPTURING,
+            capture_message=f"capturing pod {pod_name} on {node_name}", node=node_name, started_at=utc_now(),
         ))  # fmt: skip
         node.metrics.in_flight.labels(L.ROLE_CAPTURE).inc()
         try:
@@ -176,7 +179,8 @@ class CapturePhase:
         node = self.node
         message = f"captured on {node.config.node}: {snapshot.size / 2**20:.1f} MiB"
         patch = status_patch(
-            AGENT, phase=Phase.READY, reason="Captured", message=message, node=node.config.node,
+            AGENT, capture_attempt=SnapshotStatus.of(snap).attempt, capture_state=CaptureState.CAPTURED,
+            capture_message=message, node=node.config.node,
             identity=snapshot.identity.to_dict(), identity_hash=snapshot.identity_hash,
             gpu=gpu_status(snapshot.identity), snapshot_id=snapshot.id,
             storage_path=str(snapshot.path.relative_to(node.store.root)), size_bytes=snapshot.size,
@@ -189,8 +193,9 @@ class CapturePhase:
     def _mark_failed(self, snap: dict[str, Any], pod: dict[str, Any], reason: str) -> None:
         log.warning("capture of %s failed: %s", objects.key(pod), reason)
         patch = status_patch(
-            AGENT, phase=Phase.FAILED, reason="CaptureFailed", message=reason[:1024], completed_at=utc_now()
-        )
+            AGENT, capture_attempt=SnapshotStatus.of(snap).attempt, capture_state=CaptureState.FAILED,
+            capture_message=reason[:1024], completed_at=utc_now(),
+        )  # fmt: skip
         self.node.kube.patch_snapshot_status(
             objects.meta(snap)["namespace"], objects.meta(snap)["name"], patch
         )

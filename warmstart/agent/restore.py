@@ -23,7 +23,14 @@ from warmstart.agent import objects
 from warmstart.agent.context import NodeContext
 from warmstart.agent.pods import PodProcessError, PodSandbox
 from warmstart.api import labels as L
-from warmstart.api.snapshot import AGENT, Phase, SnapshotStatus, status_patch
+from warmstart.api.snapshot import (
+    AGENT,
+    MAX_RESTORE_FAILURES,
+    Phase,
+    SnapshotStatus,
+    derive_phase,
+    status_patch,
+)
 from warmstart.checkpoint.restore import (
     FailureCounter,
     RestoreClaimed,
@@ -115,8 +122,9 @@ class RestorePhase:
         if snap is None:
             raise Refused(f"no InferenceSnapshot {name!r} in namespace {namespace}")
         status, spec = SnapshotStatus.of(snap), snap.get("spec") or {}
-        if status.phase != Phase.READY:
-            raise Refused(f"InferenceSnapshot {name} is {status.phase}, not Ready")
+        phase = derive_phase(status)[0]  # from the facts, not waiting for the operator to write it
+        if phase != Phase.READY:
+            raise Refused(f"InferenceSnapshot {name} is {phase}, not Ready")
         asked = objects.labels(pod).get(L.REQUEST_KEY_LABEL, "")
         if not asked or asked != L.request_key_label(str(spec.get("requestKeyHash", ""))):
             raise Refused(
@@ -203,7 +211,7 @@ class RestorePhase:
         control: ControlDir,
     ) -> None:
         node = self.node
-        failures = FailureCounter(node.store.root)
+        failures = FailureCounter(node.store.root, max_failures=MAX_RESTORE_FAILURES)
         work_dir = node.config.restore_work_dir / objects.meta(pod)["uid"]
         resume: dict[str, Any] = {"restore_started_at": time.time()}
         if (port := worker_port(pod)) is not None:
@@ -256,10 +264,7 @@ class RestorePhase:
         node.kube.annotate_pod(
             objects.meta(pod)["namespace"], objects.meta(pod)["name"], {"restoreFailed": reason}
         )
-        fields: dict[str, Any] = {"restore_failures": count}
-        if count >= failures.max_failures:
-            invalid = f"{count} restores failed: {reason}"[:1024]
-            fields.update(phase=Phase.INVALID, reason="RestoreFailures", message=invalid)
-            node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "Invalid", invalid)
-        namespace, name = objects.meta(snap)["namespace"], objects.meta(snap)["name"]
-        node.kube.patch_snapshot_status(namespace, name, status_patch(AGENT, **fields))
+        if count >= failures.max_failures:  # the operator turns it Invalid: never restored again
+            node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "Invalid", f"{count} restores failed: {reason}")
+        patch = status_patch(AGENT, restore_failures=count, restore_failure_message=reason[:1024])
+        node.kube.patch_snapshot_status(objects.meta(snap)["namespace"], objects.meta(snap)["name"], patch)

@@ -1,9 +1,10 @@
-"""The InferenceSnapshot's status: its phases and one typed model of its fields, each with its writer.
+"""The InferenceSnapshot's status: its phases and one typed model of its fields, each with its one writer.
 
-The operator creates InferenceSnapshots and plans capture attempts (Pending, retries); the node agent that
-captures or restores reports what happened (Capturing, Ready, Failed, Invalid and the capture's facts).
-A status write goes through `status_patch`, which refuses a field its writer does not own, so a new field
-cannot silently get a second writer.
+The node agent reports what happened on its node: the capture attempt it worked on and how it went
+(`captureAttempt`, `captureState`, `captureMessage`), the snapshot's facts, the restore failures. The
+operator plans attempts (`attempts`, `retryAfter`, `capturePod`) and derives `phase`, `reason` and
+`message` from both (`derive_phase`), so no field has two writers and no write can undo another's.
+A status write goes through `status_patch`, which refuses a field its writer does not own.
 """
 
 from __future__ import annotations
@@ -23,8 +24,17 @@ class Phase(StrEnum):
 
 
 IN_PROGRESS = (Phase.PENDING, Phase.CAPTURING)
+MAX_RESTORE_FAILURES = 3  # a snapshot that failed this many restores is Invalid, never tried again
 
 OPERATOR, AGENT = "operator", "agent"
+
+
+class CaptureState(StrEnum):
+    """How the agent's capture attempt (`captureAttempt`) went."""
+
+    CAPTURING = "Capturing"
+    CAPTURED = "Captured"
+    FAILED = "Failed"
 
 
 def _owned(*writers: str, default: Any = None) -> Any:
@@ -35,13 +45,15 @@ def _owned(*writers: str, default: Any = None) -> Any:
 class SnapshotStatus:
     """`status` of an InferenceSnapshot, read into Python names (the API's are camelCase)."""
 
-    # Pending comes from the operator (create, retry); Capturing/Ready/Failed/Invalid from the agent.
-    phase: str = _owned(OPERATOR, AGENT, default=Phase.PENDING)
-    reason: str | None = _owned(OPERATOR, AGENT)
-    message: str | None = _owned(OPERATOR, AGENT)
+    phase: str = _owned(OPERATOR, default=Phase.PENDING)
+    reason: str | None = _owned(OPERATOR)
+    message: str | None = _owned(OPERATOR)
     attempts: int = _owned(OPERATOR, default=1)
     retry_after: str | None = _owned(OPERATOR)
     capture_pod: str | None = _owned(OPERATOR)  # the pod it made for the current attempt
+    capture_attempt: int | None = _owned(AGENT)  # the attempt the agent last worked on
+    capture_state: str | None = _owned(AGENT)
+    capture_message: str | None = _owned(AGENT)
     node: str | None = _owned(AGENT)
     identity: dict[str, Any] | None = _owned(AGENT)  # the runtime identity, as the store's manifest has it
     identity_hash: str | None = _owned(AGENT)
@@ -54,6 +66,7 @@ class SnapshotStatus:
     started_at: str | None = _owned(AGENT)
     completed_at: str | None = _owned(AGENT)
     restore_failures: int | None = _owned(AGENT)
+    restore_failure_message: str | None = _owned(AGENT)
 
     @classmethod
     def of(cls, snapshot: dict[str, Any] | None) -> SnapshotStatus:
@@ -65,6 +78,35 @@ class SnapshotStatus:
     @property
     def attempt(self) -> int:
         return int(self.attempts or 1)
+
+    @property
+    def captured(self) -> bool:
+        return self.capture_state == CaptureState.CAPTURED and bool(self.snapshot_id)
+
+
+def derive_phase(status: SnapshotStatus, capture_pod_failure: str = "") -> tuple[Phase, str, str]:
+    """(phase, reason, message) from what the agent reported and what the operator saw of the capture pod.
+
+    `capture_pod_failure` says why the current attempt's capture pod ended without a capture ("" if it
+    did not): the pod died or hit its deadline before the agent could report anything.
+    """
+    failures = int(status.restore_failures or 0)
+    if failures >= MAX_RESTORE_FAILURES:
+        return (
+            Phase.INVALID,
+            "RestoreFailures",
+            f"{failures} restores failed: {status.restore_failure_message}",
+        )
+    if status.captured:
+        return Phase.READY, "Captured", status.capture_message or "captured"
+    this_attempt = status.capture_attempt == status.attempt
+    if this_attempt and status.capture_state == CaptureState.FAILED:
+        return Phase.FAILED, "CaptureFailed", status.capture_message or "capture failed"
+    if capture_pod_failure:
+        return Phase.FAILED, "CapturePodFailed", capture_pod_failure
+    if this_attempt and status.capture_state == CaptureState.CAPTURING:
+        return Phase.CAPTURING, "Capturing", status.capture_message or "capturing"
+    return Phase.PENDING, "Pending", f"waiting for capture attempt {status.attempt}"
 
 
 def _api_name(python_name: str) -> str:
@@ -89,5 +131,5 @@ def status_patch(writer: str, **fields: Any) -> dict[str, Any]:
             raise PermissionError(
                 f"status.{api_name} of an InferenceSnapshot is written by {sorted(writers)}"
             )
-        patch[api_name] = str(value) if isinstance(value, Phase) else value
+        patch[api_name] = str(value) if isinstance(value, StrEnum) else value
     return patch

@@ -217,7 +217,8 @@ def deployment(owner: Owner, spec: EndpointSpec, role: str, snapshot: str, reque
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": worker_selector(owner.name)},
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0}},
+            # No surge: switching cold pods to restore pods must not need a spare GPU.
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {
                 "metadata": {"labels": labels, "annotations": dict(spec.template.annotations)},
                 "spec": pod_spec(owner.name, spec, role, snapshot, request_hash),
@@ -236,6 +237,7 @@ def capture_pod(
     }
     body = pod_spec(endpoint, spec, L.ROLE_CAPTURE, snapshot_owner.name, request_hash)
     body["restartPolicy"] = "Never"
+    body["activeDeadlineSeconds"] = spec.snapshot.capture_timeout_seconds  # a stuck capture ends
     return {
         "apiVersion": "v1",
         "kind": "Pod",

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import copy
+import logging
 import os
+import threading
 from typing import Any
 
 from warmstart.config import env_int, env_str
@@ -63,13 +66,32 @@ def _check_port(flag: str, port: int) -> None:
         raise SystemExit(f"{flag} must be between 0 and 65535, got {port}")
 
 
+class ObjectNamingFormatter(logging.Formatter):
+    """Prefixes a record about one object with `[namespace/name]`: kopf passes the object of its per-object
+    records (handler outcomes, retries) in the record's `k8s_ref`, not in the message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ref = getattr(record, "k8s_ref", None)
+        if isinstance(ref, dict) and ref.get("name"):
+            where = f"{ref['namespace']}/{ref['name']}" if ref.get("namespace") else str(ref["name"])
+            record = copy.copy(record)  # other handlers format the same record
+            record.msg, record.args = f"[{where}] {record.getMessage()}", None
+        return super().format(record)
+
+
+def name_objects_in_logs() -> None:
+    for handler in logging.getLogger().handlers:
+        fmt = handler.formatter._fmt if handler.formatter is not None else None  # keep the format set up
+        handler.setFormatter(ObjectNamingFormatter(fmt))
+
+
 def run_operator(args: argparse.Namespace) -> int:
     import asyncio
 
     import kopf
 
     try:
-        from warmstart.operator import handlers  # noqa: F401  (registers the handlers; reads its settings)
+        from warmstart.operator import handlers  # registers the handlers; reads its settings
     except ValueError as exc:  # a WARMSTART_OPERATOR_* variable that cannot be used
         raise SystemExit(f"error: {exc}") from exc
     from warmstart.operator.metrics import METRICS
@@ -80,13 +102,21 @@ def run_operator(args: argparse.Namespace) -> int:
     if args.metrics_port:
         METRICS.serve(args.metrics_port)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
-    asyncio.run(
-        kopf.operator(
-            standalone=not args.peering,
-            peering_name=args.peering or None,
-            clusterwide=not namespaces,
-            namespaces=namespaces,
-            liveness_endpoint=liveness,
+    name_objects_in_logs()
+    while True:
+        # A handler sets this when one of our CRDs appeared after kopf's scan of the API, which kopf may
+        # never notice: kopf then stops and starts again here, scanning afresh.
+        handlers.Runtime.restart = restart = threading.Event()
+        asyncio.run(
+            kopf.operator(
+                standalone=not args.peering,
+                peering_name=args.peering or None,
+                clusterwide=not namespaces,
+                namespaces=namespaces,
+                liveness_endpoint=liveness,
+                stop_flag=restart,
+            )
         )
-    )
-    return 0
+        if not restart.is_set():
+            return 0
+        logging.getLogger(__name__).info("starting kopf again to serve the CRDs that appeared")

@@ -5,7 +5,9 @@ Importing this module registers the handlers with kopf's default registry.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,12 +18,13 @@ import kopf
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
 from warmstart.config import env_float, env_int
-from warmstart.operator.kube import Kube, KubeError, TransientKubeError
+from warmstart.operator import crds
+from warmstart.operator.kube import Kube, KubeError
 from warmstart.operator.metrics import METRICS
-from warmstart.operator.reconcile import MissingAPI, Outcome, finalize, reconcile
+from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, finalize, reconcile
 from warmstart.operator.snapshots import Backoff
 from warmstart.operator.spec import InvalidSpec
-from warmstart.operator.workqueue import Key, KeyLocks, WorkQueue
+from warmstart.operator.workqueue import Key, KeyLocks, RetryBackoff, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +36,8 @@ class OperatorSettings:
     resync_seconds: float
     capture_backoff_seconds: float
     workers: int
+    retry_base_seconds: float = 1.0
+    retry_max_seconds: float = 120.0
 
     def __post_init__(self) -> None:
         # Zero workers would leave every queued event unprocessed; a zero interval spins kopf's timer.
@@ -40,6 +45,8 @@ class OperatorSettings:
             ("WARMSTART_OPERATOR_RESYNC_SECONDS", self.resync_seconds),
             ("WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS", self.capture_backoff_seconds),
             ("WARMSTART_OPERATOR_WORKERS", self.workers),
+            ("WARMSTART_OPERATOR_RETRY_BASE_SECONDS", self.retry_base_seconds),
+            ("WARMSTART_OPERATOR_RETRY_MAX_SECONDS", self.retry_max_seconds),
         ):
             if value <= 0:
                 raise ValueError(f"{variable} must be above 0, got {value}")
@@ -50,10 +57,13 @@ class OperatorSettings:
             resync_seconds=env_float("WARMSTART_OPERATOR_RESYNC_SECONDS", 60.0),
             capture_backoff_seconds=env_float("WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS", 30.0),
             workers=env_int("WARMSTART_OPERATOR_WORKERS", 4),
+            retry_base_seconds=env_float("WARMSTART_OPERATOR_RETRY_BASE_SECONDS", 1.0),
+            retry_max_seconds=env_float("WARMSTART_OPERATOR_RETRY_MAX_SECONDS", 120.0),
         )
 
 
 SETTINGS = OperatorSettings.from_env()
+FINALIZER = f"{L.GROUP}/finalizer"
 
 
 class Runtime:
@@ -63,6 +73,11 @@ class Runtime:
     queue: WorkQueue | None = None
     locks = KeyLocks()
     backoff = Backoff(base_seconds=SETTINGS.capture_backoff_seconds)
+    # uid of each of our CRDs as kopf found it when it started; another uid is a CRD kopf may not serve.
+    served_crds: dict[str, str] = {}
+    # Set to have `warmstart operator` start kopf again in this process (None: nobody would).
+    restart: threading.Event | None = None
+    releasing = threading.Lock()  # one release of endpoints at a time, however many CRD events come
 
 
 def plain(value: Any) -> Any:
@@ -90,7 +105,9 @@ def _requeue_delay(outcome: Outcome) -> float | None:
 
 def run_reconcile(handler: str, key: Key) -> Outcome | None:
     """Reconcile one endpoint under its lock, from a fresh read (so status transitions are never computed
-    from a stale copy), count it, and map failures to kopf's retry semantics. None: the endpoint is gone."""
+    from a stale copy), and count it. None: the endpoint is gone, or the reconcile failed and its retry is
+    scheduled on the work queue (the one path that retries, with backoff). Raises InvalidSpec, already
+    reported in status: retrying cannot help until the spec changes."""
     started = time.perf_counter()
     result = "error"
     try:
@@ -98,48 +115,75 @@ def run_reconcile(handler: str, key: Key) -> Outcome | None:
             body = _kube().get(L.ENDPOINT_KIND, *key)
             if body is None or body["metadata"].get("deletionTimestamp"):
                 result = "gone"
+                _reset_retries(key)
                 return None
             outcome = reconcile(_kube(), body, Runtime.backoff)
         METRICS.endpoints.set(*key, outcome.status["phase"])
         result = "success"
+        _reset_retries(key)
         delay = _requeue_delay(outcome)
         if delay is not None and Runtime.queue is not None:
             Runtime.queue.add_after(key, delay)
         return outcome
-    except InvalidSpec as exc:
+    except InvalidSpec:
         result = "invalid"
         METRICS.endpoints.set(*key, "Degraded")
-        raise kopf.PermanentError(str(exc)) from exc
-    except MissingAPI as exc:
-        raise kopf.TemporaryError(str(exc), delay=60) from exc
-    except TransientKubeError as exc:
-        raise kopf.TemporaryError(f"API server: {exc}", delay=5) from exc
-    except KubeError as exc:  # e.g. a conflict with another writer; a fresh read usually fixes it
-        raise kopf.TemporaryError(str(exc), delay=10) from exc
+        _reset_retries(key)
+        raise
+    except ChildApplyFailed as exc:
+        METRICS.endpoints.set(*key, "Degraded")
+        _retry_later(key, handler, exc)
+    except (MissingAPI, KubeError) as exc:  # KubeError: e.g. the API server restarting, a conflict
+        _retry_later(key, handler, exc)
+    except Exception:  # a bug in one reconcile must not stop the others; it is retried like any failure
+        log.exception("%s/%s: %s reconcile crashed", *key, handler)
+        _retry_later(key, handler, None)
     finally:
         METRICS.observe(handler, result, time.perf_counter() - started)
+    return None
+
+
+def _retry_later(key: Key, handler: str, error: Exception | None) -> None:
+    if Runtime.queue is None:
+        log.warning("%s/%s: %s reconcile failed, no work queue to retry it: %s", *key, handler, error)
+        return
+    delay = Runtime.queue.retry_later(key)
+    failures = Runtime.queue.failures(key)
+    if error is not None:
+        log.warning(
+            "%s/%s: %s reconcile failed (%d in a row), retrying in %.0f s: %s",
+            *key, handler, failures, delay, error,
+        )
+
+
+def _reset_retries(key: Key) -> None:
+    if Runtime.queue is not None:
+        Runtime.queue.reset(key)
 
 
 def reconcile_key(key: Key) -> float | None:
-    """Queue worker: reconcile the endpoint; returns a requeue delay."""
-    try:
+    """Queue worker: reconcile the endpoint. Follow-ups and retries are scheduled by run_reconcile."""
+    with contextlib.suppress(InvalidSpec):  # already in status; the next spec change brings it back
         run_reconcile("watch", key)
-    except kopf.PermanentError:
-        return None
-    except kopf.TemporaryError as exc:
-        return float(exc.delay or 10)
-    return None  # run_reconcile already scheduled any follow-up
+    return None
 
 
 @kopf.on.startup()
 def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = f"{L.GROUP}/finalizer"
+    settings.persistence.finalizer = FINALIZER
     settings.posting.level = logging.WARNING  # handler logs stay in logs; our own Events carry the story
     settings.execution.max_workers = max(8, SETTINGS.workers * 2)
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
     Runtime.kube = Kube.from_environment()
-    Runtime.queue = WorkQueue(reconcile_key, workers=SETTINGS.workers)
+    try:
+        # Read before kopf's own scan of the API (startup activities run first): whatever is served now,
+        # kopf serves too.
+        Runtime.served_crds = crds.served_uids(Runtime.kube)
+    except KubeError as exc:
+        raise kopf.TemporaryError(f"reading the operator's CRDs: {exc}", delay=5) from exc
+    backoff = RetryBackoff(SETTINGS.retry_base_seconds, SETTINGS.retry_max_seconds)
+    Runtime.queue = WorkQueue(reconcile_key, workers=SETTINGS.workers, backoff=backoff)
     Runtime.queue.start()
 
 
@@ -154,17 +198,27 @@ def on_cleanup(**_: Any) -> None:
 @kopf.on.create(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
 @kopf.on.update(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
 def on_endpoint_change(namespace: str, name: str, reason: str, **_: Any) -> None:
-    run_reconcile(str(reason), (namespace, name))
+    try:
+        run_reconcile(str(reason), (namespace, name))
+    except InvalidSpec as exc:
+        raise kopf.PermanentError(str(exc)) from exc
 
 
 @kopf.timer(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL, interval=SETTINGS.resync_seconds, initial_delay=5.0)
 def resync(namespace: str, name: str, **_: Any) -> None:
-    """Drift repair: a child edited or deleted by hand comes back; status catches up."""
-    run_reconcile("timer", (namespace, name))
+    """Drift repair: a child edited or deleted by hand comes back; status catches up. An endpoint whose
+    last reconcile failed is left to its scheduled retry, so that the backoff holds."""
+    key = (namespace, name)
+    if Runtime.queue is not None and Runtime.queue.backing_off(key):
+        return
+    try:
+        run_reconcile("timer", key)
+    except InvalidSpec as exc:
+        raise kopf.PermanentError(str(exc)) from exc
 
 
 @kopf.on.delete(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
-def on_endpoint_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> None:
+def on_endpoint_delete(body: kopf.Body, namespace: str, name: str, retry: int, **_: Any) -> None:
     started = time.perf_counter()
     try:
         # Under the endpoint's lock: a reconcile in flight must not add a snapshot after finalize lists them.
@@ -172,12 +226,57 @@ def on_endpoint_delete(body: kopf.Body, namespace: str, name: str, **_: Any) -> 
             names = finalize(_kube(), plain(body))
     except KubeError as exc:
         METRICS.observe("delete", "error", time.perf_counter() - started)
-        raise kopf.TemporaryError(f"cleaning up snapshots: {exc}", delay=5) from exc
+        delay = Runtime.queue.backoff.delay(retry + 1) if Runtime.queue is not None else 5
+        raise kopf.TemporaryError(f"cleaning up snapshots: {exc}", delay=delay) from exc
     METRICS.observe("delete", "success", time.perf_counter() - started)
     METRICS.endpoints.forget(namespace, name)
     Runtime.locks.forget((namespace, name))
+    _reset_retries((namespace, name))
     if names:
         log.info("%s/%s deleted: snapshots %s marked for store cleanup", namespace, name, ", ".join(names))
+
+
+def _is_our_crd(name: str, **_: Any) -> bool:
+    return name in crds.KIND_OF_CRD
+
+
+@kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_is_our_crd)
+def on_crd_event(event: Mapping[str, Any], body: kopf.Body, name: str, uid: str, **_: Any) -> None:
+    """Our CRDs: let go of the endpoints when theirs is deleted; serve a CRD that (re)appeared."""
+    if event.get("type") == "DELETED":
+        return
+    crd = plain(body)
+    if crds.terminating(crd):
+        if name == crds.ENDPOINT_CRD:
+            _release_endpoints_in_background()
+        return
+    if crds.established(crd) and Runtime.served_crds.get(name) != uid:
+        _serve_new_crd(name)
+
+
+def _release_endpoints_in_background() -> None:
+    if not Runtime.releasing.acquire(blocking=False):
+        return  # a release is running; it keeps going until the CRD is gone
+
+    def release() -> None:
+        try:
+            released = crds.release_while_terminating(_kube(), FINALIZER, Runtime.locks.lock)
+            log.info("CRD %s deleted: %d endpoints released", crds.ENDPOINT_CRD, released)
+        finally:
+            Runtime.releasing.release()
+
+    threading.Thread(target=release, name="release-endpoints", daemon=True).start()
+
+
+def _serve_new_crd(name: str) -> None:
+    if not crds.wait_until_served(_kube(), name):
+        log.warning("CRD %s established but not served by discovery: waiting for its next change", name)
+        return
+    if Runtime.restart is None:
+        log.warning("CRD %s appeared after kopf started; restart the operator to serve it", name)
+        return
+    log.info("CRD %s appeared after kopf started: starting kopf again to serve it", name)
+    Runtime.restart.set()
 
 
 def _enqueue_owner(namespace: str | None, labels: Mapping[str, str]) -> None:
@@ -189,6 +288,7 @@ def _enqueue_owner(namespace: str | None, labels: Mapping[str, str]) -> None:
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
+@kopf.on.event("", "v1", "pods", labels={L.COMPONENT_LABEL: L.CAPTURE_COMPONENT})  # a capture pod ended
 def on_child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
     """A child changed (status, hand edit, deletion): look at its endpoint again."""
     _enqueue_owner(namespace, labels)

@@ -13,19 +13,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.api import labels as L
-from warmstart.api.snapshot import OPERATOR, status_patch
+from warmstart.api.snapshot import OPERATOR, SnapshotStatus, status_patch
 from warmstart.operator import children
-from warmstart.operator.kube import Kube, KubeError
+from warmstart.operator.kube import Kube, KubeError, TransientKubeError
 from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import (
     CAPTURE_STARTED,
     Backoff,
     SnapshotPlan,
     format_time,
+    parse_time,
     plan_snapshots,
 )
 from warmstart.operator.spec import EndpointSpec, InvalidSpec, parse_spec
-from warmstart.operator.status import Workload, endpoint_status, invalid_status
+from warmstart.operator.status import (
+    DEGRADED,
+    Workload,
+    endpoint_status,
+    failure_status,
+    invalid_status,
+    reports,
+)
 
 log = logging.getLogger(__name__)
 
@@ -33,8 +41,31 @@ AUTOSCALER_KINDS = {"hpa": "HorizontalPodAutoscaler", "keda": "ScaledObject"}
 OPTIONAL_KINDS = ("HorizontalPodAutoscaler", "ScaledObject", "ServiceMonitor")
 
 
+APPLY_FAILED = "ApplyFailed"
+
+
 class MissingAPI(RuntimeError):
     """A kind the spec asks for is not served by this cluster (e.g. KEDA or prometheus-operator absent)."""
+
+
+class ChildApplyFailed(KubeError):
+    """The API server refused a child of the endpoint (admission, quota, an immutable field, ...)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(status, message)
+        self.message = message
+
+
+def apply_child(kube: Kube, obj: dict[str, Any]) -> dict[str, Any]:
+    """Server-side apply of a child; a refusal names the child (transient errors pass through)."""
+    try:
+        return kube.apply(obj)
+    except TransientKubeError:
+        raise
+    except KubeError as exc:
+        meta = obj["metadata"]
+        child = f"{obj['kind']} {meta['namespace']}/{meta['name']}"
+        raise ChildApplyFailed(exc.status, f"{child}: {exc}") from exc
 
 
 @dataclass
@@ -74,13 +105,13 @@ def post_event(kube: Kube, involved: dict[str, Any], kind: str, reason: str, mes
     try:
         kube.create(event)
     except KubeError as exc:
-        log.warning("event %s on %s not posted: %s", reason, meta["name"], exc)
+        log.warning("%s/%s: event %s not posted: %s", meta["namespace"], meta["name"], reason, exc)
 
 
 def _apply_optional(kube: Kube, obj: dict[str, Any], hint: str) -> None:
     try:
-        kube.apply(obj)
-    except KubeError as exc:
+        apply_child(kube, obj)
+    except ChildApplyFailed as exc:
         if exc.status == 404:
             raise MissingAPI(
                 f"{obj['apiVersion']} {obj['kind']} is not served by this cluster: {hint}"
@@ -109,13 +140,70 @@ def apply_optional_children(
         if kind not in wanted and (previous is None or kind in previous):
             kube.delete(kind, owner.namespace, owner.name)
     if spec.autoscaling.mode == "hpa":
-        kube.apply(children.horizontal_pod_autoscaler(owner, spec))
+        apply_child(kube, children.horizontal_pod_autoscaler(owner, spec))
     elif spec.autoscaling.mode == "keda":
         _apply_optional(kube, children.scaled_object(owner, spec), "install KEDA or use autoscaling.mode hpa")
     if spec.monitoring.service_monitor:
         hint = "install prometheus-operator or set monitoring.serviceMonitor false"
         _apply_optional(kube, children.service_monitor(owner, spec), hint)
     return ["Deployment", "Service", *wanted]
+
+
+def _capture_pods(kube: Kube, endpoint: children.Owner) -> list[dict[str, Any]]:
+    selector = {L.ENDPOINT_LABEL: endpoint.name, L.COMPONENT_LABEL: L.CAPTURE_COMPONENT}
+    return kube.list("Pod", endpoint.namespace, selector)
+
+
+def capture_pod_failures(
+    snapshots: list[dict[str, Any]], pods: list[dict[str, Any]], timeout: float, now: dt.datetime
+) -> dict[str, str]:
+    """Snapshot name -> why the capture pod of its current attempt failed: it ended without a capture
+    (died, or its activeDeadlineSeconds passed), or it is older than `timeout` seconds (e.g. it never
+    got scheduled, so no kubelet ever enforces its deadline).
+
+    The agent reports only on pods it can see running; these failures only the operator can see.
+    """
+    by_name = {pod["metadata"]["name"]: pod for pod in pods}
+    failures = {}
+    for snap in snapshots:
+        status = SnapshotStatus.of(snap)
+        pod = by_name.get(children.capture_pod_name(snap["metadata"]["name"], status.attempt))
+        if pod is None or status.captured:
+            continue
+        if (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded"):
+            failures[snap["metadata"]["name"]] = _why_pod_ended(pod)
+        elif _age_seconds(pod, now) > timeout:
+            failures[snap["metadata"]["name"]] = _why_pod_is_late(pod, timeout)
+    return failures
+
+
+def _age_seconds(pod: dict[str, Any], now: dt.datetime) -> float:
+    created = pod["metadata"].get("creationTimestamp")
+    return (now - parse_time(created)).total_seconds() if created else 0.0
+
+
+def _why_pod_is_late(pod: dict[str, Any], timeout: float) -> str:
+    status = pod.get("status") or {}
+    waiting = [
+        f"{c.get('type')}: {c.get('message')}" for c in status.get("conditions") or [] if c.get("message")
+    ]
+    detail = f" ({'; '.join(waiting)})" if waiting else ""
+    name, phase = pod["metadata"]["name"], status.get("phase")
+    return f"capture pod {name} not done within {timeout:.0f}s, still {phase}{detail}"
+
+
+def _why_pod_ended(pod: dict[str, Any]) -> str:
+    status = pod.get("status") or {}
+    words = [f"capture pod {pod['metadata']['name']} ended ({status.get('phase')})"]
+    if status.get("reason") or status.get("message"):
+        words.append(f"{status.get('reason', '')}: {status.get('message', '')}".strip(": "))
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        if terminated:
+            words.append(
+                f"{container['name']} exited {terminated.get('exitCode')} {terminated.get('reason', '')}"
+            )
+    return "; ".join(words) + " before the node agent captured it"
 
 
 def sync_snapshots(
@@ -154,7 +242,8 @@ def sync_snapshots(
 
 
 def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) -> Outcome:
-    """Reconcile one endpoint; raises InvalidSpec (permanent), MissingAPI or KubeError."""
+    """Reconcile one endpoint; raises InvalidSpec (permanent), MissingAPI, ChildApplyFailed (a child the
+    API server refused, reported in status and by a Warning Event) or KubeError."""
     meta = body["metadata"]
     owner = children.Owner.from_body(body)
     generation = int(meta.get("generation") or 0)
@@ -174,19 +263,17 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
         if spec.snapshot.enabled
         else []
     )
-    plan = plan_snapshots(owner, spec, request_hash, key, snapshots, now, backoff)
-    if spec.snapshot.enabled:
-        sync_snapshots(kube, owner, spec, plan, request_hash)
-    snapshot = plan.ready if plan.role == L.ROLE_RESTORE else ""
-    deployment = kube.apply(children.deployment(owner, spec, plan.role, snapshot, request_hash))
-    kube.apply(children.service(owner, spec))
-    # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.
-    recorded = previous.get("children") if previous else []
-    missing: MissingAPI | None = None
+    timeout = spec.snapshot.capture_timeout_seconds
+    pods = _capture_pods(kube, owner) if snapshots else []
+    pod_failures = capture_pod_failures(snapshots, pods, timeout, now) if pods else {}
+    plan = plan_snapshots(owner, spec, request_hash, key, snapshots, now, backoff, pod_failures)
     try:
-        existing = apply_optional_children(kube, owner, spec, recorded)
-    except MissingAPI as exc:  # report it in status, then let the caller retry later
-        missing, existing = exc, ["Deployment", "Service"]
+        deployment, existing, missing = _write_children(kube, owner, spec, plan, request_hash, previous)
+    except TransientKubeError:
+        raise  # the API server is away: nothing to report to, the caller retries
+    except KubeError as exc:
+        report_failure(kube, body, APPLY_FAILED, _failure_message(exc), now)
+        raise ChildApplyFailed(exc.status, _failure_message(exc)) from exc
     pods = kube.list("Pod", owner.namespace, children.worker_selector(owner.name))
     status = endpoint_status(
         generation=generation,
@@ -209,6 +296,48 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
     if missing is not None:
         raise missing
     return Outcome(status=status, plan=plan, events=events)
+
+
+def _write_children(
+    kube: Kube,
+    owner: children.Owner,
+    spec: EndpointSpec,
+    plan: SnapshotPlan,
+    request_hash: str,
+    previous: dict[str, Any],
+) -> tuple[dict[str, Any], list[str], MissingAPI | None]:
+    """Snapshots, Deployment, Service, autoscaler, ServiceMonitor: (the Deployment as applied, the kinds
+    that exist now, a kind the cluster does not serve)."""
+    if spec.snapshot.enabled:
+        sync_snapshots(kube, owner, spec, plan, request_hash)
+    snapshot = plan.ready if plan.role == L.ROLE_RESTORE else ""
+    deployment = apply_child(kube, children.deployment(owner, spec, plan.role, snapshot, request_hash))
+    apply_child(kube, children.service(owner, spec))
+    # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.
+    recorded = previous.get("children") if previous else []
+    try:
+        return deployment, apply_optional_children(kube, owner, spec, recorded), None
+    except MissingAPI as exc:  # report it in status, then let the caller retry later
+        return deployment, ["Deployment", "Service"], exc
+
+
+def _failure_message(exc: KubeError) -> str:
+    return exc.message if isinstance(exc, ChildApplyFailed) else str(exc)
+
+
+def report_failure(kube: Kube, body: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
+    """Degraded with the reason in status, and a Warning Event when that is news; best effort (the caller
+    is retrying anyway), so a failure to report is logged, not raised."""
+    meta = body["metadata"]
+    previous = body.get("status") or {}
+    if reports(previous, DEGRADED, reason, message):
+        return
+    status = failure_status(int(meta.get("generation") or 0), reason, message, previous, now)
+    try:
+        kube.patch_status(L.ENDPOINT_KIND, meta["namespace"], meta["name"], status)
+    except KubeError as exc:
+        log.warning("%s/%s: status not updated with %s: %s", meta["namespace"], meta["name"], reason, exc)
+    post_event(kube, body, "Warning", reason, message)
 
 
 def transition_events(

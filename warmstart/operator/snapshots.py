@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.api import labels as L
-from warmstart.api.snapshot import IN_PROGRESS, OPERATOR, Phase, SnapshotStatus, status_patch
+from warmstart.api.snapshot import IN_PROGRESS, OPERATOR, Phase, SnapshotStatus, derive_phase, status_patch
 from warmstart.operator.children import Owner, common_labels
 from warmstart.operator.spec import EndpointSpec
 
@@ -123,7 +123,7 @@ def _plan_failed(
     retry_after = status.retry_after
     if not retry_after:
         when = now + dt.timedelta(seconds=backoff.delay(attempts))
-        plan.status_patches[name] = status_patch(OPERATOR, retry_after=format_time(when))
+        _patch(plan, name, retry_after=format_time(when))
         plan.events.append(
             (
                 "Warning",
@@ -137,8 +137,9 @@ def _plan_failed(
         plan.attempts = attempts + 1
         plan.active_phase = Phase.PENDING
         plan.capture_attempt = plan.attempts
-        plan.status_patches[name] = status_patch(
-            OPERATOR,
+        _patch(
+            plan,
+            name,
             phase=Phase.PENDING,
             attempts=plan.attempts,
             retry_after=None,
@@ -156,14 +157,24 @@ def plan_snapshots(
     snapshots: list[dict[str, Any]],
     now: dt.datetime,
     backoff: Backoff = Backoff(),
+    capture_pod_failures: dict[str, str] | None = None,
 ) -> SnapshotPlan:
-    """Decide what to create, retry and delete, and which role the workers run."""
+    """Decide what to create, retry and delete, and which role the workers run.
+
+    Each snapshot's phase is derived from what its agent reported and from `capture_pod_failures`
+    (snapshot name -> why its current capture pod ended without a capture); a changed phase is patched.
+    """
     if not spec.snapshot.enabled:
         return SnapshotPlan(role=L.ROLE_COLD)
+    phases = SnapshotPlan(role=L.ROLE_COLD)
+    snapshots = [
+        _with_derived_phase(s, (capture_pod_failures or {}).get(_name(s), ""), phases) for s in snapshots
+    ]
     ordered = _newest_first(snapshots)
     mine = [s for s in ordered if (s.get("spec") or {}).get("requestKeyHash") == request_hash]
     ready = next((s for s in mine if phase_of(s) == Phase.READY), None)
     plan = SnapshotPlan(role=L.ROLE_RESTORE if ready else L.ROLE_COLD, ready=_name(ready) if ready else "")
+    plan.status_patches = phases.status_patches
     if ready is None:
         _plan_capture(plan, endpoint, spec, request_hash, key, mine, ordered, now, backoff)
     plan.delete = _retention(ordered, spec.snapshot.retention, keep={plan.ready, plan.active})
@@ -200,6 +211,21 @@ def _plan_capture(
         plan.capture_attempt = plan.attempts
     elif plan.active_phase == Phase.FAILED:
         _plan_failed(plan, active, spec, backoff, now)
+
+
+def _with_derived_phase(snap: dict[str, Any], capture_pod_failure: str, plan: SnapshotPlan) -> dict[str, Any]:
+    """`snap` with the phase its status derives to (see `derive_phase`); a change is patched in `plan`."""
+    status = SnapshotStatus.of(snap)
+    phase, reason, message = derive_phase(status, capture_pod_failure)
+    message = message[:1024]
+    if (status.phase, status.reason, status.message) != (phase, reason, message):
+        _patch(plan, _name(snap), phase=phase, reason=reason, message=message)
+    derived = {**(snap.get("status") or {}), "phase": str(phase), "reason": reason, "message": message}
+    return {**snap, "status": derived}
+
+
+def _patch(plan: SnapshotPlan, name: str, **fields: Any) -> None:
+    plan.status_patches.setdefault(name, {}).update(status_patch(OPERATOR, **fields))
 
 
 def _retention(ordered: list[dict[str, Any]], retention: int, keep: set[str]) -> list[str]:

@@ -99,6 +99,7 @@ class SnapshotPolicy:
     signing_key_secret: str = ""
     retention: int = 2
     max_capture_attempts: int = 5
+    capture_timeout_seconds: int = 3600
 
 
 @dataclass(frozen=True)
@@ -286,6 +287,7 @@ def parse_snapshot(spec: dict[str, Any]) -> SnapshotPolicy:
         signing_key_secret=_text(data, "signingKeySecret", "snapshot."),
         retention=_int(data, "retention", 2, "snapshot.", 1, 20),
         max_capture_attempts=_int(data, "maxCaptureAttempts", 5, "snapshot.", 1, 20),
+        capture_timeout_seconds=_int(data, "captureTimeoutSeconds", 3600, "snapshot.", 30, 86400),
     )
     if policy.enabled and not policy.claim_name:
         raise InvalidSpec("snapshot.storage.claimName", "is required when snapshot.enabled is true")

@@ -241,3 +241,26 @@ def invalid_status(
         condition(READY, False, "InvalidSpec", message, generation, before, now),
     ]
     return {"phase": "Degraded", "observedGeneration": generation, "conditions": conditions}
+
+
+def failure_status(
+    generation: int, reason: str, message: str, previous: dict[str, Any], now: dt.datetime
+) -> dict[str, Any]:
+    """Status for a reconcile that could not write a child: Degraded, not Progressing, with the reason; the
+    other conditions and fields keep what the last good reconcile saw."""
+    before = previous.get("conditions") or []
+    replaced = {
+        DEGRADED: condition(DEGRADED, True, reason, message, generation, before, now),
+        PROGRESSING: condition(PROGRESSING, False, reason, message, generation, before, now),
+    }
+    conditions = [replaced.pop(c.get("type"), c) for c in before]
+    conditions += replaced.values()
+    return {"phase": "Degraded", "observedGeneration": generation, "conditions": conditions}
+
+
+def reports(status: dict[str, Any], kind: str, reason: str, message: str) -> bool:
+    """Whether `status` already carries condition `kind` True with this reason and message."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == kind:
+            return (cond.get("status"), cond.get("reason"), cond.get("message")) == ("True", reason, message)
+    return False

@@ -2,6 +2,8 @@
 
 Events on children and snapshots only say "endpoint X may need work"; many such events in a burst collapse
 into one reconcile. A per-key lock, shared with the kopf handlers, keeps reconciles of one endpoint serial.
+A reconcile that fails, whichever path ran it, is retried from here only, with a per-key exponential
+backoff that a success resets.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 Key = tuple[str, str]  # (namespace, name)
 log = logging.getLogger(__name__)
@@ -29,11 +32,28 @@ class KeyLocks:
             self._locks.pop(key, None)
 
 
+@dataclass(frozen=True)
+class RetryBackoff:
+    """base, 2 x base, 4 x base, ... up to cap seconds after the 1st, 2nd, 3rd, ... failure in a row."""
+
+    base_seconds: float = 1.0
+    cap_seconds: float = 120.0
+
+    def delay(self, failures: int) -> float:
+        exponent = min(max(failures - 1, 0), 32)  # 2**32 x base is past any cap; keeps the float finite
+        return min(self.cap_seconds, self.base_seconds * 2**exponent)
+
+
 class WorkQueue:
     """FIFO of unique keys. `work(key)` returns a delay in seconds to requeue after, or None when done."""
 
-    def __init__(self, work: Callable[[Key], float | None], workers: int = 4) -> None:
+    def __init__(
+        self, work: Callable[[Key], float | None], workers: int = 4, backoff: RetryBackoff | None = None
+    ) -> None:
         self._work = work
+        self.backoff = backoff or RetryBackoff()
+        self._failures: dict[Key, int] = {}
+        self._retrying: set[Key] = set()  # a retry is scheduled: other periodic paths leave the key alone
         self._pending: list[Key] = []
         self._queued: set[Key] = set()
         self._active: set[Key] = set()
@@ -72,9 +92,14 @@ class WorkQueue:
                 self._cond.notify()
 
     def add_after(self, key: Key, seconds: float) -> None:
+        self._schedule(key, seconds, retry=False)
+
+    def _schedule(self, key: Key, seconds: float, retry: bool) -> None:
         def fire() -> None:
             with self._cond:
                 self._timers.discard(timer)
+                if retry:
+                    self._retrying.discard(key)
             self.add(key)
 
         timer = threading.Timer(seconds, fire)
@@ -84,6 +109,32 @@ class WorkQueue:
                 return
             self._timers.add(timer)
         timer.start()
+
+    def retry_later(self, key: Key) -> float:
+        """Count a failure of `key` and schedule its retry after the backoff; returns the delay. A retry
+        already scheduled is kept (it comes sooner than a longer backoff would)."""
+        with self._cond:
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+            delay = self.backoff.delay(failures)
+            if key in self._retrying or self._stopped:
+                return delay
+            self._retrying.add(key)
+        self._schedule(key, delay, retry=True)
+        return delay
+
+    def reset(self, key: Key) -> None:
+        """`key` reconciled, or is gone: its next failure starts the backoff from the base again."""
+        with self._cond:
+            self._failures.pop(key, None)
+
+    def failures(self, key: Key) -> int:
+        with self._cond:
+            return self._failures.get(key, 0)
+
+    def backing_off(self, key: Key) -> bool:
+        with self._cond:
+            return key in self._retrying
 
     def __len__(self) -> int:
         with self._cond:
@@ -113,8 +164,9 @@ class WorkQueue:
             try:
                 delay = self._work(key)
             except Exception:  # a bug in one reconcile must not kill the worker thread
-                log.exception("reconcile of %s/%s crashed; retrying in 30 s", *key)
-                delay = 30.0
+                delay = None
+                seconds = self.retry_later(key)
+                log.exception("%s/%s: reconcile crashed; retrying in %.0f s", *key, seconds)
             finally:
                 self._finish(key)
             if delay is not None:
