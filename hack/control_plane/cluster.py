@@ -362,7 +362,7 @@ class ControlPlane:
             f"--service-account-key-file={certificates.service_account_public_key}",
             f"--service-account-signing-key-file={certificates.service_account_key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
-            f"--service-cluster-ip-range={pki.SERVICE_CLUSTER_IP.rsplit('.', 1)[0]}.0/24",
+            f"--service-cluster-ip-range={network.SERVICE_SUBNET}",
             "--authorization-mode=RBAC",
             "--allow-privileged=true",
             f"--cert-dir={self.state_dir / 'apiserver-certs'}",

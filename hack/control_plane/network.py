@@ -18,7 +18,7 @@ REAL_NODE_LABEL = "warmstart.dev/real-node"
 NODE_LINK = "node0"
 API_LINK = "api0"
 POD_BRIDGE = "cni0"
-SERVICE_SUBNET = ipaddress.ip_network("10.0.0.0/24")
+SERVICE_SUBNET = ipaddress.ip_network("10.0.0.0/20")  # room for thousands of endpoints' Services
 KUBELET_PORT = 10250
 
 NODE_NETWORK_CANDIDATES = ("198.51.100.0/24", "203.0.113.0/24", "10.254.253.0/24", "172.31.253.0/24")

@@ -179,3 +179,16 @@ def test_keda_schema_rejects_an_unknown_field(kube, namespace):
     result = kube.kubectl("create", "-n", namespace, "--validate=strict", "-f", "-", input=body, check=False)
     assert result.returncode != 0
     assert "maxReplicas" in result.stderr
+
+
+def test_the_service_range_holds_thousands_of_services(kube, namespace):
+    """Stress tests create hundreds of endpoints, each with a Service: a /24 would stop them at 253."""
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "far", "namespace": namespace},
+        "spec": {"clusterIP": "10.0.15.250", "ports": [{"port": 80}]},
+    }
+    kube.kubectl("apply", "-f", "-", input=json.dumps(service))
+    created = json.loads(kube.kubectl("get", "service", "far", "-n", namespace, "-o", "json").stdout)
+    assert created["spec"]["clusterIP"] == "10.0.15.250"
