@@ -110,3 +110,11 @@ def wait_for_line(path: Path, timeout: float = 30.0) -> str:
         return text if text.endswith("\n") else ""
 
     return wait_until(complete, f"{path} written", timeout)
+
+
+def with_default_sigint() -> None:
+    """A `preexec_fn` for a child the test interrupts with SIGINT: a suite started from a background job
+    inherits SIGINT ignored, and a child started so would never see its Ctrl-C."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import wait_until
+from support import wait_until, with_default_sigint
 
 from warmstart.checkpoint.sandbox import pid_namespace_of
 from warmstart.protocol import RESTORE_COMPLETE
@@ -48,6 +48,7 @@ def test_interrupted_capture_leaves_no_snapshot(
         driver = subprocess.Popen(
             [sys.executable, str(DRIVER), str(store.root), str(key), str(work), criu_command, phase],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=errors,
+            preexec_fn=with_default_sigint,
         )  # fmt: skip
     init_pid = None
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from control_plane import build, versions
 from control_plane.cluster import wait_for
+from support import with_default_sigint
 
 pytestmark = pytest.mark.integration
 
@@ -77,6 +78,7 @@ def test_fixture_teardown_on_ctrl_c_leaves_no_process(tmp_path: Path):
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        preexec_fn=with_default_sigint,
     )
     try:
         pids = wait_for_file(pids_file, session)
