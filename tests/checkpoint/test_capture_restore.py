@@ -238,3 +238,70 @@ def test_a_bad_ready_payload_is_a_capture_error_and_the_worker_is_resumed(
         )  # fmt: skip
     resumed = control.read(RESTORE_COMPLETE)  # a worker left waiting would never serve
     assert resumed is not None and resumed.payload["port"] == 9000
+
+
+@pytest.fixture
+def small_mount(tmp_path: Path) -> Callable[..., Path]:
+    """A tmpfs of the given size and options (unmounted when the test ends)."""
+    import subprocess
+
+    mounted: list[Path] = []
+
+    def mount(size: str, *options: str) -> Path:
+        target = tmp_path / f"mount-{len(mounted)}"
+        target.mkdir()
+        flags = ",".join((f"size={size}", *options))
+        subprocess.run(["mount", "-t", "tmpfs", "-o", flags, "tmpfs", str(target)], check=True)
+        mounted.append(target)
+        return target
+
+    yield mount
+    for target in mounted:
+        subprocess.run(["umount", "-l", str(target)], check=False)
+
+
+def _capture_fails_and_source_serves(
+    tmp_path: Path, store: SnapshotStore, key: Path, criu: Criu, sandboxes: list[Sandbox], match: str
+) -> None:
+    sandbox = _start_target(tmp_path / "capture", 9, sandboxes)
+    with pytest.raises(CaptureError, match=match) as failure:
+        capture(
+            store=store, signer=load_signer(key), sandbox=sandbox,
+            control=ControlDir(sandbox.host_dir / "control"), criu=criu,
+        )  # fmt: skip
+    print(f"capture refused as it should: {failure.value}")
+    assert len(wait_for_line(sandbox.host_dir / "control" / "answer").split()[0]) == 64  # still serving
+    assert ControlDir(sandbox.host_dir / "control").read(RESTORE_COMPLETE) is not None
+
+
+@pytest.mark.reliability
+def test_a_full_disk_fails_the_capture_cleanly(
+    tmp_path: Path, key: Path, counting_criu, sandboxes: list[Sandbox], small_mount
+) -> None:
+    """The store's filesystem fills up mid-dump: no snapshot listed, nothing left that gc keeps."""
+    criu, _ = counting_criu
+    store = SnapshotStore(small_mount("1m") / "store")
+    _capture_fails_and_source_serves(tmp_path, store, key, criu, sandboxes, "criu_dump|No space")
+    assert store.list() == []
+    store.gc(staging_older_than=0)
+    assert not any((store.root / "staging").iterdir())
+
+
+@pytest.mark.reliability
+def test_an_unwritable_store_fails_the_capture_cleanly(
+    tmp_path: Path, key: Path, counting_criu, sandboxes: list[Sandbox], small_mount
+) -> None:
+    criu, _ = counting_criu
+    read_only = small_mount("1m", "ro")
+    store = SnapshotStore(read_only / "store")
+    _capture_fails_and_source_serves(tmp_path, store, key, criu, sandboxes, "Read-only file system")
+    assert not (read_only / "store").exists()
+
+
+@pytest.mark.reliability
+def test_a_missing_criu_fails_the_capture_naming_it(
+    tmp_path: Path, store: SnapshotStore, key: Path, sandboxes: list[Sandbox]
+) -> None:
+    missing = Criu(str(tmp_path / "no-criu-here"), timeout=30)
+    _capture_fails_and_source_serves(tmp_path, store, key, missing, sandboxes, "no-criu-here")
+    assert store.list() == []
