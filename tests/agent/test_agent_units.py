@@ -78,15 +78,43 @@ def test_processes_are_found_by_their_pod_uid_environment(
     assert supervisor_of([plain_process.pid]) is None  # not in a PID namespace of its own: no container init
 
 
-def test_cgroup_path_is_the_fallback(tmp_path: Path) -> None:
-    """A process without the variable is found by the kubelet's cgroup path (uid written with '_')."""
-    uid = "0b3c8f0e-1111-4222-8333-444455556666"
-    for pid, cgroup in ((10, f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-x"),
-                        (11, "0::/system.slice/other.service")):  # fmt: skip
+CID = "3f" * 32
+
+
+def _fake_proc(tmp_path: Path, processes: dict[int, tuple[str, bytes]]) -> Path:
+    for pid, (cgroup, environ) in processes.items():
         (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "environ").write_bytes(b"PATH=/bin\0HOME=/\0")
+        (tmp_path / str(pid) / "environ").write_bytes(environ)
         (tmp_path / str(pid) / "cgroup").write_text(cgroup + "\n")
-    assert pod_processes(uid, proc=tmp_path) == [10]
+    return tmp_path
+
+
+def test_processes_are_found_by_the_pod_and_container_cgroups(tmp_path: Path) -> None:
+    """The kubelet's and the runtime's cgroup path names pod and container (cgroupfs and systemd drivers);
+    the environment, which the tenant controls, never counts against a cgroup match."""
+    uid = "0b3c8f0e-1111-4222-8333-444455556666"
+    other = "9" * 64
+    proc = _fake_proc(tmp_path, {
+        10: (f"4:memory:/kubepods/besteffort/pod{uid}/{CID}\n0::/", b"PATH=/bin\0"),
+        11: (f"4:memory:/kubepods/besteffort/pod{uid}/{other}", b""),  # the pod's pause container
+        12: (f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{CID}.scope", b""),
+        13: ("0::/system.slice/other.service", f"{L.POD_UID_ENV}={uid}\0".encode()),  # claims the pod
+        14: (f"4:memory:/kubepods/pod{uid}x/{CID}", b""),  # a look-alike component
+    })  # fmt: skip
+    assert pod_processes(uid, proc=proc) == [10, 11, 12]
+    assert pod_processes(uid, proc=proc, container=f"containerd://{CID}") == [10, 12]
+    assert pod_processes(uid, proc=proc, container=other) == [11]
+    assert pod_processes(str(uuid.uuid4()), proc=proc, container=CID) == []
+    with pytest.raises(ValueError, match="not a container id"):
+        pod_processes(uid, proc=proc, container="../x")
+
+
+def test_the_environment_counts_only_where_no_cgroup_names_the_pod(tmp_path: Path) -> None:
+    """One-machine "pods" (local sandboxes) have no pod cgroups; never with a container id."""
+    uid = "0b3c8f0e-1111-4222-8333-444455556666"
+    proc = _fake_proc(tmp_path, {13: ("0::/user.slice", f"{L.POD_UID_ENV}={uid}\0".encode())})
+    assert pod_processes(uid, proc=proc) == [13]
+    assert pod_processes(uid, proc=proc, container=CID) == []
 
 
 @pytest.fixture
@@ -170,7 +198,7 @@ def test_find_needs_the_control_dir_and_reserve_moves_the_pid_counter(
 
 
 def test_find_names_what_is_missing(tmp_path: Path) -> None:
-    with pytest.raises(PodProcessError, match="no process .* WARMSTART_POD_UID"):
+    with pytest.raises(PodProcessError, match="no process .* cgroups"):
         PodSandbox.find(str(uuid.uuid4()), tmp_path)
 
 

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import os
 import stat
 from pathlib import Path
 
 import pytest
 
-from warmstart.checkpoint.criu import Criu, CriuError, CriuVersion, first_error_line, parse_version
+from warmstart.checkpoint.criu import (
+    Criu,
+    CriuError,
+    CriuVersion,
+    cgroup_dirs,
+    first_error_line,
+    parse_version,
+)
 
 
 def _script(path: Path, body: str) -> Path:
@@ -74,3 +82,56 @@ def test_timeout_kills_criu_and_says_so(tmp_path: Path) -> None:
 def test_namespaced_criu_runs_through_nsenter() -> None:
     criu = Criu(["/opt/criu", "-v"]).in_namespaces_of(1234)
     assert criu.describe() == "nsenter --target=1234 --pid --mount -- /opt/criu -v"
+
+
+def test_criu_in_a_pod_reaches_its_program_and_files_through_descriptors(tmp_path: Path) -> None:
+    """Inside a container's mount namespace no host path resolves: the program, its library folder, the
+    images and the work directory are passed as descriptors (`/proc/self/fd/N`), the log named relative."""
+    folder = tmp_path / "portable"
+    folder.mkdir()
+    seen = tmp_path / "argv"
+    program = _script(
+        folder / "criu",
+        (f'echo "$@" > {seen}\nwhile [ "$1" != --images-dir ]; do shift; done; ls "$2" > {seen}.images\n'),
+    )
+    criu = Criu([str(program), "--library-path", str(folder)]).in_pod(os.getpid())
+    criu._prefix = []  # run directly: the descriptors are what is checked
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "marker").write_text("")
+    criu.dump(7, tmp_path / "img", logs_dir=tmp_path / "logs", leave_running=True)
+    argv = seen.read_text().split()
+    assert argv[0] == "--library-path" and argv[1].startswith("/proc/self/fd/")
+    assert argv[2:5] == ["dump", "--tree", "7"]
+    assert argv[argv.index("--images-dir") + 1].startswith("/proc/self/fd/")
+    assert argv[argv.index("--work-dir") + 1].startswith("/proc/self/fd/")
+    assert argv[argv.index("--log-file") + 1] == "dump.log" and "--leave-running" in argv
+    assert (tmp_path / "argv.images").read_text().split() == ["marker"]  # the descriptor led to the folder
+    described = Criu([str(program), "--library-path", str(folder)]).in_pod(42).describe()
+    assert described.startswith("nsenter --target=42 --pid --mount --net --ipc --uts -- ")
+
+
+def test_cgroup_dirs_map_every_hierarchy_through_the_mounts(tmp_path: Path) -> None:
+    (tmp_path / "self").mkdir()
+    (tmp_path / "5").mkdir()
+    (tmp_path / "cgroups").write_text(
+        "#subsys_name\thierarchy\nmemory\t4\t1\t1\ncpu\t2\t1\t1\ncpuacct\t2\t1\t1\n"
+    )
+    (tmp_path / "self" / "mountinfo").write_text(
+        "30 25 0:26 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw,nsdelegate\n"
+        "31 25 0:27 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n"
+        "32 25 0:28 /kubepods /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"
+        "33 25 0:29 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd\n"
+    )
+    (tmp_path / "5" / "cgroup").write_text(
+        "4:memory:/kubepods/pod1/c1\n2:cpu,cpuacct:/kubepods/pod1/c1\n1:name=systemd:/kubepods/pod1/c1\n"
+        "0::/kubepods/pod1/c1\n"
+    )
+    assert cgroup_dirs(5, proc=tmp_path) == [
+        Path("/sys/fs/cgroup/memory/pod1/c1"),
+        Path("/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1/c1"),
+        Path("/sys/fs/cgroup/systemd/kubepods/pod1/c1"),
+        Path("/sys/fs/cgroup/unified/kubepods/pod1/c1"),
+    ]
+    (tmp_path / "5" / "cgroup").write_text("4:memory:/elsewhere/c2\n")
+    with pytest.raises(CriuError, match="not mounted where the agent can reach it"):
+        cgroup_dirs(5, proc=tmp_path)

@@ -1,16 +1,21 @@
 """From a pod to what the node agent acts on: the pod's host processes and its control directory.
 
-The agent runs with the host's PID namespace. A worker pod's processes carry `WARMSTART_POD_UID=<uid>` in
-their environment (the operator sets it from the downward API); when a process lacks it, its cgroup path
-(which names the pod uid) is the fallback. The container's PID 1, the worker supervisor, is the process
-whose NSpid ends in 1; PIDs the worker reports (e.g. in `ready-for-snapshot`) are in-namespace PIDs and are
-translated to host PIDs through NSpid. The control directory is the pod's `control` emptyDir as the kubelet
-lays it out on the host.
+The agent runs with the host's PID namespace. A pod's processes are found by their cgroup path, which the
+kubelet and the container runtime choose and the tenant cannot: a path component names the pod uid
+(`pod<uid>`, or `kubepods-...-pod<uid with _>.slice` with the systemd driver) and, given the container id
+the runtime reports (`status.containerStatuses[].containerID`), the next one names the container
+(`<id>`, or `cri-containerd-<id>.scope` / `crio-<id>.scope` / `docker-<id>.scope`). Without a container id,
+and only when no process of the pod is found by cgroup at all (one-machine setups whose "pods" are local
+sandboxes), the `WARMSTART_POD_UID` environment variable is a last resort. The container's PID 1, the worker
+supervisor, is the process whose NSpid ends in 1; PIDs the worker reports (e.g. in `ready-for-snapshot`)
+are in-namespace PIDs and are translated to host PIDs through NSpid. The control directory is the pod's
+`control` emptyDir as the kubelet lays it out on the host.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterable
@@ -18,6 +23,7 @@ from pathlib import Path
 
 from warmstart import procinfo
 from warmstart.api import labels as L
+from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids, pid_namespace_of
 
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
@@ -56,21 +62,67 @@ def read_environ(pid: int, proc: Path = PROC) -> dict[str, str]:
     return found
 
 
-def _cgroup_names(pid: int, pod_uid: str, proc: Path) -> bool:
-    """True when the process's cgroup path names the pod (kubelets write the uid with '-' or '_')."""
+_CONTAINER_ID = re.compile(r"^(?:[a-z0-9-]+://)?([0-9a-f]{12,128})$")
+_SCOPE = re.compile(r"^(?:cri-containerd|crio|docker)-([0-9a-f]{12,128})\.scope$")
+
+
+def container_id(reported: str) -> str:
+    """The bare id of a runtime's container id (`containerd://<hex>` as the pod status reports it)."""
+    match = _CONTAINER_ID.match(reported.strip())
+    if not match:
+        raise ValueError(f"{reported!r} is not a container id")
+    return match[1]
+
+
+def _is_pod_component(component: str, pod_uid: str) -> bool:
+    if component == f"pod{pod_uid}":  # cgroupfs driver
+        return True
+    underscored = pod_uid.replace("-", "_")  # systemd driver: kubepods-besteffort-pod<uid_>.slice
+    return component.endswith(f"-pod{underscored}.slice") or component == f"kubepods-pod{underscored}.slice"
+
+
+def _is_container_component(component: str, wanted: str) -> bool:
+    if component == wanted:
+        return True
+    scope = _SCOPE.match(component)
+    return scope is not None and scope[1] == wanted
+
+
+def cgroup_belongs(cgroup_text: str, pod_uid: str, container: str | None = None) -> bool:
+    """True when some hierarchy's path in `/proc/<pid>/cgroup` text has the pod's component (followed by
+    the container's, when `container` is given)."""
+    for line in cgroup_text.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        components = [c for c in parts[2].split("/") if c]
+        for index, component in enumerate(components):
+            if not _is_pod_component(component, pod_uid):
+                continue
+            if container is None:
+                return True
+            following = components[index + 1] if index + 1 < len(components) else ""
+            if _is_container_component(following, container):
+                return True
+    return False
+
+
+def _in_cgroup_of(pid: int, pod_uid: str, container: str | None, proc: Path) -> bool:
     try:
         text = (proc / str(pid) / "cgroup").read_text()
     except OSError:
         return False
-    return pod_uid in text or pod_uid.replace("-", "_") in text
+    return cgroup_belongs(text, pod_uid, container)
 
 
-def pod_processes(pod_uid: str, proc: Path = PROC) -> list[int]:
-    """Host PIDs of the pod's processes: by environment, else (none found that way) by cgroup."""
-    by_env = [pid for pid in _process_ids(proc) if read_environ(pid, proc).get(POD_UID_ENV) == pod_uid]
-    if by_env:
-        return sorted(by_env)
-    return sorted(pid for pid in _process_ids(proc) if _cgroup_names(pid, pod_uid, proc))
+def pod_processes(pod_uid: str, proc: Path = PROC, container: str | None = None) -> list[int]:
+    """Host PIDs of the pod's processes (of its container `container`, a bare or runtime-prefixed id, when
+    given) by cgroup path; without a container id and no process found so, by environment."""
+    wanted = container_id(container) if container else None
+    by_cgroup = sorted(pid for pid in _process_ids(proc) if _in_cgroup_of(pid, pod_uid, wanted, proc))
+    if by_cgroup or wanted is not None:
+        return by_cgroup
+    return sorted(pid for pid in _process_ids(proc) if read_environ(pid, proc).get(POD_UID_ENV) == pod_uid)
 
 
 def supervisor_of(host_pids: Iterable[int]) -> int | None:
@@ -92,7 +144,15 @@ class PodSandbox(Sandbox):
     files the engine holds open there (its logs) travel with the snapshot, like a sandbox's files.
     """
 
-    def __init__(self, host_dir: Path, init_pid: int, mountpoint: Path = Path(L.CONTROL_DIR_PATH)) -> None:
+    def __init__(
+        self,
+        host_dir: Path,
+        init_pid: int,
+        mountpoint: Path = Path(L.CONTROL_DIR_PATH),
+        *,
+        whole_container: bool = False,
+    ) -> None:
+        self.whole_container = whole_container
         self.host_dir = host_dir
         self.init_pid = init_pid
         self.mountpoint = mountpoint
@@ -106,22 +166,34 @@ class PodSandbox(Sandbox):
         kubelet_root: Path,
         timeout: float = 0.0,
         cancelled: Callable[[], bool] = lambda: False,
+        *,
+        container: str | None = None,
+        in_pod: bool | None = None,
     ) -> PodSandbox:
-        """The pod's supervisor and control directory; waits up to `timeout` s for the container to start
-        (or until `cancelled()`)."""
+        """The pod's supervisor (PID 1 of its container `container`, an id as the pod status reports it)
+        and control directory; waits up to `timeout` s for the container to start (or until `cancelled()`).
+
+        `in_pod` (default: when a container id is given) makes CRIU run in all of the container's
+        namespaces and restores join its cgroups (`Criu.in_pod`), as a real container needs."""
         host_dir = control_dir_on_host(kubelet_root, pod_uid)
         deadline = time.monotonic() + timeout
+        whole = container is not None if in_pod is None else in_pod
         while True:
-            init_pid = supervisor_of(pod_processes(pod_uid))
+            init_pid = supervisor_of(pod_processes(pod_uid, container=container))
             if init_pid is not None and host_dir.is_dir():
-                return cls(host_dir, init_pid)
+                return cls(host_dir, init_pid, whole_container=whole)
             if time.monotonic() >= deadline or cancelled():
                 where = "no process" if init_pid is None else f"no control directory at {host_dir}"
+                of = f"container {container} of pod {pod_uid}" if container else f"pod {pod_uid}"
                 raise PodProcessError(
-                    f"pod {pod_uid}: {where} on this node (is the worker running with {POD_UID_ENV} set "
-                    "and the kubelet root right?)"
+                    f"{of}: {where} on this node (no process in its cgroups; is the kubelet root right?)"
                 )
             time.sleep(0.1)
+
+    def criu(self, criu: Criu) -> Criu:
+        if self.whole_container:
+            return criu.in_pod(self.init_pid, join_cgroups=True)
+        return super().criu(criu)
 
     def alive(self) -> bool:
         started = procinfo.start_ticks(self.init_pid)

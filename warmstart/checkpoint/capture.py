@@ -328,7 +328,7 @@ def _dump_and_publish(
         with timer.phase("copy_sandbox_files"):
             sizes = _copy_sandbox_files(files, sandbox, staging.dir / SANDBOX_FILES_DIR)
         with timer.phase("criu_dump"):
-            criu.in_namespaces_of(sandbox.init_pid).dump(
+            sandbox.criu(criu).dump(
                 namespace_pid,
                 staging.dir / CRIU_DIR,
                 logs_dir=staging.dir / LOGS_DIR,

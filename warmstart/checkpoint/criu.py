@@ -4,6 +4,16 @@ CRIU is configuration: a command line (`criu`, the repository's `hack/criu` shim
 `DIR/ld-linux-x86-64.so.2 --library-path DIR DIR/criu`). Tasks inside a nested PID namespace cannot be dumped
 from the host, so `in_namespaces_of(pid)` runs CRIU inside the target's PID and mount namespaces with
 `nsenter`; PIDs given to and returned by CRIU are then the ones seen inside that namespace.
+
+A real pod's container is handled whole by `in_pod(pid)`: CRIU runs inside all five namespaces of the
+container (pid, mnt, net, ipc, uts), so it dumps none of them and needs no `--root` or `--external`: the
+engine's mounts, network and hostname are the ones the restoring container already has. Inside the
+container's mount namespace no host path resolves (the container has no CRIU and sees none of the agent's
+directories), so everything CRIU reads or writes on the host is reached through descriptors opened before
+entering: its program and library folders, the images directory and the work directory (where CRIU writes
+its log and pid file: relative names are CRIU's work directory's) become `/proc/self/fd/N` paths, passed
+with `pass_fds`. A restore first moves the restoring process into the target container's cgroups (every
+hierarchy: restored tasks inherit them) and runs CRIU with `--manage-cgroups=ignore`.
 """
 
 from __future__ import annotations
@@ -15,7 +25,7 @@ import shlex
 import signal
 import subprocess
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 MIN_MAJOR = 4
@@ -72,6 +82,99 @@ def _split(command: Sequence[str] | str) -> list[str]:
     return parts
 
 
+POD_NAMESPACES = ("--pid", "--mount", "--net", "--ipc", "--uts")
+PROC_FD = "/proc/self/fd"
+_OPEN_DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+@dataclass
+class _Entered:
+    """What one CRIU run inside a pod needs opened on the host: descriptors and the paths naming them."""
+
+    fds: list[int] = field(default_factory=list)
+    by_dir: dict[str, str] = field(default_factory=dict)
+
+    def directory(self, path: Path) -> str:
+        """`/proc/self/fd/N` for host directory `path` (opened once, without following a final link)."""
+        key = os.path.abspath(path)
+        if key not in self.by_dir:
+            fd = os.open(key, _OPEN_DIRECTORY | os.O_NOFOLLOW)
+            self.fds.append(fd)
+            self.by_dir[key] = f"{PROC_FD}/{fd}"
+        return self.by_dir[key]
+
+    def path(self, path: str) -> str:
+        """A host file or directory as a path through a descriptor of itself or of its folder."""
+        if os.path.isdir(path):
+            return self.directory(Path(path))
+        folder, name = os.path.split(os.path.abspath(path))
+        return f"{self.directory(Path(folder))}/{name}"
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        self.fds.clear()
+
+
+def _program_args(command: list[str], entered: _Entered) -> list[str]:
+    """The CRIU command with every absolute host path in it (the program, `--library-path` folders)
+    replaced by a descriptor path, so it runs inside a mount namespace where those paths do not exist."""
+    out = []
+    for arg in command:
+        if arg.startswith("/") and ":" in arg and all(os.path.isdir(p) for p in arg.split(":")):
+            out.append(":".join(entered.path(p) for p in arg.split(":")))
+        elif arg.startswith("/") and os.path.exists(arg):
+            out.append(entered.path(arg))
+        else:
+            out.append(arg)
+    return out
+
+
+def cgroup_dirs(pid: int, proc: Path = Path("/proc")) -> list[Path]:
+    """The directory of each cgroup of host process `pid`, every hierarchy (v1 and unified), as mounted
+    where this process runs; CriuError when one of them is not reachable from here."""
+    mounts = _cgroup_mounts(proc / "self" / "mountinfo", _controller_names(proc))
+    found = []
+    for line in (proc / str(pid) / "cgroup").read_text().splitlines():
+        number, controllers, path = line.split(":", 2)
+        key = frozenset() if number == "0" and not controllers else frozenset(controllers.split(","))
+        for names, root, mountpoint in mounts:
+            if names == key and (path == root or path.startswith(root.rstrip("/") + "/")):
+                found.append(Path(os.path.normpath(os.path.join(mountpoint, os.path.relpath(path, root)))))
+                break
+        else:
+            raise CriuError(f"cgroup {line!r} of pid {pid} is not mounted where the agent can reach it")
+    return found
+
+
+def _controller_names(proc: Path) -> set[str]:
+    try:
+        lines = (proc / "cgroups").read_text().splitlines()
+    except OSError:
+        return set()
+    return {line.split()[0] for line in lines if line and not line.startswith("#")}
+
+
+def _cgroup_mounts(mountinfo: Path, controllers: set[str]) -> list[tuple[frozenset[str], str, str]]:
+    """(controllers, root, mountpoint) of every cgroup mount; no controllers: the unified hierarchy."""
+    mounts = []
+    for line in mountinfo.read_text(errors="surrogateescape").splitlines():
+        fields = line.split()
+        separator = fields.index("-")
+        fstype, options = fields[separator + 1], fields[separator + 3].split(",")
+        root, mountpoint = _unescape(fields[3]), _unescape(fields[4])
+        if fstype == "cgroup2":
+            mounts.append((frozenset(), root, mountpoint))
+        elif fstype == "cgroup":
+            names = frozenset(o for o in options if o in controllers or o.startswith("name="))
+            mounts.append((names, root, mountpoint))
+    return mounts
+
+
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), field)
+
+
 class Criu:
     """One CRIU command line plus the namespaces it runs in."""
 
@@ -79,11 +182,23 @@ class Criu:
         self.command = _split(command)
         self.timeout = timeout
         self._prefix: list[str] = []
+        self._pod_pid: int | None = None
+        self._cgroups_of: int | None = None
 
     def in_namespaces_of(self, pid: int) -> Criu:
         """The same CRIU, run inside the PID and mount namespaces of host process `pid`."""
         clone = Criu(self.command, self.timeout)
         clone._prefix = ["nsenter", f"--target={pid}", "--pid", "--mount", "--"]
+        return clone
+
+    def in_pod(self, pid: int, *, join_cgroups: bool = False) -> Criu:
+        """The same CRIU run inside all five namespaces of host process `pid` (a container's PID 1), with
+        its program and files reached through descriptors; with `join_cgroups`, CRIU (and so what it
+        restores) runs in that process's cgroups, and restores leave cgroups alone."""
+        clone = Criu(self.command, self.timeout)
+        clone._prefix = ["nsenter", f"--target={pid}", *POD_NAMESPACES, "--"]
+        clone._pod_pid = pid
+        clone._cgroups_of = pid if join_cgroups else None
         return clone
 
     def describe(self) -> str:
@@ -116,12 +231,15 @@ class Criu:
         """Dump the process tree rooted at `pid` into `images_dir`; returns the log file."""
         images_dir.mkdir(parents=True, exist_ok=True)
         log_file = self._log_file(logs_dir, "dump.log")
-        args = ["dump", "--tree", str(pid), "--images-dir", str(images_dir)]
-        args += self._log_args(log_file)
-        if leave_running:
-            args.append("--leave-running")
-        args += list(extra)
-        self._run_logged(args, log_file, what=f"dump of pid {pid}")
+        entered = _Entered()
+        try:
+            args = ["dump", "--tree", str(pid), *self._dirs_args(entered, images_dir, log_file)]
+            if leave_running:
+                args.append("--leave-running")
+            args += list(extra)
+            self._run_logged(args, log_file, what=f"dump of pid {pid}", entered=entered)
+        finally:
+            entered.close()
         return log_file
 
     def restore(
@@ -136,12 +254,18 @@ class Criu:
         log_file = self._log_file(logs_dir, "restore.log")
         pidfile = logs_dir / "restore.pid"
         pidfile.unlink(missing_ok=True)
-        args = ["restore", "--images-dir", str(images_dir), "--pidfile", str(pidfile)]
-        args += self._log_args(log_file)
-        if detach:
-            args.append("--restore-detached")
-        args += list(extra)
-        self._run_logged(args, log_file, what="restore")
+        entered = _Entered()
+        try:
+            args = ["restore", *self._dirs_args(entered, images_dir, log_file)]
+            args += ["--pidfile", pidfile.name if self._pod_pid is not None else str(pidfile)]
+            if detach:
+                args.append("--restore-detached")
+            if self._cgroups_of is not None:
+                args.append("--manage-cgroups=ignore")
+            args += list(extra)
+            self._run_logged(args, log_file, what="restore", entered=entered)
+        finally:
+            entered.close()
         try:
             return int(pidfile.read_text().strip())
         except (OSError, ValueError) as exc:
@@ -154,12 +278,17 @@ class Criu:
         log_file.unlink(missing_ok=True)
         return log_file
 
-    @staticmethod
-    def _log_args(log_file: Path) -> list[str]:
-        return ["--log-file", str(log_file.resolve()), "-v4"]
+    def _dirs_args(self, entered: _Entered, images_dir: Path, log_file: Path) -> list[str]:
+        """--images-dir and the log; in a pod through descriptors, the log (and pid file) named relative
+        to CRIU's work directory, the logs folder."""
+        if self._pod_pid is None:
+            return ["--images-dir", str(images_dir), "--log-file", str(log_file.resolve()), "-v4"]
+        images = entered.directory(images_dir)
+        work = entered.directory(log_file.parent)
+        return ["--images-dir", images, "--work-dir", work, "--log-file", log_file.name, "-v4"]
 
-    def _run_logged(self, args: list[str], log_file: Path, *, what: str) -> None:
-        result = self._run(args, timeout=self.timeout)
+    def _run_logged(self, args: list[str], log_file: Path, *, what: str, entered: _Entered) -> None:
+        result = self._run(args, timeout=self.timeout, entered=entered)
         if result.returncode == 0:
             return
         if result.returncode == -signal.SIGKILL and result.stderr == "timeout":
@@ -170,8 +299,23 @@ class Criu:
             )
         raise CriuError(f"CRIU {what} failed: {reason} (log: {log_file})", log_file=log_file)
 
-    def _run(self, args: list[str], *, timeout: float) -> subprocess.CompletedProcess[str]:
-        argv = self._prefix + self.command + args
+    def _run(
+        self, args: list[str], *, timeout: float, entered: _Entered | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        own = entered is None
+        entered = entered or _Entered()
+        try:
+            return self._run_entered(args, timeout=timeout, entered=entered)
+        finally:
+            if own:
+                entered.close()
+
+    def _run_entered(
+        self, args: list[str], *, timeout: float, entered: _Entered
+    ) -> subprocess.CompletedProcess[str]:
+        program = self.command if self._pod_pid is None else _program_args(self.command, entered)
+        argv = self._prefix + program + args
+        join_fds = _open_cgroup_procs(self._cgroups_of) if self._cgroups_of is not None else []
         try:
             process = subprocess.Popen(
                 argv,
@@ -179,10 +323,17 @@ class Criu:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                pass_fds=entered.fds,
                 start_new_session=True,  # a timeout kills nsenter and CRIU together
+                preexec_fn=(lambda: _join(join_fds)) if join_fds else None,
             )
         except FileNotFoundError as exc:
             raise CriuError(f"cannot run {argv[0]!r}: not found; {SETUP_HINT}") from exc
+        except subprocess.SubprocessError as exc:  # the cgroup move failed in the child
+            raise CriuError(f"could not move CRIU into the cgroups of pid {self._cgroups_of}: {exc}") from exc
+        finally:
+            for fd in join_fds:
+                os.close(fd)
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -192,6 +343,25 @@ class Criu:
             _kill_group(process)
             raise
         return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def _open_cgroup_procs(pid: int) -> list[int]:
+    """Write descriptors of `cgroup.procs` in every cgroup of `pid` (opened here, written by the child)."""
+    fds: list[int] = []
+    try:
+        for directory in cgroup_dirs(pid):
+            fds.append(os.open(directory / "cgroup.procs", os.O_WRONLY | os.O_CLOEXEC | os.O_NOFOLLOW))
+    except OSError as exc:
+        for fd in fds:
+            os.close(fd)
+        raise CriuError(f"cannot open the cgroups of pid {pid}: {exc}") from exc
+    return fds
+
+
+def _join(fds: list[int]) -> None:
+    """In the forked child, before exec: move itself ("0": the writing task) into each cgroup."""
+    for fd in fds:
+        os.write(fd, b"0")
 
 
 def _kill_group(process: subprocess.Popen[str]) -> None:

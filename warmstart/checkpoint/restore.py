@@ -317,7 +317,7 @@ def _restore_process(
 ) -> tuple[int, int]:
     try:
         with timed(timings, "criu_restore"):
-            namespace_pid = criu.in_namespaces_of(sandbox.init_pid).restore(
+            namespace_pid = sandbox.criu(criu).restore(
                 work_dir / CRIU_DIR, logs_dir=work_dir / RESTORE_LOGS_DIR
             )
     finally:

@@ -23,8 +23,12 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmstart.fileio import directory_fd, write_atomic
+
+if TYPE_CHECKING:
+    from warmstart.checkpoint.criu import Criu
 
 MOUNTPOINT = Path("/run/warmstart/pod")
 PR_SET_PDEATHSIG = 1
@@ -143,6 +147,10 @@ class Sandbox:
             time.sleep(0.005)
         process.kill()
         raise SandboxError(f"the sandbox in {host_dir} was not ready within {timeout}s (needs root)")
+
+    def criu(self, criu: Criu) -> Criu:
+        """`criu` as it must run to dump from or restore into this sandbox: in its PID and mount namespace."""
+        return criu.in_namespaces_of(self.init_pid)
 
     def on_host(self, inside_path: Path) -> Path:
         """Where a file under the sandbox's mountpoint lives on the host."""
