@@ -36,6 +36,16 @@ QWEN3_8B = dict(
 )  # fmt: skip
 
 
+# What the refill file says for each restore step (read by the resumed engine): the current defaults
+# (16 MiB chunks, the KV cache mapped beside the refill) or the 2026-12-01 behaviour ("-old").
+REFILLS = {
+    "restore-image": "image",
+    "restore-image-old": "image threads=8 chunk=64 overlap=0",
+    "restore-notrim": "image",
+    "restore-reload": "reload",
+}
+
+
 def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
@@ -139,17 +149,22 @@ def greedy(base: str, model: str) -> list[str]:
 
 
 def serve_once(
-    args: argparse.Namespace, label: str, results: list[dict[str, Any]], reference: list[str] | None
+    args: argparse.Namespace,
+    label: str,
+    results: list[dict[str, Any]],
+    reference: list[str] | None,
+    store: str = "store",
+    env_extra: dict[str, str] | None = None,
 ):
     port = args.port
     argv = [sys.executable, "-m", "warmstart", "serve", "--engine", "vllm", "--model", str(args.model),
-            "--device", "cuda", "--store", str(args.work / "store"), "--work-dir", str(args.work / "pods"),
+            "--device", "cuda", "--store", str(args.work / store), "--work-dir", str(args.work / "pods"),
             "--port", str(port), "--criu", args.criu,
             "--worker-arg=--dtype=bfloat16", f"--worker-arg=--gpu-memory-utilization={args.gpu_util}",
             f"--worker-arg=--max-model-len={args.max_model_len}",
             f"--worker-arg=--max-num-seqs={args.max_num_seqs}"]  # fmt: skip
     log_path = args.out / f"serve-{label}.log"
-    env = dict(os.environ, WARMSTART_VLLM_WEIGHTS_IMAGE=str(args.work / "weights-image"))
+    env = dict(os.environ, WARMSTART_VLLM_WEIGHTS_IMAGE=str(args.work / "weights-image"), **(env_extra or {}))
     started = time.time()
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO,
@@ -204,11 +219,9 @@ def engine_logs(work: Path, out: Path) -> None:
                 sink.write("\n".join(bad[:60] + lines[-15:]) + "\n")
 
 
-def image_sizes(work: Path) -> dict[str, Any]:
+def image_sizes(work: Path, store: str = "store") -> dict[str, Any]:
     """What the newest snapshot holds: CRIU page images (host memory) and everything else."""
-    manifests = sorted(
-        (work / "store" / "snapshots").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime
-    )
+    manifests = sorted((work / store / "snapshots").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
     if not manifests:
         return {}
     manifest = json.loads(manifests[-1].read_text())
@@ -253,8 +266,8 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--start-timeout", type=float, default=300)
-    parser.add_argument("--steps", default="capture,restore-reload,restore-image,restore-image-dropped,"
-                        "restore-reload-dropped,vllm-hot,vllm-dropped")  # fmt: skip
+    parser.add_argument("--steps", default="capture,restore-image,restore-image-old,restore-image-dropped,"
+                        "capture-notrim,restore-notrim,vllm-hot")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     write_model(args.model)
@@ -264,21 +277,28 @@ def main() -> int:
     refill = args.work / "weights-image" / "refill"
     try:
         for step in steps:
-            if step == "capture":
-                reference = serve_once(args, "cold-capture", results, None)
-                results[-1]["image"] = image_sizes(args.work)
-                if reference is None:
+            if step in ("capture", "capture-notrim"):
+                # capture-notrim: a second store, cached GPU/host memory left in place at release
+                store = "store" if step == "capture" else "store-notrim"
+                env_extra = {} if step == "capture" else {"WARMSTART_VLLM_TRIM": "0"}
+                outputs = serve_once(args, step, results, reference, store, env_extra)
+                results[-1]["image"] = image_sizes(args.work, store)
+                if outputs is None:
                     break
+                reference = reference or outputs
             elif step.startswith("restore-"):
                 refill.parent.mkdir(parents=True, exist_ok=True)
-                refill.write_text("reload" if "reload" in step else "image")
+                refill.write_text(REFILLS.get(step.removesuffix("-dropped"), "image"))
                 if step.endswith("dropped"):
                     drop_caches()
-                serve_once(args, step, results, reference)
+                store = "store-notrim" if "notrim" in step else "store"
+                serve_once(args, step, results, reference, store)
             elif step.startswith("vllm-"):
                 if step.endswith("dropped"):
                     drop_caches()
                 vllm_alone(args, step, step == "vllm-hot", results)
+            # after every step, so a run stopped at its time limit still leaves its results
+            (args.out / "results.json").write_text(json.dumps(results, indent=1))
     finally:
         engine_logs(args.work, args.out)
         (args.out / "results.json").write_text(json.dumps(results, indent=1))

@@ -254,3 +254,87 @@ def test_weights_image_layout_round_trips(tmp_path: Path) -> None:
     assert all(e.offset % weights_image.ALIGN == 0 for e in entries)
     assert weights_image.matches(entries, tensors) is None
     assert "tensors in the image" in (weights_image.matches(entries, tensors[:1]) or "")
+
+
+def test_the_kv_cache_is_mapped_beside_the_refill_and_options_come_from_the_refill_file(
+    fake_vllm: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(WEIGHTS_IMAGE_ENV, str(tmp_path / "images"))
+    seen: list[dict[str, Any]] = []
+
+    def fake_refill(model: Any, path: Path, **kwargs: Any) -> dict[str, float]:
+        seen.append(kwargs)
+        return {"bytes": 1.0, "seconds": 1.0, "gb_per_s": 1.0}
+
+    monkeypatch.setattr(weights_image, "refill", fake_refill)
+    engine, llm = loaded(model_dir)
+    engine.release()
+    engine.reacquire()
+    assert seen[-1] == {
+        "threads": engine_module.REFILL_THREADS,
+        "chunk_bytes": engine_module.REFILL_CHUNK_MIB << 20,
+    }
+    assert "wake_up:kv_cache" in llm.calls and "wake_kv_cache_s" in engine.timings
+    image = Path(engine.describe()["weights_image"])
+    (image.parent / REFILL_CHOICE_FILE).write_text("image threads=3 chunk=64 overlap=0\n")
+    engine.release()
+    assert engine.timings["weights_image_write_s"] == 0.0  # the same identity: the image is kept
+    engine.reacquire()
+    assert seen[-1] == {"threads": 3, "chunk_bytes": 64 << 20}
+    assert llm.calls[-3:] == ["wake_up:weights", "wake_up:kv_cache", "reset_prefix_cache"]
+
+
+def test_refill_choice_parsing() -> None:
+    parse = engine_module.RefillChoice.parse
+    assert parse("reload\n").how == "reload"
+    assert parse("").how == "image" and parse("").overlap
+    choice = parse("image threads=12 chunk=8 overlap=0")
+    assert (choice.threads, choice.chunk_bytes, choice.overlap) == (12, 8 << 20, False)
+    assert parse("image threads=x").threads == engine_module.REFILL_THREADS
+
+
+def test_release_reports_memory_and_trims_unless_told_not_to(
+    fake_vllm: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    engine, _llm = loaded(model_dir)
+    engine.release()
+    report = engine.describe()["memory_at_release"]
+    assert {"awake", "asleep", "trimmed", "after_trim"} <= set(report)
+    assert "RssAnon" in report["asleep"]["host"]
+    engine.reacquire()
+    monkeypatch.setenv(engine_module.TRIM_ENV, "0")
+    engine.release()
+    assert "trimmed" not in engine.describe()["memory_at_release"]
+
+
+def test_memory_pools_and_cumem_tags_are_summed() -> None:
+    from warmstart.engines.vllm import memory
+
+    gib = 1 << 30
+    segments = [
+        {"segment_pool_id": (0, 0), "total_size": 2 * gib, "allocated_size": gib},
+        {"segment_pool_id": (1, 0), "total_size": gib, "allocated_size": gib},
+        {"segment_pool_id": (0, 5), "total_size": 4 * gib, "allocated_size": 4 * gib},
+    ]
+    pools = memory.pools(segments, {(0, 5): "cumem:weights"})
+    assert pools["default"] == {"reserved_gib": 2.0, "allocated_gib": 1.0, "segments": 1}
+    assert pools["pool1.0"]["reserved_gib"] == 1.0 and pools["cumem:weights"]["allocated_gib"] == 4.0
+
+    data = types.SimpleNamespace
+    allocator = data(pointer_to_data={
+        1: data(handle=(0, gib, 1, None), tag="weights", is_asleep=True),
+        2: data(handle=(0, 2 * gib, 2, None), tag="kv_cache", is_asleep=False),
+    })  # fmt: skip
+    tags = memory.cumem_tags(allocator)
+    assert tags == {"weights": {"gib": 1.0, "asleep_gib": 1.0}, "kv_cache": {"gib": 2.0, "asleep_gib": 0.0}}
+
+
+def test_reusable_weights_image(tmp_path: Path) -> None:
+    model = FakeModel()
+    path = tmp_path / "w.weights"
+    assert not weights_image.reusable(model, path)
+    weights_image.save(model, path)
+    assert weights_image.reusable(model, path)
+    with open(path, "r+b") as file:
+        file.truncate(path.stat().st_size - 1)
+    assert not weights_image.reusable(model, path)

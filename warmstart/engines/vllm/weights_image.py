@@ -115,6 +115,18 @@ def matches(entries: list[Entry], tensors: list[tuple[str, Any]]) -> str | None:
     return None
 
 
+def reusable(model: Any, path: Path) -> bool:
+    """Whether `path` is a complete image of exactly these parameters' layout (its bytes are not read)."""
+    try:
+        entries = read_entries(path)
+        size = path.stat().st_size
+    except (OSError, ValueError, struct.error, json.JSONDecodeError):
+        return False
+    if matches(entries, parameters(model)) is not None:
+        return False
+    return not entries or size >= entries[-1].offset + entries[-1].nbytes
+
+
 def refill(
     model: Any, path: Path, threads: int = DEFAULT_THREADS, chunk_bytes: int = DEFAULT_CHUNK
 ) -> dict[str, float]:
