@@ -113,6 +113,26 @@ def test_release_and_reacquire_keep_outputs(make_engine) -> None:
     assert after.token_ids == before.token_ids
 
 
+def test_garbage_in_fresh_kv_memory_never_reaches_the_output(make_engine, monkeypatch) -> None:
+    """Memory a KV arena gets back is undefined (here: all 0xFF bytes, NaN in every float format). A batch
+    of prompts of other lengths attends over cache positions the shorter one never wrote."""
+    engine = make_engine()
+    batch = [greedy("Hi", ignore_eos=True), greedy(PROMPT * 3, ignore_eos=True)]
+    before = [result.token_ids for result in engine.generate(batch)]
+    arena = engine._kv_arena
+    reacquire = arena.reacquire
+
+    def reacquire_with_leftovers():
+        tensor = reacquire()
+        tensor.view(torch.uint8).fill_(0xFF)
+        return tensor
+
+    monkeypatch.setattr(arena, "reacquire", reacquire_with_leftovers)
+    engine.release()
+    engine.reacquire()
+    assert [result.token_ids for result in engine.generate(batch)] == before
+
+
 def test_a_reacquire_that_failed_refills_the_weights_when_retried(
     make_engine, tiny_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -149,6 +149,7 @@ class BuiltinEngine(Engine):
         self._kv_arena = create_arena(self._arena_kind, self._device)
         # One slot more than sequences: the scratch slot that padded CUDA-graph rows write into.
         self._kv_arena.allocate(kv_nbytes(config, self._max_num_seqs + 1, self._max_len))
+        self._clear_kv()
         self._model = Transformer(config, self._device, self._max_len)
         self._bind_all()
         self._scheduler = Scheduler(
@@ -274,6 +275,12 @@ class BuiltinEngine(Engine):
         if self._scratch is not None:
             self._scratch.reacquire()
         self._kv_arena.reacquire()
+        self._clear_kv()
+
+    def _clear_kv(self) -> None:
+        """Zero the KV cache: decode attends over whole cache rows under a mask, and a masked-out value
+        is still multiplied by its zero weight, so NaN bytes left in fresh memory would poison the output."""
+        self._kv_arena.tensor.zero_()
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         sequences = [self._sequence(request) for request in requests]
