@@ -1,9 +1,10 @@
 """A small stateful process to checkpoint in tests: its answer depends on memory built before the dump.
 
-Usage: target_process.py CONTROL_DIR SEED [chatty]. Builds a random state, signals ready-for-snapshot
-with its PID, waits for restore-complete, then writes `answer` (a digest of the state continued after
-the restore).
-`chatty` keeps printing after ready-for-snapshot, as a worker that does not quiesce would.
+Usage: target_process.py CONTROL_DIR SEED [chatty] [linger]. Builds a random state, signals
+ready-for-snapshot with its PID, waits for restore-complete, then writes `answer` (a digest of the state
+continued after the restore).
+`chatty` keeps printing after ready-for-snapshot, as a worker that does not quiesce would; `linger` keeps
+running after the answer until `CONTROL_DIR/exit` exists (at most two minutes), as a serving engine would.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def main() -> int:
     )
     payload = {"pid": os.getpid(), "identity": identity.to_dict(), "identity_hash": identity.digest()}
     control.send(READY_FOR_SNAPSHOT, payload)
-    if sys.argv[3:] == ["chatty"]:
+    if "chatty" in sys.argv[3:]:
         threading.Thread(target=_chatter, daemon=True).start()
     signal = control.wait(RESTORE_COMPLETE, SNAPSHOT_COMPLETE)
     if signal.name == SNAPSHOT_COMPLETE:
@@ -45,6 +46,13 @@ def main() -> int:
     answer = Path(control.path) / "answer"
     answer.write_text(f"{digest} {os.getpid()} {signal.payload.get('port', '')}\n")
     print(f"target answered {digest}", flush=True)
+    deadline = time.monotonic() + 120
+    while (
+        "linger" in sys.argv[3:]
+        and not (Path(control.path) / "exit").exists()
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
     return 0
 
 

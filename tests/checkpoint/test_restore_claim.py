@@ -48,7 +48,9 @@ def _capture(
 ) -> tuple[Sandbox, Snapshot]:
     host_dir = tmp_path / "capture"
     (host_dir / "control" / "logs").mkdir(parents=True)
-    target = f"{shlex.quote(sys.executable)} {TARGET} {CONTROL_INSIDE} 9"
+    # It lingers after answering, as a serving engine would: a restored copy is still running when its
+    # supervisor (slow on a loaded machine) reads restore-complete.
+    target = f"{shlex.quote(sys.executable)} {TARGET} {CONTROL_INSIDE} 9 linger"
     script = f"setsid {target} </dev/null >{CONTROL_INSIDE}/logs/out 2>&1 & wait"
     source = Sandbox.start(host_dir, ["/bin/sh", "-c", script])
     sandboxes.append(source)
@@ -151,9 +153,10 @@ def test_a_supervisor_whose_timeout_passes_during_a_restore_waits_for_it_and_sta
         release_criu.touch()
         restoring.join(timeout=600)
     assert results and isinstance(results[0], RestoreResult), results
-    wait_until(lambda: "restored engine is pid" in _supervisor_log(pod), "the supervisor adopting the engine")
+    wait_until(lambda: "restored engine is pid" in _supervisor_log(pod), "the supervisor adopting it", 120)
     restored_answer = wait_for_line(pod.host_dir / "control" / "answer").split()[0]
     assert restored_answer == wait_for_line(source.host_dir / "control" / "answer").split()[0]
+    (pod.host_dir / "control" / "exit").touch()  # the restored engine may end now
     assert pod.process.wait(timeout=60) == 0  # the restored engine ended, and the supervisor with it
     log = _supervisor_log(pod)
     assert "started (cold)" not in log and not (pod.host_dir / "control" / "logs" / "engine.log").exists(), (
