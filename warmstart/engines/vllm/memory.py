@@ -6,8 +6,7 @@ restore. `breakdown` says what is left, by owner: the GPU's view (`mem_get_info`
 allocator (allocated and reserved, per memory pool: the default pool, CUDA-graph pools, vLLM's
 CuMemAllocator pool), the CuMemAllocator's allocations by tag and whether they are asleep, this process's
 resident host memory. `trim` releases what is cached but unused and is re-made on demand after resume:
-cuBLAS workspaces (re-allocated by the next eager matmul; those captured in CUDA graphs live in the
-graph pool and stay), the caching allocator's free blocks, torch's pinned host-memory cache, and glibc's
+the caching allocator's free blocks, torch's pinned host-memory cache, and glibc's
 free heap pages (`malloc_trim`).
 """
 
@@ -122,8 +121,8 @@ def trim() -> dict[str, float]:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-        with contextlib.suppress(AttributeError, RuntimeError):
-            torch._C._cuda_clearCublasWorkspaces()
+        # Not torch._C._cuda_clearCublasWorkspaces(): vLLM's CUDA graphs replay into workspaces allocated
+        # before their capture (seen on the H200: freeing them made the next replay an illegal access).
         torch.cuda.empty_cache()
     with contextlib.suppress(AttributeError, RuntimeError):
         torch._C._host_emptyCache()
