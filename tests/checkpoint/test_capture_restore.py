@@ -17,7 +17,7 @@ from warmstart.checkpoint.restore import FailureCounter, RestoreFailed, RestoreR
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
-from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
+from warmstart.snapshot.signing import load_signer, load_verifier
 from warmstart.snapshot.store import SnapshotStore
 
 pytestmark = pytest.mark.integration
@@ -26,16 +26,6 @@ TARGET = Path(__file__).with_name("target_process.py")
 
 def _identity(seed: int) -> SnapshotIdentity:
     return SnapshotIdentity(model_digest=f"sha256:{seed:0>64}", engine="target", engine_version="1")
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> SnapshotStore:
-    return SnapshotStore(tmp_path / "store")
-
-
-@pytest.fixture
-def key(tmp_path: Path) -> Path:
-    return generate_hmac_key(tmp_path / "hmac.key")
 
 
 @pytest.fixture

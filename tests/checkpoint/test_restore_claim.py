@@ -25,22 +25,12 @@ from warmstart.protocol import (
     RESTORE_FAILED,
     ControlDir,
 )
-from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
+from warmstart.snapshot.signing import load_signer, load_verifier
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 pytestmark = pytest.mark.integration
 TARGET = Path(__file__).with_name("target_process.py")
 CONTROL_INSIDE = MOUNTPOINT / "control"
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> SnapshotStore:
-    return SnapshotStore(tmp_path / "store")
-
-
-@pytest.fixture
-def key(tmp_path: Path) -> Path:
-    return generate_hmac_key(tmp_path / "hmac.key")
 
 
 def _capture(

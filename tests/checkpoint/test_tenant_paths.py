@@ -18,21 +18,11 @@ from warmstart.checkpoint.restore import RestoreFailed, restore
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir, SignalError
-from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
+from warmstart.snapshot.signing import load_signer, load_verifier
 from warmstart.snapshot.store import SnapshotStore
 
 HERE = Path(__file__).parent
 SECRET = b"only-root-may-read-this\n" * 4
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> SnapshotStore:
-    return SnapshotStore(tmp_path / "store")
-
-
-@pytest.fixture
-def key(tmp_path: Path) -> Path:
-    return generate_hmac_key(tmp_path / "hmac.key")
 
 
 @pytest.fixture

@@ -228,8 +228,7 @@ def sync_snapshots(
     if stale:
         return
     wanted = children.capture_pod_name(plan.active, plan.capture_attempt) if plan.capture_attempt else ""
-    selector = {L.ENDPOINT_LABEL: endpoint.name, L.COMPONENT_LABEL: L.CAPTURE_COMPONENT}
-    existing = {p["metadata"]["name"] for p in kube.list("Pod", ns, selector)}
+    existing = {p["metadata"]["name"] for p in _capture_pods(kube, endpoint)}
     for name in existing - {wanted}:
         kube.delete("Pod", ns, name)
     if wanted and wanted not in existing:

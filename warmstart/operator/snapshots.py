@@ -166,16 +166,15 @@ def plan_snapshots(
     """
     if not spec.snapshot.enabled:
         return SnapshotPlan(role=L.ROLE_COLD)
-    phases = SnapshotPlan(role=L.ROLE_COLD)
-    snapshots = [
-        _with_derived_phase(s, (capture_pod_failures or {}).get(_name(s), ""), phases) for s in snapshots
-    ]
+    plan = SnapshotPlan(role=L.ROLE_COLD)
+    failures = capture_pod_failures or {}
+    snapshots = [_with_derived_phase(s, failures.get(_name(s), ""), plan) for s in snapshots]
     ordered = _newest_first(snapshots)
     mine = [s for s in ordered if (s.get("spec") or {}).get("requestKeyHash") == request_hash]
     ready = next((s for s in mine if phase_of(s) == Phase.READY), None)
-    plan = SnapshotPlan(role=L.ROLE_RESTORE if ready else L.ROLE_COLD, ready=_name(ready) if ready else "")
-    plan.status_patches = phases.status_patches
-    if ready is None:
+    if ready is not None:
+        plan.role, plan.ready = L.ROLE_RESTORE, _name(ready)
+    else:
         _plan_capture(plan, endpoint, spec, request_hash, key, mine, ordered, now, backoff)
     plan.delete = _retention(ordered, spec.snapshot.retention, keep={plan.ready, plan.active})
     return plan
