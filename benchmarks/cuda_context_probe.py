@@ -35,6 +35,15 @@ VARIANTS = {
         " from torch._inductor import async_compile as ac; getattr(ac, 'shutdown_compile_workers', int)()"
     ),
 }
+# The driver's local-memory reserve (stack bytes x every thread the GPU holds) is device memory a checkpoint
+# copies: the same states with the stack limit lowered just before it, as the builtin engine's release does.
+LOWER_STACK = (
+    "; from cuda.bindings import driver as cu"
+    "; assert int(cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, 16)[0]) == 0"
+)
+VARIANTS.update(
+    {f"{name}, stack limit lowered": setup + LOWER_STACK for name, setup in list(VARIANTS.items())}
+)
 
 CHILD = "import sys, torch; {setup}; torch.cuda.synchronize(); print('ready', flush=True); sys.stdin.read()"
 

@@ -5,9 +5,15 @@
 #                                    trip, serve on CUDA), what a bare CUDA context costs in a checkpoint,
 #                                    and a short Qwen3-0.6B run of the restore benchmark
 #   hack/device-gpu-bench.sh full    the restore benchmark for Qwen3-0.6B and Qwen3-8B (3 repetitions)
+#   hack/device-gpu-bench.sh product the product path, `warmstart bench restore` (verification included), at
+#                                    Qwen3-8B shapes: cold / hot / dropped with the floor, then each lever
+#                                    of LEVERS off in turn (restores only), the KV cache sized to the GPU at
+#                                    256 x 4096, and what a bare CUDA context costs in a checkpoint
 #
 # Needs root, an NVIDIA GPU with driver >= 570, python3 with torch, safetensors and cuda-bindings, and CRIU 4:
-# WARMSTART_CRIU, or the portable folder made by hack/criu-setup copied to .dev/criu. Results go to $OUT
+# WARMSTART_CRIU, or the portable folder made by hack/criu-setup copied to .dev/criu (and, for the product
+# mode's CRIU 4.2.1 step, the one made with WARMSTART_CRIU_SUITE=sid in .dev/criu-sid). The product mode
+# also needs the worker's HTTP stack: wheels in .whl (fastapi, starlette, uvicorn, pydantic). Results go to $OUT
 # (default benchmarks/results/local); scratch files to $BENCH_WORK (default /var/tmp/warmstart-gpu-bench).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -42,6 +48,49 @@ gpu_tests() {
         | tail -5
 }
 
+# The product path at Qwen3-8B shapes: `warmstart bench restore` with the engine flags of BENCHMARKS.md.
+bench_restore() {  # NAME CRIU-COMMAND ARGS...: one bench run, its table and JSON in $OUT
+    local name=$1 criu=$2
+    shift 2
+    echo "== bench restore: $name"
+    rm -rf "$WORK/store"
+    timeout "${STEP_TIMEOUT:-400}" python3 -m warmstart bench restore --store "$WORK/store" --device cuda \
+        --model qwen3-8b --worker-arg=--compile --worker-arg=--max-num-seqs=256 --worker-arg=--max-model-len=1024 \
+        --criu "$criu" --markdown "$OUT/$name.md" --json "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log" \
+        | grep -v ' INFO ' | tail -22
+}
+
+product() {  # STEPS (comma-separated): main probe kvfit levers criu-sid
+    local steps=",$1,"
+    if [[ -d .whl ]]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ws-site .whl/*.whl || exit 4
+        export PYTHONPATH=$PYTHONPATH:/tmp/ws-site
+    fi
+    export WARMSTART_CACHE=${WARMSTART_CACHE:-/tmp/wscache}
+    for feature in uffd uffd-noncoop; do
+        echo "criu check --feature $feature: $($WARMSTART_CRIU check --feature $feature 2>&1 | tail -1)"
+    done
+    [[ "$steps" == *,main,* ]] && bench_restore main "$WARMSTART_CRIU" --repeat "${REPEAT:-1}" ${COLD_DROPPED:+--cold-dropped}
+    if [[ "$steps" == *,probe,* ]]; then
+        echo "== what a CUDA checkpoint copies from a process holding no tensors"
+        timeout 150 python3 benchmarks/cuda_context_probe.py 2>&1 | tee "$OUT/cuda_context_probe.md" | tail -7
+    fi
+    if [[ "$steps" == *,kvfit,* ]]; then
+        echo "== KV cache sized to the GPU: 256 sequences x 4096 tokens asked for"
+        timeout 150 python3 benchmarks/kv_fit.py 2>&1 | tee "$OUT/kv_fit.txt" | grep -v ' INFO ' | tail -6
+    fi
+    if [[ "$steps" == *,levers,* ]]; then
+        for lever in ${LEVERS:-WARMSTART_BUILTIN_SHRINK_LOCAL_MEMORY WARMSTART_BUILTIN_TRIM_HOST}; do
+            (export "$lever=0"; bench_restore "off-$lever" "$WARMSTART_CRIU" --repeat 2 --no-cold --no-drop-caches)
+        done
+    fi
+    if [[ "$steps" == *,criu-sid,* && -x .dev/criu-sid/criu ]]; then
+        local sid=$PWD/.dev/criu-sid
+        bench_restore criu-4.2.1 "$sid/ld-linux-x86-64.so.2 --library-path $sid $sid/criu" --repeat 2 --no-cold \
+            --no-drop-caches
+    fi
+}
+
 case "$MODE" in
 smoke)
     echo "== GPU tests"
@@ -67,8 +116,11 @@ full)
         --stage-weights "${STAGE_WEIGHTS:-on}" \
         --caches "${CACHES:-hot,dropped}" --budget-s "${BUDGET_S:-540}" 2>&1 | tee "$OUT/gpu_restore.log"
     ;;
+product)
+    product "${PRODUCT_STEPS:-main,probe,kvfit,levers,criu-sid}"
+    ;;
 *)
-    echo "usage: $0 smoke|full" >&2
+    echo "usage: $0 smoke|full|product" >&2
     exit 2
     ;;
 esac

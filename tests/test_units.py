@@ -83,11 +83,12 @@ def test_prune_removes_only_dead_runs(tmp_path: Path) -> None:
 
 def test_bench_rows_compare_with_cold_and_floor() -> None:
     cold = Series("cold start", ready=[4.0, 2.0, 3.0], first_token=[3.1, 2.1, 4.1])
-    restore = Series("restore", ready=[1.0, 0.5, 1.5], first_token=[1.1, 0.6, 1.6])
-    rows = _rows([cold, restore], [Floor("floor", 0.25, "detail")])
-    assert rows[0] == ["cold start", "3.00 s", "2.00-4.00 s", "3.10 s", "1.0x"]
-    assert rows[1] == ["restore", "1.00 s", "0.50-1.50 s", "1.10 s", "3.0x"]
-    assert rows[2] == ["floor", "0.25 s", "detail", "-", "12.0x"]
+    restore = Series("restore", ready=[1.0, 0.5, 1.5], first_token=[1.1, 0.6, 1.6], outputs_identical=[True])
+    dropped = Series("restore", ready=[5.0], first_token=[5.5], cache="dropped", outputs_identical=[False])
+    rows = _rows([cold, restore, dropped], [Floor("hot", 0.55, "detail"), Floor("dropped", 5.0, "detail")])
+    assert rows[0] == ["cold start", "hot", "3.00 s", "3.10 s", "2.10-4.10 s", "3", "", "", "1.0x", ""]
+    assert rows[1][2:] == ["1.00 s", "1.10 s", "0.60-1.60 s", "3", "0.55 s", "2.00x", "2.8x", "yes"]
+    assert rows[2][1:] == ["dropped", "5.00 s", "5.50 s", "5.50-5.50 s", "1", "5.00 s", "1.10x", "", "NO"]
 
 
 def test_worker_command_carries_mode_port_and_control_dir() -> None:

@@ -1,9 +1,13 @@
 """`warmstart bench restore`: cold start vs restore of the same engine and model, measured in one run.
 
 For each of N repetitions: a cold start, a restore with the page cache hot and (as root) one with the page
-cache dropped first. Each is timed to ready (HTTP) and to the first token of a one-token completion. The
-restore is compared with its floor, measured in the same run: the snapshot's bytes over the bandwidth read
-back from the store (hot and dropped) plus CRIU's fixed cost (restoring a trivial process).
+cache dropped first (and, with --cold-dropped, a cold start with the page cache dropped). Each is timed to
+ready (HTTP) and to the first token of a one-token completion, and every restore's greedy outputs are
+compared with those of the engine that was captured. The restore is compared with its floor, measured in
+the same run, counting every byte a restore moves: the CRIU image and the weight files it reads (at the
+bandwidth of parallel reads, page cache hot and dropped), the bytes it puts on the GPU (the weights and
+the device memory the CUDA checkpoint holds, at the measured pinned host-to-GPU bandwidth), plus CRIU's
+fixed cost (restoring a trivial process).
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -18,6 +23,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,7 +38,17 @@ if TYPE_CHECKING:
     from warmstart.checkpoint.sandbox import Sandbox
     from warmstart.snapshot.store import Snapshot, SnapshotStore
 
-READ_CHUNK = 8 << 20
+READ_CHUNK = 16 << 20
+READ_THREADS = 8
+OUTPUT_PROMPTS = ("The quick brown fox", "Checkpoint and restore make inference workers start", "def fib(n):")
+OUTPUT_TOKENS = 16
+ENGINE_LOG = Path("logs") / "engine.log"  # in a sandbox's control directory
+# What the restored engine logs about its own side of a restore (seconds), as phases
+ENGINE_PHASES = {
+    "engine_reacquire": re.compile(r"reacquired in ([0-9.]+) s"),
+    "engine_stager_wait": re.compile(r"waited for staged weights ([0-9.]+) s"),
+    "stager_fill": re.compile(r"weight stager \(it filled them in ([0-9.]+) s\)"),
+}
 
 
 @dataclass
@@ -43,6 +59,8 @@ class Series:
     ready: list[float] = field(default_factory=list)
     first_token: list[float] = field(default_factory=list)
     phases: dict[str, list[float]] = field(default_factory=dict)
+    outputs_identical: list[bool] = field(default_factory=list)
+    cache: str = "hot"
 
     def median(self, values: list[float]) -> float:
         return statistics.median(values) if values else float("nan")
@@ -50,7 +68,7 @@ class Series:
 
 @dataclass
 class Floor:
-    name: str
+    cache: str
     seconds: float
     detail: str
 
@@ -65,25 +83,61 @@ def drop_page_cache() -> bool:
     return True
 
 
-def first_token_seconds(spec: WorkerSpec, started: float) -> float:
-    """Seconds from `started` until a one-token greedy completion came back."""
-    body = json.dumps({"model": spec.model, "prompt": "warm", "max_tokens": 1, "temperature": 0}).encode()
+def _complete(spec: WorkerSpec, prompt: str, max_tokens: int) -> list[str]:
+    body = json.dumps({"model": spec.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0})
     request = urllib.request.Request(
-        spec.base_url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        spec.base_url + "/v1/completions", data=body.encode(), headers={"Content-Type": "application/json"}
     )
     with urllib.request.urlopen(request, timeout=120) as response:
-        response.read()
+        reply = json.loads(response.read())
+    return [choice.get("text", "") for choice in reply.get("choices", [])]
+
+
+def first_token_seconds(spec: WorkerSpec, started: float) -> float:
+    """Seconds from `started` until a one-token greedy completion came back."""
+    _complete(spec, "warm", 1)
     return time.monotonic() - started
 
 
-def read_bandwidth(paths: list[Path]) -> tuple[int, float]:
-    """Bytes and seconds to read `paths` sequentially in large chunks."""
-    total, started = 0, time.monotonic()
-    for path in paths:
-        with open(path, "rb", buffering=0) as handle:
-            while chunk := handle.read(READ_CHUNK):
-                total += len(chunk)
+def greedy_outputs(spec: WorkerSpec) -> list[list[str]]:
+    """Greedy completions of a few prompts, one request at a time (the batch cannot change the numerics)."""
+    return [_complete(spec, prompt, OUTPUT_TOKENS) for prompt in OUTPUT_PROMPTS]
+
+
+def read_bandwidth(paths: list[Path], threads: int = READ_THREADS) -> tuple[int, float]:
+    """Bytes and seconds to read `paths` with `threads` parallel readers in large chunks."""
+    pieces = [(path, offset) for path in paths for offset in range(0, path.stat().st_size, READ_CHUNK)]
+
+    def read(piece: tuple[Path, int]) -> int:
+        fd = os.open(piece[0], os.O_RDONLY)
+        try:
+            return len(os.pread(fd, READ_CHUNK, piece[1]))
+        finally:
+            os.close(fd)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(read, pieces))
     return total, time.monotonic() - started
+
+
+def pinned_to_gpu_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
+    """Bytes per second of pinned host -> GPU copies (torch), or None without torch or a GPU."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    host = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+    device = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    started = time.monotonic()
+    for _ in range(repeats):
+        device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    return nbytes * repeats / (time.monotonic() - started)
 
 
 def criu_fixed_cost(criu: Criu, work: Path) -> float:
@@ -131,9 +185,31 @@ def snapshot_blob_paths(store: SnapshotStore, snapshot: Snapshot) -> list[Path]:
     ]
 
 
+def weight_files_and_bytes(snapshot: Snapshot) -> tuple[list[Path], int]:
+    """The weight files a restore reads (its staging plan's) and the bytes it puts on the GPU from them."""
+    plan = (snapshot.meta.get("worker") or {}).get("weight_staging") or {}
+    copies = plan.get("copies") or []
+    files = sorted({Path(copy[0]) for copy in copies})
+    return [path for path in files if path.is_file()], sum(int(copy[3]) for copy in copies)
+
+
+def checkpointed_gpu_bytes(snapshot: Snapshot) -> int:
+    """Device memory the CUDA checkpoint held (the GPU's use when the engine was released), 0 if unknown."""
+    engine = (snapshot.meta.get("worker") or {}).get("engine") or {}
+    return int((engine.get("at_release") or {}).get("gpu_used_bytes", 0))
+
+
+@dataclass
+class Start:
+    ready: float
+    token: float
+    phases: dict[str, float]
+    outputs: list[list[str]] | None = None
+
+
 def timed_start(
-    node: LocalNode, start: Callable[[], StartReport], mode: str
-) -> tuple[float, float, dict[str, float]]:
+    node: LocalNode, start: Callable[[], StartReport], mode: str, check_outputs: bool = False
+) -> Start:
     """Run `start()` (it returns once the worker serves); seconds to ready and to the first token."""
     began = time.monotonic()
     try:
@@ -142,9 +218,32 @@ def timed_start(
         if report.mode != mode:
             raise ServeError(f"expected a {mode} start, got {report.mode}: {report.reason}")
         token = first_token_seconds(node.spec, began)
+        phases = dict(report.timings)
+        if mode == "restore":
+            phases.update(_engine_phases(node))
+            phases["restore_to_ready"] = ready
+            phases["ready_to_first_token"] = token - ready
+        outputs = greedy_outputs(node.spec) if check_outputs else None
     finally:
         node.stop_all()
-    return ready, token, report.timings
+    return Start(ready, token, phases, outputs)
+
+
+def _engine_phases(node: LocalNode) -> dict[str, float]:
+    """What the restored engine logged about its side of the restore (its log in the sandbox)."""
+    from warmstart.serve.worker_spec import CONTROL_SUBDIR
+
+    found: dict[str, float] = {}
+    for sandbox in node.sandboxes:
+        try:
+            text = (sandbox.host_dir / CONTROL_SUBDIR / ENGINE_LOG).read_text(errors="replace")
+        except OSError:
+            continue
+        for name, pattern in ENGINE_PHASES.items():
+            matches = pattern.findall(text)
+            if matches:
+                found[name] = float(matches[-1])
+    return found
 
 
 def run_bench(args: argparse.Namespace) -> int:
@@ -181,12 +280,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu: Criu, work: Path) -> int:
     can_drop = os.geteuid() == 0 and args.drop_caches
-    cold, hot, dropped = (
-        Series("cold start"),
-        Series("restore, page cache hot"),
-        Series("restore, cache dropped"),
-    )
+    cold, hot = Series("cold start"), Series("restore", cache="hot")
+    dropped, cold_dropped = Series("restore", cache="dropped"), Series("cold start", cache="dropped")
     capture = node.start_cold_and_capture()
+    reference = greedy_outputs(node.spec)  # the captured engine, serving on after its capture
     node.stop_all()
     if not capture.snapshot_id:
         print(f"capture failed, nothing to restore: {capture.reason}", file=sys.stderr)
@@ -196,60 +293,87 @@ def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu
         print(f"the capture recorded no identity to restore against: {unknown}", file=sys.stderr)
         return 1
     snapshot = store.get(capture.snapshot_id)
+
+    def restore() -> StartReport:
+        return node.start_restored(snapshot.id, identity)
+
     for _ in range(args.repeat):
-        _record(cold, *timed_start(node, lambda: node.start_cold("benchmark"), "cold"))
-        _record(hot, *timed_start(node, lambda: node.start_restored(snapshot.id, identity), "restore"))
+        if args.cold:
+            _record(cold, timed_start(node, lambda: node.start_cold("benchmark"), "cold"), reference)
+        _record(hot, timed_start(node, restore, "restore", check_outputs=True), reference)
         if can_drop:
             drop_page_cache()
-            _record(
-                dropped, *timed_start(node, lambda: node.start_restored(snapshot.id, identity), "restore")
-            )
+            _record(dropped, timed_start(node, restore, "restore", check_outputs=True), reference)
+        if can_drop and args.cold_dropped:
+            drop_page_cache()
+            _record(cold_dropped, timed_start(node, lambda: node.start_cold("benchmark"), "cold"), reference)
     floors = _floors(store, snapshot, criu, work, can_drop)
-    _print_tables([cold, hot] + ([dropped] if can_drop else []), floors, snapshot, capture.timings, args)
-    return 0
+    series = [s for s in (cold, cold_dropped, hot, dropped) if s.ready]
+    _print_tables(series, floors, snapshot, capture.timings, args)
+    identical = all(all(s.outputs_identical) for s in (hot, dropped))
+    if not identical:
+        print("outputs after a restore differ from the captured engine's", file=sys.stderr)
+    return 0 if identical else 1
 
 
-def _record(series: Series, ready: float, token: float, phases: dict[str, float]) -> None:
-    series.ready.append(ready)
-    series.first_token.append(token)
-    for name, seconds in phases.items():
+def _record(series: Series, start: Start, reference: list[list[str]]) -> None:
+    series.ready.append(start.ready)
+    series.first_token.append(start.token)
+    for name, seconds in start.phases.items():
         series.phases.setdefault(name, []).append(seconds)
+    if start.outputs is not None:
+        series.outputs_identical.append(start.outputs == reference)
 
 
 def _floors(store: SnapshotStore, snapshot: Snapshot, criu: Criu, work: Path, can_drop: bool) -> list[Floor]:
+    """Every byte a restore moves: image and weight files read, weights and checkpointed device memory to
+    the GPU."""
     fixed = criu_fixed_cost(criu, work)
-    paths = snapshot_blob_paths(store, snapshot)
-    floors = []
+    weights, weight_bytes = weight_files_and_bytes(snapshot)
+    paths = snapshot_blob_paths(store, snapshot) + weights
+    to_gpu = weight_bytes + checkpointed_gpu_bytes(snapshot)
+    h2d = pinned_to_gpu_bandwidth() if to_gpu else None
     read_bandwidth(paths)  # warm the page cache
-    size, seconds = read_bandwidth(paths)
-    floors.append(_floor("floor, page cache hot", size, seconds, fixed))
+    floors = [_floor("hot", *read_bandwidth(paths), to_gpu, h2d, fixed)]
     if can_drop:
         drop_page_cache()
-        size, seconds = read_bandwidth(paths)
-        floors.append(_floor("floor, cache dropped", size, seconds, fixed))
+        floors.append(_floor("dropped", *read_bandwidth(paths), to_gpu, h2d, fixed))
     return floors
 
 
-def _floor(name: str, size: int, seconds: float, fixed: float) -> Floor:
-    bandwidth = size / seconds if seconds > 0 else float("inf")
-    detail = f"{size / 2**20:.0f} MiB at {bandwidth / 2**30:.2f} GiB/s + CRIU fixed {fixed:.2f}s"
-    return Floor(name, size / bandwidth + fixed, detail)
+def _floor(cache: str, size: int, seconds: float, to_gpu: int, h2d: float | None, fixed: float) -> Floor:
+    read_s = seconds
+    gpu_s = to_gpu / h2d if h2d else 0.0
+    gpu_note = f" + {to_gpu / 2**30:.2f} GiB to the GPU at {h2d / 2**30:.1f} GiB/s" if h2d else ""
+    detail = (
+        f"{size / 2**30:.2f} GiB read at {size / seconds / 2**30:.2f} GiB/s ({READ_THREADS} readers)"
+        f"{gpu_note} + CRIU fixed {fixed:.2f} s"
+    )
+    return Floor(cache, read_s + gpu_s + fixed, detail)
+
+
+HEADERS = [
+    "start", "page cache", "to ready (median)", "to first token (median)", "min-max (first token)", "n",
+    "floor", "vs floor", "vs cold, same cache", "outputs identical",
+]  # fmt: skip
 
 
 def _rows(series: list[Series], floors: list[Floor]) -> list[list[str]]:
-    cold = series[0].median(series[0].ready)
+    colds = {item.cache: item.median(item.first_token) for item in series if item.name == "cold start"}
+    by_cache = {floor.cache: floor for floor in floors}
     rows = []
     for item in series:
-        ready = item.median(item.ready)
-        spread = f"{min(item.ready):.2f}-{max(item.ready):.2f} s"
-        token = f"{item.median(item.first_token):.2f} s"
-        rows.append([item.name, f"{ready:.2f} s", spread, token, f"{cold / ready:.1f}x"])
-    for floor in floors:
-        rows.append([floor.name, f"{floor.seconds:.2f} s", floor.detail, "-", f"{cold / floor.seconds:.1f}x"])
+        token = item.median(item.first_token)
+        floor = by_cache.get(item.cache) if item.name == "restore" else None
+        cold = colds.get(item.cache)
+        rows.append([
+            item.name, item.cache, f"{item.median(item.ready):.2f} s", f"{token:.2f} s",
+            f"{min(item.first_token):.2f}-{max(item.first_token):.2f} s", str(len(item.first_token)),
+            f"{floor.seconds:.2f} s" if floor else "", f"{token / floor.seconds:.2f}x" if floor else "",
+            f"{cold / token:.1f}x" if cold else "",
+            ("yes" if all(item.outputs_identical) else "NO") if item.outputs_identical else "",
+        ])  # fmt: skip
     return rows
-
-
-HEADERS = ["start", "to ready (median)", "spread (min-max)", "first token (median)", "vs cold"]
 
 
 def _print_tables(
@@ -272,15 +396,25 @@ def _print_tables(
     rows = _rows(series, floors)
     for row in rows:
         table.add_row(*row)
-    console = Console(width=max(Console().width, 140))
+    console = Console(width=max(Console().width, 160))
     console.print(table)
     notes = ["capture phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())]
+    notes += [f"floor, page cache {floor.cache}: {floor.seconds:.2f} s = {floor.detail}" for floor in floors]
+    engine = (snapshot.meta.get("worker") or {}).get("engine") or {}
+    if engine.get("at_release"):
+        notes.append(f"engine at release: {json.dumps(engine['at_release'])}")
     for item in series:
         if item.phases:
-            medians = ", ".join(f"{k} {statistics.median(v):.2f}s" for k, v in item.phases.items())
-            notes.append(f"{item.name} phases (median): {medians}")
+            medians = ", ".join(f"{k} {statistics.median(v):.3f}s" for k, v in item.phases.items())
+            notes.append(f"{item.name}, page cache {item.cache}, phases (median): {medians}")
     for note in notes:
         console.print(note)
+    if args.json:
+        raw = {
+            "series": [vars(item) for item in series], "floors": [vars(floor) for floor in floors],
+            "capture": timings, "snapshot_bytes": snapshot.size, "engine": engine,
+        }  # fmt: skip
+        Path(args.json).write_text(json.dumps(raw, indent=1))
     if args.markdown:
         lines = [f"**{title}**", "", "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
         lines += ["| " + " | ".join(row) + " |" for row in rows]
@@ -304,5 +438,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--no-drop-caches", dest="drop_caches", action="store_false",
         help="skip the page-cache-dropped restores (they need root)",
     )  # fmt: skip
+    parser.add_argument(
+        "--no-cold", dest="cold", action="store_false",
+        help="skip the cold starts (comparing restores alone, e.g. one lever on and off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cold-dropped", action="store_true", help="also time cold starts with the page cache dropped (root)"
+    )
     parser.add_argument("--markdown", help="also write the table as Markdown to this file")
+    parser.add_argument("--json", help="also write every measurement as JSON to this file")
     parser.set_defaults(func=run_bench)

@@ -280,10 +280,39 @@ def test_compiled_decode_is_one_graph_for_every_layer_and_batch_above_one(make_e
 
 
 def test_graphs_keep_torchs_pool_when_torch_has_no_mempool(monkeypatch, caplog) -> None:
-    from warmstart.engines.builtin import engine as builtin_engine
+    from warmstart.engines.builtin import memory as builtin_memory
     from warmstart.engines.cuda_scratch import CudaScratchPool
 
     monkeypatch.setattr(CudaScratchPool, "supported", staticmethod(lambda: False))
     with caplog.at_level("WARNING"):
-        assert builtin_engine._scratch_pool(torch.device("cuda", 0)) is None
+        assert builtin_memory._scratch_pool(torch.device("cuda", 0)) is None
     assert "scratch stays in checkpoints" in caplog.text
+
+
+def test_kv_cache_is_cut_to_what_the_gpu_memory_budget_holds() -> None:
+    from warmstart.engines.builtin.memory import kv_slots_that_fit
+
+    gib = 1 << 30
+    fit = kv_slots_that_fit(100 * gib, 20 * gib, 0.9, kv_bytes_per_slot=gib, scratch_per_slot=gib // 4)
+    assert fit.budget_bytes == 70 * gib
+    assert fit.slots == 56  # 70 GiB / 1.25 GiB per slot
+    assert kv_slots_that_fit(100 * gib, 95 * gib, 0.9, gib, 0).slots == 0  # over budget already
+    with pytest.raises(ValueError, match="utilization"):
+        kv_slots_that_fit(100 * gib, 0, 1.5, gib, 0)
+
+
+def test_graph_scratch_estimate_covers_the_measured_qwen3_8b_pool() -> None:
+    from warmstart.engines.builtin.memory import graph_scratch_per_sequence
+    from warmstart.engines.builtin.model import kv_nbytes
+
+    config = preset("qwen3-8b")
+    per_slot = kv_nbytes(config, 1, 1024)
+    measured_pool = 2.68 * (1 << 30)  # an H200, 256 rows x 1024 tokens (BENCHMARKS.md)
+    estimate = 256 * graph_scratch_per_sequence(per_slot, config.num_hidden_layers, config.vocab_size)
+    assert measured_pool <= estimate <= 1.5 * measured_pool
+
+
+def test_trimming_host_memory_reports_what_it_gave_back() -> None:
+    from warmstart.engines.builtin.memory import trim_host_memory
+
+    assert isinstance(trim_host_memory(), int)

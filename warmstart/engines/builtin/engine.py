@@ -1,8 +1,9 @@
 """The builtin engine: the Qwen3-shaped transformer of `model.py` behind the `Engine` interface.
 
-Memory is arranged for checkpointing: all weights are views of one weight arena and the KV cache is views
-of one KV arena (see `warmstart.engines.arena`). `release()` gives back the KV arena (and the weight arena
-when `release_weights`), `reacquire()` takes them again and refills the weights from the safetensors files.
+Memory is arranged for checkpointing (`memory.EngineMemory`): all weights are views of one weight arena and
+the KV cache is views of one KV arena (see `warmstart.engines.arena`). `release()` unbinds the model and
+gives the memory back, `reacquire()` takes it again (weights from a weight stager or the files) and binds
+the model to it. On CUDA the KV cache is sized to fit the GPU's memory (`gpu_memory_utilization`).
 Requests are batched continuously by a scheduler thread: each new sequence is prefilled into a free KV slot
 and then joins the running decode batch. On CUDA the decode step is captured as CUDA graphs for a set of
 batch sizes (and optionally compiled).
@@ -14,16 +15,14 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 import warmstart
-from warmstart.cuda_driver import device_uuid
-from warmstart.engines.arena import Arena, create_arena
+from warmstart.engines.arena import Arena
 from warmstart.engines.base import (
     Engine,
     EngineError,
@@ -36,18 +35,20 @@ from warmstart.engines.base import (
 )
 from warmstart.engines.builtin.config import PRESETS, ModelConfig
 from warmstart.engines.builtin.graphs import DecodeGraphs
+from warmstart.engines.builtin.memory import (
+    DEFAULT_GPU_MEMORY_UTILIZATION,
+    EngineMemory,
+    graph_scratch_per_sequence,
+    kv_slots_that_fit,
+)
 from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
 from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model, model_digest, weight_files
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
-from warmstart.engines.cuda_arena import CudaVmmArena
 from warmstart.engines.host import gpu_facts, runtime_image
-from warmstart.engines.weight_stager import StagingPlan, acknowledge, receive_staged_weights
-from warmstart.engines.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache, views
+from warmstart.engines.weight_stager import StagingPlan
+from warmstart.engines.weights_io import views
 from warmstart.identity import SnapshotIdentity
-
-if TYPE_CHECKING:
-    from warmstart.engines.cuda_scratch import CudaScratchPool
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,7 @@ class BuiltinEngine(Engine):
         release_graph_scratch: bool = True,
         arena: str = "auto",
         refill_threads: int = 8,
+        gpu_memory_utilization: float | None = None,
         overrides: dict[str, Any] | None = None,
         served_model_name: str | None = None,
     ) -> None:
@@ -88,32 +90,27 @@ class BuiltinEngine(Engine):
         self._max_num_seqs = max_num_seqs or (16 if self._device.type == "cuda" else 8)
         self._graph_sizes = tuple(sorted(set(cuda_graph_sizes or DEFAULT_GRAPH_SIZES)))
         self._compile = compile
-        self._release_graph_scratch = release_graph_scratch
+        self._gpu_memory_utilization = gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
         # CUDA graphs survive a weight release only if the weights come back at the same address.
-        self._arena_kind = (
-            ("cuda-vmm" if self._device.type == "cuda" else "torch") if arena == "auto" else arena
-        )
+        arena_kind = ("cuda-vmm" if self._device.type == "cuda" else "torch") if arena == "auto" else arena
         # Released weights come back from the files; worth it where they return at the same addresses.
-        self._release_weights = self._arena_kind == "cuda-vmm" if release_weights is None else release_weights
-        self._refill_threads = refill_threads
+        self._memory = EngineMemory(
+            self._device,
+            arena_kind,
+            release_weights=arena_kind == "cuda-vmm" if release_weights is None else release_weights,
+            release_graph_scratch=release_graph_scratch,
+            refill_threads=refill_threads,
+        )
         self._name = served_model_name or (self._preset or self._model_dir.name)
         self.tokenizer = ByteTokenizer()
         self.config: ModelConfig | None = None
         self._max_len = 0
-        self._files: list[Path] = []
-        self._layout: Layout = {}
-        self._weight_arena: Arena | None = None
-        self._kv_arena: Arena | None = None
         self._model: Transformer | None = None
         self._graphs: DecodeGraphs | None = None
-        self._scratch: CudaScratchPool | None = None  # the graphs' intermediates, with the cuda-vmm arena
         self._scheduler: Scheduler | None = None
         self._digest: str | None = None
-        self._weights_released = False
-        self.last_refill_stats: dict[str, Any] | None = None
         self.last_reacquire_stats: dict[str, float] | None = None
         self._addresses_at_release: tuple[int, int] = (0, 0)
-        self._staged_weights_socket: str | None = None
 
     # --- Engine interface ----------------------------------------------------------------------------
 
@@ -141,15 +138,10 @@ class BuiltinEngine(Engine):
         self._check_config(config)
         self.config = config
         self._max_len = self._resolve_max_len(config)
-        self._files = weight_files(self._model_dir)
-        self._layout, nbytes = plan_layout(self._files)
-        self._weight_arena = create_arena(self._arena_kind, self._device)
-        self._weight_arena.allocate(nbytes)
-        self._fill_weights()
-        self._kv_arena = create_arena(self._arena_kind, self._device)
+        self._memory.load_weights(weight_files(self._model_dir))
+        self._fit_kv_cache(config)
         # One slot more than sequences: the scratch slot that padded CUDA-graph rows write into.
-        self._kv_arena.allocate(kv_nbytes(config, self._max_num_seqs + 1, self._max_len))
-        self._clear_kv()
+        self._memory.allocate_kv(kv_nbytes(config, self._max_num_seqs + 1, self._max_len))
         self._model = Transformer(config, self._device, self._max_len)
         self._bind_all()
         self._scheduler = Scheduler(
@@ -170,117 +162,63 @@ class BuiltinEngine(Engine):
         prompt = GenerationRequest(prompt="warm up", request_id="warm-up")
         scheduler.run_inline([self._sequence(prompt)])
         if self._device.type == "cuda":
-            if self._arena_kind == "cuda-vmm" and self._release_graph_scratch:
-                self._scratch = _scratch_pool(self._device)
             self._graphs = DecodeGraphs(
                 self._model,
                 self._graph_sizes_within_limit(),
                 self._max_num_seqs,
                 compile=self._compile,
-                pool=self._scratch,
+                pool=self._memory.graph_pool(),
             )
             self._graphs.capture()
             torch.cuda.synchronize(self._device)
 
     def release(self) -> bool:
         self._require_scheduler().stop()
-        self._addresses_at_release = self._addresses()
+        self._addresses_at_release = self._memory.addresses()
         self._model.bind_kv(None)
-        self._kv_arena.release()
-        if self._release_weights:
+        if self._memory.releases_weights:
             self._model.unbind()
-            self._weight_arena.release()
-            self._weights_released = True
-        if self._device.type == "cuda":
-            torch.cuda.synchronize(self._device)
-            if self._scratch is not None:
-                self._scratch.release()  # the graphs rewrite their intermediates on every replay
-            torch.cuda.empty_cache()  # cached blocks would otherwise travel in the checkpoint
-            release_pinned_cache()
-        return self._weights_released
+        return self._memory.release()
 
     def reacquire(self) -> None:
-        if not (self._kv_arena.released or self._weights_released):
+        if not self._memory.released:
             return  # nothing was released, or an earlier reacquire finished
         started = time.perf_counter()
-        # Mapping the KV cache and graph scratch (tens of GB of driver work) overlaps the weight refill.
-        with ThreadPoolExecutor(1, thread_name_prefix="warmstart-map") as background:
-            mapped = background.submit(_timed, self._map_kv_and_scratch)
-            try:
-                if self._weights_released:
-                    self._take_back_weights()
-                    self._weights_released = False
-            finally:
-                map_seconds = mapped.result()  # a mapping error is raised even when the refill failed too
-        filled = time.perf_counter()
+        stats = self._memory.reacquire()
         self._bind_all()
-        if self._graphs is not None and self._addresses() != self._addresses_at_release:
+        if self._graphs is not None and self._memory.addresses() != self._addresses_at_release:
             log.info("arena addresses moved across the release; capturing CUDA graphs again")
             self._graphs.capture()
         if self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
-        self.last_reacquire_stats = {
-            "map_kv_and_scratch_s": round(map_seconds, 3),
-            "map_and_refill_s": round(filled - started, 3),
-            "total_s": round(time.perf_counter() - started, 3),
-        }
+        self.last_reacquire_stats = {**stats, "total_s": round(time.perf_counter() - started, 3)}
+        waited = (self.last_refill_stats or {}).get("waited_s")
+        log.info("reacquired in %.3f s (map KV and scratch %.3f s, waited for staged weights %s s)",
+                 self.last_reacquire_stats["total_s"], stats["map_kv_and_scratch_s"], waited)  # fmt: skip
 
     def weight_staging_plan(self) -> StagingPlan | None:
-        """What a `weight_stager` must copy for this engine's next `reacquire()`; None where none can help.
-
-        Only weights that leave the GPU at `release()` and come back at the same addresses can be staged.
-        """
-        if not isinstance(self._weight_arena, CudaVmmArena) or not self._release_weights:
-            return None
-        copies = plan_chunks(self._layout, self._files, chunk_bytes=1 << 62)  # one copy per tensor
-        index = self._weight_arena.device_index
-        return StagingPlan(
-            index,
-            self._weight_arena.range_bytes,
-            tuple((str(c.path), c.file_offset, c.arena_offset, c.nbytes) for c in copies),
-            device_uuid(index),
-        )
+        """What a `weight_stager` must copy for this engine's next `reacquire()`; None where none can help."""
+        return self._memory.staging_plan()
 
     def expect_staged_weights(self, socket_path: str | os.PathLike[str] | None) -> None:
         """Have the next `reacquire()` map the weights a `weight_stager` prepared at `socket_path`."""
-        self._staged_weights_socket = None if socket_path is None else str(socket_path)
+        self._memory.expect_staged_weights(socket_path)
 
-    def _take_back_weights(self) -> None:
-        socket_path, self._staged_weights_socket = self._staged_weights_socket, None
-        if socket_path is not None and isinstance(self._weight_arena, CudaVmmArena):
-            started = time.perf_counter()
-            try:
-                self._map_staged_weights(socket_path)
-                self.last_refill_stats["waited_s"] = round(time.perf_counter() - started, 3)
-                return
-            except Exception as exc:  # whatever went wrong with the stager, the files are still there
-                log.warning("no staged weights (%s); refilling them from the files", exc)
-        self._weight_arena.reacquire()
-        self._fill_weights()
+    @property
+    def last_refill_stats(self) -> dict[str, Any] | None:
+        return self._memory.last_refill_stats
 
-    def _map_staged_weights(self, socket_path: str) -> None:
-        fd, report = receive_staged_weights(socket_path)
-        try:
-            self._weight_arena.reacquire_shared(fd)
-        finally:
-            os.close(fd)
-            acknowledge(report)
-        self.last_refill_stats = {"bytes": report["bytes"], "seconds": report.get("seconds"), "staged": True}
-        log.info("weights: %.1f MB mapped from the weight stager (it filled them in %s s)",
-                 report["bytes"] / 1e6, report.get("seconds"))  # fmt: skip
+    @property
+    def last_release_stats(self) -> dict[str, Any] | None:
+        return self._memory.last_release_stats
 
-    def _map_kv_and_scratch(self) -> None:
-        if self._device.type == "cuda":
-            torch.cuda.set_device(self._device)
-        if self._scratch is not None:
-            self._scratch.reacquire()
-        self._kv_arena.reacquire()
-        self._clear_kv()
+    @property
+    def _weight_arena(self) -> Arena | None:
+        return self._memory.weights
 
-    def _clear_kv(self) -> None:
-        """Zero the KV cache: decode attends over whole cache rows under a mask, and a masked-out value
-        is still multiplied by its zero weight, so NaN bytes left in fresh memory would poison the output."""
-        self._kv_arena.tensor.zero_()
+    @property
+    def _kv_arena(self) -> Arena | None:
+        return self._memory.kv
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         sequences = [self._sequence(request) for request in requests]
@@ -334,8 +272,9 @@ class BuiltinEngine(Engine):
             max_num_seqs=self._max_num_seqs,
             weights_bytes=self._weight_arena.nbytes if self._weight_arena else 0,
             kv_bytes=self._kv_arena.nbytes if self._kv_arena else 0,
-            graph_scratch_bytes=self._scratch.nbytes if self._scratch is not None else 0,
-            weight_files=[str(path) for path in self._files],
+            graph_scratch_bytes=self._memory.scratch.nbytes if self._memory.scratch is not None else 0,
+            weight_files=[str(path) for path in self._memory.files],
+            at_release=self.last_release_stats or {},
         )
         return facts
 
@@ -368,30 +307,35 @@ class BuiltinEngine(Engine):
             raise EngineError(f"max_model_len must be between 2 and {limit} for this model, got {wanted}")
         return wanted
 
-    def _fill_weights(self) -> None:
-        stats = refill(self._weight_arena.tensor, self._layout, self._files, threads=self._refill_threads)
-        self.last_refill_stats = {"bytes": stats.nbytes, "seconds": round(stats.seconds, 3)}
-        if self._device.type == "cuda":
-            release_pinned_cache()
-        log.info(
-            "weights: %.1f MB in %.3f s (%.2f GB/s, %d threads)",
-            stats.nbytes / 1e6,
-            stats.seconds,
-            stats.gb_per_s,
-            stats.threads,
-        )
+    def _fit_kv_cache(self, config: ModelConfig) -> None:
+        """Cut --max-num-seqs to the KV slots that fit in the GPU's memory budget (CUDA only)."""
+        if self._device.type != "cuda":
+            return
+        free, total = torch.cuda.mem_get_info(self._device)
+        per_slot = kv_nbytes(config, 1, self._max_len)
+        scratch = graph_scratch_per_sequence(per_slot, config.num_hidden_layers, config.vocab_size)
+        fit = kv_slots_that_fit(total, total - free, self._gpu_memory_utilization, per_slot, scratch)
+        sequences = fit.slots - 1  # one slot is the padded graph rows' scratch slot
+        if sequences >= self._max_num_seqs:
+            return
+        if sequences < 1:
+            raise EngineError(
+                f"no KV cache fits: {fit.budget_bytes / 2**30:.2f} GiB left under gpu memory utilization "
+                f"{self._gpu_memory_utilization}, one sequence of {self._max_len} tokens needs "
+                f"{fit.per_slot_bytes / 2**30:.2f} GiB (lower --max-model-len)"
+            )
+        log.warning(
+            "max_num_seqs %d x %d tokens does not fit in %.1f GiB (gpu memory utilization %.2f): serving %d "
+            "sequences", self._max_num_seqs, self._max_len, fit.budget_bytes / 2**30,
+            self._gpu_memory_utilization, sequences,
+        )  # fmt: skip
+        self._max_num_seqs = sequences
 
     def _bind_all(self) -> None:
-        self._model.bind(views(self._weight_arena.tensor, self._layout))
+        self._model.bind(views(self._weight_arena.tensor, self._memory.layout))
         self._model.bind_kv(
             KVCache(self._kv_arena.tensor, self.config, self._max_num_seqs + 1, self._max_len)
         )
-
-    def _addresses(self) -> tuple[int, int]:
-        def address(arena: Arena) -> int:
-            return 0 if arena.released else arena.tensor.data_ptr()
-
-        return address(self._weight_arena), address(self._kv_arena)
 
     def _decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         if self._graphs is not None and self._graphs.fits(tokens.shape[0]):
@@ -430,26 +374,10 @@ class BuiltinEngine(Engine):
             "max_num_seqs": self._max_num_seqs,
             "cuda_graph_sizes": self._graph_sizes_within_limit() if self._device.type == "cuda" else [],
             "compile": self._compile,
-            "release_weights": self._release_weights,
-            "release_graph_scratch": self._release_graph_scratch,
-            "arena": self._arena_kind,
+            "release_weights": self._memory.releases_weights,
+            "release_graph_scratch": self._memory.releases_graph_scratch,
+            "arena": self._memory.arena_kind,
         }
-
-
-def _timed(work: Callable[[], None]) -> float:
-    started = time.perf_counter()
-    work()
-    return time.perf_counter() - started
-
-
-def _scratch_pool(device: torch.device) -> CudaScratchPool | None:
-    """A releasable pool for the CUDA graphs' intermediates, or None (torch's own pool) on an older torch."""
-    from warmstart.engines.cuda_scratch import CudaScratchPool
-
-    if not CudaScratchPool.supported():
-        log.warning("torch %s has no MemPool: CUDA graph scratch stays in checkpoints", torch.__version__)
-        return None
-    return CudaScratchPool(device)
 
 
 def _parse_device(device: str) -> torch.device:

@@ -1,0 +1,326 @@
+"""The builtin engine's memory across a checkpoint: weights, KV cache, graph scratch, and what rides along.
+
+`EngineMemory` owns the weight arena, the KV arena and the CUDA graphs' scratch pool. `release()` gives
+them back before a checkpoint (weights only where they come back at the same addresses), then sheds what
+a checkpoint would otherwise copy for nothing: cached device blocks, pinned host blocks, freed heap pages
+(`trim_host_memory`) and the GPU's per-thread local memory (`LocalMemoryLimit`). `reacquire()` takes it all
+back: the KV cache and scratch are mapped on a second thread while the weights come back, mapped from a
+weight stager when one was announced (`expect_staged_weights`), else refilled from the files.
+
+`kv_slots_that_fit` sizes the KV cache from GPU memory (as vLLM's gpu_memory_utilization does), so a
+--max-num-seqs x --max-model-len that does not fit is cut to what does instead of failing with CUDA OOM.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import logging
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from warmstart.cuda_driver import device_uuid
+from warmstart.engines.arena import Arena, create_arena
+from warmstart.engines.cuda_arena import CudaVmmArena
+from warmstart.engines.weight_stager import StagingPlan, acknowledge, receive_staged_weights
+from warmstart.engines.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache
+
+if TYPE_CHECKING:
+    from warmstart.engines.cuda_scratch import CudaScratchPool
+
+log = logging.getLogger(__name__)
+
+TRIM_HOST_ENV = "WARMSTART_BUILTIN_TRIM_HOST"  # "0": keep freed heap pages in the checkpoint (to measure)
+LOCAL_MEMORY_ENV = "WARMSTART_BUILTIN_SHRINK_LOCAL_MEMORY"  # "0": keep the GPU's local memory reserve
+CHECKPOINT_STACK_BYTES = 16  # per-thread stack limit while checkpointed: the reserve all but goes
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+
+
+def _enabled(variable: str) -> bool:
+    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+# --- sizing the KV cache -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KvFit:
+    slots: int  # KV slots the budget holds (sequences + the one scratch slot of padded graph rows)
+    budget_bytes: int  # what was left for the KV cache and the graphs' scratch
+    per_slot_bytes: int  # one slot's KV bytes plus its share of the graphs' scratch
+
+
+def graph_scratch_per_sequence(kv_bytes_per_slot: int, layers: int, vocab_size: int) -> int:
+    """Bytes of CUDA-graph intermediates one more decode row costs (an upper estimate).
+
+    Decode gathers each row's keys and values of one layer (a slot's KV over `layers`); the graph pool
+    holds a few such gathers at once (measured on an H200: 2.68 GiB for 256 rows x 1024 tokens of Qwen3-8B,
+    where one gather is 1.0 GiB), plus float32 and bf16 logits per row.
+    """
+    return 3 * kv_bytes_per_slot // max(layers, 1) + vocab_size * 8
+
+
+def kv_slots_that_fit(
+    total_bytes: int, used_bytes: int, utilization: float, kv_bytes_per_slot: int, scratch_per_slot: int
+) -> KvFit:
+    """How many KV slots fit in `utilization` of the GPU's memory once `used_bytes` are taken."""
+    if not 0 < utilization <= 1:
+        raise ValueError(f"gpu memory utilization must be in (0, 1], got {utilization}")
+    budget = int(total_bytes * utilization) - used_bytes
+    per_slot = kv_bytes_per_slot + scratch_per_slot
+    return KvFit(max(budget, 0) // per_slot if per_slot > 0 else 0, budget, per_slot)
+
+
+# --- host and device memory a checkpoint need not carry ------------------------------------------------
+
+
+def _rss_anon() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssAnon:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def trim_host_memory() -> int:
+    """Collect garbage and give glibc's free heap pages back (CRIU dumps resident pages); bytes freed."""
+    before = _rss_anon()
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    return before - _rss_anon()
+
+
+class LocalMemoryLimit:
+    """The GPU stack-size limit, lowered while checkpointed and put back after.
+
+    The driver keeps a local-memory reserve of stack bytes x every thread the GPU can hold (hundreds of MiB
+    on an H200), and a CUDA checkpoint copies it like any allocation. Lowering the limit shrinks the
+    reserve; raising it again after the restore re-reserves it before any kernel runs.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._device = device
+        self._saved: int | None = None
+
+    def lower(self) -> None:
+        from warmstart.cuda_driver import CudaError, CudaUnavailable, check, driver
+
+        try:
+            cu = driver()
+            limit = cu.CUlimit.CU_LIMIT_STACK_SIZE
+            torch.cuda.set_device(self._device)
+            saved = int(check(cu.cuCtxGetLimit(limit), "cuCtxGetLimit"))
+            check(cu.cuCtxSetLimit(limit, CHECKPOINT_STACK_BYTES), "cuCtxSetLimit")
+        except (CudaError, CudaUnavailable) as exc:
+            log.warning("GPU local memory stays in the checkpoint: %s", exc)
+            return
+        self._saved = saved
+
+    def restore(self) -> None:
+        if self._saved is None:
+            return
+        from warmstart.cuda_driver import check, driver
+
+        cu = driver()
+        torch.cuda.set_device(self._device)
+        check(cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, self._saved), "cuCtxSetLimit")
+        self._saved = None
+
+
+# --- the arenas ----------------------------------------------------------------------------------------
+
+
+class EngineMemory:
+    """Weight arena, KV arena and graph scratch of one engine, released and taken back around checkpoints."""
+
+    def __init__(
+        self,
+        device: torch.device,
+        arena_kind: str,
+        release_weights: bool,
+        release_graph_scratch: bool,
+        refill_threads: int,
+    ) -> None:
+        self.device = device
+        self.arena_kind = arena_kind
+        self.releases_weights = release_weights
+        self.releases_graph_scratch = release_graph_scratch
+        self.refill_threads = refill_threads
+        self.files: list[Path] = []
+        self.layout: Layout = {}
+        self.weights: Arena | None = None
+        self.kv: Arena | None = None
+        self.scratch: CudaScratchPool | None = None
+        self.weights_released = False
+        self.last_refill_stats: dict[str, Any] | None = None
+        self.last_release_stats: dict[str, Any] | None = None
+        self._staged_weights_socket: str | None = None
+        self._local_memory = LocalMemoryLimit(device) if device.type == "cuda" else None
+
+    @property
+    def on_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+    @property
+    def released(self) -> bool:
+        return bool(self.kv is not None and self.kv.released) or self.weights_released
+
+    def load_weights(self, files: list[Path]) -> None:
+        self.files = files
+        self.layout, nbytes = plan_layout(files)
+        self.weights = create_arena(self.arena_kind, self.device)
+        self.weights.allocate(nbytes)
+        self.fill_weights()
+
+    def allocate_kv(self, nbytes: int) -> None:
+        self.kv = create_arena(self.arena_kind, self.device)
+        self.kv.allocate(nbytes)
+        self.clear_kv()
+
+    def clear_kv(self) -> None:
+        """Zero the KV cache: decode attends over whole cache rows under a mask, and a masked-out value
+        is still multiplied by its zero weight, so NaN bytes left in fresh memory would poison the output."""
+        self.kv.tensor.zero_()
+
+    def graph_pool(self) -> CudaScratchPool | None:
+        """A releasable pool for the CUDA graphs' intermediates (None: torch's own, kept in checkpoints)."""
+        if self.scratch is None and self.arena_kind == "cuda-vmm" and self.releases_graph_scratch:
+            self.scratch = _scratch_pool(self.device)
+        return self.scratch
+
+    def fill_weights(self) -> None:
+        stats = refill(self.weights.tensor, self.layout, self.files, threads=self.refill_threads)
+        self.last_refill_stats = {"bytes": stats.nbytes, "seconds": round(stats.seconds, 3)}
+        if self.on_cuda:
+            release_pinned_cache()
+        log.info("weights: %.1f MB in %.3f s (%.2f GB/s, %d threads)",
+                 stats.nbytes / 1e6, stats.seconds, stats.gb_per_s, stats.threads)  # fmt: skip
+
+    def addresses(self) -> tuple[int, int]:
+        def address(arena: Arena | None) -> int:
+            return 0 if arena is None or arena.released else arena.tensor.data_ptr()
+
+        return address(self.weights), address(self.kv)
+
+    # --- around a checkpoint ---------------------------------------------------------------------------
+
+    def release(self) -> bool:
+        """Give back the KV cache, the scratch (and the weights where they return in place); True when the
+        weights went too. The caller unbound the model's views first."""
+        self.kv.release()
+        if self.releases_weights:
+            self.weights.release()
+            self.weights_released = True
+        stats: dict[str, Any] = {}
+        if self.on_cuda:
+            torch.cuda.synchronize(self.device)
+            if self.scratch is not None:
+                self.scratch.release()  # the graphs rewrite their intermediates on every replay
+            torch.cuda.empty_cache()  # cached blocks would otherwise travel in the checkpoint
+            release_pinned_cache()
+            if _enabled(LOCAL_MEMORY_ENV):
+                self._local_memory.lower()
+                stats["local_memory_lowered"] = True
+        if _enabled(TRIM_HOST_ENV):
+            stats["host_trimmed_bytes"] = trim_host_memory()
+        stats["host_anon_bytes"] = _rss_anon()
+        if self.on_cuda:
+            free, total = torch.cuda.mem_get_info(self.device)
+            stats["gpu_used_bytes"] = total - free  # the whole GPU's: this process's when it is alone there
+        self.last_release_stats = stats
+        return self.weights_released
+
+    def reacquire(self) -> dict[str, float]:
+        """Take everything back (the model is bound again by the caller); seconds per step."""
+        started = time.perf_counter()
+        if self._local_memory is not None:
+            self._local_memory.restore()
+        # Mapping the KV cache and graph scratch (tens of GB of driver work) overlaps the weights.
+        with ThreadPoolExecutor(1, thread_name_prefix="warmstart-map") as background:
+            mapped = background.submit(_timed, self._map_kv_and_scratch)
+            try:
+                if self.weights_released:
+                    self._take_back_weights()
+                    self.weights_released = False
+            finally:
+                map_seconds = mapped.result()  # a mapping error is raised even when the refill failed too
+        return {"map_kv_and_scratch_s": round(map_seconds, 3), "map_and_refill_s": _since(started)}
+
+    def staging_plan(self) -> StagingPlan | None:
+        """What a `weight_stager` must copy for the next `reacquire()`; None where none can help.
+
+        Only weights that leave the GPU at `release()` and come back at the same addresses can be staged.
+        """
+        if not isinstance(self.weights, CudaVmmArena) or not self.releases_weights:
+            return None
+        copies = plan_chunks(self.layout, self.files, chunk_bytes=1 << 62)  # one copy per tensor
+        index = self.weights.device_index
+        return StagingPlan(
+            index,
+            self.weights.range_bytes,
+            tuple((str(c.path), c.file_offset, c.arena_offset, c.nbytes) for c in copies),
+            device_uuid(index),
+        )
+
+    def expect_staged_weights(self, socket_path: str | os.PathLike[str] | None) -> None:
+        self._staged_weights_socket = None if socket_path is None else str(socket_path)
+
+    def _take_back_weights(self) -> None:
+        socket_path, self._staged_weights_socket = self._staged_weights_socket, None
+        if socket_path is not None and isinstance(self.weights, CudaVmmArena):
+            started = time.perf_counter()
+            try:
+                self._map_staged_weights(socket_path)
+                self.last_refill_stats["waited_s"] = _since(started)
+                return
+            except Exception as exc:  # whatever went wrong with the stager, the files are still there
+                log.warning("no staged weights (%s); refilling them from the files", exc)
+        self.weights.reacquire()
+        self.fill_weights()
+
+    def _map_staged_weights(self, socket_path: str) -> None:
+        fd, report = receive_staged_weights(socket_path)
+        try:
+            self.weights.reacquire_shared(fd)
+        finally:
+            os.close(fd)
+            acknowledge(report)
+        self.last_refill_stats = {"bytes": report["bytes"], "seconds": report.get("seconds"), "staged": True}
+        log.info("weights: %.1f MB mapped from the weight stager (it filled them in %s s)",
+                 report["bytes"] / 1e6, report.get("seconds"))  # fmt: skip
+
+    def _map_kv_and_scratch(self) -> None:
+        if self.on_cuda:
+            torch.cuda.set_device(self.device)
+        if self.scratch is not None:
+            self.scratch.reacquire()
+        self.kv.reacquire()
+        self.clear_kv()
+
+
+def _since(started: float) -> float:
+    return round(time.perf_counter() - started, 3)
+
+
+def _timed(work: Callable[[], None]) -> float:
+    started = time.perf_counter()
+    work()
+    return time.perf_counter() - started
+
+
+def _scratch_pool(device: torch.device) -> CudaScratchPool | None:
+    """A releasable pool for the CUDA graphs' intermediates, or None (torch's own pool) on an older torch."""
+    from warmstart.engines.cuda_scratch import CudaScratchPool
+
+    if not CudaScratchPool.supported():
+        log.warning("torch %s has no MemPool: CUDA graph scratch stays in checkpoints", torch.__version__)
+        return None
+    return CudaScratchPool(device)
