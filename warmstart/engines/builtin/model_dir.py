@@ -47,15 +47,17 @@ def ensure_model(
 ) -> Path:
     """Make sure `model_dir` holds the preset's weights for `seed`; generate and write them if not.
 
-    Writing goes to a sibling staging directory that is renamed into place, so a crash never leaves a
-    half-written model. `device` is where random numbers are drawn (a GPU draws 8B weights much faster);
-    the files, not the device, define the model, and the digest follows the files.
+    Writing goes to a staging directory inside `model_dir` whose files are renamed into place, `config.json`
+    last, so a crash never leaves a model that looks whole. Staging inside (not beside) the directory lets
+    `model_dir` be a mount point, as a volume in a pod is. `device` is where random numbers are drawn (a GPU
+    draws 8B weights much faster); the files, not the device, define the model, and the digest follows the
+    files.
     """
     model_dir = Path(model_dir)
     if (model_dir / WEIGHTS_FILE).exists() and (model_dir / "config.json").exists():
         return model_dir
     config = preset(preset_name, **(overrides or {}))
-    staging = model_dir.parent / f".{model_dir.name}.partial-{os.getpid()}"
+    staging = model_dir / f".partial-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
@@ -69,11 +71,9 @@ def ensure_model(
         config.save(staging)
         digest = _write_random_weights(staging / WEIGHTS_FILE, config, seed, device)
         write_sidecar(staging, {WEIGHTS_FILE: digest})
-        try:
-            os.rename(staging, model_dir)
-        except OSError:
-            if not (model_dir / WEIGHTS_FILE).exists():  # not a concurrent writer that won the race
-                raise
+        # A concurrent writer's identical files are replaced atomically; config.json marks completion.
+        for name in sorted(os.listdir(staging), key=lambda entry: entry == "config.json"):
+            os.rename(staging / name, model_dir / name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return model_dir
