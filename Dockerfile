@@ -30,6 +30,14 @@ RUN --mount=type=secret,id=extra-ca,required=false \
     if [ -s /run/secrets/extra-ca ]; then export PIP_CERT=/run/secrets/extra-ca; fi \
  && pip install --no-cache-dir --no-deps . && rm -rf /src
 
+# CRIU as a folder of its own (program, loader, libraries): the agent runs it inside a worker container's
+# namespaces through a descriptor of this folder, where none of the image's paths exist.
+RUN mkdir /opt/criu \
+ && cp /usr/sbin/criu /opt/criu/ \
+ && ldd /usr/sbin/criu | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r cp -L -t /opt/criu/ \
+ && cp -L /lib64/ld-linux-x86-64.so.2 /opt/criu/ \
+ && /opt/criu/ld-linux-x86-64.so.2 --library-path /opt/criu /opt/criu/criu --version
+
 # The operator runs as this user; the agent's DaemonSet runs privileged as root.
 RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin warmstart
 WORKDIR /

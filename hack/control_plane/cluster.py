@@ -53,6 +53,7 @@ CONTROLLERS = (
     "job-controller",
     "disruption-controller",
     "pod-garbage-collector-controller",
+    "persistentvolume-binder-controller",  # binds the claims of the real node's hostPath volumes
     # Lifts the node.kubernetes.io/not-ready taint that admission puts on every new node.
     "node-lifecycle-controller",
 )

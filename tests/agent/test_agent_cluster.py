@@ -171,7 +171,7 @@ def make_agent(kube: Any, tmp_path: Path) -> Iterator[Callable[[str], Agent]]:
     def make(criu_command: str) -> Agent:
         config = AgentConfig(
             node=NODE, store=store, criu_command=criu_command, kubelet_root=tmp_path / "kubelet",
-            resync_seconds=2, start_timeout=60, ready_timeout=300, criu_timeout=300,
+            resync_seconds=2, start_timeout=60, ready_timeout=300, criu_timeout=300, pod_lookup="environment",
         )  # fmt: skip
         started.append(Agent(config, KubeStatus(kube.api_client(), NODE), signer, verifier))
         return started[-1]

@@ -72,9 +72,12 @@ def plain_process(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
 def test_processes_are_found_by_their_pod_uid_environment(
     plain_process: subprocess.Popen[bytes], pod_uid: str
 ) -> None:
-    wait_until(lambda: pod_processes(pod_uid) == [plain_process.pid], what="the process found by its pod uid")
+    wait_until(
+        lambda: pod_processes(pod_uid, by_environment=True) == [plain_process.pid],
+        what="the process found by its pod uid",
+    )
     assert read_environ(plain_process.pid)[L.POD_UID_ENV] == pod_uid
-    assert pod_processes(str(uuid.uuid4())) == []
+    assert pod_processes(str(uuid.uuid4()), by_environment=True) == []
     assert supervisor_of([plain_process.pid]) is None  # not in a PID namespace of its own: no container init
 
 
@@ -109,12 +112,17 @@ def test_processes_are_found_by_the_pod_and_container_cgroups(tmp_path: Path) ->
         pod_processes(uid, proc=proc, container="../x")
 
 
-def test_the_environment_counts_only_where_no_cgroup_names_the_pod(tmp_path: Path) -> None:
-    """One-machine "pods" (local sandboxes) have no pod cgroups; never with a container id."""
+def test_the_environment_counts_only_when_the_agent_is_told_to_look_there(tmp_path: Path) -> None:
+    """One-machine "pods" (local sandboxes) have no pod cgroups: only `--pod-lookup=environment` reads the
+    variable, and then only the variable."""
     uid = "0b3c8f0e-1111-4222-8333-444455556666"
-    proc = _fake_proc(tmp_path, {13: ("0::/user.slice", f"{L.POD_UID_ENV}={uid}\0".encode())})
-    assert pod_processes(uid, proc=proc) == [13]
-    assert pod_processes(uid, proc=proc, container=CID) == []
+    proc = _fake_proc(tmp_path, {
+        13: ("0::/user.slice", f"{L.POD_UID_ENV}={uid}\0".encode()),
+        14: (f"4:memory:/kubepods/besteffort/pod{uid}/{CID}", b""),
+    })  # fmt: skip
+    assert pod_processes(uid, proc=proc) == [14]
+    assert pod_processes(uid, proc=proc, by_environment=True) == [13]
+    assert pod_processes(str(uuid.uuid4()), proc=proc) == []
 
 
 @pytest.fixture
@@ -129,7 +137,10 @@ def namespaced_pod(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
          "/bin/sh", "-c", "sleep 60 & exec sleep 61"],
         env={**os.environ, L.POD_UID_ENV: pod_uid}, start_new_session=True,
     )  # fmt: skip
-    wait_until(lambda: len(pod_processes(pod_uid)) == 3, what="unshare, its init and its second process")
+    wait_until(
+        lambda: len(pod_processes(pod_uid, by_environment=True)) == 3,
+        what="unshare, its init and its second process",
+    )
     yield process
     os.killpg(process.pid, signal.SIGKILL)
     process.wait()
@@ -139,7 +150,7 @@ def namespaced_pod(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
 def test_supervisor_is_the_process_whose_nspid_ends_in_one(
     namespaced_pod: subprocess.Popen[bytes], pod_uid: str
 ) -> None:
-    found = pod_processes(pod_uid)
+    found = pod_processes(pod_uid, by_environment=True)
     init = supervisor_of(found)
     assert init is not None and init != namespaced_pod.pid  # `unshare` itself lives in the host namespace
     assert namespace_pids(init)[-1] == 1
@@ -150,7 +161,7 @@ def test_supervisor_is_the_process_whose_nspid_ends_in_one(
 def test_namespace_pids_translate_to_host_pids(
     namespaced_pod: subprocess.Popen[bytes], pod_uid: str, tmp_path: Path
 ) -> None:
-    init = supervisor_of(pod_processes(pod_uid))
+    init = supervisor_of(pod_processes(pod_uid, by_environment=True))
     assert init is not None
     pod = PodSandbox(tmp_path, init)
     (second,) = pod.workers()
@@ -172,7 +183,9 @@ def test_an_engine_in_the_pod_is_recognised(pod_uid: str, tmp_path: Path) -> Non
         env={**os.environ, L.POD_UID_ENV: pod_uid}, start_new_session=True,
     )  # fmt: skip
     try:
-        init = wait_until(lambda: supervisor_of(pod_processes(pod_uid)), what="the pod's init")
+        init = wait_until(
+            lambda: supervisor_of(pod_processes(pod_uid, by_environment=True)), what="the pod's init"
+        )
         pod = PodSandbox(tmp_path, init)
         wait_until(pod.engine_running, what="the engine seen")
     finally:
@@ -185,9 +198,9 @@ def test_find_needs_the_control_dir_and_reserve_moves_the_pid_counter(
     namespaced_pod: subprocess.Popen[bytes], pod_uid: str, tmp_path: Path
 ) -> None:
     with pytest.raises(PodProcessError, match="no control directory"):
-        PodSandbox.find(pod_uid, tmp_path)
+        PodSandbox.find(pod_uid, tmp_path, by_environment=True)
     control_dir_on_host(tmp_path, pod_uid).mkdir(parents=True)
-    pod = PodSandbox.find(pod_uid, tmp_path)
+    pod = PodSandbox.find(pod_uid, tmp_path, by_environment=True)
     assert namespace_pids(pod.init_pid)[-1] == 1
     pod.reserve_low_pids()
     probe = subprocess.run(

@@ -116,6 +116,19 @@ def test_overrides_reach_the_pod():
     assert container["resources"]["limits"] == {"memory": "64Gi", "nvidia.com/gpu": 2}
 
 
+def test_extra_volumes_reach_worker_and_capture_pods_beside_the_operators():
+    cache = {"name": "cache", "hostPath": {"path": "/srv/models", "type": "Directory"}}
+    mount = {"name": "cache", "mountPath": "/models", "readOnly": True}
+    owner, spec = owner_and_spec(template={"volumes": [cache], "volumeMounts": [mount]})
+    for pod in (
+        children.deployment(owner, spec, L.ROLE_COLD, "", HASH)["spec"]["template"]["spec"],
+        children.capture_pod(owner, "qwen", spec, 1, HASH)["spec"],
+    ):
+        assert [v["name"] for v in pod["volumes"]] == ["control", "shm", "store", "cache"]
+        assert pod["volumes"][-1] == cache
+        assert container_of(pod)["volumeMounts"][-1] == mount
+
+
 def test_capture_pod_is_owned_by_the_snapshot_and_not_served():
     _, spec = owner_and_spec()
     snap = children.Owner(L.API_VERSION, L.SNAPSHOT_KIND, "qwen-ab", "ml", "snap-uid")

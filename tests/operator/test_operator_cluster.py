@@ -481,6 +481,20 @@ def test_deleting_the_endpoint_collects_everything(kube, namespace, operator):
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage"),
         ({"model": None}, "spec.model"),
         ({"resources": {"gpus": 1, "gpuProduct": "NVIDIA H200"}}, "spec.resources.gpuProduct"),
+        ({"template": {"volumes": [{"name": "store", "emptyDir": {}}]}}, "spec.template.volumes"),
+        (
+            {"template": {"volumes": [{"name": "c"}], "volumeMounts": [{"name": "o", "mountPath": "/c"}]}},
+            "spec.template.volumeMounts",
+        ),
+        (
+            {
+                "template": {
+                    "volumes": [{"name": "cache"}],
+                    "volumeMounts": [{"name": "cache", "mountPath": "/run/warmstart/control"}],
+                }
+            },
+            "spec.template.volumeMounts",
+        ),
     ],
 )
 def test_invalid_specs_are_rejected_naming_the_field(kube, namespace, crds, spec, expected):

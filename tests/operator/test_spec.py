@@ -41,6 +41,10 @@ def test_full_spec_is_parsed():
     assert spec.engine.args == ("--enforce-eager",)
 
 
+MOUNT_A = {"name": "a", "mountPath": "/a"}
+VOLUME_A = {"name": "a"}
+
+
 @pytest.mark.parametrize(
     ("overrides", "field"),
     [
@@ -68,6 +72,13 @@ def test_full_spec_is_parsed():
         ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-H200"}}, "spec.resources.gpuProduct"),
         ({"snapshot": {"enabled": "yes", "storage": {"claimName": "s"}}}, "spec.snapshot.enabled"),
         ({"monitoring": {"serviceMonitor": "false"}}, "spec.monitoring.serviceMonitor"),
+        ({"template": {"volumes": [{"name": "control", "emptyDir": {}}]}}, "spec.template.volumes[0].name"),
+        ({"template": {"volumes": [{"name": "a"}, {"name": "a"}]}}, "spec.template.volumes[1].name"),
+        ({"template": {"volumeMounts": [MOUNT_A]}}, "spec.template.volumeMounts[0].name"),
+        (
+            {"template": {"volumes": [VOLUME_A], "volumeMounts": [{**MOUNT_A, "mountPath": "/dev/shm/"}]}},
+            "spec.template.volumeMounts[0].mountPath",
+        ),
     ],
 )
 def test_invalid_specs_name_the_field(overrides, field):

@@ -107,7 +107,7 @@ class CapturePhase:
                 return
             self._mark_ready(snap, meta["name"], snapshot, snapshot.timings)
             return
-        sandbox = node.find_pod(meta["uid"])
+        sandbox = node.find_pod(pod)
         try:
             payload = wait_ready(control, sandbox, node.config.ready_timeout, cancelled=node.stopping.is_set)
         except CaptureError as exc:  # the worker died or never got ready: this attempt failed

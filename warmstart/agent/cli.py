@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from warmstart.agent.pods import POD_LOOKUPS
 from warmstart.config import default_criu_command, env_int
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ def _run(args: argparse.Namespace) -> int:
         config = AgentConfig(
             node=args.node, store=Path(args.store).resolve(), criu_command=args.criu,
             kubelet_root=Path(args.kubelet_root), key=args.key, max_captures=args.max_captures,
-            max_restores=args.max_restores, resync_seconds=args.resync,
+            max_restores=args.max_restores, resync_seconds=args.resync, pod_lookup=args.pod_lookup,
         )  # fmt: skip
     except ValueError as exc:
         print(f"warmstart agent: {exc}", file=sys.stderr)
@@ -124,4 +125,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--max-captures", type=int, default=1, help="concurrent captures on this node")
     parser.add_argument("--max-restores", type=int, default=2, help="concurrent restores on this node")
     parser.add_argument("--resync", type=float, default=30.0, help="seconds between full relists of pods")
+    parser.add_argument(
+        "--pod-lookup", choices=POD_LOOKUPS, default="cgroup",
+        help="find a pod's processes by the worker container's cgroups (real nodes) or, for local sandboxes "
+        "standing in for pods, by their WARMSTART_POD_UID variable",
+    )  # fmt: skip
     parser.set_defaults(func=_run)

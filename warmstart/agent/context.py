@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from warmstart.agent import objects
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
-from warmstart.agent.pods import DEFAULT_KUBELET_ROOT, PodSandbox, control_dir_on_host
+from warmstart.agent.pods import (
+    DEFAULT_KUBELET_ROOT,
+    POD_LOOKUPS,
+    PodProcessError,
+    PodSandbox,
+    control_dir_on_host,
+)
 from warmstart.checkpoint.criu import Criu
 from warmstart.protocol import ControlDir
 from warmstart.snapshot.signing import Signer, Verifier
@@ -31,12 +40,17 @@ class AgentConfig:
     criu_timeout: float = 600.0
     cleanup_interval: float = 300.0
     cleanup_grace: float = 3600.0  # unreferenced store snapshots younger than this stay
+    # "cgroup": a pod's processes by the cgroups of the worker container the kubelet reports (real nodes);
+    # "environment": by the WARMSTART_POD_UID variable (local sandboxes standing in for pods, no kubelet).
+    pod_lookup: str = "cgroup"
 
     def __post_init__(self) -> None:
         if not self.node:
             raise ValueError("the node name is empty: pass --node or set WARMSTART_NODE_NAME")
         if self.max_captures < 1 or self.max_restores < 1:
             raise ValueError("--max-captures and --max-restores must be at least 1")
+        if self.pod_lookup not in POD_LOOKUPS:
+            raise ValueError(f"--pod-lookup must be one of {', '.join(POD_LOOKUPS)}, not {self.pod_lookup!r}")
 
     @property
     def restore_work_dir(self) -> Path:
@@ -66,6 +80,19 @@ class NodeContext:
     def control_dir(self, pod_uid: str) -> ControlDir:
         return ControlDir(control_dir_on_host(self.config.kubelet_root, pod_uid))
 
-    def find_pod(self, uid: str) -> PodSandbox:
-        root, timeout = self.config.kubelet_root, self.config.start_timeout
-        return PodSandbox.find(uid, root, timeout, cancelled=self.stopping.is_set)
+    def find_pod(self, pod: dict[str, Any]) -> PodSandbox:
+        """The pod's worker container on this node: its id from the kubelet's pod status (waited for while
+        the container starts), then its processes by cgroup."""
+        meta, root = objects.meta(pod), self.config.kubelet_root
+        deadline = time.monotonic() + self.config.start_timeout
+        if self.config.pod_lookup == "environment":
+            return PodSandbox.find(meta["uid"], root, self.config.start_timeout, self.stopping.is_set,
+                                   by_environment=True)  # fmt: skip
+        container = objects.worker_container_id(pod)
+        while not container:
+            if time.monotonic() >= deadline or self.stopping.is_set():
+                raise PodProcessError(f"pod {objects.key(pod)}: the kubelet reports no worker container yet")
+            time.sleep(0.5)
+            container = objects.worker_container_id(self.kube.get_pod(meta["namespace"], meta["name"]) or {})
+        remaining = max(0.0, deadline - time.monotonic())
+        return PodSandbox.find(meta["uid"], root, remaining, self.stopping.is_set, container=container)

@@ -24,12 +24,21 @@ def key(obj: dict[str, Any]) -> str:
     return f"{meta(obj)['namespace']}/{meta(obj)['name']}"
 
 
-def worker_image_id(pod: dict[str, Any]) -> str:
-    """The image the container runtime runs the worker from, as the kubelet reports it ("" before it runs)."""
+def _worker_status(pod: dict[str, Any]) -> dict[str, Any]:
     for container in status(pod).get("containerStatuses") or []:
         if container.get("name") == L.WORKER_CONTAINER:
-            return str(container.get("imageID") or "")
-    return ""
+            return container
+    return {}
+
+
+def worker_image_id(pod: dict[str, Any]) -> str:
+    """The image the container runtime runs the worker from, as the kubelet reports it ("" before it runs)."""
+    return str(_worker_status(pod).get("imageID") or "")
+
+
+def worker_container_id(pod: dict[str, Any]) -> str:
+    """The runtime's id of the worker container (`containerd://<hex>`), "" before the kubelet reports it."""
+    return str(_worker_status(pod).get("containerID") or "")
 
 
 def store_snapshot_id(snap: dict[str, Any]) -> str:

@@ -4,12 +4,12 @@ The agent runs with the host's PID namespace. A pod's processes are found by the
 kubelet and the container runtime choose and the tenant cannot: a path component names the pod uid
 (`pod<uid>`, or `kubepods-...-pod<uid with _>.slice` with the systemd driver) and, given the container id
 the runtime reports (`status.containerStatuses[].containerID`), the next one names the container
-(`<id>`, or `cri-containerd-<id>.scope` / `crio-<id>.scope` / `docker-<id>.scope`). Without a container id,
-and only when no process of the pod is found by cgroup at all (one-machine setups whose "pods" are local
-sandboxes), the `WARMSTART_POD_UID` environment variable is a last resort. The container's PID 1, the worker
-supervisor, is the process whose NSpid ends in 1; PIDs the worker reports (e.g. in `ready-for-snapshot`)
-are in-namespace PIDs and are translated to host PIDs through NSpid. The control directory is the pod's
-`control` emptyDir as the kubelet lays it out on the host.
+(`<id>`, or `cri-containerd-<id>.scope` / `crio-<id>.scope` / `docker-<id>.scope`). Only an agent
+started with `--pod-lookup=environment` (one-machine setups whose "pods" are local sandboxes, never a
+real node) finds processes by the `WARMSTART_POD_UID` environment variable instead. The container's PID 1,
+the worker supervisor, is the process whose NSpid ends in 1; PIDs the worker reports (e.g. in
+`ready-for-snapshot`) are in-namespace PIDs and are translated to host PIDs through NSpid. The control
+directory is the pod's `control` emptyDir as the kubelet lays it out on the host.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ CONTROL_VOLUME = "control"
 POD_UID_ENV = L.POD_UID_ENV
 PROC = Path("/proc")
 ENGINE_MODULE = "warmstart.worker.engine_process"  # what the worker supervisor runs as its engine
+POD_LOOKUPS = ("cgroup", "environment")  # how the agent finds a pod's processes: see above
 
 
 class PodProcessError(RuntimeError):
@@ -115,14 +116,15 @@ def _in_cgroup_of(pid: int, pod_uid: str, container: str | None, proc: Path) -> 
     return cgroup_belongs(text, pod_uid, container)
 
 
-def pod_processes(pod_uid: str, proc: Path = PROC, container: str | None = None) -> list[int]:
+def pod_processes(
+    pod_uid: str, proc: Path = PROC, container: str | None = None, *, by_environment: bool = False
+) -> list[int]:
     """Host PIDs of the pod's processes (of its container `container`, a bare or runtime-prefixed id, when
-    given) by cgroup path; without a container id and no process found so, by environment."""
+    given) by cgroup path; with `by_environment`, by the environment variable instead (local sandboxes)."""
+    if by_environment:
+        return sorted(p for p in _process_ids(proc) if read_environ(p, proc).get(POD_UID_ENV) == pod_uid)
     wanted = container_id(container) if container else None
-    by_cgroup = sorted(pid for pid in _process_ids(proc) if _in_cgroup_of(pid, pod_uid, wanted, proc))
-    if by_cgroup or wanted is not None:
-        return by_cgroup
-    return sorted(pid for pid in _process_ids(proc) if read_environ(pid, proc).get(POD_UID_ENV) == pod_uid)
+    return sorted(pid for pid in _process_ids(proc) if _in_cgroup_of(pid, pod_uid, wanted, proc))
 
 
 def supervisor_of(host_pids: Iterable[int]) -> int | None:
@@ -169,6 +171,7 @@ class PodSandbox(Sandbox):
         *,
         container: str | None = None,
         in_pod: bool | None = None,
+        by_environment: bool = False,
     ) -> PodSandbox:
         """The pod's supervisor (PID 1 of its container `container`, an id as the pod status reports it)
         and control directory; waits up to `timeout` s for the container to start (or until `cancelled()`).
@@ -179,7 +182,8 @@ class PodSandbox(Sandbox):
         deadline = time.monotonic() + timeout
         whole = container is not None if in_pod is None else in_pod
         while True:
-            init_pid = supervisor_of(pod_processes(pod_uid, container=container))
+            found = pod_processes(pod_uid, container=container, by_environment=by_environment)
+            init_pid = supervisor_of(found)
             if init_pid is not None and host_dir.is_dir():
                 return cls(host_dir, init_pid, whole_container=whole)
             if time.monotonic() >= deadline or cancelled():

@@ -101,7 +101,7 @@ class RestorePhase:
             self._wait_control_dir(control)
             self._refuse(pod, control, str(exc))
             return
-        sandbox = self.node.find_pod(uid)
+        sandbox = self.node.find_pod(pod)
         if answered(control):  # answered while the pod's container was awaited
             return
         try:
@@ -186,7 +186,7 @@ class RestorePhase:
     def _answer_interrupted(self, pod: dict[str, Any], control: ControlDir) -> None:
         """Kill what the interrupted restore left in the pod and let the worker start cold."""
         reason = "the node agent stopped during this pod's restore"
-        self.node.find_pod(objects.meta(pod)["uid"]).kill_all_but_init()
+        self.node.find_pod(pod).kill_all_but_init()
         log.warning("restore into %s: %s; the worker starts cold", objects.key(pod), reason)
         control.send(RESTORE_FAILED, {"reason": reason})
         self.node.metrics.restores.labels("failed").inc()

@@ -137,6 +137,7 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, requ
         if spec.snapshot.sub_path:
             store_mount["subPath"] = spec.snapshot.sub_path
         mounts.append(store_mount)
+    mounts += [dict(mount) for mount in spec.template.volume_mounts]
     container: dict[str, Any] = {
         "name": L.WORKER_CONTAINER,
         "image": spec.engine.image,
@@ -163,7 +164,7 @@ def _volumes(spec: EndpointSpec) -> list[dict[str, Any]]:
     ]
     if spec.snapshot.enabled:
         volumes.append({"name": "store", "persistentVolumeClaim": {"claimName": spec.snapshot.claim_name}})
-    return volumes
+    return volumes + [dict(volume) for volume in spec.template.volumes]
 
 
 def _scheduling(spec: EndpointSpec) -> dict[str, Any]:

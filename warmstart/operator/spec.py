@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from warmstart.api import labels as L
 from warmstart.worker_flags import worker_flags_problem
 
 ENGINES = ("vllm", "builtin")
@@ -111,6 +112,8 @@ class PodOverrides:
     annotations: dict[str, str] = field(default_factory=dict)
     service_account_name: str = ""
     priority_class_name: str = ""
+    volumes: tuple[dict[str, Any], ...] = ()
+    volume_mounts: tuple[dict[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -317,7 +320,34 @@ def parse_template(spec: dict[str, Any]) -> PodOverrides:
         annotations=_string_map(data, "annotations", prefix),
         service_account_name=_text(data, "serviceAccountName", prefix),
         priority_class_name=_text(data, "priorityClassName", prefix),
+        volumes=_extra_volumes(data, prefix),
+        volume_mounts=_extra_mounts(data, prefix),
     )
+
+
+RESERVED_VOLUMES = frozenset({"control", "shm", "store"})
+RESERVED_MOUNT_PATHS = frozenset({L.CONTROL_DIR_PATH, "/dev/shm", L.STORE_MOUNT_PATH})
+
+
+def _extra_volumes(data: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
+    """The schema checks these too; the operator checks again for objects that predate a schema change."""
+    volumes = _object_list(data, "volumes", path)
+    names = [str(volume.get("name", "")) for volume in volumes]
+    for index, name in enumerate(names):
+        if not name or name in RESERVED_VOLUMES or name in names[:index]:
+            raise InvalidSpec(f"{path}volumes[{index}].name", f"{name!r} is empty, reserved or repeated")
+    return volumes
+
+
+def _extra_mounts(data: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
+    mounts = _object_list(data, "volumeMounts", path)
+    names = {str(volume.get("name")) for volume in data.get("volumes") or []}
+    for index, mount in enumerate(mounts):
+        if mount.get("name") not in names:
+            raise InvalidSpec(f"{path}volumeMounts[{index}].name", "names no volume of template.volumes")
+        if str(mount.get("mountPath", "")).rstrip("/") in RESERVED_MOUNT_PATHS:
+            raise InvalidSpec(f"{path}volumeMounts[{index}].mountPath", "is one of the operator's mounts")
+    return mounts
 
 
 def parse_spec(spec: dict[str, Any]) -> EndpointSpec:

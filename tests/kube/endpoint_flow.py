@@ -1,0 +1,211 @@
+"""An InferenceEndpoint on the real node, as a user runs one: the chart's values for the real node, the
+snapshot volume, endpoints of the builtin engine on CPU, a client pod that sends completions from inside the
+cluster, and what to print when the flow stalls. Used by the end-to-end test and the pod start benchmark."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from control_plane.cluster import ControlPlane
+from control_plane.node import RealNode
+from node_plugin import HostPython
+
+from warmstart.api import labels as L
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "warmstart"
+RELEASE = "ws"
+ENDPOINT = "tiny"
+COLD_ENDPOINT = "tiny-cold"
+PROMPT = "the quick brown fox"
+MODELS_MOUNT = "/cache/models"  # under WARMSTART_CACHE: where the builtin engine keeps generated models
+START_TIMEOUT = 300.0  # a loaded 2-core machine starts several Python processes at once
+# Run with the image's python3 in the client pod: one completion, the response body on stdout.
+COMPLETE = """
+import json, sys, urllib.request
+body = json.dumps({"model": "tiny", "prompt": sys.argv[2], "max_tokens": 12, "temperature": 0}).encode()
+request = urllib.request.Request(sys.argv[1], data=body, headers={"Content-Type": "application/json"})
+with urllib.request.urlopen(request, timeout=30) as response:
+    sys.stdout.write(response.read().decode())
+"""
+
+
+def get(kube: ControlPlane, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+    result = kube.kubectl("get", kind, name, "-n", namespace, "-o", "json", check=False)
+    return json.loads(result.stdout) if result.returncode == 0 else None
+
+
+def items(kube: ControlPlane, kind: str, namespace: str, selector: str) -> list[dict[str, Any]]:
+    result = kube.kubectl("get", kind, "-n", namespace, "-l", selector, "-o", "json")
+    return json.loads(result.stdout)["items"]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
+
+
+def split_image(reference: str) -> tuple[str, str]:
+    repository, _, tag = reference.rpartition(":")
+    return repository, tag
+
+
+def chart_values(chart_image: str, node: RealNode, namespace: str, store: str) -> dict[str, Any]:
+    """Operator and agent on the real node, watching `namespace`, the store at `store` on the node."""
+    repository, tag = split_image(chart_image)
+    placement = node.pod_placement()
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "operator": {
+            "watchNamespaces": [namespace],
+            "nodeSelector": placement["nodeSelector"],
+            "tolerations": placement["tolerations"],
+            "resyncSeconds": 5,
+            "captureBackoffSeconds": 5,
+        },
+        "agent": {
+            # null drops the chart's default selector of GPU nodes (Helm merges maps)
+            "nodeSelector": {**placement["nodeSelector"], "nvidia.com/gpu.present": None},
+            "tolerations": placement["tolerations"],
+            "store": {"hostPath": store},
+        },
+    }
+
+
+def install(kube: ControlPlane, chart_image: str, node: RealNode, namespace: str) -> str:
+    """`helm install` into `namespace`; returns the agent's store directory as the node sees it."""
+    store = f"/var/lib/warmstart/{namespace}/store"
+    values = chart_values(chart_image, node, namespace, store)
+    kube.helm(
+        "install", RELEASE, str(CHART), "-n", namespace, "-f", "-", input=json.dumps(values), timeout=120
+    )
+    return store
+
+
+def uninstall(kube: ControlPlane, namespace: str) -> None:
+    kube.helm("uninstall", RELEASE, "-n", namespace, "--wait", "--timeout=60s", check=False, timeout=90)
+
+
+def snapshot_volume(kube: ControlPlane, namespace: str, store: str) -> str:
+    """A hostPath PersistentVolume on the agent's store directory and the claim the workers mount."""
+    claim = "snapshots"
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{namespace}-store"},
+        "spec": {
+            "capacity": {"storage": "10Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "hostPath": {"path": store, "type": "DirectoryOrCreate"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    request = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": volume["metadata"]["name"],
+            "resources": {"requests": {"storage": "10Gi"}},
+        },
+    }
+    listing = {"apiVersion": "v1", "kind": "List", "items": [volume, request]}
+    kube.kubectl("apply", "-f", "-", input=json.dumps(listing))
+    return claim
+
+
+def endpoint(
+    name: str, namespace: str, chart_image: str, node: RealNode, host_python: HostPython, claim: str | None
+) -> dict[str, Any]:
+    """The builtin engine's tiny model on CPU; `claim` None: snapshots disabled, every replica cold."""
+    placement = node.pod_placement()
+    venv_bin = str(Path(host_python.python).parent)
+    models = f"/var/lib/warmstart/{namespace}/models"
+    return {
+        "apiVersion": L.API_VERSION,
+        "kind": L.ENDPOINT_KIND,
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "replicas": 1,
+            "model": {"uri": "tiny"},
+            "engine": {"kind": "builtin", "image": chart_image, "imagePullPolicy": "Never"},
+            "resources": {"gpus": 0},
+            "snapshot": {"enabled": True, "storage": {"claimName": claim}} if claim else {"enabled": False},
+            "template": {
+                **placement,
+                "env": [
+                    # `warmstart` from the mounted environment (the image's own has no torch).
+                    {"name": "PATH", "value": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin"},
+                    {"name": "WARMSTART_CACHE", "value": "/cache"},
+                    {"name": "OMP_NUM_THREADS", "value": "1"},
+                ],
+                # The model files at the same path in every pod: the restored engine maps them again.
+                "volumes": [
+                    *host_python.volumes,
+                    {"name": "models", "hostPath": {"path": models, "type": "DirectoryOrCreate"}},
+                ],
+                "volumeMounts": [
+                    *host_python.volume_mounts,
+                    {"name": "models", "mountPath": "/cache/models"},
+                ],
+            },
+        },
+    }
+
+
+def client_pod(namespace: str, chart_image: str, node: RealNode) -> str:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "client", "namespace": namespace},
+        "spec": {
+            **node.pod_placement(),
+            "terminationGracePeriodSeconds": 0,
+            "containers": [
+                {
+                    "name": "client",
+                    "image": chart_image,
+                    "imagePullPolicy": "Never",
+                    "command": ["sleep", "3600"],
+                }
+            ],
+        },
+    }
+    return json.dumps(pod)
+
+
+def completion(kube: ControlPlane, namespace: str, url: str) -> str:
+    result = kube.kubectl("exec", "-n", namespace, "client", "--", "python3", "-c", COMPLETE, url, PROMPT,
+                          timeout=60)  # fmt: skip
+    return json.loads(result.stdout)["choices"][0]["text"]
+
+
+def worker_pods(kube: ControlPlane, namespace: str, role: str, name: str = ENDPOINT) -> list[dict[str, Any]]:
+    selector = f"{L.ENDPOINT_LABEL}={name},{L.ROLE_LABEL}={role}"
+    return [
+        pod for pod in items(kube, "pod", namespace, selector) if "deletionTimestamp" not in pod["metadata"]
+    ]
+
+
+def events_of(kube: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
+    result = kube.kubectl("get", "events", "-n", namespace, "--field-selector", f"involvedObject.name={name}",
+                          "-o", "json")  # fmt: skip
+    return json.loads(result.stdout)["items"]
+
+
+def diagnostics(kube: ControlPlane, namespace: str) -> str:
+    """What a person would look at when the flow stalls: pods, snapshots, events, the agent's log."""
+    parts = []
+    for args in (
+        ("get", "pods,isnap,iep,deploy", "-n", namespace, "-o", "wide"),
+        ("get", "events", "-n", namespace, "--sort-by=.lastTimestamp"),
+        ("logs", "-n", namespace, "-l", "app.kubernetes.io/component=agent", "--tail=60"),
+        ("logs", "-n", namespace, "-l", "app.kubernetes.io/component=operator", "--tail=40"),
+    ):
+        result = kube.kubectl(*args, check=False)
+        parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout[-4000:]}{result.stderr[-500:]}")
+    return "\n".join(parts)
