@@ -60,7 +60,7 @@ bench_restore() {  # NAME CRIU-COMMAND ARGS...: one bench run, its table and JSO
         | grep -v ' INFO ' | tail -22
 }
 
-product() {  # STEPS (comma-separated): main probe kvfit levers criu-sid
+product() {  # STEPS (comma-separated): model main lazy probe kvfit levers tests criu-sid
     local steps=",$1,"
     if [[ -d .whl ]]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ws-site .whl/*.whl || exit 4
@@ -70,7 +70,19 @@ product() {  # STEPS (comma-separated): main probe kvfit levers criu-sid
     for feature in uffd uffd-noncoop; do
         echo "criu check --feature $feature: $($WARMSTART_CRIU check --feature $feature 2>&1 | tail -1)"
     done
-    [[ "$steps" == *,main,* ]] && bench_restore main "$WARMSTART_CRIU" --repeat "${REPEAT:-1}" ${COLD_DROPPED:+--cold-dropped}
+    if [[ "$steps" == *,model,* ]]; then  # the weight files exist before the first start, as on a real node
+        echo "== Qwen3-8B shapes: weight files"
+        python3 -c 'from warmstart.engines.builtin.model_dir import default_model_dir as d, ensure_model as e
+e(d("qwen3-8b", 0, {}), "qwen3-8b", 0, {}, device="cuda")' || exit 5
+    fi
+    if [[ "$steps" == *,main,* ]]; then
+        bench_restore main "$WARMSTART_CRIU" --repeat "${REPEAT:-1}" --lazy-pages "${LAZY_PAGES:-off}" \
+            --logs "$OUT/logs" ${COLD_DROPPED:+--cold-dropped}
+    fi
+    if [[ "$steps" == *,lazy,* ]]; then  # its own capture: a hang under lazy pages cannot take main's table
+        STEP_TIMEOUT=${LAZY_TIMEOUT:-150} bench_restore lazy-pages "$WARMSTART_CRIU" --repeat "${REPEAT:-1}" \
+            --no-cold --lazy-pages on --logs "$OUT/lazy-logs"
+    fi
     if [[ "$steps" == *,probe,* ]]; then
         echo "== what a CUDA checkpoint copies from a process holding no tensors"
         timeout 150 python3 benchmarks/cuda_context_probe.py 2>&1 | tee "$OUT/cuda_context_probe.md" | tail -7
@@ -80,9 +92,14 @@ product() {  # STEPS (comma-separated): main probe kvfit levers criu-sid
         timeout 150 python3 benchmarks/kv_fit.py 2>&1 | tee "$OUT/kv_fit.txt" | grep -v ' INFO ' | tail -6
     fi
     if [[ "$steps" == *,levers,* ]]; then
-        for lever in ${LEVERS:-WARMSTART_BUILTIN_SHRINK_LOCAL_MEMORY WARMSTART_BUILTIN_TRIM_HOST}; do
+        for lever in ${LEVERS:-WARMSTART_BUILTIN_SHRINK_LOCAL_MEMORY}; do
             (export "$lever=0"; bench_restore "off-$lever" "$WARMSTART_CRIU" --repeat 2 --no-cold --no-drop-caches)
         done
+    fi
+    if [[ "$steps" == *,tests,* ]]; then
+        echo "== GPU tests of the builtin engine (release, reacquire, weight stager)"
+        timeout "${TESTS_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -o addopts="" \
+            -rA tests/engines/test_engine_gpu.py tests/gpu/test_cuda_arena.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -8
     fi
     if [[ "$steps" == *,criu-sid,* && -x .dev/criu-sid/criu ]]; then
         local sid=$PWD/.dev/criu-sid
@@ -117,7 +134,7 @@ full)
         --caches "${CACHES:-hot,dropped}" --budget-s "${BUDGET_S:-540}" 2>&1 | tee "$OUT/gpu_restore.log"
     ;;
 product)
-    product "${PRODUCT_STEPS:-main,probe,kvfit,levers,criu-sid}"
+    product "${PRODUCT_STEPS:-model,main,probe,kvfit,levers,criu-sid}"
     ;;
 *)
     echo "usage: $0 smoke|full|product" >&2

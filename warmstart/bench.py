@@ -208,9 +208,16 @@ class Start:
 
 
 def timed_start(
-    node: LocalNode, start: Callable[[], StartReport], mode: str, check_outputs: bool = False
+    node: LocalNode,
+    start: Callable[[], StartReport],
+    mode: str,
+    check_outputs: bool = False,
+    logs: str | None = None,
 ) -> Start:
-    """Run `start()` (it returns once the worker serves); seconds to ready and to the first token."""
+    """Run `start()` (it returns once the worker serves); seconds to ready and to the first token.
+
+    With `logs`, the sandboxes' logs (CRIU's restore log, the engine's) are copied under that directory.
+    """
     began = time.monotonic()
     try:
         report = start()
@@ -224,9 +231,23 @@ def timed_start(
             phases["restore_to_ready"] = ready
             phases["ready_to_first_token"] = token - ready
         outputs = greedy_outputs(node.spec) if check_outputs else None
+        if logs:
+            _copy_logs(node, Path(logs))
     finally:
         node.stop_all()
     return Start(ready, token, phases, outputs)
+
+
+def _copy_logs(node: LocalNode, destination: Path) -> None:
+    """The last sandbox's log files, flattened into `destination` (an earlier copy is replaced)."""
+    destination.mkdir(parents=True, exist_ok=True)
+    for sandbox in node.sandboxes[-1:]:
+        images = sandbox.host_dir.with_name(sandbox.host_dir.name + "-images")  # the restorer's own logs
+        for root in (sandbox.host_dir, images):
+            for path in sorted(root.rglob("*.log")):
+                if path.is_file() and not path.is_symlink():
+                    name = "-".join((root.name.rsplit("-", 2)[-1], *path.relative_to(root).parts))
+                    shutil.copyfile(path, destination / name)
 
 
 def _engine_phases(node: LocalNode) -> dict[str, float]:
@@ -280,8 +301,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu: Criu, work: Path) -> int:
     can_drop = os.geteuid() == 0 and args.drop_caches
-    cold, hot = Series("cold start"), Series("restore", cache="hot")
-    dropped, cold_dropped = Series("restore", cache="dropped"), Series("cold start", cache="dropped")
+    cold, cold_dropped = Series("cold start"), Series("cold start", cache="dropped")
+    restores = {
+        lazy: (Series(name, cache="hot"), Series(name, cache="dropped"))
+        for lazy, name in ((False, "restore"), (True, "restore, lazy pages"))
+        if args.lazy_pages in ("both", "on" if lazy else "off")
+    }
     capture = node.start_cold_and_capture()
     reference = greedy_outputs(node.spec)  # the captured engine, serving on after its capture
     node.stop_all()
@@ -300,20 +325,33 @@ def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu
     for _ in range(args.repeat):
         if args.cold:
             _record(cold, timed_start(node, lambda: node.start_cold("benchmark"), "cold"), reference)
-        _record(hot, timed_start(node, restore, "restore", check_outputs=True), reference)
-        if can_drop:
-            drop_page_cache()
-            _record(dropped, timed_start(node, restore, "restore", check_outputs=True), reference)
+        for lazy, (hot, dropped) in restores.items():
+            _lazy_pages(lazy)
+            _record(hot, timed_start(node, restore, "restore", check_outputs=True, logs=args.logs), reference)
+            if can_drop:
+                drop_page_cache()
+                _record(dropped, timed_start(node, restore, "restore", check_outputs=True), reference)
+        _lazy_pages(False)
         if can_drop and args.cold_dropped:
             drop_page_cache()
             _record(cold_dropped, timed_start(node, lambda: node.start_cold("benchmark"), "cold"), reference)
     floors = _floors(store, snapshot, criu, work, can_drop)
-    series = [s for s in (cold, cold_dropped, hot, dropped) if s.ready]
-    _print_tables(series, floors, snapshot, capture.timings, args)
-    identical = all(all(s.outputs_identical) for s in (hot, dropped))
+    measured = [cold, cold_dropped] + [series for pair in restores.values() for series in pair]
+    _print_tables([s for s in measured if s.ready], floors, snapshot, capture.timings, args)
+    identical = all(all(s.outputs_identical) for pair in restores.values() for s in pair)
     if not identical:
         print("outputs after a restore differ from the captured engine's", file=sys.stderr)
     return 0 if identical else 1
+
+
+def _lazy_pages(on: bool) -> None:
+    """Whether the next restores load memory lazily (read by `checkpoint.restore` at each restore)."""
+    from warmstart.checkpoint.restore import LAZY_PAGES_ENV
+
+    if on:
+        os.environ[LAZY_PAGES_ENV] = "1"
+    else:
+        os.environ.pop(LAZY_PAGES_ENV, None)
 
 
 def _record(series: Series, start: Start, reference: list[list[str]]) -> None:
@@ -364,7 +402,7 @@ def _rows(series: list[Series], floors: list[Floor]) -> list[list[str]]:
     rows = []
     for item in series:
         token = item.median(item.first_token)
-        floor = by_cache.get(item.cache) if item.name == "restore" else None
+        floor = by_cache.get(item.cache) if item.name.startswith("restore") else None
         cold = colds.get(item.cache)
         rows.append([
             item.name, item.cache, f"{item.median(item.ready):.2f} s", f"{token:.2f} s",
@@ -445,6 +483,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--cold-dropped", action="store_true", help="also time cold starts with the page cache dropped (root)"
     )
+    parser.add_argument(
+        "--lazy-pages", choices=("off", "on", "both"), default="off",
+        help="restore memory lazily (CRIU lazy pages, userfaultfd): off (default), on, or both in turn",
+    )  # fmt: skip
+    parser.add_argument("--logs", help="copy the sandbox logs (CRIU's, the engine's) of hot restores here")
     parser.add_argument("--markdown", help="also write the table as Markdown to this file")
     parser.add_argument("--json", help="also write every measurement as JSON to this file")
     parser.set_defaults(func=run_bench)

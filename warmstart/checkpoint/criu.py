@@ -24,11 +24,13 @@ import re
 import shlex
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 MIN_MAJOR = 4
+LAZY_PAGES_SOCKET = "lazy-pages.socket"  # where `criu lazy-pages` and `criu restore --lazy-pages` meet
 SETUP_HINT = "run hack/criu-setup (it provides CRIU 4) and pass its command with --criu or WARMSTART_CRIU"
 _VERSION_LINE = re.compile(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
 _ERROR_LINE = re.compile(r"\bError\b")
@@ -270,6 +272,38 @@ class Criu:
             return int(pidfile.read_text().strip())
         except (OSError, ValueError) as exc:
             raise CriuError(f"CRIU restore succeeded but wrote no PID to {pidfile}: {exc}") from exc
+
+    def lazy_pages(self, images_dir: Path, *, logs_dir: Path) -> subprocess.Popen[str]:
+        """Start CRIU's lazy-pages daemon for a `restore(..., extra=["--lazy-pages"])` of `images_dir`.
+
+        The restore then maps private memory empty and hands it to the daemon (userfaultfd), which fills
+        pages as the restored tasks touch them and the rest in the background, and exits once all are in.
+        It meets the restore at a socket in `images_dir` (CRIU's default work directory); not in a pod.
+        """
+        if self._pod_pid is not None:
+            raise CriuError("lazy pages are not supported for restores into a pod")
+        log_file = self._log_file(logs_dir, "lazy-pages.log")
+        (images_dir / LAZY_PAGES_SOCKET).unlink(missing_ok=True)
+        argv = [
+            *self._prefix,
+            *self.command,
+            "lazy-pages",
+            *self._dirs_args(_Entered(), images_dir, log_file),
+        ]
+        process = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + 10
+        while not (images_dir / LAZY_PAGES_SOCKET).exists():  # the restore must find it listening
+            if process.poll() is not None or time.monotonic() > deadline:
+                _kill_group(process)
+                reason = first_error_line(log_file) or "it did not open its socket"
+                raise CriuError(
+                    f"CRIU lazy-pages did not start: {reason} (log: {log_file})", log_file=log_file
+                )
+            time.sleep(0.002)
+        return process
 
     @staticmethod
     def _log_file(logs_dir: Path, name: str) -> Path:

@@ -19,6 +19,9 @@ import json
 import logging
 import os
 import shutil
+import signal
+import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +63,10 @@ FAILURES_DIR = "restore-failures"
 DEFAULT_MAX_FAILURES = 3
 RESTORE_LOGS_DIR = "restore-logs"  # in the restorer's work directory, and a copy in the sandbox's
 RESTORE_LOG = "restore.log"  # as CRIU names it
+# "1": CRIU restores private memory lazily (userfaultfd, `criu lazy-pages`): the engine resumes before its
+# pages are all back, each filled when first touched, the rest in the background. Off unless set.
+LAZY_PAGES_ENV = "WARMSTART_LAZY_PAGES"
+LAZY_PAGES_DEADLINE_SECONDS = 300.0
 
 
 class RestoreRefused(RuntimeError):
@@ -315,13 +322,21 @@ def _stop(stager: StagerProcess | None) -> None:
 def _restore_process(
     snapshot: Snapshot, sandbox: Sandbox, criu: Criu, work_dir: Path, timings: dict[str, float]
 ) -> tuple[int, int]:
+    runner = sandbox.criu(criu)
+    lazy = _start_lazy_pages(runner, work_dir) if os.environ.get(LAZY_PAGES_ENV) == "1" else None
     try:
         with timed(timings, "criu_restore"):
-            namespace_pid = sandbox.criu(criu).restore(
-                work_dir / CRIU_DIR, logs_dir=work_dir / RESTORE_LOGS_DIR
-            )
+            namespace_pid = runner.restore(
+                work_dir / CRIU_DIR, logs_dir=work_dir / RESTORE_LOGS_DIR,
+                extra=["--lazy-pages"] if lazy is not None else [],
+            )  # fmt: skip
+    except BaseException:
+        _stop_lazy_pages(lazy)
+        raise
     finally:
         _hand_over_restore_log(work_dir, sandbox)
+    if lazy is not None:  # it fills the rest of the memory in the background, then exits
+        threading.Thread(target=_reap_lazy_pages, args=(lazy,), name="lazy-pages-reaper", daemon=True).start()
     sandbox.set_main_pid(namespace_pid)
     host_pid = sandbox.host_pid(namespace_pid)
     if host_pid is None:  # a CRIU-side failure: the caller kills whatever half-restored tasks remain
@@ -330,6 +345,34 @@ def _restore_process(
         with timed(timings, "cuda_restore"):
             cuda.resume(host_pid)
     return namespace_pid, host_pid
+
+
+def _start_lazy_pages(runner: Criu, work_dir: Path) -> subprocess.Popen[str] | None:
+    """CRIU's lazy-pages daemon for this restore (memory filled on demand); None, restoring eagerly, when
+    it cannot start."""
+    try:
+        return runner.lazy_pages(work_dir / CRIU_DIR, logs_dir=work_dir / RESTORE_LOGS_DIR)
+    except (CriuError, OSError) as exc:
+        log.warning("restoring without lazy pages: %s", exc)
+        return None
+
+
+def _stop_lazy_pages(process: subprocess.Popen[str] | None) -> None:
+    if process is not None and process.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def _reap_lazy_pages(process: subprocess.Popen[str]) -> None:
+    try:
+        code = process.wait(timeout=LAZY_PAGES_DEADLINE_SECONDS)
+    except subprocess.TimeoutExpired:
+        log.warning("CRIU lazy-pages ran past %.0f s; killing it", LAZY_PAGES_DEADLINE_SECONDS)
+        _stop_lazy_pages(process)
+        return
+    if code:
+        log.warning("CRIU lazy-pages exited with %d", code)
 
 
 def _hand_over_restore_log(work_dir: Path, sandbox: Sandbox) -> None:

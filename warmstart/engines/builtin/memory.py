@@ -2,10 +2,10 @@
 
 `EngineMemory` owns the weight arena, the KV arena and the CUDA graphs' scratch pool. `release()` gives
 them back before a checkpoint (weights only where they come back at the same addresses), then sheds what
-a checkpoint would otherwise copy for nothing: cached device blocks, pinned host blocks, freed heap pages
-(`trim_host_memory`) and the GPU's per-thread local memory (`LocalMemoryLimit`). `reacquire()` takes it all
-back: the KV cache and scratch are mapped on a second thread while the weights come back, mapped from a
-weight stager when one was announced (`expect_staged_weights`), else refilled from the files.
+a checkpoint would otherwise copy for nothing: cached device blocks, pinned host blocks and the GPU's
+per-thread local memory (`LocalMemoryLimit`). `reacquire()` takes it all back: the KV cache and scratch
+are mapped on a second thread while the weights come back, mapped from a weight stager when one was
+announced (`expect_staged_weights`), else refilled from the files.
 
 `kv_slots_that_fit` sizes the KV cache from GPU memory (as vLLM's gpu_memory_utilization does), so a
 --max-num-seqs x --max-model-len that does not fit is cut to what does instead of failing with CUDA OOM.
@@ -13,9 +13,6 @@ weight stager when one was announced (`expect_staged_weights`), else refilled fr
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import logging
 import os
 import time
@@ -38,7 +35,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-TRIM_HOST_ENV = "WARMSTART_BUILTIN_TRIM_HOST"  # "0": keep freed heap pages in the checkpoint (to measure)
 LOCAL_MEMORY_ENV = "WARMSTART_BUILTIN_SHRINK_LOCAL_MEMORY"  # "0": keep the GPU's local memory reserve
 CHECKPOINT_STACK_BYTES = 16  # per-thread stack limit while checkpointed: the reserve all but goes
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
@@ -87,15 +83,6 @@ def _rss_anon() -> int:
         if line.startswith("RssAnon:"):
             return int(line.split()[1]) * 1024
     return 0
-
-
-def trim_host_memory() -> int:
-    """Collect garbage and give glibc's free heap pages back (CRIU dumps resident pages); bytes freed."""
-    before = _rss_anon()
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return before - _rss_anon()
 
 
 class LocalMemoryLimit:
@@ -229,12 +216,12 @@ class EngineMemory:
             if _enabled(LOCAL_MEMORY_ENV):
                 self._local_memory.lower()
                 stats["local_memory_lowered"] = True
-        if _enabled(TRIM_HOST_ENV):
-            stats["host_trimmed_bytes"] = trim_host_memory()
         stats["host_anon_bytes"] = _rss_anon()
         if self.on_cuda:
             free, total = torch.cuda.mem_get_info(self.device)
             stats["gpu_used_bytes"] = total - free  # the whole GPU's: this process's when it is alone there
+            stats["torch_reserved_bytes"] = torch.cuda.memory_reserved(self.device)
+            stats["torch_allocated_bytes"] = torch.cuda.memory_allocated(self.device)
         self.last_release_stats = stats
         return self.weights_released
 
