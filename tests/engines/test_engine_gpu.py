@@ -101,7 +101,7 @@ def test_cuda_logits_agree_with_cpu(make_engine, models: dict[str, Path]) -> Non
 def test_release_frees_gpu_memory_and_reacquire_restores_outputs(make_engine, arena: str) -> None:
     engine = make_engine("qwen3-0.6b", arena=arena, release_weights=True, max_model_len=1024, max_num_seqs=4)
     before = engine.generate([_greedy()])[0].token_ids
-    addresses = engine._addresses()
+    addresses = engine._memory.addresses()
     torch.cuda.synchronize()
     free_before, _ = torch.cuda.mem_get_info()
     assert engine.release() is True
@@ -113,10 +113,10 @@ def test_release_frees_gpu_memory_and_reacquire_restores_outputs(make_engine, ar
     elapsed = time.perf_counter() - started
     print(f"\n[{arena}] reacquire of {weights / 1e9:.2f} GB weights + KV: {elapsed:.3f} s")
     if engine._weight_arena.keeps_address:
-        assert engine._addresses() == addresses
+        assert engine._memory.addresses() == addresses
         assert engine._graphs.captures == 1, "graphs over unmoved memory must not be captured again"
     else:
-        assert engine._graphs.captures == (1 if engine._addresses() == addresses else 2)
+        assert engine._graphs.captures == (1 if engine._memory.addresses() == addresses else 2)
     assert engine.generate([_greedy()])[0].token_ids == before
 
 
@@ -151,7 +151,7 @@ def test_weights_staged_by_another_process_serve_the_same_outputs(make_engine, t
         "qwen3-0.6b", arena="cuda-vmm", release_weights=True, max_model_len=1024, max_num_seqs=4
     )
     before = engine.generate([_greedy()])[0].token_ids
-    addresses = engine._addresses()
+    addresses = engine._memory.addresses()
     assert engine.release() is True
     plan = engine.weight_staging_plan()
     assert plan is not None and plan.range_bytes >= engine._weight_arena.nbytes
@@ -161,7 +161,7 @@ def test_weights_staged_by_another_process_serve_the_same_outputs(make_engine, t
     engine.reacquire()
     assert stager.wait(timeout=60) == 0
     assert engine.last_refill_stats["staged"] is True, "the weights must come from the stager, not a refill"
-    assert engine._addresses() == addresses and engine._graphs.captures == 1
+    assert engine._memory.addresses() == addresses and engine._graphs.captures == 1
     # the stager has exited: its memory lives on through the engine's mapping
     assert engine.generate([_greedy()])[0].token_ids == before
     free_before, _ = torch.cuda.mem_get_info()
