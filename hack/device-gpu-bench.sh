@@ -6,9 +6,13 @@
 #                                    and a short Qwen3-0.6B run of the restore benchmark
 #   hack/device-gpu-bench.sh full    the restore benchmark for Qwen3-0.6B and Qwen3-8B (3 repetitions)
 #   hack/device-gpu-bench.sh product the product path, `warmstart bench restore` (verification included), at
-#                                    Qwen3-8B shapes: cold / hot / dropped with the floor, then each lever
-#                                    of LEVERS off in turn (restores only), the KV cache sized to the GPU at
-#                                    256 x 4096, and what a bare CUDA context costs in a checkpoint
+#                                    Qwen3-8B shapes. PRODUCT_STEPS (comma-separated, default model,main):
+#                                    model (write the weight files), main (cold / hot / dropped with the
+#                                    floor; REPEAT, COLD_DROPPED=1), lazy (restores with CRIU lazy pages),
+#                                    probe (what a bare CUDA context costs in a checkpoint), kvfit (the KV
+#                                    cache sized to the GPU at 256 x 4096), levers (each of LEVERS off in
+#                                    turn, restores only), tests (the engine's GPU tests), criu-sid (CRIU
+#                                    4.2.1 from .dev/criu-sid)
 #
 # Needs root, an NVIDIA GPU with driver >= 570, python3 with torch, safetensors and cuda-bindings, and CRIU 4:
 # WARMSTART_CRIU, or the portable folder made by hack/criu-setup copied to .dev/criu (and, for the product
@@ -134,7 +138,7 @@ full)
         --caches "${CACHES:-hot,dropped}" --budget-s "${BUDGET_S:-540}" 2>&1 | tee "$OUT/gpu_restore.log"
     ;;
 product)
-    product "${PRODUCT_STEPS:-model,main,probe,kvfit,levers,criu-sid}"
+    product "${PRODUCT_STEPS:-model,main}"
     ;;
 *)
     echo "usage: $0 smoke|full|product" >&2
