@@ -20,6 +20,7 @@ ENDPOINT = "tiny"
 COLD_ENDPOINT = "tiny-cold"
 PROMPT = "the quick brown fox"
 MODELS_MOUNT = "/cache/models"  # under WARMSTART_CACHE: where the builtin engine keeps generated models
+WORKER_PORT = 8000  # the engine's default port, which the operator gives the worker
 START_TIMEOUT = 300.0  # a loaded 2-core machine starts several Python processes at once
 # Run with the image's python3 in the client pod: one completion, the response body on stdout.
 COMPLETE = """
@@ -184,11 +185,20 @@ def completion(kube: ControlPlane, namespace: str, url: str) -> str:
     return json.loads(result.stdout)["choices"][0]["text"]
 
 
+def pod_url(pod: dict[str, Any]) -> str:
+    """The completions URL of one worker pod (its IP and the worker's port)."""
+    return f"http://{pod['status']['podIP']}:{WORKER_PORT}/v1/completions"
+
+
 def worker_pods(kube: ControlPlane, namespace: str, role: str, name: str = ENDPOINT) -> list[dict[str, Any]]:
     selector = f"{L.ENDPOINT_LABEL}={name},{L.ROLE_LABEL}={role}"
     return [
         pod for pod in items(kube, "pod", namespace, selector) if "deletionTimestamp" not in pod["metadata"]
     ]
+
+
+def all_events(kube: ControlPlane, namespace: str) -> list[dict[str, Any]]:
+    return json.loads(kube.kubectl("get", "events", "-n", namespace, "-o", "json").stdout)["items"]
 
 
 def events_of(kube: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:

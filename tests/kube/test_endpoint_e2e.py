@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from endpoint_flow import (
     COLD_ENDPOINT,
     ENDPOINT,
     START_TIMEOUT,
+    all_events,
     client_pod,
     completion,
     diagnostics,
@@ -29,6 +31,7 @@ from endpoint_flow import (
     get,
     install,
     items,
+    pod_url,
     ready,
     snapshot_volume,
     uninstall,
@@ -37,6 +40,8 @@ from endpoint_flow import (
 from node_plugin import HostPython
 
 from warmstart.api import labels as L
+from warmstart.api.snapshot import MAX_RESTORE_FAILURES
+from warmstart.snapshot.store import SnapshotStore
 
 
 @pytest.fixture
@@ -64,11 +69,7 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         body = endpoint(name, namespace, chart_image, real_node, host_python, uses)
         kube.kubectl("apply", "-f", "-", input=json.dumps(body))
 
-    def wait(predicate: Any, message: str) -> Any:
-        try:
-            return wait_for(predicate, timeout=START_TIMEOUT, interval=1.0, message=message)
-        except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{diagnostics(kube, namespace)}") from None
+    wait = waiter(kube, namespace)
 
     # The reference: the same model cold-started by an endpoint without snapshots, through its Service.
     wait(lambda: any(ready(p) for p in worker_pods(kube, namespace, L.ROLE_COLD, COLD_ENDPOINT)),
@@ -77,12 +78,7 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
     cold_answer = wait(lambda: completion(kube, namespace, cold_url), "a completion from the cold replica")
 
     # The capture pod is checkpointed by the agent; the snapshot records the runtime identity it measured.
-    selector = f"{L.ENDPOINT_LABEL}={ENDPOINT}"
-    snap = wait(
-        lambda: next((s for s in items(kube, "isnap", namespace, selector) if s.get("status", {}).get("phase")
-                      == "Ready"), None),
-        "the InferenceSnapshot Ready",
-    )  # fmt: skip
+    snap = ready_snapshot(kube, namespace, wait)
     identity = snap["status"]["identity"]
     assert identity["image"].startswith("sha256:") or "@sha256:" in identity["image"], identity
     assert identity["engine"] == "builtin" and identity["model_digest"], identity
@@ -97,9 +93,146 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         reasons = {event["reason"] for event in events_of(kube, namespace, pod["metadata"]["name"])}
         assert "Restored" in reasons, (pod["metadata"]["name"], reasons)
         assert "RestoreRefused" not in reasons and "RestoreFailed" not in reasons, reasons
-        direct = f"http://{pod['status']['podIP']}:8000/v1/completions"
-        assert completion(kube, namespace, direct) == cold_answer
+        assert completion(kube, namespace, pod_url(pod)) == cold_answer
     assert not worker_pods(kube, namespace, L.ROLE_COLD), "the cold replica was replaced"
     url = f"http://{get(kube, 'service', namespace, ENDPOINT)['spec']['clusterIP']}/v1/completions"
     for _ in range(4):  # through the Service, whichever replica answers
         assert completion(kube, namespace, url) == cold_answer
+
+
+def ready_snapshot(kube: ControlPlane, namespace: str, wait: Any) -> dict[str, Any]:
+    selector = f"{L.ENDPOINT_LABEL}={ENDPOINT}"
+    return wait(
+        lambda: next((s for s in items(kube, "isnap", namespace, selector) if s.get("status", {}).get("phase")
+                      == "Ready"), None),
+        "the InferenceSnapshot Ready",
+    )  # fmt: skip
+
+
+def waiter(kube: ControlPlane, namespace: str) -> Any:
+    def wait(predicate: Any, message: str) -> Any:
+        try:
+            return wait_for(predicate, timeout=START_TIMEOUT, interval=1.0, message=message)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{diagnostics(kube, namespace)}") from None
+
+    return wait
+
+
+def tamper(store: SnapshotStore, snapshot_id: str) -> Path:
+    """Flip one byte in the middle of the snapshot's largest blob, as a disk or a person could."""
+    snapshot = store.get(snapshot_id)
+    path = max((store.blob_path(d) for d in snapshot.manifest.digests()), key=lambda p: p.stat().st_size)
+    path.chmod(0o600)
+    with path.open("r+b") as blob:
+        blob.seek(path.stat().st_size // 2)
+        byte = blob.read(1)
+        blob.seek(-1, 1)
+        blob.write(bytes([byte[0] ^ 0xFF]))
+    return path
+
+
+@pytest.mark.integration
+def test_a_tampered_snapshot_is_refused_the_replicas_start_cold_and_it_goes_invalid(
+    kube: ControlPlane,
+    real_node: RealNode,
+    chart_image: str,
+    host_python: HostPython,
+    namespace: str,
+    release: str,
+) -> None:
+    wait = waiter(kube, namespace)
+    claim = snapshot_volume(kube, namespace, release)
+    kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, real_node))
+    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
+    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    snap = ready_snapshot(kube, namespace, wait)
+    good = wait(
+        lambda: [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)], "a restored replica"
+    )
+    reference = completion(kube, namespace, pod_url(good[0]))
+
+    store = SnapshotStore(real_node.shadow("/var/lib/warmstart") / namespace / "store")
+    tamper(store, snap["status"]["snapshotId"])
+    kube.kubectl("scale", f"iep/{ENDPOINT}", "-n", namespace, f"--replicas={1 + MAX_RESTORE_FAILURES}")
+    name = snap["metadata"]["name"]
+    invalid = wait(
+        lambda: (s := get(kube, "isnap", namespace, name)) and s["status"].get("phase") == "Invalid" and s,
+        "the tampered snapshot Invalid",
+    )
+    assert "sha256" in json.dumps(invalid["status"]).lower(), invalid["status"]
+    assert "Invalid" in {event["reason"] for event in events_of(kube, namespace, name)}
+    failed = [e for e in all_events(kube, namespace) if e["reason"] == "RestoreFailed"]
+    assert len(failed) >= MAX_RESTORE_FAILURES and all("sha256" in e["message"] for e in failed), failed
+
+    # The endpoint heals: a new capture, and every replica restored from it, with the same answers.
+    def healed() -> list[dict[str, Any]] | None:
+        snap_now = (get(kube, "iep", namespace, ENDPOINT) or {}).get("status", {}).get("currentSnapshot")
+        pods = [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)]
+        labelled = [p for p in pods if p["metadata"]["labels"].get(L.SNAPSHOT_LABEL) == snap_now]
+        return (
+            labelled if snap_now not in (None, name) and len(labelled) == 1 + MAX_RESTORE_FAILURES else None
+        )
+
+    for pod in wait(healed, "every replica restored from a new snapshot"):
+        assert all(s["restartCount"] == 0 for s in pod["status"]["containerStatuses"]), "no crash loop"
+        assert completion(kube, namespace, pod_url(pod)) == reference
+
+
+@pytest.mark.integration
+def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
+    kube: ControlPlane,
+    real_node: RealNode,
+    chart_image: str,
+    host_python: HostPython,
+    namespace: str,
+    release: str,
+) -> None:
+    """A tenant of another namespace copies the endpoint, its InferenceSnapshot with the Ready status (as one
+    allowed to write statuses there could) and a restore pod owned by that endpoint (the operator does not
+    watch that namespace): the agent restores nothing captured elsewhere, and says so."""
+    wait = waiter(kube, namespace)
+    claim = snapshot_volume(kube, namespace, release)
+    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
+    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    snap = ready_snapshot(kube, namespace, wait)
+    template = get(kube, "deployment", namespace, ENDPOINT)["spec"]["template"]
+    assert template["metadata"]["labels"][L.ROLE_LABEL] == L.ROLE_RESTORE
+
+    other = f"{namespace[:50]}-other"
+    kube.kubectl("create", "namespace", other)
+    try:
+        kube.wait_default_service_account(other)
+        name = snap["metadata"]["name"]
+        copy = {"apiVersion": L.API_VERSION, "kind": L.SNAPSHOT_KIND,
+                "metadata": {"name": name, "namespace": other}, "spec": snap["spec"]}  # fmt: skip
+        kube.kubectl("apply", "-f", "-", input=json.dumps(copy))
+        status = json.dumps({"status": snap["status"]})
+        kube.kubectl("patch", "isnap", name, "-n", other, "--subresource=status",
+                     "--type=merge", "-p", status)  # fmt: skip
+        spec = template["spec"]
+        spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "store"]  # no claim in that namespace
+        for container in spec["containers"]:
+            container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "store"]
+        kube.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({**body, "metadata": {**body["metadata"], "namespace": other}}),
+        )
+        owner = get(kube, "iep", other, ENDPOINT)
+        reference = {"apiVersion": L.API_VERSION, "kind": L.ENDPOINT_KIND, "name": ENDPOINT,
+                     "uid": owner["metadata"]["uid"]}  # fmt: skip
+        metadata = {"name": "intruder", "namespace": other, "labels": template["metadata"]["labels"],
+                    "ownerReferences": [reference]}  # fmt: skip
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+        kube.kubectl("apply", "-f", "-", input=json.dumps(pod))
+        started = waiter(kube, other)(lambda: (p := get(kube, "pod", other, "intruder")) and ready(p) and p,
+                                      "the copied pod Ready after a cold start")  # fmt: skip
+        events = events_of(kube, other, "intruder")
+        refused = [e["message"] for e in events if e["reason"] == "RestoreRefused"]
+        assert refused and "another namespace" in refused[0], [e["message"] for e in events]
+        assert "Restored" not in {e["reason"] for e in events}
+        assert all(s["restartCount"] == 0 for s in started["status"]["containerStatuses"])
+    finally:
+        kube.kubectl("delete", "namespace", other, "--wait=false", check=False)

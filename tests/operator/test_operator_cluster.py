@@ -91,11 +91,8 @@ def set_snapshot_status(kube, namespace: str, name: str, status: dict[str, Any])
 
 
 def bound_store_claim(kube, namespace: str) -> str:
-    """A PVC pre-bound to a hostPath PV, so worker pods that mount the snapshot store can be scheduled.
-
-    The test control plane runs no volume binder, so the test does the binder's part: volumeName plus the
-    bind-completed annotation (what the scheduler checks) and the Bound phases.
-    """
+    """A PVC bound to a hostPath PV (by the control plane's volume binder), so worker pods that mount the
+    snapshot store can be scheduled."""
     pv_name = f"store-{namespace}"
     pv = {
         "apiVersion": "v1",
@@ -113,11 +110,7 @@ def bound_store_claim(kube, namespace: str) -> str:
     pvc = {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {
-            "name": "snapshots",
-            "namespace": namespace,
-            "annotations": {"pv.kubernetes.io/bind-completed": "yes"},
-        },
+        "metadata": {"name": "snapshots", "namespace": namespace},
         "spec": {
             "accessModes": ["ReadWriteMany"],
             "storageClassName": "",
@@ -126,19 +119,10 @@ def bound_store_claim(kube, namespace: str) -> str:
         },
     }
     apply(kube, json.dumps({"apiVersion": "v1", "kind": "List", "items": [pv, pvc]}))
-    bound = {"status": {"phase": "Bound"}}
-    kube.kubectl("patch", "pv", pv_name, "--subresource=status", "--type=merge", "-p", json.dumps(bound))
-    bound["status"].update(accessModes=["ReadWriteMany"], capacity={"storage": "1Gi"})
-    kube.kubectl(
-        "patch",
-        "pvc",
-        "snapshots",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(bound),
+    kube.wait_for(
+        lambda: (get(kube, "pvc", namespace, "snapshots") or {}).get("status", {}).get("phase") == "Bound",
+        timeout=TIMEOUT,
+        message="the store claim Bound",
     )
     return "snapshots"
 

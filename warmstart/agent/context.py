@@ -92,7 +92,7 @@ class NodeContext:
         while not container:
             if time.monotonic() >= deadline or self.stopping.is_set():
                 raise PodProcessError(f"pod {objects.key(pod)}: the kubelet reports no worker container yet")
-            time.sleep(0.5)
+            time.sleep(0.2)
             container = objects.worker_container_id(self.kube.get_pod(meta["namespace"], meta["name"]) or {})
         remaining = max(0.0, deadline - time.monotonic())
         return PodSandbox.find(meta["uid"], root, remaining, self.stopping.is_set, container=container)

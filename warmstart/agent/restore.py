@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime as dt
 import logging
 import os
 import shutil
@@ -244,7 +245,14 @@ class RestorePhase:
         node.metrics.restore_seconds.observe(seconds)
         node.metrics.restored_bytes.inc(result.snapshot.size)
         namespace, name = objects.meta(pod)["namespace"], objects.meta(pod)["name"]
-        report = {"restoreSeconds": round(seconds, 3), "snapshot": objects.meta(snap)["name"]}
+        began = dt.datetime.fromtimestamp(resume["restore_started_at"], dt.UTC).isoformat(
+            timespec="milliseconds"
+        )
+        report = {
+            "restoreSeconds": round(seconds, 3),
+            "restoreStartedAt": began,
+            "snapshot": objects.meta(snap)["name"],
+        }
         node.kube.annotate_pod(namespace, name, report)
         node.kube.event(pod, "Pod", "Normal", "Restored", f"from snapshot {snapshot_id} in {seconds:.2f}s")
 

@@ -146,9 +146,11 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, requ
         "args": _worker_args(spec, role),
         "env": _env(endpoint, spec, role, snapshot, request_hash),
         "ports": [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}],
-        "readinessProbe": _probe("/ready", 2, 3),
+        # Probed every second until it serves, then every second for readiness: a restored replica is up
+        # in about a second, and a coarser period would add up to one period to every start.
+        "readinessProbe": _probe("/ready", 1, 3),
         "livenessProbe": _probe("/health", 10, 6),
-        "startupProbe": _probe("/health", 5, STARTUP_PROBE_SECONDS // 5),
+        "startupProbe": _probe("/health", 1, STARTUP_PROBE_SECONDS),
         "volumeMounts": mounts,
     }
     resources = _resources(spec)

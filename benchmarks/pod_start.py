@@ -1,0 +1,272 @@
+"""Pod created -> Ready on the real node: a restored replica against a cold-started one, in one run.
+
+Installs the chart (operator and agent DaemonSet from the project's image) on a control plane and real node
+of its own, and two endpoints of the builtin engine on CPU (tiny model): one with snapshots, one without.
+Then, per round, scales each from 1 to 2 replicas and times the new pod from its first sight in a watch to
+its Ready condition; the restored pod's answer is compared with the cold one's. Baselines from the same run:
+a bare pod of the same image (what the kubelet and containerd take for any pod: the floor of a pod start)
+and a serial read of the snapshot's files from the page cache (the floor of moving its bytes).
+
+    .venv/bin/python benchmarks/pod_start.py --rounds 3
+
+Needs root, `hack/control-plane build` and `hack/control-plane images`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests"), str(REPO / "tests" / "kube")]
+
+from control_plane import images  # noqa: E402
+from control_plane.cluster import ControlPlane, wait_for  # noqa: E402
+from control_plane.node import NodeImage, RealNode  # noqa: E402
+from endpoint_flow import (  # noqa: E402
+    COLD_ENDPOINT,
+    ENDPOINT,
+    client_pod,
+    completion,
+    endpoint,
+    get,
+    install,
+    items,
+    pod_url,
+    ready,
+    snapshot_volume,
+    worker_pods,
+)
+from node_plugin import HostPython, host_python_paths  # noqa: E402
+
+from warmstart.api import labels as L  # noqa: E402
+from warmstart.snapshot.store import SnapshotStore  # noqa: E402
+
+NAMESPACE = "bench"
+TIMEOUT = 300.0
+
+
+class PodClock:
+    """Watches the namespace's pods: when each was first seen and when it first turned Ready (wall clock, to
+    line up with the agent's restore timestamps)."""
+
+    def __init__(self, kube: ControlPlane) -> None:
+        from kubernetes import client
+
+        self._api = client.CoreV1Api(kube.api_client())
+        self.seen: dict[str, float] = {}
+        self.ready: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        from kubernetes import watch
+
+        while not self._stop.is_set():
+            for event in watch.Watch().stream(self._api.list_namespaced_pod, NAMESPACE, timeout_seconds=5):
+                now = time.time()
+                pod = event["object"]
+                name = pod.metadata.name
+                self.seen.setdefault(name, now)
+                conditions = pod.status.conditions or []
+                if any(c.type == "Ready" and c.status == "True" for c in conditions):
+                    self.ready.setdefault(name, now)
+
+    def start_seconds(self, name: str) -> float:
+        wait_for(lambda: name in self.ready, timeout=TIMEOUT, message=f"pod {name} Ready")
+        return self.ready[name] - self.seen[name]
+
+
+def host_python() -> HostPython:
+    volumes, mounts = [], []
+    for index, path in enumerate(host_python_paths()):
+        volumes.append({"name": f"host-python-{index}", "hostPath": {"path": str(path), "type": "Directory"}})
+        mounts.append({"name": f"host-python-{index}", "mountPath": str(path), "readOnly": True})
+    return HostPython(python=sys.executable, volumes=volumes, volume_mounts=mounts)
+
+
+def bare_pod(name: str, chart_image: str, node: RealNode) -> dict[str, Any]:
+    body = json.loads(client_pod(NAMESPACE, chart_image, node))
+    body["metadata"]["name"] = name
+    return body
+
+
+def scale_out(kube: ControlPlane, clock: PodClock, name: str, role: str) -> dict[str, Any]:
+    """1 -> 2 replicas; the new pod's start time, then back to 1 replica."""
+    before = {p["metadata"]["name"] for p in worker_pods(kube, NAMESPACE, role, name)}
+
+    def new_pod() -> dict[str, Any] | None:
+        return next(
+            (p for p in worker_pods(kube, NAMESPACE, role, name) if p["metadata"]["name"] not in before), None
+        )
+
+    kube.kubectl("scale", f"iep/{name}", "-n", NAMESPACE, "--replicas=2")
+    new = wait_for(new_pod, timeout=TIMEOUT, message=f"a new {role} pod of {name}")
+    pod_name = new["metadata"]["name"]
+    seconds = clock.start_seconds(pod_name)
+    pod = get(kube, "pod", NAMESPACE, pod_name)
+    assert pod is not None and ready(pod)
+    answer = completion(kube, NAMESPACE, pod_url(pod))
+    phases = restore_phases(pod, clock.seen[pod_name], clock.ready[pod_name])
+    kube.kubectl("scale", f"iep/{name}", "-n", NAMESPACE, "--replicas=1")
+    wait_for(lambda: len(worker_pods(kube, NAMESPACE, role, name)) == 1, timeout=TIMEOUT, message="scaled in")
+    return {"pod": pod_name, "seconds": seconds, "answer": answer, **phases}
+
+
+def restore_phases(pod: dict[str, Any], seen: float, became_ready: float) -> dict[str, float]:
+    """From the agent's report on the pod: until its restore began, the restore, and from then to Ready."""
+    report = json.loads(pod["metadata"].get("annotations", {}).get(L.STATUS_ANNOTATION, "{}"))
+    if "restoreStartedAt" not in report:
+        return {}
+    began = dt.datetime.fromisoformat(report["restoreStartedAt"]).timestamp()
+    restore = float(report["restoreSeconds"])
+    return {
+        "until_restore": began - seen,
+        "agent_restore": restore,
+        "resume_to_ready": became_ready - began - restore,
+    }
+
+
+def serial_read(store: SnapshotStore, snapshot_id: str) -> tuple[int, float]:
+    """Bytes of every blob of the snapshot and the seconds one reader takes (page cache warmed first)."""
+    paths = [store.blob_path(digest) for digest in sorted(store.get(snapshot_id).manifest.digests())]
+    for path in paths:
+        path.read_bytes()
+    started = time.monotonic()
+    total = sum(len(path.read_bytes()) for path in paths)
+    return total, time.monotonic() - started
+
+
+def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> tuple[PodClock, str, SnapshotStore]:
+    kube.kubectl("create", "namespace", NAMESPACE)
+    kube.wait_default_service_account(NAMESPACE)
+    store = install(kube, chart_image, node, NAMESPACE)
+    claim = snapshot_volume(kube, NAMESPACE, store)
+    clock = PodClock(kube)
+    clock.start()
+    kube.kubectl("apply", "-f", "-", input=client_pod(NAMESPACE, chart_image, node))
+    python = host_python()
+    for name, uses in ((COLD_ENDPOINT, None), (ENDPOINT, claim)):
+        body = endpoint(name, NAMESPACE, chart_image, node, python, uses)
+        kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    snap = wait_for(
+        lambda: next((s for s in items(kube, "isnap", NAMESPACE, f"{L.ENDPOINT_LABEL}={ENDPOINT}")
+                      if s.get("status", {}).get("phase") == "Ready"), None),
+        timeout=TIMEOUT, message="the snapshot Ready",
+    )  # fmt: skip
+    for name, role in ((COLD_ENDPOINT, L.ROLE_COLD), (ENDPOINT, L.ROLE_RESTORE)):
+        wait_for(lambda n=name, r=role: any(ready(p) for p in worker_pods(kube, NAMESPACE, r, n)),
+                 timeout=TIMEOUT, message=f"{name} Ready")  # fmt: skip
+    store_on_host = SnapshotStore(node.shadow("/var/lib/warmstart") / NAMESPACE / "store")
+    return clock, snap["status"]["snapshotId"], store_on_host
+
+
+def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
+    chart = images.chart_images()[0].reference
+    built = images.built_images()
+    if chart not in built:
+        sys.exit(f"{chart} is not built: run `hack/control-plane images`")
+    kube = ControlPlane(state_dir=state_dir / "kube", nodes=1)  # kwok: the real node runs every pod
+    kube.start()
+    node = RealNode(
+        plane=kube, state_dir=state_dir / "node", images=[NodeImage(r, p) for r, p in built.items()]
+    )
+    try:
+        node.start()
+        clock, snapshot_id, store = prepare(kube, node, chart)
+        rows: dict[str, list[dict[str, Any]]] = {"bare": [], "cold": [], "restore": []}
+        for index in range(rounds):
+            name = f"bare-{index}"
+            kube.kubectl("apply", "-f", "-", input=json.dumps(bare_pod(name, chart, node)))
+            rows["bare"].append({"pod": name, "seconds": clock.start_seconds(name)})
+            kube.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
+            rows["cold"].append(scale_out(kube, clock, COLD_ENDPOINT, L.ROLE_COLD))
+            rows["restore"].append(scale_out(kube, clock, ENDPOINT, L.ROLE_RESTORE))
+        clock.stop()
+        size, read_s = serial_read(store, snapshot_id)
+        return {
+            "rows": rows,
+            "snapshot": snapshot_id,
+            "snapshot_bytes": size,
+            "serial_read_seconds": read_s,
+        }
+    finally:
+        node.stop()
+        kube.stop()
+
+
+def runs(measured: list[dict[str, Any]]) -> str:
+    return " ".join(f"{r['seconds']:.2f}" for r in measured)
+
+
+def table(result: dict[str, Any]) -> str:
+    rows = result["rows"]
+    median = {kind: statistics.median(r["seconds"] for r in runs) for kind, runs in rows.items()}
+    size, read = result["snapshot_bytes"], result["serial_read_seconds"]
+    floor = median["bare"] + read
+    phases = {
+        key: statistics.median(r[key] for r in rows["restore"])
+        for key in ("until_restore", "agent_restore", "resume_to_ready")
+        if all(key in r for r in rows["restore"])
+    }
+    same = all(r["answer"] == rows["cold"][0]["answer"] for r in rows["restore"] + rows["cold"])
+    lines = [
+        f"{'pod start (created -> Ready)':<40} {'median s':>9}   runs (s)",
+        *(
+            f"{label:<40} {median[kind]:>9.2f}   {runs(rows[kind])}"
+            for kind, label in (
+                ("bare", "bare pod, same image (kubelet floor)"),
+                ("cold", "cold start (builtin, tiny, CPU)"),
+                ("restore", "restored by the agent"),
+            )
+        ),
+        "",
+        f"restore vs cold start: {median['cold'] / median['restore']:.1f}x faster",
+        "restored pod, median phases: "
+        + ", ".join(f"{key.replace('_', ' ')} {value:.2f} s" for key, value in phases.items()),
+        f"snapshot {result['snapshot']}: {size / 2**20:.1f} MiB; one reader from the page cache "
+        f"{read:.3f} s ({size / read / 1e9:.2f} GB/s)",
+        f"floor (bare pod + serial read of every snapshot byte): {floor:.2f} s; "
+        f"restore is {median['restore'] / floor:.2f}x the floor",
+        f"answers identical to the cold start's: {same}",
+    ]
+    return "\n".join(line for line in lines if line)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--out", type=Path, help="directory for the raw result (default: print only)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="pod-start-") as state:
+        result = measure(args.rounds, Path(state))
+    result["machine"] = f"{platform.node()} {platform.machine()}, {platform.release()}"
+    result["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    report = table(result)
+    print(report)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "result.json").write_text(json.dumps(result, indent=2))
+        (args.out / "table.txt").write_text(report + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
