@@ -29,7 +29,11 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     options.update({key: value for key, value in optional.items() if value is not None})
     if args.engine == "builtin":
         options.update(
-            seed=args.seed, compile=args.compile, release_weights=args.release_weights, arena=args.arena
+            seed=args.seed,
+            compile=args.compile,
+            release_weights=args.release_weights,
+            arena=args.arena,
+            gpu_memory_utilization=args.gpu_memory_utilization,
         )
     elif args.engine == "vllm":
         options.update(
@@ -46,7 +50,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
 def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
     """The engine process's arguments: the same options, with `mode` (cold or capture)."""
     argv = ["--engine", args.engine, "--model", args.model, "--device", args.device, "--seed", str(args.seed),
-            "--mode", mode, "--host", args.host, "--port", str(args.port), "--arena", args.arena]  # fmt: skip
+            "--mode", mode, "--host", args.host, "--port", str(args.port), "--arena", args.arena,
+            "--gpu-memory-utilization", str(args.gpu_memory_utilization)]  # fmt: skip
     for flag, value in (
         ("--model-dir", args.model_dir),
         ("--served-model-name", args.served_model_name),
@@ -70,7 +75,6 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
         argv += ["--release-weights" if args.release_weights else "--no-release-weights"]
     if args.engine == "vllm":
         argv += ["--tensor-parallel-size", str(args.tensor_parallel_size),
-                 "--gpu-memory-utilization", str(args.gpu_memory_utilization),
                  "--sleep-level", str(args.sleep_level)]  # fmt: skip
         argv += ["--enforce-eager"] if args.enforce_eager else []
         for key, value in args.engine_arg or []:
