@@ -41,6 +41,7 @@ from node_plugin import HostPython
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import MAX_RESTORE_FAILURES
+from warmstart.snapshot.signing import load_verifier
 from warmstart.snapshot.store import SnapshotStore
 
 
@@ -236,3 +237,40 @@ def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
         assert all(s["restartCount"] == 0 for s in started["status"]["containerStatuses"])
     finally:
         kube.kubectl("delete", "namespace", other, "--wait=false", check=False)
+
+
+def agent_log_says(kube: ControlPlane, namespace: str, text: str) -> bool:
+    logs = kube.kubectl("logs", "-n", namespace, "-l", "app.kubernetes.io/component=agent", "--tail=200",
+                        check=False)  # fmt: skip
+    return text in logs.stdout
+
+
+@pytest.mark.integration
+def test_the_agent_killed_during_a_capture_leaves_no_half_snapshot_and_the_capture_is_retried(
+    kube: ControlPlane,
+    real_node: RealNode,
+    chart_image: str,
+    host_python: HostPython,
+    namespace: str,
+    release: str,
+) -> None:
+    """The agent pod is force-deleted as soon as it starts checkpointing: whatever it had done by then
+    (dump, staging, publishing), the store shows only whole, verified snapshots, the attempt ends and the
+    DaemonSet's next agent pod captures the endpoint."""
+    wait = waiter(kube, namespace)
+    claim = snapshot_volume(kube, namespace, release)
+    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
+    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    wait_for(lambda: agent_log_says(kube, namespace, "capturing pid"), timeout=START_TIMEOUT, interval=0.2,
+             message="the agent starting a capture")  # fmt: skip
+    kube.kubectl("delete", "pod", "-n", namespace, "-l", "app.kubernetes.io/component=agent",
+                 "--grace-period=0", "--force")  # fmt: skip
+
+    snap = ready_snapshot(kube, namespace, wait)
+    store = SnapshotStore(real_node.shadow("/var/lib/warmstart") / namespace / "store")
+    verifier = load_verifier(store.root / "keys" / "hmac.key")
+    published = [s.id for s in store.list()]
+    assert snap["status"]["snapshotId"] in published
+    for snapshot_id in published:
+        store.verify(snapshot_id, verifier)  # raises on anything partial or altered
+    wait(lambda: [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)], "a restored replica")
