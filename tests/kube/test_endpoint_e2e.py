@@ -10,6 +10,7 @@ an image with torch would take a CI run minutes to build.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from control_plane.node import RealNode
 from endpoint_flow import (
     COLD_ENDPOINT,
     ENDPOINT,
+    RELEASE,
     START_TIMEOUT,
     all_events,
     client_pod,
@@ -96,6 +98,11 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         assert "RestoreRefused" not in reasons and "RestoreFailed" not in reasons, reasons
         assert completion(kube, namespace, pod_url(pod)) == cold_answer
     assert not worker_pods(kube, namespace, L.ROLE_COLD), "the cold replica was replaced"
+    for pod in restored:  # the store as a worker sees it holds no signing key, only snapshots
+        listing = kube.kubectl(
+            "exec", "-n", namespace, pod["metadata"]["name"], "--", "ls", L.STORE_MOUNT_PATH
+        )
+        assert "keys" not in listing.stdout.split(), listing.stdout
     url = f"http://{get(kube, 'service', namespace, ENDPOINT)['spec']['clusterIP']}/v1/completions"
     for _ in range(4):  # through the Service, whichever replica answers
         assert completion(kube, namespace, url) == cold_answer
@@ -239,6 +246,16 @@ def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
         kube.kubectl("delete", "namespace", other, "--wait=false", check=False)
 
 
+def signing_key_file(kube: ControlPlane, namespace: str, directory: Path) -> Path:
+    """The chart's signing key, from its Secret (the only place it is kept)."""
+    secret = get(kube, "secret", namespace, f"{RELEASE}-warmstart-signing-key")
+    assert secret is not None, "the chart makes the signing key Secret"
+    path = directory / "signing.key"
+    path.write_bytes(base64.b64decode(secret["data"]["key"]))
+    path.chmod(0o600)
+    return path
+
+
 def agent_log_says(kube: ControlPlane, namespace: str, text: str) -> bool:
     logs = kube.kubectl("logs", "-n", namespace, "-l", "app.kubernetes.io/component=agent", "--tail=200",
                         check=False)  # fmt: skip
@@ -253,6 +270,7 @@ def test_the_agent_killed_during_a_capture_leaves_no_half_snapshot_and_the_captu
     host_python: HostPython,
     namespace: str,
     release: str,
+    tmp_path: Path,
 ) -> None:
     """The agent pod is force-deleted as soon as it starts checkpointing: whatever it had done by then
     (dump, staging, publishing), the store shows only whole, verified snapshots, the attempt ends and the
@@ -268,7 +286,7 @@ def test_the_agent_killed_during_a_capture_leaves_no_half_snapshot_and_the_captu
 
     snap = ready_snapshot(kube, namespace, wait)
     store = SnapshotStore(real_node.shadow("/var/lib/warmstart") / namespace / "store")
-    verifier = load_verifier(store.root / "keys" / "hmac.key")
+    verifier = load_verifier(signing_key_file(kube, namespace, tmp_path))
     published = [s.id for s in store.list()]
     assert snap["status"]["snapshotId"] in published
     for snapshot_id in published:

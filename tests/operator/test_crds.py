@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import shutil
@@ -139,6 +140,17 @@ def test_agent_is_optional_and_privileged_when_on():
     assert pod["hostPID"] is True
     assert pod["containers"][0]["securityContext"]["privileged"] is True
     assert pod["containers"][0]["args"][-1] == "agent"
+    # The signing key is a Secret the chart makes (or the user's), never a file in the store workers mount.
+    secret = with_agent["Secret/t-warmstart-signing-key"]
+    assert len(base64.b64decode(secret["data"]["key"])) == 64
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["signing-key"]["secret"]["secretName"] == "t-warmstart-signing-key"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["WARMSTART_SIGNING_KEY"] == "/etc/warmstart/signing/key"
+    own_key = kinds("--set", "agent.signingKeySecret=mine")
+    assert "Secret/t-warmstart-signing-key" not in own_key
+    own_pod = own_key["DaemonSet/t-warmstart-agent"]["spec"]["template"]["spec"]
+    assert {v["name"]: v for v in own_pod["volumes"]}["signing-key"]["secret"]["secretName"] == "mine"
     without = kinds("--set", "agent.enabled=false")
     assert not any(key.startswith(("DaemonSet/", "ClusterRole/t-warmstart-agent")) for key in without)
     operator = without["Deployment/t-warmstart-operator"]["spec"]["template"]["spec"]["containers"][0]

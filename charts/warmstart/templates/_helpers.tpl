@@ -49,3 +49,8 @@ app.kubernetes.io/component: {{ .component }}
 {{- default "default" .Values.agent.serviceAccount.name -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The Secret holding the snapshot signing key: the user's, or the one this chart makes. */}}
+{{- define "warmstart.signingKeySecret" -}}
+{{- .Values.agent.signingKeySecret | default (printf "%s-signing-key" (include "warmstart.fullname" .)) -}}
+{{- end -}}
