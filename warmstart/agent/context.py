@@ -84,10 +84,10 @@ class NodeContext:
         """The pod's worker container on this node: its id from the kubelet's pod status (waited for while
         the container starts), then its processes by cgroup."""
         meta, root = objects.meta(pod), self.config.kubelet_root
-        deadline = time.monotonic() + self.config.start_timeout
         if self.config.pod_lookup == "environment":
             return PodSandbox.find(meta["uid"], root, self.config.start_timeout, self.stopping.is_set,
                                    by_environment=True)  # fmt: skip
+        deadline = time.monotonic() + self.config.start_timeout
         container = objects.worker_container_id(pod)
         while not container:
             if time.monotonic() >= deadline or self.stopping.is_set():
