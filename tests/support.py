@@ -118,3 +118,16 @@ def with_default_sigint() -> None:
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def helm_binary() -> str:
+    """helm as `hack/control-plane build` builds it (else on PATH); skips the test without one."""
+    import pytest
+
+    from warmstart.config import cache_dir
+
+    cached = cache_dir() / "k8s" / "bin" / "helm"
+    found = str(cached) if cached.exists() else shutil.which("helm")
+    if not found:
+        pytest.skip("helm is not installed: run `hack/control-plane build` (it builds helm)")
+    return found

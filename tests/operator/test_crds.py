@@ -5,13 +5,12 @@ from __future__ import annotations
 import base64
 import copy
 import json
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+from support import helm_binary
 
 from warmstart.operator.spec import parse_spec
 
@@ -94,30 +93,38 @@ def test_crd_defaults_agree_with_the_operator_defaults():
     assert parse_spec(defaulted) == parse_spec(minimal)
 
 
-def helm() -> str:
-    from warmstart.config import cache_dir
-
-    cached = cache_dir() / "k8s" / "bin" / "helm"
-    found = str(cached) if cached.exists() else shutil.which("helm")
-    if not found:
-        pytest.skip("helm is not installed: run `hack/control-plane build` (it builds helm)")
-    return found
-
-
 def test_helm_lint_is_clean():
-    result = subprocess.run([helm(), "lint", "--strict", str(CHART)], capture_output=True, text=True)
+    result = subprocess.run([helm_binary(), "lint", "--strict", str(CHART)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_values_schema_rejects_bad_values():
     bad = subprocess.run(
-        [helm(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION, "--set", "operator.replicas=2"],
+        [
+            helm_binary(),
+            "template",
+            "t",
+            str(CHART),
+            "--kube-version",
+            KUBE_VERSION,
+            "--set",
+            "operator.replicas=2",
+        ],
         capture_output=True,
         text=True,
     )
     assert bad.returncode != 0 and "peering" in bad.stderr
     typo = subprocess.run(
-        [helm(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION, "--set", "operator.replica=1"],
+        [
+            helm_binary(),
+            "template",
+            "t",
+            str(CHART),
+            "--kube-version",
+            KUBE_VERSION,
+            "--set",
+            "operator.replica=1",
+        ],
         capture_output=True,
         text=True,
     )
@@ -127,7 +134,7 @@ def test_values_schema_rejects_bad_values():
 def test_agent_is_optional_and_privileged_when_on():
     def kinds(*flags: str) -> dict[str, dict]:
         out = subprocess.run(
-            [helm(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION, *flags],
+            [helm_binary(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION, *flags],
             capture_output=True,
             text=True,
             check=True,
