@@ -89,7 +89,7 @@ def uninstall(kube: ControlPlane, namespace: str) -> None:
 
 
 def snapshot_volume(kube: ControlPlane, namespace: str, store: str) -> str:
-    """A hostPath PersistentVolume on the agent's store directory and the claim the workers mount."""
+    """A hostPath PersistentVolume on the agent's store directory and its claim, the endpoint's store."""
     claim = "snapshots"
     volume = {
         "apiVersion": "v1",

@@ -98,11 +98,9 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         assert "RestoreRefused" not in reasons and "RestoreFailed" not in reasons, reasons
         assert completion(kube, namespace, pod_url(pod)) == cold_answer
     assert not worker_pods(kube, namespace, L.ROLE_COLD), "the cold replica was replaced"
-    for pod in restored:  # the store as a worker sees it holds no signing key, only snapshots
-        listing = kube.kubectl(
-            "exec", "-n", namespace, pod["metadata"]["name"], "--", "ls", L.STORE_MOUNT_PATH
-        )
-        assert "keys" not in listing.stdout.split(), listing.stdout
+    for pod in restored:  # no snapshot store in a worker: neither other engines' snapshots nor a key
+        absent = ["test", "!", "-e", L.STORE_MOUNT_PATH]
+        kube.kubectl("exec", "-n", namespace, pod["metadata"]["name"], "--", *absent)
     url = f"http://{get(kube, 'service', namespace, ENDPOINT)['spec']['clusterIP']}/v1/completions"
     for _ in range(4):  # through the Service, whichever replica answers
         assert completion(kube, namespace, url) == cold_answer
@@ -219,9 +217,6 @@ def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
         kube.kubectl("patch", "isnap", name, "-n", other, "--subresource=status",
                      "--type=merge", "-p", status)  # fmt: skip
         spec = template["spec"]
-        spec["volumes"] = [v for v in spec["volumes"] if v["name"] != "store"]  # no claim in that namespace
-        for container in spec["containers"]:
-            container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "store"]
         kube.kubectl(
             "apply",
             "-f",
@@ -291,4 +286,44 @@ def test_the_agent_killed_during_a_capture_leaves_no_half_snapshot_and_the_captu
     assert snap["status"]["snapshotId"] in published
     for snapshot_id in published:
         store.verify(snapshot_id, verifier)  # raises on anything partial or altered
+    wait(lambda: [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)], "a restored replica")
+
+
+@pytest.mark.integration
+def test_a_link_the_tenant_puts_where_the_engine_log_was_brings_nothing_of_its_target_into_the_store(
+    kube: ControlPlane,
+    real_node: RealNode,
+    chart_image: str,
+    host_python: HostPython,
+    namespace: str,
+    release: str,
+    tmp_path: Path,
+) -> None:
+    """While the capture pod's engine starts, the tenant replaces the log the engine writes to (and keeps
+    open) with a link to the agent's signing key, a file only root may read, seen only by the agent: the
+    agent reads the engine's open files through their descriptors, never their paths, so not one byte of
+    the key reaches a snapshot."""
+    wait = waiter(kube, namespace)
+    claim = snapshot_volume(kube, namespace, release)
+    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
+    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    capture = wait(
+        lambda: next(iter(items(kube, "pod", namespace, f"{L.ROLE_LABEL}={L.ROLE_CAPTURE}")), None),
+        "the capture pod",
+    )
+    log = (real_node.shadow("/var/lib/kubelet") / "pods" / capture["metadata"]["uid"] / "volumes"
+           / "kubernetes.io~empty-dir" / "control" / "logs" / "engine.log")  # fmt: skip
+    wait_for(log.exists, timeout=START_TIMEOUT, interval=0.02, message="the engine's log")
+    log.unlink()
+    log.symlink_to("/etc/warmstart/signing/key")
+    snapshots = items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}={ENDPOINT}")
+    assert not any(s.get("status", {}).get("captureState") for s in snapshots), "planted before the capture"
+
+    snap = ready_snapshot(kube, namespace, wait)
+    key = base64.b64decode(get(kube, "secret", namespace, f"{RELEASE}-warmstart-signing-key")["data"]["key"])
+    store = SnapshotStore(real_node.shadow("/var/lib/warmstart") / namespace / "store")
+    snapshot = store.get(snap["status"]["snapshotId"])
+    assert not any(path.endswith("engine.log") for path in snapshot.files), "a deleted log is left out"
+    for digest in snapshot.manifest.digests():
+        assert key not in store.blob_path(digest).read_bytes()
     wait(lambda: [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)], "a restored replica")

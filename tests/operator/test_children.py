@@ -42,10 +42,12 @@ def test_cold_deployment_shape():
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["WARMSTART_CONTROL_DIR"] == "/run/warmstart/control"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts["control"] == "/run/warmstart/control" and mounts["store"] == L.STORE_MOUNT_PATH
+    assert mounts["control"] == "/run/warmstart/control"
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["control"] == {"name": "control", "emptyDir": {}}
-    assert volumes["store"]["persistentVolumeClaim"]["claimName"] == "snapshots"
+    # The snapshot store is the node agent's alone: a worker never sees other engines' snapshots.
+    assert "store" not in volumes and L.STORE_MOUNT_PATH not in mounts.values()
+    assert "WARMSTART_STORE" not in env
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
 
 
@@ -124,7 +126,7 @@ def test_extra_volumes_reach_worker_and_capture_pods_beside_the_operators():
         children.deployment(owner, spec, L.ROLE_COLD, "", HASH)["spec"]["template"]["spec"],
         children.capture_pod(owner, "qwen", spec, 1, HASH)["spec"],
     ):
-        assert [v["name"] for v in pod["volumes"]] == ["control", "shm", "store", "cache"]
+        assert [v["name"] for v in pod["volumes"]] == ["control", "shm", "cache"]
         assert pod["volumes"][-1] == cache
         assert container_of(pod)["volumeMounts"][-1] == mount
 

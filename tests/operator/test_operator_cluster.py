@@ -365,10 +365,11 @@ def test_failed_capture_is_retried_then_invalid_is_replaced(kube, namespace, ope
 
 
 def test_a_capture_pod_not_done_in_time_fails_the_attempt_and_is_replaced(kube, namespace, operator):
-    """Its pod never got scheduled (no store claim), so no kubelet ever enforces its activeDeadlineSeconds:
+    """Its pod never got scheduled (no node matches), so no kubelet ever enforces its activeDeadlineSeconds:
     the operator fails the attempt once captureTimeoutSeconds passed, says why, and retries with a new pod."""
-    snapshot = {"storage": {"claimName": "absent"}, "captureTimeoutSeconds": 30}
-    apply(kube, endpoint("stuck", namespace, snapshot=snapshot))
+    snapshot = {"storage": {"claimName": "snapshots"}, "captureTimeoutSeconds": 30}
+    nowhere = {"nodeSelector": {"warmstart.dev/no-such-node": "true"}}
+    apply(kube, endpoint("stuck", namespace, snapshot=snapshot, template=nowhere))
     snap = kube.wait_for(
         lambda: (s := items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}=stuck")) and s[0],
         timeout=TIMEOUT,
@@ -383,7 +384,7 @@ def test_a_capture_pod_not_done_in_time_fails_the_attempt_and_is_replaced(kube, 
         lambda: get(kube, "pod", namespace, f"{name}-capture-2"), timeout=TIMEOUT + 30, message="capture 2"
     )
     events = kube.kubectl("get", "events", "-n", namespace, "-o", "json").stdout
-    assert "not done within 30s" in events and "persistentvolumeclaim" in events
+    assert "not done within 30s" in events and "didn't match Pod's node affinity/selector" in events
 
 
 def test_child_deleted_or_edited_by_hand_comes_back(kube, namespace, operator):
@@ -465,7 +466,7 @@ def test_deleting_the_endpoint_collects_everything(kube, namespace, operator):
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage"),
         ({"model": None}, "spec.model"),
         ({"resources": {"gpus": 1, "gpuProduct": "NVIDIA H200"}}, "spec.resources.gpuProduct"),
-        ({"template": {"volumes": [{"name": "store", "emptyDir": {}}]}}, "spec.template.volumes"),
+        ({"template": {"volumes": [{"name": "shm", "emptyDir": {}}]}}, "spec.template.volumes"),
         (
             {"template": {"volumes": [{"name": "c"}], "volumeMounts": [{"name": "o", "mountPath": "/c"}]}},
             "spec.template.volumeMounts",

@@ -103,8 +103,6 @@ def _env(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, request_ha
     ]
     if snapshot:
         env.append({"name": "WARMSTART_SNAPSHOT", "value": snapshot})
-    if spec.snapshot.enabled:
-        env.append({"name": "WARMSTART_STORE", "value": L.STORE_MOUNT_PATH})
     overridden = {item["name"] for item in spec.template.env}
     return [item for item in env if item["name"] not in overridden] + [dict(e) for e in spec.template.env]
 
@@ -131,12 +129,9 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, request_hash: str) -> dict:
+    # No snapshot store: the node agent alone reads it. Mounted in a worker it would show every snapshot in
+    # it (other engines' memory) to whatever runs there.
     mounts = [{"name": "control", "mountPath": L.CONTROL_DIR_PATH}, {"name": "shm", "mountPath": "/dev/shm"}]
-    if spec.snapshot.enabled:
-        store_mount = {"name": "store", "mountPath": L.STORE_MOUNT_PATH, "readOnly": True}
-        if spec.snapshot.sub_path:
-            store_mount["subPath"] = spec.snapshot.sub_path
-        mounts.append(store_mount)
     mounts += [dict(mount) for mount in spec.template.volume_mounts]
     container: dict[str, Any] = {
         "name": L.WORKER_CONTAINER,
@@ -164,8 +159,6 @@ def _volumes(spec: EndpointSpec) -> list[dict[str, Any]]:
         {"name": "control", "emptyDir": {}},
         {"name": "shm", "emptyDir": {"medium": "Memory"}},
     ]
-    if spec.snapshot.enabled:
-        volumes.append({"name": "store", "persistentVolumeClaim": {"claimName": spec.snapshot.claim_name}})
     return volumes + [dict(volume) for volume in spec.template.volumes]
 
 

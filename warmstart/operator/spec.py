@@ -325,8 +325,8 @@ def parse_template(spec: dict[str, Any]) -> PodOverrides:
     )
 
 
-RESERVED_VOLUMES = frozenset({"control", "shm", "store"})
-RESERVED_MOUNT_PATHS = frozenset({L.CONTROL_DIR_PATH, "/dev/shm", L.STORE_MOUNT_PATH})
+RESERVED_VOLUMES = frozenset({"control", "shm"})
+RESERVED_MOUNT_PATHS = frozenset({L.CONTROL_DIR_PATH, "/dev/shm"})
 
 
 def _extra_volumes(data: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
