@@ -1,12 +1,33 @@
 # warmstart: operator, node agent and worker launcher in one image.
-# Debian 13's python3 (3.13) in a virtual environment, and its criu (>= 4; Debian 12's 3.17 fails on 6.x
-# kernels). Build with BuildKit (docker build, docker buildx, buildctl); `hack/control-plane images` builds it
-# here without a registry.
+# Debian 13's python3 (3.13) in a virtual environment, and CRIU 4.2 from Debian's sid as a folder of its own.
+# Build with BuildKit (docker build, docker buildx, buildctl); `hack/control-plane images` builds it here without
+# a registry.
+
+# CRIU as a folder of its own (program, loader, libraries): the agent runs it inside a worker container's
+# namespaces through a descriptor of this folder, where none of the image's paths exist. 4.2 because 4.1
+# cannot dump a listening TCP socket on kernels 6.16 and later (vLLM keeps some); sid's libraries stay in the
+# folder, the image keeps Debian 13's. Signatures are checked as always; the Release file's Valid-Until is not,
+# so that a mirror or snapshot serving an older sync of sid still builds.
+FROM debian:trixie-slim AS criu
+RUN echo 'deb http://deb.debian.org/debian sid main' > /etc/apt/sources.list.d/sid.list \
+ && printf 'Package: *\nPin: release n=sid\nPin-Priority: 100\n' > /etc/apt/preferences.d/sid \
+ && apt-get -o Acquire::Check-Valid-Until=false update \
+ && apt-get install -y --no-install-recommends -t sid criu \
+ && mkdir /opt/criu \
+ && cp /usr/sbin/criu /opt/criu/ \
+ && ldd /usr/sbin/criu | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r cp -L -t /opt/criu/ \
+ && cp -L /lib64/ld-linux-x86-64.so.2 /opt/criu/ \
+ && /opt/criu/ld-linux-x86-64.so.2 --library-path /opt/criu /opt/criu/criu --version
+
 FROM debian:trixie-slim
 
 RUN apt-get update \
- && apt-get install -y --no-install-recommends python3 python3-venv criu iproute2 util-linux ca-certificates \
+ && apt-get install -y --no-install-recommends python3 python3-venv iproute2 util-linux ca-certificates \
  && rm -rf /var/lib/apt/lists/*
+COPY --from=criu /opt/criu /opt/criu
+RUN printf '#!/bin/sh\nexec /opt/criu/ld-linux-x86-64.so.2 --library-path /opt/criu /opt/criu/criu "$@"\n' \
+      > /usr/local/bin/criu \
+ && chmod 755 /usr/local/bin/criu && criu --version
 
 RUN python3 -m venv /opt/warmstart
 ENV PATH=/opt/warmstart/bin:$PATH
@@ -29,14 +50,6 @@ COPY warmstart ./warmstart
 RUN --mount=type=secret,id=extra-ca,required=false \
     if [ -s /run/secrets/extra-ca ]; then export PIP_CERT=/run/secrets/extra-ca; fi \
  && pip install --no-cache-dir --no-deps . && rm -rf /src
-
-# CRIU as a folder of its own (program, loader, libraries): the agent runs it inside a worker container's
-# namespaces through a descriptor of this folder, where none of the image's paths exist.
-RUN mkdir /opt/criu \
- && cp /usr/sbin/criu /opt/criu/ \
- && ldd /usr/sbin/criu | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r cp -L -t /opt/criu/ \
- && cp -L /lib64/ld-linux-x86-64.so.2 /opt/criu/ \
- && /opt/criu/ld-linux-x86-64.so.2 --library-path /opt/criu /opt/criu/criu --version
 
 # The operator runs as this user; the agent's DaemonSet runs privileged as root.
 RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin warmstart
