@@ -185,6 +185,13 @@ def completion(kube: ControlPlane, namespace: str, url: str) -> str:
     return json.loads(result.stdout)["choices"][0]["text"]
 
 
+def service_url(kube: ControlPlane, namespace: str, name: str) -> str:
+    """The completions URL of an endpoint's Service (its cluster IP: the local cluster has no DNS)."""
+    service = get(kube, "service", namespace, name)
+    assert service is not None, f"no Service {namespace}/{name}"
+    return f"http://{service['spec']['clusterIP']}/v1/completions"
+
+
 def pod_url(pod: dict[str, Any]) -> str:
     """The completions URL of one worker pod (its IP and the worker's port)."""
     return f"http://{pod['status']['podIP']}:{WORKER_PORT}/v1/completions"

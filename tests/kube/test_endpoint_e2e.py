@@ -35,6 +35,7 @@ from endpoint_flow import (
     items,
     pod_url,
     ready,
+    service_url,
     snapshot_volume,
     uninstall,
     worker_pods,
@@ -77,7 +78,7 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
     # The reference: the same model cold-started by an endpoint without snapshots, through its Service.
     wait(lambda: any(ready(p) for p in worker_pods(kube, namespace, L.ROLE_COLD, COLD_ENDPOINT)),
          "the cold endpoint's replica Ready")  # fmt: skip
-    cold_url = f"http://{get(kube, 'service', namespace, COLD_ENDPOINT)['spec']['clusterIP']}/v1/completions"
+    cold_url = service_url(kube, namespace, COLD_ENDPOINT)
     cold_answer = wait(lambda: completion(kube, namespace, cold_url), "a completion from the cold replica")
 
     # The capture pod is checkpointed by the agent; the snapshot records the runtime identity it measured.
@@ -97,11 +98,12 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         assert "Restored" in reasons, (pod["metadata"]["name"], reasons)
         assert "RestoreRefused" not in reasons and "RestoreFailed" not in reasons, reasons
         assert completion(kube, namespace, pod_url(pod)) == cold_answer
+        # No snapshot store in a worker: neither other engines' snapshots nor a key.
+        kube.kubectl(
+            "exec", "-n", namespace, pod["metadata"]["name"], "--", "test", "!", "-e", L.STORE_MOUNT_PATH
+        )
     assert not worker_pods(kube, namespace, L.ROLE_COLD), "the cold replica was replaced"
-    for pod in restored:  # no snapshot store in a worker: neither other engines' snapshots nor a key
-        absent = ["test", "!", "-e", L.STORE_MOUNT_PATH]
-        kube.kubectl("exec", "-n", namespace, pod["metadata"]["name"], "--", *absent)
-    url = f"http://{get(kube, 'service', namespace, ENDPOINT)['spec']['clusterIP']}/v1/completions"
+    url = service_url(kube, namespace, ENDPOINT)
     for _ in range(4):  # through the Service, whichever replica answers
         assert completion(kube, namespace, url) == cold_answer
 
