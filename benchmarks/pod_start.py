@@ -35,6 +35,7 @@ from control_plane.node import NodeImage, RealNode  # noqa: E402
 from endpoint_flow import (  # noqa: E402
     COLD_ENDPOINT,
     ENDPOINT,
+    agent_store,
     client_pod,
     completion,
     endpoint,
@@ -46,7 +47,7 @@ from endpoint_flow import (  # noqa: E402
     snapshot_volume,
     worker_pods,
 )
-from node_plugin import HostPython, host_python_paths  # noqa: E402
+from node_plugin import host_python_mounts  # noqa: E402
 
 from warmstart.api import labels as L  # noqa: E402
 from warmstart.snapshot.store import SnapshotStore  # noqa: E402
@@ -90,14 +91,6 @@ class PodClock:
     def start_seconds(self, name: str) -> float:
         wait_for(lambda: name in self.ready, timeout=TIMEOUT, message=f"pod {name} Ready")
         return self.ready[name] - self.seen[name]
-
-
-def host_python() -> HostPython:
-    volumes, mounts = [], []
-    for index, path in enumerate(host_python_paths()):
-        volumes.append({"name": f"host-python-{index}", "hostPath": {"path": str(path), "type": "Directory"}})
-        mounts.append({"name": f"host-python-{index}", "mountPath": str(path), "readOnly": True})
-    return HostPython(python=sys.executable, volumes=volumes, volume_mounts=mounts)
 
 
 def bare_pod(name: str, chart_image: str, node: RealNode) -> dict[str, Any]:
@@ -160,7 +153,7 @@ def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> tuple[PodCl
     clock = PodClock(kube)
     clock.start()
     kube.kubectl("apply", "-f", "-", input=client_pod(NAMESPACE, chart_image, node))
-    python = host_python()
+    python = host_python_mounts()
     for name, uses in ((COLD_ENDPOINT, None), (ENDPOINT, claim)):
         body = endpoint(name, NAMESPACE, chart_image, node, python, uses)
         kube.kubectl("apply", "-f", "-", input=json.dumps(body))
@@ -172,8 +165,7 @@ def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> tuple[PodCl
     for name, role in ((COLD_ENDPOINT, L.ROLE_COLD), (ENDPOINT, L.ROLE_RESTORE)):
         wait_for(lambda n=name, r=role: any(ready(p) for p in worker_pods(kube, NAMESPACE, r, n)),
                  timeout=TIMEOUT, message=f"{name} Ready")  # fmt: skip
-    store_on_host = SnapshotStore(node.shadow("/var/lib/warmstart") / NAMESPACE / "store")
-    return clock, snap["status"]["snapshotId"], store_on_host
+    return clock, snap["status"]["snapshotId"], agent_store(node, NAMESPACE)
 
 
 def measure(rounds: int, state_dir: Path) -> dict[str, Any]:

@@ -124,14 +124,19 @@ def host_python_paths() -> list[Path]:
     return sorted(p for p in paths if not any(p != other and p.is_relative_to(other) for other in paths))
 
 
-@pytest.fixture(scope="session")
-def host_python() -> HostPython:
+def host_python_mounts() -> HostPython:
+    """This interpreter and the read-only hostPath volumes a pod needs to run it."""
     volumes, mounts = [], []
     for index, path in enumerate(host_python_paths()):
         name = f"host-python-{index}"
         volumes.append({"name": name, "hostPath": {"path": str(path), "type": "Directory"}})
         mounts.append({"name": name, "mountPath": str(path), "readOnly": True})
     return HostPython(python=sys.executable, volumes=volumes, volume_mounts=mounts)
+
+
+@pytest.fixture(scope="session")
+def host_python() -> HostPython:
+    return host_python_mounts()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:

@@ -12,9 +12,11 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
+
+HELM_KUBE_VERSION = "1.35.0"  # helm template alone assumes an old Kubernetes; the chart needs >= 1.29
 
 REPO = Path(__file__).resolve().parent.parent
 CRIU_SHIM = REPO / "hack" / "criu"
@@ -122,8 +124,6 @@ def with_default_sigint() -> None:
 
 def helm_binary() -> str:
     """helm as `hack/control-plane build` builds it (else on PATH); skips the test without one."""
-    import pytest
-
     from warmstart.config import cache_dir
 
     cached = cache_dir() / "k8s" / "bin" / "helm"
@@ -131,3 +131,40 @@ def helm_binary() -> str:
     if not found:
         pytest.skip("helm is not installed: run `hack/control-plane build` (it builds helm)")
     return found
+
+
+def helm_template(chart: Path, *flags: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`helm template t <chart>` for the Kubernetes version the chart targets in the tests."""
+    command = [helm_binary(), "template", "t", str(chart), "--kube-version", HELM_KUBE_VERSION, *flags]
+    return subprocess.run(command, capture_output=True, text=True, check=check)
+
+
+def hostpath_claim(namespace: str, claim: str, path: str, size: str) -> dict[str, Any]:
+    """A List of a ReadWriteMany hostPath PersistentVolume reserved for `claim` and that claim: the control
+    plane's volume binder binds them."""
+    volume_name = f"{namespace}-{claim}"
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": volume_name},
+        "spec": {
+            "capacity": {"storage": size},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": path, "type": "DirectoryOrCreate"},
+            "claimRef": {"namespace": namespace, "name": claim},
+        },
+    }
+    request = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": namespace},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": volume_name,
+            "resources": {"requests": {"storage": size}},
+        },
+    }
+    return {"apiVersion": "v1", "kind": "List", "items": [volume, request]}

@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
-from support import helm_binary
+from support import helm_template
 
 from warmstart.agent.metrics import AgentMetrics
 from warmstart.operator.metrics import OperatorMetrics
 from warmstart.worker.metrics import WorkerMetrics
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "warmstart"
-KUBE_VERSION = "1.35.0"
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
 METRIC_NAME = re.compile(r"\b(warmstart_[a-z0-9_]+)")
 
@@ -38,11 +36,7 @@ def exported_series() -> set[str]:
 
 
 def rendered_dashboard() -> dict:
-    out = subprocess.run(
-        [helm_binary(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION,
-         "--set", "metrics.dashboard.enabled=true"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+    out = helm_template(CHART, "--set", "metrics.dashboard.enabled=true").stdout
     maps = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "ConfigMap"]
     (configmap,) = [d for d in maps if d["metadata"]["name"] == "t-warmstart-dashboard"]
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -68,8 +62,7 @@ def test_every_dashboard_query_names_an_exported_metric() -> None:
 
 
 def test_the_dashboard_is_left_out_unless_asked_for() -> None:
-    out = subprocess.run([helm_binary(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION],
-                         capture_output=True, text=True, check=True).stdout  # fmt: skip
+    out = helm_template(CHART).stdout
     assert "t-warmstart-dashboard" not in out
 
 

@@ -11,8 +11,10 @@ from typing import Any
 from control_plane.cluster import ControlPlane
 from control_plane.node import RealNode
 from node_plugin import HostPython
+from support import hostpath_claim
 
 from warmstart.api import labels as L
+from warmstart.snapshot.store import SnapshotStore
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "warmstart"
 RELEASE = "ws"
@@ -74,9 +76,19 @@ def chart_values(chart_image: str, node: RealNode, namespace: str, store: str) -
     }
 
 
+def store_on_node(namespace: str) -> str:
+    """The agent's store directory as the node sees it (one per test namespace)."""
+    return f"/var/lib/warmstart/{namespace}/store"
+
+
+def agent_store(node: RealNode, namespace: str) -> SnapshotStore:
+    """The agent's store, read from the machine (the node's /var/lib/warmstart is a directory of its own)."""
+    return SnapshotStore(node.shadow("/var/lib/warmstart") / namespace / "store")
+
+
 def install(kube: ControlPlane, chart_image: str, node: RealNode, namespace: str) -> str:
     """`helm install` into `namespace`; returns the agent's store directory as the node sees it."""
-    store = f"/var/lib/warmstart/{namespace}/store"
+    store = store_on_node(namespace)
     values = chart_values(chart_image, node, namespace, store)
     kube.helm(
         "install", RELEASE, str(CHART), "-n", namespace, "-f", "-", input=json.dumps(values), timeout=120
@@ -91,31 +103,7 @@ def uninstall(kube: ControlPlane, namespace: str) -> None:
 def snapshot_volume(kube: ControlPlane, namespace: str, store: str) -> str:
     """A hostPath PersistentVolume on the agent's store directory and its claim, the endpoint's store."""
     claim = "snapshots"
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"{namespace}-store"},
-        "spec": {
-            "capacity": {"storage": "10Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "hostPath": {"path": store, "type": "DirectoryOrCreate"},
-            "claimRef": {"namespace": namespace, "name": claim},
-        },
-    }
-    request = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim, "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "volumeName": volume["metadata"]["name"],
-            "resources": {"requests": {"storage": "10Gi"}},
-        },
-    }
-    listing = {"apiVersion": "v1", "kind": "List", "items": [volume, request]}
-    kube.kubectl("apply", "-f", "-", input=json.dumps(listing))
+    kube.kubectl("apply", "-f", "-", input=json.dumps(hostpath_claim(namespace, claim, store, "10Gi")))
     return claim
 
 
@@ -158,6 +146,15 @@ def endpoint(
     }
 
 
+def apply_endpoint(
+    kube: ControlPlane, namespace: str, chart_image: str, node: RealNode, host_python: HostPython, store: str
+) -> None:
+    """The endpoint with snapshots, its store claim bound to the agent's store directory."""
+    claim = snapshot_volume(kube, namespace, store)
+    body = endpoint(ENDPOINT, namespace, chart_image, node, host_python, claim)
+    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
 def client_pod(namespace: str, chart_image: str, node: RealNode) -> str:
     pod = {
         "apiVersion": "v1",
@@ -195,6 +192,10 @@ def service_url(kube: ControlPlane, namespace: str, name: str) -> str:
 def pod_url(pod: dict[str, Any]) -> str:
     """The completions URL of one worker pod (its IP and the worker's port)."""
     return f"http://{pod['status']['podIP']}:{WORKER_PORT}/v1/completions"
+
+
+def ready_workers(kube: ControlPlane, namespace: str, role: str) -> list[dict[str, Any]]:
+    return [pod for pod in worker_pods(kube, namespace, role) if ready(pod)]
 
 
 def worker_pods(kube: ControlPlane, namespace: str, role: str, name: str = ENDPOINT) -> list[dict[str, Any]]:

@@ -24,7 +24,9 @@ from endpoint_flow import (
     ENDPOINT,
     RELEASE,
     START_TIMEOUT,
+    agent_store,
     all_events,
+    apply_endpoint,
     client_pod,
     completion,
     diagnostics,
@@ -35,6 +37,7 @@ from endpoint_flow import (
     items,
     pod_url,
     ready,
+    ready_workers,
     service_url,
     snapshot_volume,
     uninstall,
@@ -89,8 +92,7 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
 
     kube.kubectl("scale", f"iep/{ENDPOINT}", "-n", namespace, "--replicas=2")
     restored = wait(
-        lambda: (pods := [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)])
-        and len(pods) == 2 and pods,
+        lambda: (pods := ready_workers(kube, namespace, L.ROLE_RESTORE)) and len(pods) == 2 and pods,
         "two restore replicas Ready",
     )  # fmt: skip
     for pod in restored:
@@ -150,17 +152,13 @@ def test_a_tampered_snapshot_is_refused_the_replicas_start_cold_and_it_goes_inva
     release: str,
 ) -> None:
     wait = waiter(kube, namespace)
-    claim = snapshot_volume(kube, namespace, release)
     kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, real_node))
-    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
-    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
     snap = ready_snapshot(kube, namespace, wait)
-    good = wait(
-        lambda: [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)], "a restored replica"
-    )
+    good = wait(lambda: ready_workers(kube, namespace, L.ROLE_RESTORE), "a restored replica")
     reference = completion(kube, namespace, pod_url(good[0]))
 
-    store = SnapshotStore(real_node.shadow("/var/lib/warmstart") / namespace / "store")
+    store = agent_store(real_node, namespace)
     tamper(store, snap["status"]["snapshotId"])
     kube.kubectl("scale", f"iep/{ENDPOINT}", "-n", namespace, f"--replicas={1 + MAX_RESTORE_FAILURES}")
     name = snap["metadata"]["name"]
@@ -176,7 +174,7 @@ def test_a_tampered_snapshot_is_refused_the_replicas_start_cold_and_it_goes_inva
     # The endpoint heals: a new capture, and every replica restored from it, with the same answers.
     def healed() -> list[dict[str, Any]] | None:
         snap_now = (get(kube, "iep", namespace, ENDPOINT) or {}).get("status", {}).get("currentSnapshot")
-        pods = [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)]
+        pods = ready_workers(kube, namespace, L.ROLE_RESTORE)
         labelled = [p for p in pods if p["metadata"]["labels"].get(L.SNAPSHOT_LABEL) == snap_now]
         return (
             labelled if snap_now not in (None, name) and len(labelled) == 1 + MAX_RESTORE_FAILURES else None
@@ -200,9 +198,7 @@ def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
     allowed to write statuses there could) and a restore pod owned by that endpoint (the operator does not
     watch that namespace): the agent restores nothing captured elsewhere, and says so."""
     wait = waiter(kube, namespace)
-    claim = snapshot_volume(kube, namespace, release)
-    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
-    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
     snap = ready_snapshot(kube, namespace, wait)
     template = get(kube, "deployment", namespace, ENDPOINT)["spec"]["template"]
     assert template["metadata"]["labels"][L.ROLE_LABEL] == L.ROLE_RESTORE
@@ -219,12 +215,10 @@ def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
         kube.kubectl("patch", "isnap", name, "-n", other, "--subresource=status",
                      "--type=merge", "-p", status)  # fmt: skip
         spec = template["spec"]
-        kube.kubectl(
-            "apply",
-            "-f",
-            "-",
-            input=json.dumps({**body, "metadata": {**body["metadata"], "namespace": other}}),
-        )
+        source = get(kube, "iep", namespace, ENDPOINT)
+        copied_endpoint = {"apiVersion": L.API_VERSION, "kind": L.ENDPOINT_KIND, "spec": source["spec"],
+                           "metadata": {"name": ENDPOINT, "namespace": other}}  # fmt: skip
+        kube.kubectl("apply", "-f", "-", input=json.dumps(copied_endpoint))
         owner = get(kube, "iep", other, ENDPOINT)
         reference = {"apiVersion": L.API_VERSION, "kind": L.ENDPOINT_KIND, "name": ENDPOINT,
                      "uid": owner["metadata"]["uid"]}  # fmt: skip
@@ -243,12 +237,16 @@ def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
         kube.kubectl("delete", "namespace", other, "--wait=false", check=False)
 
 
-def signing_key_file(kube: ControlPlane, namespace: str, directory: Path) -> Path:
+def signing_key(kube: ControlPlane, namespace: str) -> bytes:
     """The chart's signing key, from its Secret (the only place it is kept)."""
     secret = get(kube, "secret", namespace, f"{RELEASE}-warmstart-signing-key")
     assert secret is not None, "the chart makes the signing key Secret"
+    return base64.b64decode(secret["data"]["key"])
+
+
+def signing_key_file(kube: ControlPlane, namespace: str, directory: Path) -> Path:
     path = directory / "signing.key"
-    path.write_bytes(base64.b64decode(secret["data"]["key"]))
+    path.write_bytes(signing_key(kube, namespace))
     path.chmod(0o600)
     return path
 
@@ -273,22 +271,20 @@ def test_the_agent_killed_during_a_capture_leaves_no_half_snapshot_and_the_captu
     (dump, staging, publishing), the store shows only whole, verified snapshots, the attempt ends and the
     DaemonSet's next agent pod captures the endpoint."""
     wait = waiter(kube, namespace)
-    claim = snapshot_volume(kube, namespace, release)
-    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
-    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
     wait_for(lambda: agent_log_says(kube, namespace, "capturing pid"), timeout=START_TIMEOUT, interval=0.2,
              message="the agent starting a capture")  # fmt: skip
     kube.kubectl("delete", "pod", "-n", namespace, "-l", "app.kubernetes.io/component=agent",
                  "--grace-period=0", "--force")  # fmt: skip
 
     snap = ready_snapshot(kube, namespace, wait)
-    store = SnapshotStore(real_node.shadow("/var/lib/warmstart") / namespace / "store")
+    store = agent_store(real_node, namespace)
     verifier = load_verifier(signing_key_file(kube, namespace, tmp_path))
     published = [s.id for s in store.list()]
     assert snap["status"]["snapshotId"] in published
     for snapshot_id in published:
         store.verify(snapshot_id, verifier)  # raises on anything partial or altered
-    wait(lambda: [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)], "a restored replica")
+    wait(lambda: ready_workers(kube, namespace, L.ROLE_RESTORE), "a restored replica")
 
 
 @pytest.mark.integration
@@ -306,9 +302,7 @@ def test_a_link_the_tenant_puts_where_the_engine_log_was_brings_nothing_of_its_t
     agent reads the engine's open files through their descriptors, never their paths, so not one byte of
     the key reaches a snapshot."""
     wait = waiter(kube, namespace)
-    claim = snapshot_volume(kube, namespace, release)
-    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
-    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
     capture = wait(
         lambda: next(iter(items(kube, "pod", namespace, f"{L.ROLE_LABEL}={L.ROLE_CAPTURE}")), None),
         "the capture pod",
@@ -322,10 +316,10 @@ def test_a_link_the_tenant_puts_where_the_engine_log_was_brings_nothing_of_its_t
     assert not any(s.get("status", {}).get("captureState") for s in snapshots), "planted before the capture"
 
     snap = ready_snapshot(kube, namespace, wait)
-    key = base64.b64decode(get(kube, "secret", namespace, f"{RELEASE}-warmstart-signing-key")["data"]["key"])
-    store = SnapshotStore(real_node.shadow("/var/lib/warmstart") / namespace / "store")
+    key = signing_key(kube, namespace)
+    store = agent_store(real_node, namespace)
     snapshot = store.get(snap["status"]["snapshotId"])
     assert not any(path.endswith("engine.log") for path in snapshot.files), "a deleted log is left out"
     for digest in snapshot.manifest.digests():
         assert key not in store.blob_path(digest).read_bytes()
-    wait(lambda: [p for p in worker_pods(kube, namespace, L.ROLE_RESTORE) if ready(p)], "a restored replica")
+    wait(lambda: ready_workers(kube, namespace, L.ROLE_RESTORE), "a restored replica")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from control_plane.cluster import ControlPlane, wait_for
 from control_plane.node import RealNode
+from endpoint_flow import COMPLETE
 from node_plugin import HostPython
 
 from warmstart.agent.pods import PodSandbox, pod_processes
@@ -26,14 +27,6 @@ from warmstart.snapshot.store import SnapshotStore
 PORT = 8000
 START_TIMEOUT = 240.0
 REPO = Path(__file__).resolve().parents[2]
-# Run with the host's Python inside the node's network namespace: one completion from a pod IP.
-COMPLETE = """
-import json, sys, urllib.request
-body = json.dumps({"model": "tiny", "prompt": sys.argv[2], "max_tokens": 12, "temperature": 0}).encode()
-request = urllib.request.Request(sys.argv[1], data=body, headers={"Content-Type": "application/json"})
-with urllib.request.urlopen(request, timeout=20) as response:
-    sys.stdout.write(response.read().decode())
-"""
 
 
 def portable_criu() -> list[str]:

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from support import helm_binary
+from support import helm_binary, helm_template
 
 from warmstart.operator.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"
 CHART = REPO / "charts" / "warmstart"
-KUBE_VERSION = "1.35.0"  # helm template alone assumes an old Kubernetes; the chart needs >= 1.29
 
 
 def load(name: str) -> dict[str, Any]:
@@ -99,46 +98,15 @@ def test_helm_lint_is_clean():
 
 
 def test_values_schema_rejects_bad_values():
-    bad = subprocess.run(
-        [
-            helm_binary(),
-            "template",
-            "t",
-            str(CHART),
-            "--kube-version",
-            KUBE_VERSION,
-            "--set",
-            "operator.replicas=2",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    bad = helm_template(CHART, "--set", "operator.replicas=2", check=False)
     assert bad.returncode != 0 and "peering" in bad.stderr
-    typo = subprocess.run(
-        [
-            helm_binary(),
-            "template",
-            "t",
-            str(CHART),
-            "--kube-version",
-            KUBE_VERSION,
-            "--set",
-            "operator.replica=1",
-        ],
-        capture_output=True,
-        text=True,
-    )
+    typo = helm_template(CHART, "--set", "operator.replica=1", check=False)
     assert typo.returncode != 0 and "replica" in typo.stderr
 
 
 def test_agent_is_optional_and_privileged_when_on():
     def kinds(*flags: str) -> dict[str, dict]:
-        out = subprocess.run(
-            [helm_binary(), "template", "t", str(CHART), "--kube-version", KUBE_VERSION, *flags],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
+        out = helm_template(CHART, *flags).stdout
         return {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(out) if d}
 
     with_agent = kinds()

@@ -12,6 +12,7 @@ import pytest
 import yaml
 from builders import endpoint_spec
 from operator_process import OperatorProcess
+from support import hostpath_claim
 
 from warmstart.api import labels as L
 
@@ -91,34 +92,8 @@ def set_snapshot_status(kube, namespace: str, name: str, status: dict[str, Any])
 
 
 def bound_store_claim(kube, namespace: str) -> str:
-    """A PVC bound to a hostPath PV (by the control plane's volume binder), so worker pods that mount the
-    snapshot store can be scheduled."""
-    pv_name = f"store-{namespace}"
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": pv_name},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": f"/tmp/{pv_name}"},
-            "claimRef": {"namespace": namespace, "name": "snapshots"},
-        },
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": "snapshots", "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "volumeName": pv_name,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    apply(kube, json.dumps({"apiVersion": "v1", "kind": "List", "items": [pv, pvc]}))
+    """The claim an endpoint names as its snapshot store, bound to a hostPath PV by the volume binder."""
+    apply(kube, json.dumps(hostpath_claim(namespace, "snapshots", f"/tmp/store-{namespace}", "1Gi")))
     kube.wait_for(
         lambda: (get(kube, "pvc", namespace, "snapshots") or {}).get("status", {}).get("phase") == "Bound",
         timeout=TIMEOUT,

@@ -312,6 +312,7 @@ def _object_list(data: dict[str, Any], key: str, path: str) -> tuple[dict[str, A
 def parse_template(spec: dict[str, Any]) -> PodOverrides:
     data = _section(spec, "template", "")
     prefix = "template."
+    volumes = _extra_volumes(data, prefix)
     return PodOverrides(
         node_selector=_string_map(data, "nodeSelector", prefix),
         tolerations=_object_list(data, "tolerations", prefix),
@@ -320,8 +321,8 @@ def parse_template(spec: dict[str, Any]) -> PodOverrides:
         annotations=_string_map(data, "annotations", prefix),
         service_account_name=_text(data, "serviceAccountName", prefix),
         priority_class_name=_text(data, "priorityClassName", prefix),
-        volumes=_extra_volumes(data, prefix),
-        volume_mounts=_extra_mounts(data, prefix),
+        volumes=volumes,
+        volume_mounts=_extra_mounts(data, prefix, {str(volume["name"]) for volume in volumes}),
     )
 
 
@@ -339,9 +340,8 @@ def _extra_volumes(data: dict[str, Any], path: str) -> tuple[dict[str, Any], ...
     return volumes
 
 
-def _extra_mounts(data: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
+def _extra_mounts(data: dict[str, Any], path: str, names: set[str]) -> tuple[dict[str, Any], ...]:
     mounts = _object_list(data, "volumeMounts", path)
-    names = {str(volume.get("name")) for volume in data.get("volumes") or []}
     for index, mount in enumerate(mounts):
         if mount.get("name") not in names:
             raise InvalidSpec(f"{path}volumeMounts[{index}].name", "names no volume of template.volumes")
