@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from control_plane.cluster import ControlPlane
+from control_plane.cluster import ControlPlane, ControlPlaneError
 from control_plane.node import RealNode
 from node_plugin import HostPython
 from support import hostpath_claim
@@ -177,8 +177,18 @@ def client_pod(namespace: str, chart_image: str, node: RealNode) -> str:
 
 
 def completion(kube: ControlPlane, namespace: str, url: str) -> str:
-    result = kube.kubectl("exec", "-n", namespace, "client", "--", "python3", "-c", COMPLETE, url, PROMPT,
-                          timeout=60)  # fmt: skip
+    """A greedy completion from the client pod.
+
+    A refused connection raises ConnectionRefusedError, which waits retry: a Service whose first replica just
+    turned Ready is refused until kube-proxy has programmed its endpoint.
+    """
+    try:
+        result = kube.kubectl("exec", "-n", namespace, "client", "--", "python3", "-c", COMPLETE, url, PROMPT,
+                              timeout=60)  # fmt: skip
+    except ControlPlaneError as error:
+        if "Connection refused" in str(error):
+            raise ConnectionRefusedError(f"{url} refused the connection") from error
+        raise
     return json.loads(result.stdout)["choices"][0]["text"]
 
 
