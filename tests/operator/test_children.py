@@ -5,6 +5,7 @@ from builders import UID, endpoint_body, snapshot_object
 
 from warmstart.api import labels as L
 from warmstart.operator import children
+from warmstart.operator.reconcile import unwanted_children
 from warmstart.operator.spec import parse_spec
 
 HASH = "ab" * 32
@@ -181,6 +182,78 @@ def test_scaled_object_allows_zero_and_builds_a_query():
     assert trigger["type"] == "prometheus"
     assert trigger["metadata"]["threshold"] == "2"
     assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="ml",service="qwen"})'
+
+
+def test_http_scaled_object_routes_the_default_host_to_the_service():
+    owner, spec = owner_and_spec(service={"port": 8080}, autoscaling={"mode": "http", "minReplicas": 0})
+    httpso = children.http_scaled_object(owner, spec)
+    service = children.service(owner, spec)
+    assert httpso["apiVersion"] == "http.keda.sh/v1alpha1" and httpso["kind"] == "HTTPScaledObject"
+    assert httpso["metadata"]["ownerReferences"][0]["uid"] == UID
+    assert httpso["metadata"]["labels"][L.ENDPOINT_LABEL] == "qwen"
+    assert httpso["spec"] == {
+        "hosts": ["qwen.ml"],
+        "scaleTargetRef": {
+            "apiVersion": L.API_VERSION,
+            "kind": L.ENDPOINT_KIND,
+            "name": "qwen",
+            "service": service["metadata"]["name"],
+            "port": service["spec"]["ports"][0]["port"],
+        },
+        "replicas": {"min": 0, "max": 4},
+        "scaledownPeriod": 300,
+        "scalingMetric": {"concurrency": {"targetValue": 1}},
+        "timeouts": {"conditionWait": "120s", "responseHeader": "600s"},
+    }
+    assert service["spec"]["ports"][0]["port"] == 8080
+
+
+def test_http_scaled_object_takes_the_spec_settings():
+    scaling = {
+        "mode": "http",
+        "minReplicas": 1,
+        "maxReplicas": 6,
+        "cooldownSeconds": 900,
+        "http": {
+            "hosts": ["qwen.example.com", "*.qwen.example.com"],
+            "pathPrefixes": ["/v1/"],
+            "targetConcurrency": 16,
+            "coldStartTimeoutSeconds": 45,
+            "responseTimeoutSeconds": 1200,
+        },
+    }
+    spec = children.http_scaled_object(*owner_and_spec(autoscaling=scaling))["spec"]
+    assert spec["hosts"] == ["qwen.example.com", "*.qwen.example.com"] and spec["pathPrefixes"] == ["/v1/"]
+    assert spec["replicas"] == {"min": 1, "max": 6} and spec["scaledownPeriod"] == 900
+    assert spec["scalingMetric"] == {"concurrency": {"targetValue": 16}}
+    assert spec["timeouts"] == {"conditionWait": "45s", "responseHeader": "1200s"}
+
+
+KEDA = {"mode": "keda", "metric": {"name": "warmstart_worker_requests_waiting", "target": "2"}}
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "previous", "deleted"),
+    [
+        ({"mode": "http"}, ["Deployment", "Service", "ScaledObject"], ["ScaledObject"]),  # ours, from keda
+        (
+            {"mode": "http"},
+            None,
+            ["HorizontalPodAutoscaler", "ServiceMonitor"],
+        ),  # its ScaledObject: the add-on's
+        ({"mode": "http"}, ["Deployment", "Service", "HTTPScaledObject"], []),
+        (KEDA, ["Deployment", "Service", "HTTPScaledObject"], ["HTTPScaledObject"]),
+        (KEDA, None, ["HorizontalPodAutoscaler", "HTTPScaledObject", "ServiceMonitor"]),
+        (
+            {"mode": "none"},
+            None,
+            ["HorizontalPodAutoscaler", "ScaledObject", "HTTPScaledObject", "ServiceMonitor"],
+        ),
+    ],
+)
+def test_unwanted_autoscalers_are_deleted_but_not_the_add_ons_scaled_object(autoscaling, previous, deleted):
+    _, spec = owner_and_spec(autoscaling=autoscaling)
+    assert unwanted_children(spec, previous) == deleted
 
 
 def test_service_and_monitor_select_the_workers():

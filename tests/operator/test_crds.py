@@ -56,8 +56,20 @@ def test_endpoint_crd_contract():
     assert spec["required"] == ["model", "engine", "snapshot"]
     assert spec["properties"]["engine"]["properties"]["kind"]["enum"] == ["vllm", "builtin"]
     assert spec["properties"]["replicas"]["minimum"] == 0
-    rules = " ".join(r["rule"] for r in spec["properties"]["autoscaling"]["x-kubernetes-validations"])
+    autoscaling = spec["properties"]["autoscaling"]
+    assert autoscaling["properties"]["mode"]["enum"] == ["none", "hpa", "keda", "http"]
+    rules = " ".join(r["rule"] for r in autoscaling["x-kubernetes-validations"])
     assert "self.minReplicas <= self.maxReplicas" in rules and "keda" in rules and "has(self.metric)" in rules
+    assert "self.mode in ['keda', 'http']" in rules and "!has(self.http)" in rules
+    http = autoscaling["properties"]["http"]["properties"]
+    assert {
+        "hosts",
+        "pathPrefixes",
+        "targetConcurrency",
+        "coldStartTimeoutSeconds",
+        "responseTimeoutSeconds",
+    } == set(http)
+    assert http["targetConcurrency"]["minimum"] == 1
 
 
 def test_snapshot_crd_contract():
@@ -90,6 +102,10 @@ def test_crd_defaults_agree_with_the_operator_defaults():
     defaulted = apply_defaults(spec_schema, copy.deepcopy(minimal))
     assert defaulted["autoscaling"]["mode"] == "none" and defaulted["replicas"] == 1
     assert parse_spec(defaulted) == parse_spec(minimal)
+    http_mode = {**minimal, "autoscaling": {"mode": "http", "minReplicas": 0, "http": {}}}
+    defaulted = apply_defaults(spec_schema, copy.deepcopy(http_mode))
+    assert defaulted["autoscaling"]["http"]["coldStartTimeoutSeconds"] == 120
+    assert parse_spec(defaulted) == parse_spec(http_mode)
 
 
 def test_helm_lint_is_clean():

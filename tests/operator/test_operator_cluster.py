@@ -181,14 +181,16 @@ def test_kubectl_scale_reaches_the_deployment(kube, namespace, operator):
     assert scale["status"]["selector"].endswith("warmstart.dev/endpoint=scaled")
 
 
+KEDA_ZERO = {
+    "mode": "keda",
+    "minReplicas": 0,
+    "maxReplicas": 4,
+    "metric": {"name": "vllm:num_requests_waiting", "target": "2"},
+}
+
+
 def test_keda_scaled_object_then_switch_to_hpa(kube, namespace, operator):
-    keda = {
-        "mode": "keda",
-        "minReplicas": 0,
-        "maxReplicas": 4,
-        "metric": {"name": "vllm:num_requests_waiting", "target": "2"},
-    }
-    apply(kube, endpoint("burst", namespace, snapshot=NO_SNAPSHOTS, autoscaling=keda, replicas=0))
+    apply(kube, endpoint("burst", namespace, snapshot=NO_SNAPSHOTS, autoscaling=KEDA_ZERO, replicas=0))
     scaled = kube.wait_for(
         lambda: get(kube, "scaledobject", namespace, "burst"),
         timeout=TIMEOUT,
@@ -207,6 +209,44 @@ def test_keda_scaled_object_then_switch_to_hpa(kube, namespace, operator):
         lambda: get(kube, "scaledobject", namespace, "burst") is None,
         timeout=TIMEOUT,
         message="ScaledObject removed",
+    )
+
+
+def test_http_scaled_object_then_switch_to_keda(kube, namespace, operator):
+    http = {"mode": "http", "minReplicas": 0, "maxReplicas": 2, "http": {"pathPrefixes": ["/v1/"]}}
+    apply(kube, endpoint("held", namespace, snapshot=NO_SNAPSHOTS, autoscaling=http, replicas=0))
+    httpso = kube.wait_for(
+        lambda: get(kube, "httpscaledobject", namespace, "held"),
+        timeout=TIMEOUT,
+        message="HTTPScaledObject (accepted by the HTTP add-on's CRD schema)",
+    )
+    assert httpso["metadata"]["ownerReferences"][0]["kind"] == L.ENDPOINT_KIND
+    assert httpso["spec"]["hosts"] == [f"held.{namespace}"] and httpso["spec"]["pathPrefixes"] == ["/v1/"]
+    assert httpso["spec"]["scaleTargetRef"] == {
+        "apiVersion": L.API_VERSION,
+        "kind": L.ENDPOINT_KIND,
+        "name": "held",
+        "service": "held",
+        "port": 80,
+    }
+    assert httpso["spec"]["replicas"] == {"min": 0, "max": 2}
+    assert httpso["spec"]["timeouts"] == {"conditionWait": "120s", "responseHeader": "600s"}
+    assert get(kube, "service", namespace, "held")["spec"]["ports"][0]["port"] == 80
+    kube.wait_for(
+        lambda: get(kube, "iep", namespace, "held")["status"].get("phase") == "ScaledToZero",
+        timeout=TIMEOUT,
+        message="phase ScaledToZero",
+    )
+    assert "HTTPScaledObject" in get(kube, "iep", namespace, "held")["status"]["children"]
+    keda = {**KEDA_ZERO, "maxReplicas": 2}
+    apply(kube, endpoint("held", namespace, snapshot=NO_SNAPSHOTS, autoscaling=keda, replicas=0))
+    kube.wait_for(
+        lambda: get(kube, "scaledobject", namespace, "held"), timeout=TIMEOUT, message="ScaledObject"
+    )
+    kube.wait_for(
+        lambda: get(kube, "httpscaledobject", namespace, "held") is None,
+        timeout=TIMEOUT,
+        message="HTTPScaledObject removed",
     )
 
 
@@ -438,6 +478,29 @@ def test_deleting_the_endpoint_collects_everything(kube, namespace, operator):
             "spec.autoscaling.minReplicas",
         ),
         ({"autoscaling": {"mode": "hpa"}}, "spec.autoscaling.metric"),
+        ({"autoscaling": {"mode": "none", "minReplicas": 0}}, "spec.autoscaling.minReplicas"),
+        (
+            {"autoscaling": {"mode": "http", "metric": {"name": "m", "target": "1"}}},
+            "spec.autoscaling.metric",
+        ),
+        ({"autoscaling": {**HPA, "http": {}}}, "spec.autoscaling.http"),
+        (
+            {"autoscaling": {"mode": "http", "http": {"targetConcurrency": 0}}},
+            "spec.autoscaling.http.targetConcurrency",
+        ),
+        ({"autoscaling": {"mode": "http", "http": {"hosts": ["a b"]}}}, "spec.autoscaling.http.hosts[0]"),
+        (
+            {"autoscaling": {"mode": "http", "http": {"pathPrefixes": ["v1"]}}},
+            "spec.autoscaling.http.pathPrefixes[0]",
+        ),
+        (
+            {"autoscaling": {"mode": "http", "http": {"coldStartTimeoutSeconds": 0}}},
+            "spec.autoscaling.http.coldStartTimeoutSeconds",
+        ),
+        (
+            {"autoscaling": {"mode": "http", "http": {"responseTimeoutSeconds": "10m"}}},
+            "spec.autoscaling.http.responseTimeoutSeconds",
+        ),
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage"),
         ({"model": None}, "spec.model"),
         ({"resources": {"gpus": 1, "gpuProduct": "NVIDIA H200"}}, "spec.resources.gpuProduct"),

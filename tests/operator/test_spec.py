@@ -41,6 +41,7 @@ def test_full_spec_is_parsed():
     assert spec.engine.args == ("--enforce-eager",)
 
 
+METRIC = {"metric": {"name": "warmstart_worker_requests_waiting", "target": "2"}}
 MOUNT_A = {"name": "a", "mountPath": "/a"}
 VOLUME_A = {"name": "a"}
 
@@ -68,6 +69,30 @@ VOLUME_A = {"name": "a"}
             "spec.autoscaling.minReplicas",
         ),
         ({"autoscaling": {"mode": "hpa"}}, "spec.autoscaling.metric"),
+        ({"autoscaling": {"mode": "none", "minReplicas": 0}}, "spec.autoscaling.minReplicas"),
+        (
+            {"autoscaling": {"mode": "http", "metric": {"name": "m", "target": "1"}}},
+            "spec.autoscaling.metric",
+        ),
+        ({"autoscaling": {"mode": "keda", **METRIC, "http": {}}}, "spec.autoscaling.http"),
+        (
+            {"autoscaling": {"mode": "http", "http": {"targetConcurrency": 0}}},
+            "spec.autoscaling.http.targetConcurrency",
+        ),
+        ({"autoscaling": {"mode": "http", "http": {"hosts": [""]}}}, "spec.autoscaling.http.hosts"),
+        ({"autoscaling": {"mode": "http", "http": {"hosts": "a.b"}}}, "spec.autoscaling.http.hosts"),
+        (
+            {"autoscaling": {"mode": "http", "http": {"pathPrefixes": ["/v1", "v2"]}}},
+            "spec.autoscaling.http.pathPrefixes[1]",
+        ),
+        (
+            {"autoscaling": {"mode": "http", "http": {"coldStartTimeoutSeconds": 0}}},
+            "spec.autoscaling.http.coldStartTimeoutSeconds",
+        ),
+        (
+            {"autoscaling": {"mode": "http", "http": {"responseTimeoutSeconds": "10m"}}},
+            "spec.autoscaling.http.responseTimeoutSeconds",
+        ),
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage.claimName"),
         ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-H200"}}, "spec.resources.gpuProduct"),
         ({"snapshot": {"enabled": "yes", "storage": {"claimName": "s"}}}, "spec.snapshot.enabled"),
@@ -85,6 +110,28 @@ def test_invalid_specs_name_the_field(overrides, field):
     with pytest.raises(InvalidSpec) as caught:
         parse_spec(endpoint_spec(**overrides))
     assert str(caught.value).startswith(field + ":")
+
+
+def test_http_mode_scales_to_zero_without_a_metric_and_has_defaults():
+    scaling = parse_spec(endpoint_spec(autoscaling={"mode": "http", "minReplicas": 0})).autoscaling
+    assert scaling.mode == "http" and scaling.min_replicas == 0 and scaling.metric is None
+    assert scaling.http.hosts == () and scaling.http.path_prefixes == ()
+    assert scaling.http.target_concurrency == 1
+    assert scaling.http.cold_start_timeout_seconds == 120 and scaling.http.response_timeout_seconds == 600
+
+
+def test_http_mode_settings_are_parsed():
+    http = {
+        "hosts": ["qwen.example.com"],
+        "pathPrefixes": ["/v1/"],
+        "targetConcurrency": 8,
+        "coldStartTimeoutSeconds": 300,
+        "responseTimeoutSeconds": 900,
+    }
+    parsed = parse_spec(endpoint_spec(autoscaling={"mode": "http", "http": http})).autoscaling.http
+    assert parsed.hosts == ("qwen.example.com",) and parsed.path_prefixes == ("/v1/",)
+    assert parsed.target_concurrency == 8
+    assert parsed.cold_start_timeout_seconds == 300 and parsed.response_timeout_seconds == 900
 
 
 def test_missing_model_is_named():

@@ -47,6 +47,7 @@ RESOURCES: dict[str, Resource] = {
     "Event": Resource("v1", "events"),
     "HorizontalPodAutoscaler": Resource("autoscaling/v2", "horizontalpodautoscalers"),
     "ScaledObject": Resource("keda.sh/v1alpha1", "scaledobjects"),
+    "HTTPScaledObject": Resource("http.keda.sh/v1alpha1", "httpscaledobjects"),
     "ServiceMonitor": Resource("monitoring.coreos.com/v1", "servicemonitors"),
     CRD_KIND: Resource("apiextensions.k8s.io/v1", "customresourcedefinitions", namespaced=False),
     L.ENDPOINT_KIND: Resource(L.API_VERSION, L.ENDPOINT_PLURAL),

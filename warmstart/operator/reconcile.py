@@ -37,8 +37,11 @@ from warmstart.operator.status import (
 
 log = logging.getLogger(__name__)
 
-AUTOSCALER_KINDS = {"hpa": "HorizontalPodAutoscaler", "keda": "ScaledObject"}
-OPTIONAL_KINDS = ("HorizontalPodAutoscaler", "ScaledObject", "ServiceMonitor")
+AUTOSCALER_KINDS = {"hpa": "HorizontalPodAutoscaler", "keda": "ScaledObject", "http": "HTTPScaledObject"}
+OPTIONAL_KINDS = ("HorizontalPodAutoscaler", "ScaledObject", "HTTPScaledObject", "ServiceMonitor")
+# In mode http the add-on makes a ScaledObject named after its HTTPScaledObject, i.e. after the endpoint:
+# the operator deletes one only when its own record says it made it (a switch from mode keda).
+ADD_ON_KINDS = {"http": ("ScaledObject",)}
 
 
 APPLY_FAILED = "ApplyFailed"
@@ -127,22 +130,36 @@ def optional_children(spec: EndpointSpec) -> list[str]:
     return kinds
 
 
+def unwanted_children(spec: EndpointSpec, previous: list[str] | None) -> list[str]:
+    """Optional kinds to delete: not wanted, and made by the operator (`previous` None: maybe made)."""
+    wanted = optional_children(spec)
+    add_on_kinds = ADD_ON_KINDS.get(spec.autoscaling.mode, ())
+    return [
+        kind
+        for kind in OPTIONAL_KINDS
+        if kind not in wanted
+        and (kind in (previous or []) or (previous is None and kind not in add_on_kinds))
+    ]
+
+
 def apply_optional_children(
     kube: Kube, owner: children.Owner, spec: EndpointSpec, previous: list[str] | None
 ) -> list[str]:
     """Apply the autoscaler and ServiceMonitor the spec wants, delete the ones it no longer wants.
 
-    `previous` is what the last reconcile recorded in status.children (None: unknown, so check them all);
-    returns the kinds that exist now, Deployment and Service included.
+    `previous` is what the last reconcile recorded in status.children (None: unknown, so check them all but
+    the add-on's); returns the kinds that exist now, Deployment and Service included.
     """
     wanted = optional_children(spec)
-    for kind in OPTIONAL_KINDS:
-        if kind not in wanted and (previous is None or kind in previous):
-            kube.delete(kind, owner.namespace, owner.name)
+    for kind in unwanted_children(spec, previous):
+        kube.delete(kind, owner.namespace, owner.name)
     if spec.autoscaling.mode == "hpa":
         apply_child(kube, children.horizontal_pod_autoscaler(owner, spec))
     elif spec.autoscaling.mode == "keda":
         _apply_optional(kube, children.scaled_object(owner, spec), "install KEDA or use autoscaling.mode hpa")
+    elif spec.autoscaling.mode == "http":
+        hint = "install the KEDA HTTP add-on or use autoscaling.mode keda"
+        _apply_optional(kube, children.http_scaled_object(owner, spec), hint)
     if spec.monitoring.service_monitor:
         hint = "install prometheus-operator or set monitoring.serviceMonitor false"
         _apply_optional(kube, children.service_monitor(owner, spec), hint)

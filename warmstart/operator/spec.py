@@ -14,7 +14,9 @@ from warmstart.api import labels as L
 from warmstart.worker_flags import worker_flags_problem
 
 ENGINES = ("vllm", "builtin")
-AUTOSCALING_MODES = ("none", "hpa", "keda")
+AUTOSCALING_MODES = ("none", "hpa", "keda", "http")
+SCALE_TO_ZERO_MODES = ("keda", "http")
+METRIC_MODES = ("hpa", "keda")  # mode http scales on the concurrent requests the add-on's interceptor counts
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 # Worker flags the operator sets from the spec: in engine.args they are refused, naming the field to use.
 OPERATOR_FLAGS = {
@@ -82,11 +84,23 @@ class MetricSpec:
 
 
 @dataclass(frozen=True)
+class HttpScalingSpec:
+    """Mode http: the KEDA HTTP add-on's interceptor holds requests while the endpoint is at zero."""
+
+    hosts: tuple[str, ...] = ()  # empty: the children builder routes "<name>.<namespace>"
+    path_prefixes: tuple[str, ...] = ()
+    target_concurrency: int = 1
+    cold_start_timeout_seconds: int = 120
+    response_timeout_seconds: int = 600
+
+
+@dataclass(frozen=True)
 class AutoscalingSpec:
     mode: str = "none"
     min_replicas: int = 1
     max_replicas: int = 4
     metric: MetricSpec | None = None
+    http: HttpScalingSpec = HttpScalingSpec()
     prometheus_address: str = DEFAULT_PROMETHEUS
     polling_interval_seconds: int = 15
     cooldown_seconds: int = 300
@@ -184,6 +198,13 @@ def _text(data: dict[str, Any], key: str, path: str, required: bool = False) -> 
     return str(value)
 
 
+def _strings(data: dict[str, Any], key: str, path: str) -> tuple[str, ...]:
+    value = data.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise InvalidSpec(f"{path}{key}", "must be a list of non-empty strings")
+    return tuple(value)
+
+
 def parse_model(spec: dict[str, Any]) -> ModelSpec:
     if "model" not in spec:
         raise InvalidSpec("model", "is required (model.uri names the weights to serve)")
@@ -254,6 +275,21 @@ def parse_metric(data: dict[str, Any] | None) -> MetricSpec | None:
     )
 
 
+def parse_http_scaling(data: dict[str, Any]) -> HttpScalingSpec:
+    prefix = "autoscaling.http."
+    path_prefixes = _strings(data, "pathPrefixes", prefix)
+    for index, path_prefix in enumerate(path_prefixes):
+        if not path_prefix.startswith("/"):
+            raise InvalidSpec(f"{prefix}pathPrefixes[{index}]", f"must start with /, got {path_prefix!r}")
+    return HttpScalingSpec(
+        hosts=_strings(data, "hosts", prefix),
+        path_prefixes=path_prefixes,
+        target_concurrency=_int(data, "targetConcurrency", 1, prefix, 1, 1000),
+        cold_start_timeout_seconds=_int(data, "coldStartTimeoutSeconds", 120, prefix, 1, 3600),
+        response_timeout_seconds=_int(data, "responseTimeoutSeconds", 600, prefix, 1, 86400),
+    )
+
+
 def parse_autoscaling(spec: dict[str, Any]) -> AutoscalingSpec:
     data = _section(spec, "autoscaling", "")
     prefix = "autoscaling."
@@ -268,14 +304,28 @@ def parse_autoscaling(spec: dict[str, Any]) -> AutoscalingSpec:
         or DEFAULT_PROMETHEUS,
         polling_interval_seconds=_int(data, "pollingIntervalSeconds", 15, prefix, 1, 3600),
         cooldown_seconds=_int(data, "cooldownSeconds", 300, prefix, 0, 86400),
+        http=parse_http_scaling(_section(data, "http", prefix)),
     )
+    _check_autoscaling(scaling, data)
+    return scaling
+
+
+def _check_autoscaling(scaling: AutoscalingSpec, data: dict[str, Any]) -> None:
+    """The rules across fields that the CRD's validations also state."""
     if scaling.min_replicas > scaling.max_replicas:
         raise InvalidSpec("autoscaling.minReplicas", "must be less than or equal to autoscaling.maxReplicas")
-    if scaling.min_replicas == 0 and scaling.mode != "keda":
-        raise InvalidSpec("autoscaling.minReplicas", "0 (scale to zero) needs autoscaling.mode keda")
-    if scaling.mode != "none" and scaling.metric is None:
+    if scaling.min_replicas == 0 and scaling.mode not in SCALE_TO_ZERO_MODES:
+        raise InvalidSpec("autoscaling.minReplicas", "0 (scale to zero) needs autoscaling.mode keda or http")
+    if scaling.mode in METRIC_MODES and scaling.metric is None:
         raise InvalidSpec("autoscaling.metric", f"is required when autoscaling.mode is {scaling.mode}")
-    return scaling
+    if scaling.mode == "http" and scaling.metric is not None:
+        raise InvalidSpec(
+            "autoscaling.metric",
+            "is not used with autoscaling.mode http: it scales on concurrent requests "
+            "(autoscaling.http.targetConcurrency)",
+        )
+    if data.get("http") is not None and scaling.mode != "http":
+        raise InvalidSpec("autoscaling.http", "is only used with autoscaling.mode http")
 
 
 def parse_snapshot(spec: dict[str, Any]) -> SnapshotPolicy:
