@@ -9,13 +9,13 @@ PORT ?= 8000
 STORE ?= $(WARMSTART_CACHE)/demo-store
 EXTRAS ?= engine,gpu,dev
 
-.PHONY: demo test setup criu control-plane images lint unit clean
+.PHONY: demo test setup criu control-plane images addons lint unit clean
 
 demo: $(VENV)/.installed criu
 	$(BIN)/warmstart serve --engine builtin --model tiny --device cpu --store $(STORE) --port $(PORT) \
 		--criu "$(CURDIR)/hack/criu"
 
-test: $(VENV)/.installed criu control-plane images
+test: $(VENV)/.installed criu control-plane images addons
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/pytest
@@ -27,7 +27,7 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-setup: $(VENV)/.installed criu control-plane images
+setup: $(VENV)/.installed criu control-plane images addons
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ control-plane:
 # The chart's images from the Dockerfile (BuildKit, no registry), for the real node.
 images: $(VENV)/.installed control-plane
 	hack/control-plane images
+
+# KEDA (operator, metrics apiserver) and its HTTP add-on from their Go modules, as images for the real node.
+addons: $(VENV)/.installed control-plane
+	hack/control-plane addons
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,8 +1,8 @@
 """pytest fixtures for one real Kubernetes node beside the kwok ones (see `hack/control-plane`,
 docs/real-node.md).
 
-`real_node` (session scope, needs `kube`) starts containerd, kubelet and kube-proxy in network and mount
-namespaces of their own, with the images `hack/control-plane images` built imported into containerd, and
+`real_node` (session scope, needs `kube`) starts containerd, kubelet, kube-proxy and CoreDNS in network and
+mount namespaces of their own, with the images `hack/control-plane images` built imported into containerd, and
 waits until the node is Ready. Its start time is printed like the control plane's. At the end of the session
 (also on Ctrl-C) it is stopped and the session fails if the node left anything on the machine (processes,
 mounts, cgroups, namespaces, links, nft tables, sysctls). When its parts are not built, or the machine cannot
@@ -21,6 +21,10 @@ The `real_node` object (control_plane.node.RealNode):
     .startup_seconds, .timings
 
 `chart_image` (session scope): the chart's image reference, imported into the node (skips when not built).
+
+`keda` (session scope): KEDA and its HTTP add-on (`hack/control-plane addons`) installed on the real node,
+from the manifests those projects ship; the interceptor proxy's in-cluster address (skips when not built).
+The node runs CoreDNS, so pods resolve Services by name (`<service>.<namespace>`).
 
 `host_python` (session scope): the test run's own Python environment (this virtual environment with torch,
 its base interpreter, the repository for the editable install) as read-only hostPath volumes at the same
@@ -45,7 +49,7 @@ HACK = Path(__file__).resolve().parent.parent / "hack"
 if str(HACK) not in sys.path:
     sys.path.insert(0, str(HACK))
 
-from control_plane import images, versions  # noqa: E402
+from control_plane import addons, images, versions  # noqa: E402
 from control_plane.cluster import ControlPlane  # noqa: E402
 from control_plane.node import (  # noqa: E402
     NodeBusyError,
@@ -63,7 +67,8 @@ def _images_to_import() -> tuple[list[NodeImage], list[str]]:
     built = images.built_images()
     current = images.current_images()
     stale = [reference for reference in built if reference not in current]
-    return [NodeImage(reference, path) for reference, path in built.items()], stale
+    every = {**built, **addons.built_images()}
+    return [NodeImage(reference, path) for reference, path in every.items()], stale
 
 
 @pytest.fixture(scope="session")
@@ -143,3 +148,12 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
     summary = config.stash.get(STARTUP_KEY, None)
     if summary:
         terminalreporter.write_line(summary)
+
+
+@pytest.fixture(scope="session")
+def keda(kube: ControlPlane, real_node: RealNode) -> str:
+    """KEDA and its HTTP add-on running on the real node; the interceptor proxy's address in the cluster."""
+    if reason := addons.missing_reason():
+        pytest.skip(reason)
+    addons.install(kube, real_node.pod_placement())
+    return addons.interceptor_address()

@@ -1,5 +1,5 @@
-"""hack/control-plane {build,images,up,down,status,bin-dir}: the local Kubernetes control plane (and one real
-node) by hand."""
+"""hack/control-plane {build,images,addons,up,down,status,bin-dir}: the local Kubernetes control plane (and
+one real node) by hand."""
 
 from __future__ import annotations
 
@@ -31,6 +31,12 @@ def command_images(args: argparse.Namespace) -> int:
     from . import images
 
     return images.main_with(force=args.force)
+
+
+def command_addons(args: argparse.Namespace) -> int:
+    from . import addons
+
+    return addons.main_with(force=args.force)
 
 
 def node_state_dir() -> Path:
@@ -70,17 +76,26 @@ def command_up(args: argparse.Namespace) -> int:
 
 
 def start_real_node(plane: object) -> int:
-    from . import images
+    from . import addons, images
+    from .cluster import ControlPlaneError
     from .node import NodeError, NodeImage, RealNode, node_summary
 
-    built = [NodeImage(reference, path) for reference, path in images.built_images().items()]
-    node = RealNode(plane=plane, state_dir=node_state_dir(), images=built, die_with_parent=False)  # type: ignore[arg-type]
+    built = {**images.built_images(), **addons.built_images()}
+    node_images = [NodeImage(reference, path) for reference, path in built.items()]
+    node = RealNode(plane=plane, state_dir=node_state_dir(), images=node_images, die_with_parent=False)  # type: ignore[arg-type]
     try:
         node.start()
     except (NodeError, TimeoutError) as error:
         print(f"real node failed to start: {error}\nlogs: {node.state_dir / 'logs'}", file=sys.stderr)
         return 1
     print(f"{node_summary(node)}; logs in {node.state_dir / 'logs'}", file=sys.stderr)
+    if addons.is_cached():
+        try:
+            addons.install(plane, node.pod_placement())  # type: ignore[arg-type]
+        except ControlPlaneError as error:
+            print(f"KEDA failed to start: {error}", file=sys.stderr)
+            return 1
+        print("KEDA and its HTTP add-on installed (namespace keda)", file=sys.stderr)
     return 0
 
 
@@ -150,6 +165,11 @@ def parser() -> argparse.ArgumentParser:
         "--force", action="store_true", help="rebuild even when the inputs are the same"
     )
     images_parser.set_defaults(func=command_images)
+    addons_parser = commands.add_parser(
+        "addons", help="build KEDA and its HTTP add-on from their Go modules, as images for the real node"
+    )
+    addons_parser.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
+    addons_parser.set_defaults(func=command_addons)
     up = commands.add_parser("up", help="start a detached control plane and print `export KUBECONFIG=...`")
     up.add_argument("--nodes", type=positive_int, default=2, help="number of fake GPU nodes (default 2)")
     up.add_argument(

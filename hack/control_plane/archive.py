@@ -26,6 +26,8 @@ class ImageConfig:
     command: list[str]
     env: list[str] = field(default_factory=lambda: [f"PATH={DEFAULT_PATH}"])
     created_by: str = "hack/control-plane"
+    user: str = ""
+    entrypoint: list[str] = field(default_factory=list)
 
 
 def sha256_file(path: Path) -> str:
@@ -69,7 +71,9 @@ def image_config(config: ImageConfig, diff_id: str) -> bytes:
     document = {
         "architecture": "amd64",
         "os": "linux",
-        "config": {"Env": config.env, "Cmd": config.command},
+        "config": {"Env": config.env, "Cmd": config.command}
+        | ({"User": config.user} if config.user else {})
+        | ({"Entrypoint": config.entrypoint} if config.entrypoint else {}),
         "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "history": [{"created_by": config.created_by}],
     }

@@ -63,6 +63,22 @@ class ControlPlaneError(RuntimeError):
     pass
 
 
+def aggregation_flags(certificates: pki.Pki) -> list[str]:
+    """The aggregation layer, for extension apiservers (KEDA's external metrics): the apiserver proxies to
+    them as the front-proxy client, naming the user in headers they trust by the front-proxy CA, and dials
+    their pods directly (through the node's gateway, like all its traffic to the node)."""
+    return [
+        f"--requestheader-client-ca-file={certificates.front_proxy_ca_cert}",
+        f"--requestheader-allowed-names={pki.FRONT_PROXY_CLIENT}",
+        "--requestheader-username-headers=X-Remote-User",
+        "--requestheader-group-headers=X-Remote-Group",
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+        f"--proxy-client-cert-file={certificates.front_proxy_client_cert}",
+        f"--proxy-client-key-file={certificates.front_proxy_client_key}",
+        "--enable-aggregator-routing=true",
+    ]
+
+
 def wait_for(
     predicate: Callable[[], T], timeout: float = 60.0, interval: float = 0.2, message: str = "condition"
 ) -> T:
@@ -368,6 +384,7 @@ class ControlPlane:
             "--allow-privileged=true",
             f"--cert-dir={self.state_dir / 'apiserver-certs'}",
             "--profiling=false",
+            *aggregation_flags(certificates),
         ]
 
     def controller_manager_argv(self, certificates: pki.Pki) -> list[str]:
@@ -380,6 +397,9 @@ class ControlPlane:
             f"--service-account-private-key-file={certificates.service_account_key}",
             f"--root-ca-file={certificates.ca_cert}",
             "--horizontal-pod-autoscaler-sync-period=5s",
+            # Scale-down waits this long after the last higher recommendation (300s by default): a test's
+            # load ends and its replicas come back down within a minute.
+            "--horizontal-pod-autoscaler-downscale-stabilization=15s",
         ]
 
     def scheduler_argv(self) -> list[str]:

@@ -135,7 +135,7 @@ def missing_parts() -> list[str]:
     if os.geteuid() != 0:
         reasons.append("a real node needs root (namespaces, cgroups, mounts)")
     if not node_build.is_cached():
-        reasons.append(f"kubelet/kube-proxy/pause are not built in {versions.cache_root()}")
+        reasons.append(f"kubelet/kube-proxy/coredns/pause are not built in {versions.cache_root()}")
     if missing := node_build.missing_debian_packages():
         reasons.append(f"Debian packages missing: {', '.join(missing)}")
     for tool in ("unshare", "nsenter", "ip"):
@@ -204,7 +204,7 @@ class RealNode:
             self.timings["containerd"] = time.monotonic() - started
             self._import_images()
             self.timings["images"] = time.monotonic() - started
-            self._start_kubelet_and_proxy()
+            self._start_node_daemons()
             self.wait_ready()
             self.timings["node-ready"] = time.monotonic() - started
         except BaseException:
@@ -327,6 +327,7 @@ class RealNode:
             "kube-proxy.json": node_config.kube_proxy_config(self.addresses, self.kubeconfig),
             "resolv.conf": node_config.resolv_conf(),
             "kubeconfig": self._kubeconfig_text(),
+            "Corefile": node_config.corefile(self.addresses, self.kubeconfig),
         }
         for name, text in files.items():
             (self.config_dir / name).write_text(text)
@@ -454,8 +455,12 @@ class RealNode:
             imported[image.reference] = marker
             index_path.write_text(json.dumps(imported, indent=2) + "\n")
 
-    def _start_kubelet_and_proxy(self) -> None:
+    def _start_node_daemons(self) -> None:
         bin_dir = self.plane.bin_dir
+        self._launch(
+            "coredns",
+            [*self._nsenter(), str(bin_dir / "coredns"), "-conf", str(self.config_dir / "Corefile")],
+        )
         self._launch(
             "kubelet",
             [
@@ -492,7 +497,7 @@ class RealNode:
 
     def _stop_daemons_in_order(self) -> None:
         """kube-proxy and kubelet first, then the pods, their containers in containerd, containerd itself."""
-        for name in ("kube-proxy", "kubelet"):
+        for name in ("kube-proxy", "kubelet", "coredns"):
             if component := self.components.pop(name, None):
                 component_stop(component)
         host_state.kill_cgroup_tree(host_state.process_hierarchy() / PODS_CGROUP)

@@ -1,5 +1,6 @@
 """Build what the real node needs beside the control plane: kubelet and kube-proxy from the same Go module
-recipe, containerd, runc, the CNI plugins and nft from Debian's packages, and a pause image from source.
+recipe, CoreDNS (the cluster's DNS) from its Go module, containerd, runc, the CNI plugins and nft from
+Debian's packages, and a pause image from source.
 
 Its stamp is separate from the control plane's, so a cached control plane is never rebuilt for the node.
 """
@@ -65,7 +66,7 @@ def is_cached() -> bool:
         recorded = json.loads(stamp.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-    binaries = all((versions.bin_dir() / name).is_file() for name in versions.NODE_COMMANDS)
+    binaries = all((versions.bin_dir() / name).is_file() for name in versions.NODE_BINARIES)
     wanted = versions.wanted_node_stamp(pause_source_digest())
     return recorded == wanted and binaries and pause_archive().is_file()
 
@@ -113,7 +114,8 @@ def build_node(force: bool = False) -> None:
     out = versions.bin_dir()
     out.mkdir(parents=True, exist_ok=True)
     build_node_binaries(progress, out)
+    build.go_install(progress, out, "github.com/coredns/coredns", versions.COREDNS)
     build_pause_image(progress, pause_archive())
     stamp = versions.wanted_node_stamp(pause_source_digest())
     versions.node_stamp_path().write_text(json.dumps(stamp, indent=2) + "\n")
-    progress.step(f"done: kubelet, kube-proxy in {out}, pause image in {pause_archive()}")
+    progress.step(f"done: kubelet, kube-proxy, coredns in {out}, pause image in {pause_archive()}")

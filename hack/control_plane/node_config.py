@@ -14,6 +14,7 @@ from . import network, versions
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 CGROUP_ROOT = "warmstart-node"
 CNI_BIN_DIR = "/usr/lib/cni"
+CLUSTER_DOMAIN = "cluster.local"
 
 
 def containerd_toml() -> str:
@@ -107,8 +108,9 @@ def kubelet_config(addresses: network.NodeAddresses, ca_cert: Path, resolv_conf:
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%", "imagefs.available": "2%"},
         "serializeImagePulls": False,
-        "clusterDNS": [],
-        "clusterDomain": "cluster.local",
+        # CoreDNS listens on the node's own address (see corefile()); pods reach it through their bridge.
+        "clusterDNS": [addresses.node_ip],
+        "clusterDomain": CLUSTER_DOMAIN,
         "resolvConf": str(resolv_conf),
         "volumePluginDir": "/var/lib/kubelet/volume-plugins",
         "registerNode": True,
@@ -148,5 +150,27 @@ def kube_proxy_config(addresses: network.NodeAddresses, kubeconfig: Path) -> str
 
 
 def resolv_conf() -> str:
-    # The node has no DNS: lookups in pods go to their own loopback and fail at once.
+    # For the node's own processes and pods with dnsPolicy Default: no resolver, so a lookup fails at once.
     return "nameserver 127.0.0.1\noptions ndots:1 attempts:1 timeout:1\n"
+
+
+def corefile(addresses: network.NodeAddresses, kubeconfig: Path) -> str:
+    """The cluster's DNS: Services and pods of `cluster.local` (and their reverse names) from the apiserver;
+    every other name is answered NXDOMAIN at once, so nothing is ever forwarded off the node."""
+    return (
+        f"{CLUSTER_DOMAIN}:53 in-addr.arpa:53 ip6.arpa:53 {{\n"
+        f"    bind {addresses.node_ip}\n"
+        "    errors\n"
+        f"    kubernetes {CLUSTER_DOMAIN} in-addr.arpa ip6.arpa {{\n"
+        f"        kubeconfig {kubeconfig}\n"
+        "        pods insecure\n"
+        "        ttl 5\n"
+        "    }\n"
+        "}\n"
+        ".:53 {\n"
+        f"    bind {addresses.node_ip}\n"
+        "    template ANY ANY {\n"
+        "        rcode NXDOMAIN\n"
+        "    }\n"
+        "}\n"
+    )

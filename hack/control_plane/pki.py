@@ -1,5 +1,7 @@
 """Certificates and keys for a loopback-only control plane: a CA, the apiserver's serving certificate, an
-admin client certificate (group system:masters) and the service-account signing key."""
+admin client certificate (group system:masters), the service-account signing key, and the aggregation
+layer's front-proxy CA and client certificate (the apiserver's identity towards extension apiservers such as
+KEDA's metrics apiserver)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = datetime.timedelta(days=7)
 SERVICE_CLUSTER_IP = "10.0.0.1"
+FRONT_PROXY_CLIENT = "front-proxy-client"
 APISERVER_DNS_NAMES = (
     "localhost",
     "kubernetes",
@@ -33,6 +36,9 @@ class Pki:
     admin_key: Path
     service_account_key: Path
     service_account_public_key: Path
+    front_proxy_ca_cert: Path
+    front_proxy_client_cert: Path
+    front_proxy_client_key: Path
 
 
 def _name(common_name: str, organization: str | None = None) -> x509.Name:
@@ -92,6 +98,29 @@ def _leaf(
     return builder.sign(ca_key, hashes.SHA256()), key
 
 
+def _certificate_authority(common_name: str) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = _name(common_name)
+    usage = x509.KeyUsage(
+        digital_signature=True,
+        key_cert_sign=True,
+        crl_sign=True,
+        content_commitment=False,
+        key_encipherment=False,
+        data_encipherment=False,
+        key_agreement=False,
+        encipher_only=False,
+        decipher_only=False,
+    )
+    cert = (
+        _builder(name, name, key.public_key())
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(usage, critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    return cert, key
+
+
 def generate(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
     """Write a fresh set of certificates and keys into `directory` and return their paths; the apiserver's
     certificate also names `extra_ips`."""
@@ -104,28 +133,12 @@ def generate(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
         admin_key=directory / "admin.key",
         service_account_key=directory / "service-account.key",
         service_account_public_key=directory / "service-account.pub",
+        front_proxy_ca_cert=directory / "front-proxy-ca.crt",
+        front_proxy_client_cert=directory / "front-proxy-client.crt",
+        front_proxy_client_key=directory / "front-proxy-client.key",
     )
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = _name("warmstart-local-ca")
-    ca_cert = (
-        _builder(ca_name, ca_name, ca_key.public_key())
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .sign(ca_key, hashes.SHA256())
-    )
+    ca_cert, ca_key = _certificate_authority("warmstart-local-ca")
+    ca_name = ca_cert.subject
     _write_cert(pki.ca_cert, ca_cert)
 
     alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in APISERVER_DNS_NAMES]
@@ -150,4 +163,13 @@ def generate(directory: Path, extra_ips: tuple[str, ...] = ()) -> Pki:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
+
+    # A CA of its own: a client certificate from the main CA can never pass as the aggregator.
+    front_ca, front_ca_key = _certificate_authority("warmstart-front-proxy-ca")
+    _write_cert(pki.front_proxy_ca_cert, front_ca)
+    client, client_key = _leaf(
+        front_ca_key, front_ca.subject, _name(FRONT_PROXY_CLIENT), ExtendedKeyUsageOID.CLIENT_AUTH
+    )
+    _write_cert(pki.front_proxy_client_cert, client)
+    _write_key(pki.front_proxy_client_key, client_key)
     return pki

@@ -10,6 +10,8 @@ KUBERNETES = "1.35.4"
 ETCD = "3.6.5"
 KWOK = "0.8.0"
 HELM = "3.20.2"
+# The real node's cluster DNS (what pods resolve Service names with).
+COREDNS = "1.15.0"
 
 KEDA = "2.21.0"
 KEDA_HTTP_ADDON = "0.12.0"
@@ -22,8 +24,9 @@ KUBERNETES_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-schedu
 BINARIES = (*KUBERNETES_COMMANDS, "etcd", "kwok", "helm")
 
 # The real node has its own stamp, so adding or changing it never rebuilds the control plane above.
-NODE_BUILD_RECIPE = 1
+NODE_BUILD_RECIPE = 2
 NODE_COMMANDS = ("kubelet", "kube-proxy")
+NODE_BINARIES = (*NODE_COMMANDS, "coredns")
 # Debian's packages for the rest of the node; `nftables` gives kube-proxy its `nft`; gcc and libc6-dev build
 # the static pause binary, debootstrap the images' base.
 NODE_DEBIAN_COMMANDS = {
@@ -104,7 +107,8 @@ def wanted_node_stamp(pause_source: str) -> dict[str, object]:
     return {
         "recipe": NODE_BUILD_RECIPE,
         "kubernetes": KUBERNETES,
-        "binaries": list(NODE_COMMANDS),
+        "coredns": COREDNS,
+        "binaries": list(NODE_BINARIES),
         "pause": pause_source,
     }
 

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from control_plane.cluster import ControlPlane, ControlPlaneError
+from control_plane.cluster import ControlPlane, ControlPlaneError, wait_for
 from control_plane.node import RealNode
 from node_plugin import HostPython
 from support import hostpath_claim
@@ -24,14 +24,22 @@ PROMPT = "the quick brown fox"
 MODELS_MOUNT = "/cache/models"  # under WARMSTART_CACHE: where the builtin engine keeps generated models
 WORKER_PORT = 8000  # the engine's default port, which the operator gives the worker
 START_TIMEOUT = 300.0  # a loaded 2-core machine starts several Python processes at once
-# Run with the image's python3 in the client pod: one completion, the response body on stdout.
+# Run with the image's python3 in the client pod: one completion (Host header optional); on stdout the
+# response body and the seconds from sending the request to the whole answer.
 COMPLETE = """
-import json, sys, urllib.request
-body = json.dumps({"model": "tiny", "prompt": sys.argv[2], "max_tokens": 12, "temperature": 0}).encode()
-request = urllib.request.Request(sys.argv[1], data=body, headers={"Content-Type": "application/json"})
-with urllib.request.urlopen(request, timeout=30) as response:
-    sys.stdout.write(response.read().decode())
+import json, sys, time, urllib.request
+url, prompt, host, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}).encode()
+headers = {"Content-Type": "application/json", **({"Host": host} if host else {})}
+request = urllib.request.Request(url, data=body, headers=headers)
+started = time.monotonic()
+with urllib.request.urlopen(request, timeout=timeout) as response:
+    answer = json.loads(response.read())
+print(json.dumps({"answer": answer, "seconds": time.monotonic() - started}))
 """
+REQUEST_TIMEOUT = 30.0
+# How long the interceptor holds a request at zero replicas: a restore or a cold start on a loaded machine.
+HOLD_SECONDS = 180
 
 
 def get(kube: ControlPlane, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -155,6 +163,35 @@ def apply_endpoint(
     kube.kubectl("apply", "-f", "-", input=json.dumps(body))
 
 
+def autoscaled(body: dict[str, Any], min_replicas: int, max_replicas: int) -> dict[str, Any]:
+    """The endpoint fronted by the HTTP add-on, starting at `min_replicas`."""
+    body["spec"]["replicas"] = min_replicas
+    body["spec"]["autoscaling"] = {
+        "mode": "http",
+        "minReplicas": min_replicas,
+        "maxReplicas": max_replicas,
+        "cooldownSeconds": 10,
+        "http": {"targetConcurrency": 1, "coldStartTimeoutSeconds": HOLD_SECONDS},
+    }
+    return body
+
+
+def routed_host(kube: ControlPlane, namespace: str, name: str) -> str:
+    """The Host header the interceptor routes to the endpoint, as the operator wrote it."""
+    scaled = wait_for(lambda: get(kube, "httpscaledobject", namespace, name), timeout=60,
+                      message=f"HTTPScaledObject {name}")  # fmt: skip
+    return scaled["spec"]["hosts"][0]
+
+
+def at_zero(kube: ControlPlane, namespace: str, name: str) -> bool:
+    deployment = get(kube, "deployment", namespace, name)
+    return (
+        deployment is not None
+        and deployment["spec"].get("replicas") == 0
+        and not any(worker_pods(kube, namespace, role, name) for role in (L.ROLE_COLD, L.ROLE_RESTORE))
+    )
+
+
 def client_pod(namespace: str, chart_image: str, node: RealNode) -> str:
     pod = {
         "apiVersion": "v1",
@@ -176,24 +213,31 @@ def client_pod(namespace: str, chart_image: str, node: RealNode) -> str:
     return json.dumps(pod)
 
 
-def completion(kube: ControlPlane, namespace: str, url: str) -> str:
-    """A greedy completion from the client pod.
+def timed_completion(
+    kube: ControlPlane, namespace: str, url: str, host: str = "", timeout: float = REQUEST_TIMEOUT
+) -> tuple[str, float]:
+    """A greedy completion from the client pod, and the seconds from request to answer measured there.
 
     A refused connection raises ConnectionRefusedError, which waits retry: a Service whose first replica just
     turned Ready is refused until kube-proxy has programmed its endpoint.
     """
+    script = ["python3", "-c", COMPLETE, url, PROMPT, host, str(timeout)]
     try:
-        result = kube.kubectl("exec", "-n", namespace, "client", "--", "python3", "-c", COMPLETE, url, PROMPT,
-                              timeout=60)  # fmt: skip
+        result = kube.kubectl("exec", "-n", namespace, "client", "--", *script, timeout=timeout + 30)
     except ControlPlaneError as error:
         if "Connection refused" in str(error):
             raise ConnectionRefusedError(f"{url} refused the connection") from error
         raise
-    return json.loads(result.stdout)["choices"][0]["text"]
+    reply = json.loads(result.stdout)
+    return reply["answer"]["choices"][0]["text"], reply["seconds"]
+
+
+def completion(kube: ControlPlane, namespace: str, url: str) -> str:
+    return timed_completion(kube, namespace, url)[0]
 
 
 def service_url(kube: ControlPlane, namespace: str, name: str) -> str:
-    """The completions URL of an endpoint's Service (its cluster IP: the local cluster has no DNS)."""
+    """The completions URL of an endpoint's Service (its cluster IP)."""
     service = get(kube, "service", namespace, name)
     assert service is not None, f"no Service {namespace}/{name}"
     return f"http://{service['spec']['clusterIP']}/v1/completions"

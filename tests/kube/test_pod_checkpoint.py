@@ -102,11 +102,13 @@ def complete(node: RealNode, pod_ip: str, prompt: str) -> dict[str, Any]:
 
     def answer() -> str | None:
         result = subprocess.run(
-            [*inside, sys.executable, "-c", COMPLETE, url, prompt], capture_output=True, text=True, timeout=60
-        )
+            [*inside, sys.executable, "-c", COMPLETE, url, prompt, "", "30"], capture_output=True, text=True,
+            timeout=60,
+        )  # fmt: skip
         return result.stdout if result.returncode == 0 else None
 
-    return json.loads(wait_for(answer, timeout=120, interval=1.0, message=f"a completion from {url}"))
+    reply = wait_for(answer, timeout=120, interval=1.0, message=f"a completion from {url}")
+    return json.loads(reply)["answer"]
 
 
 @pytest.mark.integration
