@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shlex
 import sys
 from collections.abc import Callable
@@ -13,7 +14,13 @@ from support import recording_criu_command, wait_for_line
 
 from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
 from warmstart.checkpoint.criu import Criu
-from warmstart.checkpoint.restore import FailureCounter, RestoreFailed, RestoreRefused, restore
+from warmstart.checkpoint.restore import (
+    LAZY_PAGES_ENV,
+    FailureCounter,
+    RestoreFailed,
+    RestoreRefused,
+    restore,
+)
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
@@ -295,3 +302,24 @@ def test_a_missing_criu_fails_the_capture_naming_it(
     missing = Criu(str(tmp_path / "no-criu-here"), timeout=30)
     _capture_fails_and_source_serves(tmp_path, store, key, missing, sandboxes, "no-criu-here")
     assert store.list() == []
+
+
+def test_a_lazy_pages_restore_answers_identically(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox],
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:  # fmt: skip
+    """WARMSTART_LAZY_PAGES=1: CRIU's lazy-pages daemon fills the restored process's memory on demand."""
+    criu, invoked = counting_criu
+    source, captured = _capture(tmp_path, store, key, criu, sandboxes, resume_payload={"port": 9000})
+    source_answer = wait_for_line(source.host_dir / "control" / "answer").split()
+    monkeypatch.setenv(LAZY_PAGES_ENV, "1")
+    with caplog.at_level(logging.WARNING, logger="warmstart.checkpoint.restore"):
+        restored, _ = _restore_into_new_sandbox(
+            tmp_path, "restored", store, key, captured.snapshot.id, criu, sandboxes
+        )
+    if fallback := [r.getMessage() for r in caplog.records if "without lazy pages" in r.getMessage()]:
+        pytest.skip(f"this machine's CRIU cannot restore lazily: {fallback[0]}")
+    assert "lazy-pages" in invoked(), invoked()
+    restored_answer = wait_for_line(restored.host_dir / "control" / "answer").split()
+    assert restored_answer[0] == source_answer[0] and restored_answer[2] == "9100"
+    assert restored.process.wait(timeout=30) == 0
