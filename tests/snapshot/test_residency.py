@@ -1,0 +1,120 @@
+"""Page-cache residency and pre-staging on real files: dropped from the page cache with DONTNEED, measured
+with mincore, staged back by reading."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from warmstart.fileio import UnsafeInput
+from warmstart.snapshot import SnapshotStore
+from warmstart.snapshot.residency import PAGE_SIZE, blob_bytes, blob_paths, resident_bytes, stage
+
+MIB = 1 << 20
+
+
+def _filesystem(path: Path) -> str:
+    found = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True)
+    return found.stdout.strip()
+
+
+@pytest.fixture
+def directory(tmp_path: Path) -> Path:
+    if _filesystem(tmp_path) in ("tmpfs", "ramfs"):
+        pytest.skip(f"{tmp_path} is on {_filesystem(tmp_path)}, whose pages cannot leave the page cache")
+    return tmp_path
+
+
+def drop(path: Path) -> None:
+    """Write back, then drop the file's pages from the page cache."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def make_file(directory: Path) -> Callable[..., Path]:
+    def make(name: str, size: int) -> Path:
+        path = directory / name
+        path.write_bytes(os.urandom(size))
+        drop(path)
+        return path
+
+    return make
+
+
+def test_residency_falls_when_dropped_and_staging_brings_it_back(make_file: Callable[..., Path]) -> None:
+    size = 8 * MIB + 123  # a partial last page counts only its own bytes
+    path = make_file("blob", size)
+    assert resident_bytes(path) < size // 4
+    assert stage([path], budget_bytes=1 << 40) >= size - resident_bytes(path) - PAGE_SIZE
+    assert resident_bytes(path) == size
+    assert stage([path], budget_bytes=1 << 40) == 0  # nothing left to read
+    drop(path)
+    assert resident_bytes(path) < size // 4
+
+
+def test_an_empty_file_has_no_resident_bytes(make_file: Callable[..., Path]) -> None:
+    path = make_file("empty", 0)
+    assert resident_bytes(path) == 0
+    assert stage([path], budget_bytes=MIB) == 0
+
+
+def test_staging_stops_at_the_budget_in_the_order_given(make_file: Callable[..., Path]) -> None:
+    first, second, third = (make_file(name, 4 * MIB) for name in ("first", "second", "third"))
+    read = stage([first, second, third], budget_bytes=6 * MIB, threads=3)
+    assert read <= 6 * MIB
+    assert resident_bytes(first) == 4 * MIB
+    assert 2 * MIB <= resident_bytes(second) < 4 * MIB
+    assert resident_bytes(third) < MIB
+    assert stage([first, second, third], budget_bytes=0) == 0
+
+
+def test_a_symbolic_link_or_a_path_outside_the_root_is_refused(
+    make_file: Callable[..., Path], directory: Path
+) -> None:
+    target = make_file("target", MIB)
+    link = directory / "link"
+    link.symlink_to(target)
+    with pytest.raises(UnsafeInput):
+        stage([link], budget_bytes=1 << 30)
+    with pytest.raises(UnsafeInput):
+        resident_bytes(link)
+    assert resident_bytes(target) < MIB // 4, "the link's target was read"
+    root = directory / "root"
+    (root / "sub").mkdir(parents=True)
+    (root / "sub" / "escape").symlink_to(target)
+    (root / "linked").symlink_to(root / "sub", target_is_directory=True)
+    for refused in (target, root / "sub" / "escape", root / "linked" / "escape"):
+        with pytest.raises(UnsafeInput):
+            stage([refused], budget_bytes=1 << 30, root=root)
+    fifo = directory / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(UnsafeInput, match="not a regular file"):
+        stage([fifo], budget_bytes=1 << 30)
+
+
+def test_a_missing_file_is_skipped(make_file: Callable[..., Path], directory: Path) -> None:
+    present = make_file("present", MIB)
+    assert stage([directory / "gone", present], budget_bytes=1 << 30) >= MIB - PAGE_SIZE
+    assert resident_bytes(present) == MIB
+
+
+def test_a_snapshots_blobs_stage_inside_the_store(
+    directory: Path, publish: Callable[..., object], store: SnapshotStore
+) -> None:
+    shared = os.urandom(3 * MIB)
+    snapshot = publish({"criu/pages-1.img": os.urandom(2 * MIB), "criu/a.img": shared, "weights/b": shared})
+    paths = blob_paths(store, [snapshot])  # type: ignore[list-item]
+    assert len(paths) == 2 and blob_bytes(snapshot) == 5 * MIB  # type: ignore[arg-type]
+    for path in paths:
+        drop(path)
+    stage(paths, budget_bytes=1 << 30, root=store.blobs_dir)
+    assert sum(resident_bytes(path, root=store.blobs_dir) for path in paths) == 5 * MIB

@@ -1,0 +1,220 @@
+"""Page-cache residency of store files: how much of a file the kernel holds in memory, and pre-staging.
+
+A restore reading its snapshot from the page cache runs at memory speed; one reading it from disk runs at
+the disk's. `stage` reads what is not resident yet, so the next restore on this node takes the hot path.
+
+- `resident_bytes`: the bytes of a file in the page cache (`mincore` over a read-only mapping of it, which
+  reads nothing);
+- `stage`: files in priority order, the first `budget_bytes` of them made resident: WILLNEED first, then a
+  sequential read of the pages still missing, one file per thread;
+- `blob_paths`: the distinct blobs of snapshots, in the order given, which is how the node agent stages them.
+
+Files are opened with O_NOFOLLOW (and, given a `root`, resolved beneath it with no symbolic link anywhere on
+the way) and must be regular files: a privileged reader is never led elsewhere by a planted link or a FIFO.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+import re
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmstart.fileio import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, UnsafeInput, openat2
+from warmstart.parallel import parallel_map
+from warmstart.snapshot.catalog import Snapshot
+from warmstart.snapshot.store import SnapshotStore
+
+PAGE_SIZE = mmap.PAGESIZE
+DEFAULT_STAGE_THREADS = 4
+DEFAULT_CHUNK_BYTES = 8 << 20
+OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+_RESIDENT_BIT = bytes(value & 1 for value in range(256))  # mincore's other bits are reserved
+_MISSING_RUN = re.compile(rb"\x00+")
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def _libc() -> ctypes.CDLL:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_long)  # fmt: skip
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    return libc
+
+
+def _raise_errno(what: str) -> None:
+    error = ctypes.get_errno()
+    raise OSError(error, f"{what}: {os.strerror(error)}")
+
+
+def page_map(fd: int, length: int) -> bytes:
+    """One byte per page of the file's first `length` bytes: 1 where the page is in the page cache."""
+    if length <= 0:
+        return b""
+    libc = _libc()
+    address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address in (None, _MAP_FAILED):
+        _raise_errno("mmap")
+    try:
+        vector = ctypes.create_string_buffer((length + PAGE_SIZE - 1) // PAGE_SIZE)
+        if libc.mincore(address, length, vector) != 0:
+            _raise_errno("mincore")
+        return vector.raw.translate(_RESIDENT_BIT)
+    finally:
+        libc.munmap(address, length)
+
+
+def _resident_in(pages: bytes, length: int) -> int:
+    resident = pages.count(1) * PAGE_SIZE
+    tail = length % PAGE_SIZE
+    if tail and pages and pages[-1]:
+        resident -= PAGE_SIZE - tail  # the last page is only partly the file's
+    return resident
+
+
+def open_regular(path: str | os.PathLike[str], root: Path | None = None) -> int:
+    """A read-only descriptor of the regular file `path` (never through a symbolic link); UnsafeInput if not.
+
+    With `root`, `path` must lie beneath it and is resolved from a descriptor of `root` with no symbolic
+    link, `..` escape or magic link on the way.
+    """
+    try:
+        fd = os.open(path, OPEN_FLAGS) if root is None else _open_beneath(Path(path), root)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EXDEV, errno.ENOTDIR):
+            raise UnsafeInput(f"{os.fspath(path)} is refused: a symbolic link or outside its root") from exc
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeInput(f"{os.fspath(path)} is not a regular file")
+    return fd
+
+
+def _open_beneath(path: Path, root: Path) -> int:
+    try:
+        relative = path.relative_to(root) if path.is_absolute() else path
+    except ValueError as exc:
+        raise UnsafeInput(f"{path} is not inside {root}") from exc
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        resolve = RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
+        return openat2(root_fd, os.fspath(relative), OPEN_FLAGS, resolve)
+    finally:
+        os.close(root_fd)
+
+
+def resident_bytes(path: str | os.PathLike[str], *, root: Path | None = None) -> int:
+    """Bytes of the file at `path` now in the page cache (0 for an empty file)."""
+    fd = open_regular(path, root)
+    try:
+        size = os.fstat(fd).st_size
+        return _resident_in(page_map(fd, size), size)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class _Allotment:
+    path: str
+    fd: int
+    length: int  # how much of the file's start the budget covers
+
+
+def _allot(paths: Iterable[str | os.PathLike[str]], budget_bytes: int, root: Path | None) -> list[_Allotment]:
+    """Open the files in order until the budget is spent; each gets what is left of it, up to its size."""
+    allotted: list[_Allotment] = []
+    left = budget_bytes
+    try:
+        for path in paths:
+            if left <= 0:
+                break
+            try:
+                fd = open_regular(path, root)
+            except FileNotFoundError:  # removed by GC since it was listed: nothing to stage
+                continue
+            length = min(os.fstat(fd).st_size, left)
+            allotted.append(_Allotment(os.fspath(path), fd, length))
+            left -= length
+    except BaseException:
+        _close(allotted)
+        raise
+    return allotted
+
+
+def _close(allotted: list[_Allotment]) -> None:
+    for allotment in allotted:
+        os.close(allotment.fd)
+
+
+def _missing_ranges(pages: bytes, length: int) -> list[tuple[int, int]]:
+    """(offset, end) byte ranges of the runs of pages not in the page cache."""
+    return [
+        (run.start() * PAGE_SIZE, min(run.end() * PAGE_SIZE, length)) for run in _MISSING_RUN.finditer(pages)
+    ]
+
+
+def _read_range(fd: int, start: int, end: int, buffer: memoryview, should_stop: Callable[[], bool]) -> int:
+    offset = start
+    while offset < end and not should_stop():
+        got = os.preadv(fd, [buffer[: min(len(buffer), end - offset)]], offset)
+        if got == 0:  # the file is shorter than it was (blobs never shrink; be safe anyway)
+            break
+        offset += got
+    return offset - start
+
+
+def _stage_file(allotment: _Allotment, chunk_bytes: int, should_stop: Callable[[], bool]) -> int:
+    missing = _missing_ranges(page_map(allotment.fd, allotment.length), allotment.length)
+    if not missing:
+        return 0
+    for start, end in missing:
+        os.posix_fadvise(allotment.fd, start, end - start, os.POSIX_FADV_WILLNEED)
+    buffer = memoryview(bytearray(chunk_bytes))
+    return sum(_read_range(allotment.fd, start, end, buffer, should_stop) for start, end in missing)
+
+
+def stage(
+    paths: Iterable[str | os.PathLike[str]],
+    budget_bytes: int,
+    *,
+    root: Path | None = None,
+    threads: int = DEFAULT_STAGE_THREADS,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> int:
+    """Bring the first `budget_bytes` of `paths` (in their order, by file size) into the page cache.
+
+    Only pages not resident yet are read, sequentially within a file, `threads` files at a time. A missing
+    file is skipped; a symbolic link, a path outside `root` or a file that is not regular raises UnsafeInput
+    before anything is read. Returns the bytes read.
+    """
+    allotted = _allot(paths, budget_bytes, root)
+    try:
+        read = parallel_map(
+            lambda allotment: _stage_file(allotment, chunk_bytes, should_stop), allotted, workers=threads
+        )
+    finally:
+        _close(allotted)
+    return sum(read)
+
+
+def blob_paths(store: SnapshotStore, snapshots: Iterable[Snapshot]) -> list[Path]:
+    """The blobs of `snapshots`, each once, in the order of the snapshots and of their files."""
+    seen: dict[str, Path] = {}
+    for snapshot in snapshots:
+        for _name, entry in sorted(snapshot.files.items()):
+            seen.setdefault(entry.digest, store.blob_path(entry.digest))
+    return list(seen.values())
+
+
+def blob_bytes(snapshot: Snapshot) -> int:
+    """Bytes of the snapshot's distinct blobs (a file stored twice in it counts once)."""
+    return sum({entry.digest: entry.size for entry in snapshot.files.values()}.values())
