@@ -70,6 +70,9 @@ def test_endpoint_crd_contract():
         "responseTimeoutSeconds",
     } == set(http)
     assert http["targetConcurrency"]["minimum"] == 1
+    prestage = spec["properties"]["snapshot"]["properties"]["prestage"]
+    assert prestage["enum"] == ["None", "PageCache"] and prestage["default"] == "None"
+    assert prestage["description"]
 
 
 def test_snapshot_crd_contract():
@@ -101,6 +104,7 @@ def test_crd_defaults_agree_with_the_operator_defaults():
     }
     defaulted = apply_defaults(spec_schema, copy.deepcopy(minimal))
     assert defaulted["autoscaling"]["mode"] == "none" and defaulted["replicas"] == 1
+    assert defaulted["snapshot"]["prestage"] == "None"
     assert parse_spec(defaulted) == parse_spec(minimal)
     http_mode = {**minimal, "autoscaling": {"mode": "http", "minReplicas": 0, "http": {}}}
     defaulted = apply_defaults(spec_schema, copy.deepcopy(http_mode))

@@ -502,6 +502,7 @@ def test_deleting_the_endpoint_collects_everything(kube, namespace, operator):
             "spec.autoscaling.http.responseTimeoutSeconds",
         ),
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage"),
+        ({"snapshot": {"storage": {"claimName": "s"}, "prestage": "Always"}}, "spec.snapshot.prestage"),
         ({"model": None}, "spec.model"),
         ({"resources": {"gpus": 1, "gpuProduct": "NVIDIA H200"}}, "spec.resources.gpuProduct"),
         ({"template": {"volumes": [{"name": "shm", "emptyDir": {}}]}}, "spec.template.volumes"),

@@ -19,6 +19,7 @@ def test_defaults_match_the_crd_defaults():
     assert spec.engine.dtype == "auto" and spec.engine.port == 8000
     assert spec.autoscaling.mode == "none"
     assert spec.snapshot.enabled and spec.snapshot.retention == 2
+    assert spec.snapshot.prestage == "None"
     assert spec.model.name_on_api == "m"
 
 
@@ -96,6 +97,8 @@ VOLUME_A = {"name": "a"}
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage.claimName"),
         ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-H200"}}, "spec.resources.gpuProduct"),
         ({"snapshot": {"enabled": "yes", "storage": {"claimName": "s"}}}, "spec.snapshot.enabled"),
+        ({"snapshot": {"storage": {"claimName": "s"}, "prestage": "pagecache"}}, "spec.snapshot.prestage"),
+        ({"snapshot": {"storage": {"claimName": "s"}, "prestage": None}}, "spec.snapshot.prestage"),
         ({"monitoring": {"serviceMonitor": "false"}}, "spec.monitoring.serviceMonitor"),
         ({"template": {"volumes": [{"name": "control", "emptyDir": {}}]}}, "spec.template.volumes[0].name"),
         ({"template": {"volumes": [{"name": "a"}, {"name": "a"}]}}, "spec.template.volumes[1].name"),
@@ -146,6 +149,11 @@ def test_missing_snapshot_policy_is_named():
     del spec["snapshot"]
     with pytest.raises(InvalidSpec, match=r"^spec\.snapshot: is required"):
         parse_spec(spec)
+
+
+def test_prestage_policy_is_parsed():
+    policy = parse_spec(endpoint_spec(snapshot={"storage": {"claimName": "s"}, "prestage": "PageCache"}))
+    assert policy.snapshot.prestage == "PageCache"
 
 
 def test_snapshots_disabled_needs_no_storage():

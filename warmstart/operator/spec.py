@@ -33,6 +33,7 @@ OPERATOR_FLAGS = {
     "--control-dir": "",
 }
 METRIC_SOURCES = ("Pods", "External")
+PRESTAGE_POLICIES = ("None", "PageCache")  # PageCache: node agents keep the snapshot in their page cache
 DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 
 
@@ -115,6 +116,7 @@ class SnapshotPolicy:
     retention: int = 2
     max_capture_attempts: int = 5
     capture_timeout_seconds: int = 3600
+    prestage: str = "None"
 
 
 @dataclass(frozen=True)
@@ -341,6 +343,7 @@ def parse_snapshot(spec: dict[str, Any]) -> SnapshotPolicy:
         retention=_int(data, "retention", 2, "snapshot.", 1, 20),
         max_capture_attempts=_int(data, "maxCaptureAttempts", 5, "snapshot.", 1, 20),
         capture_timeout_seconds=_int(data, "captureTimeoutSeconds", 3600, "snapshot.", 30, 86400),
+        prestage=_choice(data, "prestage", "None", "snapshot.", PRESTAGE_POLICIES),
     )
     if policy.enabled and not policy.claim_name:
         raise InvalidSpec("snapshot.storage.claimName", "is required when snapshot.enabled is true")
