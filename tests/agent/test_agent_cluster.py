@@ -27,12 +27,14 @@ from warmstart.agent.pods import control_dir_on_host
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase, SnapshotStatus, derive_phase
 from warmstart.checkpoint.sandbox import Sandbox
+from warmstart.identity import SnapshotIdentity
 from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.spec import parse_spec
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.layout import MANIFEST_FILE
-from warmstart.snapshot.store import SnapshotStore
+from warmstart.snapshot.residency import blob_paths, resident_bytes
+from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 pytestmark = pytest.mark.integration
 
@@ -65,10 +67,10 @@ class Cluster:
         self.core = client.CoreV1Api(self.api)
         self.custom = client.CustomObjectsApi(self.api)
 
-    def endpoint(self, namespace: str) -> dict[str, Any]:
+    def endpoint(self, namespace: str, spec: dict[str, Any] = ENDPOINT_SPEC) -> dict[str, Any]:
         body = {
             "apiVersion": L.API_VERSION, "kind": L.ENDPOINT_KIND,
-            "metadata": {"name": ENDPOINT, "namespace": namespace}, "spec": ENDPOINT_SPEC,
+            "metadata": {"name": ENDPOINT, "namespace": namespace}, "spec": spec,
         }  # fmt: skip
         return self.custom.create_namespaced_custom_object(
             L.GROUP, L.VERSION, namespace, L.ENDPOINT_PLURAL, body
@@ -83,6 +85,13 @@ class Cluster:
         }  # fmt: skip
         return self.custom.create_namespaced_custom_object(
             L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, body
+        )
+
+    def report_captured(self, namespace: str, name: str, snapshot_id: str) -> None:
+        """What the agent writes once it captured `snapshot_id` for this InferenceSnapshot."""
+        status = {"captureAttempt": 1, "captureState": "Captured", "snapshotId": snapshot_id}
+        self.custom.patch_namespaced_custom_object_status(
+            L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, name, {"status": status}
         )
 
     def phase(self, namespace: str, name: str) -> Phase:
@@ -495,3 +504,70 @@ def test_a_restore_the_previous_agent_left_unanswered_ends_in_a_cold_start(
     assert "stopped during" in failed.payload["reason"]
     assert "RestoreInterrupted" in [reason for reason, _ in cluster.events(namespace, "tiny-restore-1")]
     kube.wait_for(lambda: _serving(port), timeout=180, message="the worker serving cold")
+
+
+def _publish(agent: Agent, namespace: str, files: dict[str, bytes]) -> Snapshot:
+    """A signed snapshot in the agent's store, as a capture in `namespace` publishes it."""
+    identity = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="1")
+    meta = {"namespace": namespace, "inferenceSnapshot": "tiny-snap", "node": NODE}
+    with agent.node.store.stage(identity, meta=meta) as staging:
+        for relative, content in files.items():
+            (staging.dir / relative).parent.mkdir(parents=True, exist_ok=True)
+            (staging.dir / relative).write_bytes(content)
+        return staging.publish(agent.node.signer)
+
+
+def _drop_from_page_cache(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.parametrize("policy", ["PageCache", "None"])
+def test_prestage_keeps_the_snapshots_of_endpoints_that_ask_in_the_page_cache(
+    namespace: str, cluster: Cluster, make_agent: Callable[[str], Agent], tmp_path: Path, policy: str
+) -> None:
+    """A Ready InferenceSnapshot whose snapshot is in the store, its blobs dropped from the page cache: one
+    pass reads them back when the endpoint asks for PageCache (the gauge says how much is resident), and
+    reads nothing when it asks for None."""
+    agent = make_agent(str(tmp_path / "no-criu"))
+    mib = 1 << 20
+    spec = {**ENDPOINT_SPEC, "snapshot": {**ENDPOINT_SPEC["snapshot"], "prestage": policy}}
+    cluster.endpoint(namespace, spec)
+    stored = _publish(
+        agent, namespace, {"criu/pages-1.img": os.urandom(6 * mib + 5), "weights/model": os.urandom(3 * mib)}
+    )
+    cluster.snapshot(namespace, "tiny-snap")
+    cluster.report_captured(namespace, "tiny-snap", stored.id)
+    assert cluster.phase(namespace, "tiny-snap") == Phase.READY
+    store = agent.node.store
+    blobs = blob_paths(store, [stored])
+    for blob in blobs:
+        _drop_from_page_cache(blob)
+    resident = lambda: sum(resident_bytes(blob) for blob in blobs)  # noqa: E731
+    before = resident()
+    assert before < stored.size // 4, "the blobs did not leave the page cache"
+
+    read = agent.prestage.stage_once()
+
+    series = {"namespace": namespace, "snapshot": "tiny-snap"}
+    gauge = agent.metrics.registry.get_sample_value("warmstart_agent_prestaged_bytes", series)
+    read_total = agent.metrics.value("warmstart_agent_prestage_read_bytes_total")
+    assert agent.metrics.value("warmstart_agent_prestage_seconds_count") == 1
+    if policy == "None":
+        assert read == 0 and read_total == 0 and gauge is None
+        assert resident() < stored.size // 4, "a snapshot nobody asked for was staged"
+        return
+    assert resident() == stored.size and gauge == stored.size
+    assert stored.size - before <= read == read_total <= stored.size
+    assert agent.prestage.stage_once() == 0, "resident blobs were read again"
+    # The endpoint stops asking: the snapshot's series goes.
+    cluster.custom.patch_namespaced_custom_object(
+        L.GROUP, L.VERSION, namespace, L.ENDPOINT_PLURAL, ENDPOINT,
+        {"spec": {"snapshot": {"prestage": "None"}}},
+    )  # fmt: skip
+    agent.prestage.stage_once()
+    assert agent.metrics.registry.get_sample_value("warmstart_agent_prestaged_bytes", series) is None

@@ -275,6 +275,10 @@ def test_config_names_what_to_fix(tmp_path: Path) -> None:
         AgentConfig(node="", store=tmp_path, criu_command="criu")
     with pytest.raises(ValueError, match="--max-captures"):
         AgentConfig(node="n", store=tmp_path, criu_command="criu", max_captures=0)
+    with pytest.raises(ValueError, match="--prestage-max-bytes"):
+        AgentConfig(node="n", store=tmp_path, criu_command="criu", prestage_max_bytes=-1)
+    with pytest.raises(ValueError, match="--prestage-interval"):
+        AgentConfig(node="n", store=tmp_path, criu_command="criu", prestage_interval=0)
 
 
 # --- gRPC and metrics --------------------------------------------------------------------------------

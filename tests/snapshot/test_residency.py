@@ -12,7 +12,14 @@ import pytest
 
 from warmstart.fileio import UnsafeInput
 from warmstart.snapshot import SnapshotStore
-from warmstart.snapshot.residency import PAGE_SIZE, blob_bytes, blob_paths, resident_bytes, stage
+from warmstart.snapshot.residency import (
+    PAGE_SIZE,
+    blob_bytes,
+    blob_paths,
+    cgroup_memory_limit,
+    resident_bytes,
+    stage,
+)
 
 MIB = 1 << 20
 
@@ -118,3 +125,23 @@ def test_a_snapshots_blobs_stage_inside_the_store(
         drop(path)
     stage(paths, budget_bytes=1 << 30, root=store.blobs_dir)
     assert sum(resident_bytes(path, root=store.blobs_dir) for path in paths) == 5 * MIB
+
+
+@pytest.mark.parametrize(
+    ("proc", "files", "limit"),
+    [
+        ("0::/kubepods/agent\n", {"kubepods/agent/memory.max": "8589934592\n"}, 8 << 30),
+        ("0::/kubepods/agent\n", {"kubepods/agent/memory.max": "max\n"}, None),
+        ("4:memory:/pods/a\n0::/\n", {"memory/pods/a/memory.limit_in_bytes": "1073741824"}, 1 << 30),
+        ("4:memory:/pods/a\n", {"memory/pods/a/memory.limit_in_bytes": "9223372036854771712"}, None),
+        ("0::/gone\n", {}, None),
+    ],
+)
+def test_the_memory_limit_that_page_cache_is_charged_against(
+    tmp_path: Path, proc: str, files: dict[str, str], limit: int | None
+) -> None:
+    (tmp_path / "cgroup").write_text(proc)
+    for relative, content in files.items():
+        (tmp_path / "fs" / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "fs" / relative).write_text(content)
+    assert cgroup_memory_limit(tmp_path / "cgroup", tmp_path / "fs") == limit

@@ -9,8 +9,10 @@ It watches the worker pods scheduled on its node and acts only on pods owned by 
   manifest's recorded namespace both checked) is restored into the pod's namespaces, `restore-complete`
   carries the port; any failure sends `restore-failed` (the worker cold-starts), records an Event and the
   failure count, and the InferenceSnapshot turns Invalid after repeated failures.
-- store cleanup: store snapshots no InferenceSnapshot needs any more.
-One module per phase: `capture.py`, `restore.py`, `cleanup.py`; `ownership.py` decides which pods are ours.
+- store cleanup: store snapshots no InferenceSnapshot needs any more;
+- pre-staging: the Ready snapshots of endpoints that ask for it kept in this node's page cache.
+One module per phase: `capture.py`, `restore.py`, `cleanup.py`, `prestage.py`; `ownership.py` decides which
+pods are ours.
 
 Its state lives in the API server (snapshot phases) and on disk (control-directory signals, the store), so a
 restarted agent neither captures a Ready snapshot again nor restores a pod that already has an answer.
@@ -31,6 +33,7 @@ from warmstart.agent.cleanup import StoreCleanup
 from warmstart.agent.context import AgentConfig, NodeContext
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
+from warmstart.agent.prestage import PrestagePhase
 from warmstart.agent.restore import RestorePhase
 from warmstart.api import labels as L
 from warmstart.snapshot.signing import Signer, Verifier
@@ -64,6 +67,7 @@ class Agent:
         self.capture = CapturePhase(self.node)
         self.restore = RestorePhase(self.node)
         self.cleanup = StoreCleanup(self.node)
+        self.prestage = PrestagePhase(self.node)
         self._lock = threading.Lock()
         self._in_flight: dict[str, Operation] = {}  # pod uid -> what runs for it
         self._settled: set[str] = set()  # pod uids that need nothing more
@@ -91,6 +95,7 @@ class Agent:
         for target, name in (
             (self.cleanup.loop, "store-cleanup"),
             (self.cleanup.watch_deleted, "snapshot-watch"),
+            (self.prestage.loop, "prestage"),
         ):
             threading.Thread(target=target, name=name, daemon=True).start()
         while not self.stopping.is_set():

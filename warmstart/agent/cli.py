@@ -18,6 +18,7 @@ log = logging.getLogger(__name__)
 DEFAULT_METRICS_PORT = 9400
 DEFAULT_GRPC_SOCKET = "/run/warmstart/agent.sock"
 STOP_GRACE_SECONDS = 20.0
+DEFAULT_PRESTAGE_MAX_BYTES = 64 << 30
 
 
 def api_client(kubeconfig: str | None) -> Any:
@@ -50,6 +51,7 @@ def _run(args: argparse.Namespace) -> int:
             node=args.node, store=Path(args.store).resolve(), criu_command=args.criu,
             kubelet_root=Path(args.kubelet_root), key=args.key, max_captures=args.max_captures,
             max_restores=args.max_restores, resync_seconds=args.resync, pod_lookup=args.pod_lookup,
+            prestage_interval=args.prestage_interval, prestage_max_bytes=args.prestage_max_bytes,
         )  # fmt: skip
     except ValueError as exc:
         print(f"warmstart agent: {exc}", file=sys.stderr)
@@ -125,6 +127,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--max-captures", type=int, default=1, help="concurrent captures on this node")
     parser.add_argument("--max-restores", type=int, default=2, help="concurrent restores on this node")
     parser.add_argument("--resync", type=float, default=30.0, help="seconds between full relists of pods")
+    parser.add_argument(
+        "--prestage-interval", type=float, default=30.0,
+        help="seconds between passes that keep the snapshots of endpoints with snapshot.prestage PageCache "
+        "in this node's page cache",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prestage-max-bytes", type=int, default=DEFAULT_PRESTAGE_MAX_BYTES,
+        help="bytes of snapshots kept in the page cache, newest first (0: no pre-staging; the agent's memory "
+        "limit caps it, since the page cache it fills is charged to its cgroup)",
+    )  # fmt: skip
     parser.add_argument(
         "--pod-lookup", choices=POD_LOOKUPS, default="cgroup",
         help="find a pod's processes by the worker container's cgroups (real nodes) or, for local sandboxes "

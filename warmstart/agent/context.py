@@ -23,6 +23,8 @@ from warmstart.protocol import ControlDir
 from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.store import SnapshotStore
 
+DEFAULT_PRESTAGE_MAX_BYTES = 64 << 30
+
 
 @dataclass
 class AgentConfig:
@@ -40,6 +42,8 @@ class AgentConfig:
     criu_timeout: float = 600.0
     cleanup_interval: float = 300.0
     cleanup_grace: float = 3600.0  # unreferenced store snapshots younger than this stay
+    prestage_interval: float = 30.0
+    prestage_max_bytes: int = DEFAULT_PRESTAGE_MAX_BYTES  # of snapshots kept in the page cache; 0: none
     # "cgroup": a pod's processes by the cgroups of the worker container the kubelet reports (real nodes);
     # "environment": by the WARMSTART_POD_UID variable (local sandboxes standing in for pods, no kubelet).
     pod_lookup: str = "cgroup"
@@ -49,6 +53,8 @@ class AgentConfig:
             raise ValueError("the node name is empty: pass --node or set WARMSTART_NODE_NAME")
         if self.max_captures < 1 or self.max_restores < 1:
             raise ValueError("--max-captures and --max-restores must be at least 1")
+        if self.prestage_interval <= 0 or self.prestage_max_bytes < 0:
+            raise ValueError("--prestage-interval must be positive and --prestage-max-bytes at least 0")
         if self.pod_lookup not in POD_LOOKUPS:
             raise ValueError(f"--pod-lookup must be one of {', '.join(POD_LOOKUPS)}, not {self.pod_lookup!r}")
 

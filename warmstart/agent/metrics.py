@@ -1,4 +1,5 @@
-"""Prometheus metrics of the node agent: captures and restores by result, their durations and bytes."""
+"""Prometheus metrics of the node agent: captures and restores by result, their durations and bytes, and what
+it keeps pre-staged in its node's page cache."""
 
 from __future__ import annotations
 
@@ -35,6 +36,17 @@ class AgentMetrics:
         self.store_deleted = Counter(
             "warmstart_agent_store_snapshots_deleted_total", "Store snapshots removed by cleanup", registry=r
         )
+        self.prestaged_bytes = Gauge(
+            "warmstart_agent_prestaged_bytes", "Bytes of a pre-staged snapshot in this node's page cache",
+            ["namespace", "snapshot"], registry=r,
+        )  # fmt: skip
+        self.prestage_read_bytes = Counter(
+            "warmstart_agent_prestage_read_bytes_total", "Bytes read to pre-stage snapshots", registry=r
+        )
+        self.prestage_seconds = Histogram(
+            "warmstart_agent_prestage_seconds", "Duration of a pre-staging pass", buckets=DURATION_BUCKETS,
+            registry=r,
+        )  # fmt: skip
 
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
         start_http_server(port, addr=address, registry=self.registry)

@@ -7,7 +7,8 @@ the disk's. `stage` reads what is not resident yet, so the next restore on this 
   reads nothing);
 - `stage`: files in priority order, the first `budget_bytes` of them made resident: WILLNEED first, then a
   sequential read of the pages still missing, one file per thread;
-- `blob_paths`: the distinct blobs of snapshots, in the order given, which is how the node agent stages them.
+- `blob_paths`: the distinct blobs of snapshots, in the order given, which is how the node agent stages them;
+- `cgroup_memory_limit`: the memory limit of the caller's cgroup, which its page cache is charged against.
 
 Files are opened with O_NOFOLLOW (and, given a `root`, resolved beneath it with no symbolic link anywhere on
 the way) and must be regular files: a privileged reader is never led elsewhere by a planted link or a FIFO.
@@ -33,6 +34,7 @@ from warmstart.snapshot.store import SnapshotStore
 PAGE_SIZE = mmap.PAGESIZE
 DEFAULT_STAGE_THREADS = 4
 DEFAULT_CHUNK_BYTES = 8 << 20
+UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a number near 2**63
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 _RESIDENT_BIT = bytes(value & 1 for value in range(256))  # mincore's other bits are reserved
@@ -204,6 +206,30 @@ def stage(
     finally:
         _close(allotted)
     return sum(read)
+
+
+def cgroup_memory_limit(
+    proc: Path = Path("/proc/self/cgroup"), root: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """The memory limit of this process's cgroup (v2's `memory.max`, else v1's), None where there is none.
+
+    Pages a process reads into the page cache are charged to its cgroup: staging past this limit only
+    evicts what was staged before.
+    """
+    try:
+        entries = [line.split(":", 2) for line in proc.read_text().splitlines() if line.count(":") >= 2]
+    except OSError:
+        return None
+    v1 = [root / "memory" / path.lstrip("/") / "memory.limit_in_bytes"
+          for _, controllers, path in entries if "memory" in controllers.split(",")]  # fmt: skip
+    v2 = [root / path.lstrip("/") / "memory.max" for _, controllers, path in entries if not controllers]
+    for candidate in v1 + v2:
+        try:
+            limit = candidate.read_text().strip()
+        except OSError:
+            continue
+        return int(limit) if limit.isdigit() and int(limit) < UNLIMITED else None
+    return None
 
 
 def blob_paths(store: SnapshotStore, snapshots: Iterable[Snapshot]) -> list[Path]:

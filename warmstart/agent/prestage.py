@@ -1,0 +1,134 @@
+"""Pre-staging: the Ready snapshots of endpoints with `spec.snapshot.prestage: PageCache` are kept in this
+node's page cache, so the next replica restored here reads its snapshot from memory instead of from disk.
+
+Every `prestage_interval` seconds: the Ready InferenceSnapshots whose endpoint asks for it and whose snapshot
+is in the store (recorded for the InferenceSnapshot's own namespace), newest first, have the blobs that are
+not resident read, within `prestage_max_bytes` (and the page cache the agent's cgroup may hold). Only blobs
+of the store are read, never through a symbolic link.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from warmstart.agent import objects
+from warmstart.agent.context import NodeContext
+from warmstart.api.snapshot import Phase, SnapshotStatus, derive_phase
+from warmstart.snapshot import residency
+from warmstart.snapshot.manifest import SnapshotError
+from warmstart.snapshot.store import Snapshot
+
+log = logging.getLogger(__name__)
+
+PAGE_CACHE = "PageCache"  # the InferenceEndpoint's spec.snapshot.prestage that asks for it
+CGROUP_SHARE = 0.75  # of the agent's memory limit, the rest left to the agent itself
+
+
+@dataclass(frozen=True)
+class WantedSnapshot:
+    namespace: str
+    name: str  # the InferenceSnapshot's
+    snapshot: Snapshot  # what the store holds for it
+
+    @property
+    def series(self) -> tuple[str, str]:
+        return self.namespace, self.name
+
+
+def prestage_requested(endpoint: dict[str, Any] | None) -> bool:
+    snapshot_policy = ((endpoint or {}).get("spec") or {}).get("snapshot") or {}
+    return snapshot_policy.get("prestage") == PAGE_CACHE
+
+
+def is_ready(snap: dict[str, Any]) -> bool:
+    return derive_phase(SnapshotStatus.of(snap))[0] == Phase.READY
+
+
+class PrestagePhase:
+    def __init__(self, node: NodeContext) -> None:
+        self.node = node
+        self._reported: set[tuple[str, str]] = set()  # the gauge's series, removed once not wanted
+
+    def loop(self) -> None:
+        if self.node.config.prestage_max_bytes <= 0:
+            log.info("pre-staging is off (--prestage-max-bytes 0)")
+            return
+        while not self.node.stopping.wait(self.node.config.prestage_interval):
+            try:
+                self.stage_once()
+            except Exception as exc:
+                log.warning("pre-staging failed: %s", exc)
+
+    def stage_once(self) -> int:
+        """One pass: stage the wanted snapshots within the budget, report their residency; the bytes read."""
+        started = time.monotonic()
+        wanted = self.wanted()
+        store = self.node.store
+        read = residency.stage(
+            residency.blob_paths(store, [w.snapshot for w in wanted]), self.budget(),
+            root=store.blobs_dir, should_stop=self.node.stopping.is_set,
+        )  # fmt: skip
+        self.node.metrics.prestage_read_bytes.inc(read)
+        self._report(wanted)
+        self.node.metrics.prestage_seconds.observe(time.monotonic() - started)
+        if read:
+            log.info("pre-staged %d bytes of %d snapshots", read, len(wanted))
+        return read
+
+    def budget(self) -> int:
+        """--prestage-max-bytes, within what the agent's cgroup can keep in the page cache."""
+        budget = self.node.config.prestage_max_bytes
+        limit = residency.cgroup_memory_limit()
+        if limit is not None and budget > limit * CGROUP_SHARE:
+            return int(limit * CGROUP_SHARE)
+        return budget
+
+    def wanted(self) -> list[WantedSnapshot]:
+        """The Ready snapshots whose endpoint asks for pre-staging and that this node's store holds, newest
+        first."""
+        asks: dict[tuple[str, str], bool] = {}  # (namespace, endpoint) -> prestage requested, one read each
+        found = []
+        for snap in self.node.kube.list_snapshots():
+            meta = objects.meta(snap)
+            owner = meta.get("namespace", ""), str((snap.get("spec") or {}).get("endpoint") or "")
+            if not owner[1] or not is_ready(snap):
+                continue
+            if owner not in asks:
+                asks[owner] = prestage_requested(self.node.kube.get_endpoint(*owner))
+            stored = self._stored(snap) if asks[owner] else None
+            if stored is not None:
+                found.append(WantedSnapshot(owner[0], meta["name"], stored))
+        return sorted(found, key=lambda wanted: wanted.snapshot.created, reverse=True)
+
+    def _stored(self, snap: dict[str, Any]) -> Snapshot | None:
+        """The store's snapshot of an InferenceSnapshot, when it holds one captured in the same namespace."""
+        snapshot_id = objects.store_snapshot_id(snap)
+        try:
+            stored = self.node.store.get(snapshot_id)
+        except (SnapshotError, ValueError) as exc:
+            log.debug("InferenceSnapshot %s: nothing to pre-stage (%s)", objects.key(snap), exc)
+            return None
+        if stored.meta.get("namespace") != objects.meta(snap).get("namespace"):
+            return None
+        return stored
+
+    def _report(self, wanted: list[WantedSnapshot]) -> None:
+        gauge = self.node.metrics.prestaged_bytes
+        for item in wanted:
+            gauge.labels(*item.series).set(self._resident(item.snapshot))
+        current = {item.series for item in wanted}
+        for gone in self._reported - current:
+            gauge.remove(*gone)
+        self._reported = current
+
+    def _resident(self, snapshot: Snapshot) -> int:
+        store, total = self.node.store, 0
+        for path in residency.blob_paths(store, [snapshot]):
+            try:
+                total += residency.resident_bytes(path, root=store.blobs_dir)
+            except FileNotFoundError:
+                continue  # removed by GC since the pass began
+        return total
