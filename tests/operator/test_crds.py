@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import base64
 import copy
 import json
@@ -12,6 +13,7 @@ from typing import Any
 import yaml
 from support import helm_binary, helm_template
 
+from warmstart.agent.cli import register
 from warmstart.operator.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -122,6 +124,8 @@ def test_values_schema_rejects_bad_values():
     assert bad.returncode != 0 and "peering" in bad.stderr
     typo = helm_template(CHART, "--set", "operator.replica=1", check=False)
     assert typo.returncode != 0 and "replica" in typo.stderr
+    negative = helm_template(CHART, "--set", "agent.prestage.maxBytes=-1", check=False)
+    assert negative.returncode != 0 and "maxBytes" in negative.stderr
 
 
 def test_agent_is_optional_and_privileged_when_on():
@@ -134,7 +138,8 @@ def test_agent_is_optional_and_privileged_when_on():
     pod = daemonset["spec"]["template"]["spec"]
     assert pod["hostPID"] is True
     assert pod["containers"][0]["securityContext"]["privileged"] is True
-    assert pod["containers"][0]["args"][-1] == "agent"
+    args = pod["containers"][0]["args"]
+    assert args[args.index("agent") + 1 :] == ["--prestage-interval=30", "--prestage-max-bytes=68719476736"]
     # The signing key is a Secret the chart makes (or the user's), never a file in the store workers mount.
     secret = with_agent["Secret/t-warmstart-signing-key"]
     assert len(base64.b64decode(secret["data"]["key"])) == 64
@@ -146,6 +151,13 @@ def test_agent_is_optional_and_privileged_when_on():
     assert "Secret/t-warmstart-signing-key" not in own_key
     own_pod = own_key["DaemonSet/t-warmstart-agent"]["spec"]["template"]["spec"]
     assert {v["name"]: v for v in own_pod["volumes"]}["signing-key"]["secret"]["secretName"] == "mine"
+    tuned = kinds("--set", "agent.prestage.maxBytes=0", "--set-json", "agent.prestage.intervalSeconds=2.5")
+    tuned_args = tuned["DaemonSet/t-warmstart-agent"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert tuned_args[-2:] == ["--prestage-interval=2.5", "--prestage-max-bytes=0"]
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    parsed = parser.parse_args(args[args.index("agent") :])
+    assert (parsed.prestage_interval, parsed.prestage_max_bytes) == (30.0, 64 << 30)
     without = kinds("--set", "agent.enabled=false")
     assert not any(key.startswith(("DaemonSet/", "ClusterRole/t-warmstart-agent")) for key in without)
     operator = without["Deployment/t-warmstart-operator"]["spec"]["template"]["spec"]["containers"][0]
