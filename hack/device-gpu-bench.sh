@@ -8,7 +8,8 @@
 #   hack/device-gpu-bench.sh product the product path, `warmstart bench restore` (verification included), at
 #                                    Qwen3-8B shapes. PRODUCT_STEPS (comma-separated, default model,main):
 #                                    model (write the weight files), main (cold / hot / dropped with the
-#                                    floor; REPEAT, COLD_DROPPED=1), lazy (restores with CRIU lazy pages),
+#                                    floor; REPEAT, COLD_DROPPED=1, PRESTAGE=1 for restores after the agent's
+#                                    pre-staging), lazy (restores with CRIU lazy pages),
 #                                    probe (what a bare CUDA context costs in a checkpoint), kvfit (the KV
 #                                    cache sized to the GPU at 256 x 4096), levers (each of LEVERS off in
 #                                    turn, restores only), tests (the engine's GPU tests), criu-sid (CRIU
@@ -81,7 +82,7 @@ e(d("qwen3-8b", 0, {}), "qwen3-8b", 0, {}, device="cuda")' || exit 5
     fi
     if [[ "$steps" == *,main,* ]]; then
         bench_restore main "$WARMSTART_CRIU" --repeat "${REPEAT:-1}" --lazy-pages "${LAZY_PAGES:-off}" \
-            --logs "$OUT/logs" ${COLD_DROPPED:+--cold-dropped}
+            --logs "$OUT/logs" ${COLD_DROPPED:+--cold-dropped} ${PRESTAGE:+--prestage}
     fi
     if [[ "$steps" == *,lazy,* ]]; then  # its own capture: a hang under lazy pages cannot take main's table
         STEP_TIMEOUT=${LAZY_TIMEOUT:-150} bench_restore lazy-pages "$WARMSTART_CRIU" --repeat "${REPEAT:-1}" \

@@ -1,7 +1,9 @@
 """`warmstart bench restore`: cold start vs restore of the same engine and model, measured in one run.
 
 For each of N repetitions: a cold start, a restore with the page cache hot and (as root) one with the page
-cache dropped first (and, with --cold-dropped, a cold start with the page cache dropped). Each is timed to
+cache dropped first (and, with --cold-dropped, a cold start with the page cache dropped; with --prestage,
+restores after the page cache was dropped and then the snapshot pre-staged into it as the node agent does,
+and the snapshot and the weight files both). Each is timed to
 ready (HTTP) and to the first token of a one-token completion, and every restore's greedy outputs are
 compared with those of the engine that was captured. The restore is compared with its floor, measured in
 the same run, counting every byte a restore moves: the CRIU image and the weight files it reads (at the
@@ -307,6 +309,7 @@ def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu
         for lazy, name in ((False, "restore"), (True, "restore, lazy pages"))
         if args.lazy_pages in ("both", "on" if lazy else "off")
     }
+    prestaged = [Series("restore", cache=f"dropped, {what} pre-staged") for what in PRESTAGED]
     capture = node.start_cold_and_capture()
     reference = greedy_outputs(node.spec)  # the captured engine, serving on after its capture
     node.stop_all()
@@ -332,16 +335,39 @@ def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu
                 drop_page_cache()
                 _record(dropped, timed_start(node, restore, "restore", check_outputs=True), reference)
         _lazy_pages(False)
+        if can_drop and args.prestage:
+            for series, with_weights in zip(prestaged, (False, True), strict=True):
+                drop_page_cache()
+                staged = _prestage(store, snapshot, with_weights)
+                _record(series, timed_start(node, restore, "restore", check_outputs=True), reference)
+                series.phases.setdefault("prestage_read", []).append(staged)
         if can_drop and args.cold_dropped:
             drop_page_cache()
             _record(cold_dropped, timed_start(node, lambda: node.start_cold("benchmark"), "cold"), reference)
     floors = _floors(store, snapshot, criu, work, can_drop)
-    measured = [cold, cold_dropped] + [series for pair in restores.values() for series in pair]
+    measured = [cold, cold_dropped] + [series for pair in restores.values() for series in pair] + prestaged
     _print_tables([s for s in measured if s.ready], floors, snapshot, capture.timings, args)
     identical = all(all(s.outputs_identical) for pair in restores.values() for s in pair)
     if not identical:
         print("outputs after a restore differ from the captured engine's", file=sys.stderr)
     return 0 if identical else 1
+
+
+PRESTAGED = ("snapshot", "snapshot and weights")
+
+
+def _prestage(store: SnapshotStore, snapshot: Snapshot, with_weights: bool) -> float:
+    """Read the snapshot's blobs into the page cache as the node agent's pre-staging does (and, for the
+    upper bound, the weight files, which the agent never reads: they are the pod's); the seconds it took."""
+    from warmstart.snapshot import residency
+
+    started = time.monotonic()
+    blobs = residency.blob_paths(store, [snapshot])
+    residency.stage(blobs, sum(path.stat().st_size for path in blobs), root=store.blobs_dir)
+    if with_weights:
+        weights, _ = weight_files_and_bytes(snapshot)
+        residency.stage(weights, sum(path.stat().st_size for path in weights))
+    return time.monotonic() - started
 
 
 def _lazy_pages(on: bool) -> None:
@@ -486,6 +512,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--lazy-pages", choices=("off", "on", "both"), default="off",
         help="restore memory lazily (CRIU lazy pages, userfaultfd): off (default), on, or both in turn",
+    )  # fmt: skip
+    parser.add_argument(
+        "--prestage", action="store_true",
+        help="also restore with the page cache dropped, then the snapshot (and then its weights) pre-staged",
     )  # fmt: skip
     parser.add_argument("--logs", help="copy the sandbox logs (CRIU's, the engine's) of hot restores here")
     parser.add_argument("--markdown", help="also write the table as Markdown to this file")
