@@ -16,6 +16,7 @@ from collections.abc import Sequence
 COMMAND_MODULES: tuple[str, ...] = (
     "warmstart.serve.cli",
     "warmstart.worker.cli",
+    "warmstart.worker.prestage",
     "warmstart.snapshot.cli",
     "warmstart.agent.cli",
     "warmstart.operator.cli",

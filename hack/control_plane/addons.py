@@ -3,7 +3,7 @@
 - `build()`: KEDA's operator and metrics apiserver, the add-on's operator, interceptor and scaler, compiled
   static from copies of the module sources (KEDA's go.mod has a `replace`, so `go install mod@version` cannot
   build it) into the cache, each written as a one-binary image archive the real node imports. Its own stamp:
-  the control plane and the node are never rebuilt for it.
+  the control plane and the node are never rebuilt for it. Its Go build cache is its own and removed after.
 - `manifests()`: what the two projects ship to install themselves, KEDA's `config/minimal` (everything but
   the admission webhooks) and the add-on's `config/default`, rendered by `kubectl kustomize` from the module
   sources, with our images, the pods placed on the real node, one replica each and their resource requests
@@ -146,10 +146,11 @@ def module_source(module: str, version: str) -> Path:
     return target
 
 
-def compile_binary(progress: build.Progress, binary: AddonBinary, out: Path) -> None:
+def compile_binary(progress: build.Progress, binary: AddonBinary, out: Path, go_cache: Path) -> None:
     progress.step(f"compiling {binary.module}@v{binary.version} {binary.package}")
     env = build.go_env()
     env["CGO_ENABLED"] = "0"
+    env["GOCACHE"] = str(go_cache)
     ldflags = f"{build.LDFLAGS} {binary.ldflags}".strip()
     build.run_go(
         ["build", "-trimpath", f"-ldflags={ldflags}", "-o", str(out), binary.package],
@@ -181,11 +182,16 @@ def build_addons(force: bool = False) -> None:
         return
     progress = build.Progress("addons")
     stamp_path().unlink(missing_ok=True)
-    bin_dir = addons_dir() / "bin"
-    for binary in BINARIES:
-        executable = bin_dir / binary.name
-        compile_binary(progress, binary, executable)
-        write_image(binary, executable)
+    # A build cache of its own, removed afterwards with the binaries (the images hold them): KEDA's thousands
+    # of packages leave gigabytes in Go's shared one, and the stamp makes a rebuild rare.
+    scratch = addons_dir() / "build"
+    try:
+        for binary in BINARIES:
+            executable = scratch / "bin" / binary.name
+            compile_binary(progress, binary, executable, scratch / "go-cache")
+            write_image(binary, executable)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
     stamp_path().write_text(json.dumps(wanted_stamp(), indent=2) + "\n")
     progress.step(f"done: images in {addons_dir() / 'images'}")
 

@@ -106,7 +106,9 @@ def kubelet_config(addresses: network.NodeAddresses, ca_cert: Path, resolv_conf:
         # Images come from the project's build, not a registry: kubelet must never collect them.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "2%", "imagefs.available": "2%"},
+        # Absolute floors, not percentages: 2% of a large, nearly full build disk put the node under
+        # DiskPressure (no pod scheduled) with gigabytes still free.
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1Gi", "imagefs.available": "1Gi"},
         "serializeImagePulls": False,
         # CoreDNS listens on the node's own address (see corefile()); pods reach it through their bridge.
         "clusterDNS": [addresses.node_ip],

@@ -80,6 +80,7 @@ def chart_values(chart_image: str, node: RealNode, namespace: str, store: str) -
             "nodeSelector": {**placement["nodeSelector"], "nvidia.com/gpu.present": None},
             "tolerations": placement["tolerations"],
             "store": {"hostPath": store},
+            "prestage": {"intervalSeconds": 5},
         },
     }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from node_plugin import HostPython
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import MAX_RESTORE_FAILURES
+from warmstart.snapshot import residency
 from warmstart.snapshot.signing import load_verifier
 from warmstart.snapshot.store import SnapshotStore
 
@@ -324,3 +326,48 @@ def test_a_link_the_tenant_puts_where_the_engine_log_was_brings_nothing_of_its_t
     for digest in snapshot.manifest.digests():
         assert key not in store.blob_path(digest).read_bytes()
     wait(lambda: ready_workers(kube, namespace, L.ROLE_RESTORE), "a restored replica")
+
+
+def dropped_from_page_cache(paths: list[Path]) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.integration
+def test_prestage_keeps_the_snapshot_and_the_model_in_the_nodes_page_cache(
+    kube: ControlPlane,
+    real_node: RealNode,
+    chart_image: str,
+    host_python: HostPython,
+    namespace: str,
+    release: str,
+) -> None:
+    """`snapshot.prestage: PageCache`: the agent stages the snapshot's blobs, the operator's unprivileged
+    stager pod the model files; dropped from the page cache, both are read back in by their next passes."""
+    wait = waiter(kube, namespace)
+    claim = snapshot_volume(kube, namespace, release)
+    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
+    body["spec"]["snapshot"]["prestage"] = "PageCache"
+    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    snap = ready_snapshot(kube, namespace, wait)
+    selector = f"{L.ENDPOINT_LABEL}={ENDPOINT},{L.COMPONENT_LABEL}={L.PRESTAGE_COMPONENT}"
+    wait(lambda: [p for p in items(kube, "pod", namespace, selector) if ready(p)], "the model stager running")
+
+    store = agent_store(real_node, namespace)
+    blobs = residency.blob_paths(store, [store.get(snap["status"]["snapshotId"])])
+    models = real_node.shadow("/var/lib/warmstart") / namespace / "models"
+    weights = [path for path in models.rglob("*.safetensors") if path.is_file()]
+    assert blobs and weights, (blobs, weights)
+
+    def all_resident() -> bool:
+        return all(residency.resident_bytes(path) == path.stat().st_size for path in blobs + weights)
+
+    wait(all_resident, "the snapshot and the model in the page cache")
+    dropped_from_page_cache(blobs + weights)
+    assert not all_resident()
+    wait(all_resident, "the snapshot and the model staged again")

@@ -239,15 +239,15 @@ KEDA = {"mode": "keda", "metric": {"name": "warmstart_worker_requests_waiting", 
         (
             {"mode": "http"},
             None,
-            ["HorizontalPodAutoscaler", "ServiceMonitor"],
+            ["HorizontalPodAutoscaler", "ServiceMonitor", "DaemonSet"],
         ),  # its ScaledObject: the add-on's
         ({"mode": "http"}, ["Deployment", "Service", "HTTPScaledObject"], []),
         (KEDA, ["Deployment", "Service", "HTTPScaledObject"], ["HTTPScaledObject"]),
-        (KEDA, None, ["HorizontalPodAutoscaler", "HTTPScaledObject", "ServiceMonitor"]),
+        (KEDA, None, ["HorizontalPodAutoscaler", "HTTPScaledObject", "ServiceMonitor", "DaemonSet"]),
         (
             {"mode": "none"},
             None,
-            ["HorizontalPodAutoscaler", "ScaledObject", "HTTPScaledObject", "ServiceMonitor"],
+            ["HorizontalPodAutoscaler", "ScaledObject", "HTTPScaledObject", "ServiceMonitor", "DaemonSet"],
         ),
     ],
 )
@@ -268,3 +268,46 @@ def test_service_and_monitor_select_the_workers():
     assert (
         children.selector_string("qwen") == "app.kubernetes.io/component=worker,warmstart.dev/endpoint=qwen"
     )
+
+
+PRESTAGED = {"enabled": True, "storage": {"claimName": "snapshots"}, "prestage": "PageCache"}
+
+
+def test_the_model_stager_runs_where_the_workers_may_with_their_volumes_and_no_gpu():
+    template = {
+        "nodeSelector": {"pool": "h200"},
+        "volumes": [{"name": "models", "hostPath": {"path": "/models"}}],
+        "volumeMounts": [{"name": "models", "mountPath": "/models"}],
+        "env": [{"name": "HF_HOME", "value": "/models/hf"}],
+    }
+    owner, spec = owner_and_spec(snapshot=PRESTAGED, template=template)
+    daemonset = children.prestage_daemonset(owner, spec)
+    assert daemonset["kind"] == "DaemonSet" and daemonset["metadata"]["name"] == "qwen"
+    pod = daemonset["spec"]["template"]["spec"]
+    container = container_of(pod)
+    assert container["args"][:1] == ["prestage-weights"] and "--mode" not in container["args"]
+    assert container["args"][container["args"].index("--model") + 1] == "Qwen/Qwen3-0.6B"
+    assert "nvidia.com/gpu" not in str(container["resources"]) and "limits" not in container["resources"]
+    assert pod["nodeSelector"] == {"pool": "h200"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["volumes"] == template["volumes"] and container["volumeMounts"] == template["volumeMounts"]
+    assert container["env"] == template["env"]
+    labels = daemonset["spec"]["template"]["metadata"]["labels"]
+    # Neither a worker (Deployment, Service, scale subresource) nor a pod the node agent acts on.
+    assert not set(children.worker_selector("qwen").items()) <= set(labels.items())
+    assert daemonset["spec"]["selector"]["matchLabels"][L.COMPONENT_LABEL] == L.PRESTAGE_COMPONENT
+
+
+@pytest.mark.parametrize(
+    ("snapshot", "wanted"),
+    [
+        (PRESTAGED, True),
+        ({"enabled": True, "storage": {"claimName": "snapshots"}}, False),
+        ({"enabled": False, "prestage": "PageCache"}, False),
+    ],
+)
+def test_the_model_stager_exists_only_for_prestage_page_cache(snapshot, wanted):
+    from warmstart.operator.reconcile import optional_children
+
+    _, spec = owner_and_spec(snapshot=snapshot)
+    assert ("DaemonSet" in optional_children(spec)) is wanted

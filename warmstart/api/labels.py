@@ -28,6 +28,7 @@ WORKER_CONTAINER = "worker"  # the worker pods' one container
 COMPONENT_LABEL = "app.kubernetes.io/component"
 WORKER_COMPONENT = "worker"
 CAPTURE_COMPONENT = "capture"
+PRESTAGE_COMPONENT = "prestage"
 
 # Label values are limited to 63 characters, a SHA-256 hex digest has 64: labels carry this prefix and
 # spec.requestKeyHash the full digest, which is what matching compares.

@@ -69,10 +69,13 @@ def _metadata(owner: Owner, name: str, component: str) -> dict[str, Any]:
 
 def _worker_args(spec: EndpointSpec, role: str) -> list[str]:
     """`warmstart worker` flags; the snapshot to restore reaches the agent through pod labels and env."""
+    return ["worker", "--mode", role, *_engine_args(spec)]
+
+
+def _engine_args(spec: EndpointSpec) -> list[str]:
+    """The engine's and the model's flags, shared by the worker and the model stager."""
     engine = spec.engine
     args = [
-        "worker",
-        "--mode", role,
         "--engine", engine.kind,
         "--model", spec.model.uri,
         "--served-model-name", spec.model.name_on_api,
@@ -218,6 +221,46 @@ def deployment(owner: Owner, spec: EndpointSpec, role: str, snapshot: str, reque
             "template": {
                 "metadata": {"labels": labels, "annotations": dict(spec.template.annotations)},
                 "spec": pod_spec(owner.name, spec, role, snapshot, request_hash),
+            },
+        },
+    }
+
+
+# The stager only reads files: a sliver of CPU and a little memory of its own; the page cache it fills is
+# charged to it but reclaimable, so it gets no memory limit that would evict its own pages.
+PRESTAGE_REQUESTS = {"cpu": "10m", "memory": "64Mi"}
+
+
+def prestage_daemonset(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
+    """`snapshot.prestage: PageCache`: on every node the endpoint's pods may run on (the worker's scheduling),
+    an unprivileged pod of the worker's image and volumes keeps the model files in the page cache (the node
+    agent keeps the snapshot there)."""
+    labels = common_labels(owner.name, L.PRESTAGE_COMPONENT)
+    container = {
+        "name": L.PRESTAGE_COMPONENT,
+        "image": spec.engine.image,
+        "imagePullPolicy": spec.engine.image_pull_policy,
+        "command": ["warmstart"],
+        "args": ["prestage-weights", *_engine_args(spec)],
+        "env": [dict(e) for e in spec.template.env],
+        "volumeMounts": [dict(mount) for mount in spec.template.volume_mounts],
+        "resources": {"requests": dict(PRESTAGE_REQUESTS)},
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _metadata(owner, owner.name, L.PRESTAGE_COMPONENT),
+        "spec": {
+            "selector": {"matchLabels": {key: labels[key] for key in (L.ENDPOINT_LABEL, L.COMPONENT_LABEL)}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {
+                    "containers": [container],
+                    "volumes": [dict(volume) for volume in spec.template.volumes],
+                    "enableServiceLinks": False,
+                    "terminationGracePeriodSeconds": 5,
+                    **_scheduling(spec),
+                },
             },
         },
     }

@@ -42,6 +42,7 @@ class Resource:
 
 RESOURCES: dict[str, Resource] = {
     "Deployment": Resource("apps/v1", "deployments"),
+    "DaemonSet": Resource("apps/v1", "daemonsets"),
     "Service": Resource("v1", "services"),
     "Pod": Resource("v1", "pods"),
     "Event": Resource("v1", "events"),

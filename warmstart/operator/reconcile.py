@@ -38,7 +38,9 @@ from warmstart.operator.status import (
 log = logging.getLogger(__name__)
 
 AUTOSCALER_KINDS = {"hpa": "HorizontalPodAutoscaler", "keda": "ScaledObject", "http": "HTTPScaledObject"}
-OPTIONAL_KINDS = ("HorizontalPodAutoscaler", "ScaledObject", "HTTPScaledObject", "ServiceMonitor")
+OPTIONAL_KINDS = (
+    "HorizontalPodAutoscaler", "ScaledObject", "HTTPScaledObject", "ServiceMonitor", "DaemonSet",
+)  # fmt: skip
 # In mode http the add-on makes a ScaledObject named after its HTTPScaledObject, i.e. after the endpoint:
 # the operator deletes one only when its own record says it made it (a switch from mode keda).
 ADD_ON_KINDS = {"http": ("ScaledObject",)}
@@ -127,6 +129,8 @@ def optional_children(spec: EndpointSpec) -> list[str]:
     kinds = [AUTOSCALER_KINDS[spec.autoscaling.mode]] if spec.autoscaling.mode in AUTOSCALER_KINDS else []
     if spec.monitoring.service_monitor:
         kinds.append("ServiceMonitor")
+    if spec.snapshot.enabled and spec.snapshot.prestage == "PageCache":
+        kinds.append("DaemonSet")  # the model files' stager (children.prestage_daemonset)
     return kinds
 
 
@@ -145,7 +149,7 @@ def unwanted_children(spec: EndpointSpec, previous: list[str] | None) -> list[st
 def apply_optional_children(
     kube: Kube, owner: children.Owner, spec: EndpointSpec, previous: list[str] | None
 ) -> list[str]:
-    """Apply the autoscaler and ServiceMonitor the spec wants, delete the ones it no longer wants.
+    """Apply the autoscaler, ServiceMonitor and model stager the spec wants, delete those it no longer wants.
 
     `previous` is what the last reconcile recorded in status.children (None: unknown, so check them all but
     the add-on's); returns the kinds that exist now, Deployment and Service included.
@@ -163,6 +167,8 @@ def apply_optional_children(
     if spec.monitoring.service_monitor:
         hint = "install prometheus-operator or set monitoring.serviceMonitor false"
         _apply_optional(kube, children.service_monitor(owner, spec), hint)
+    if "DaemonSet" in wanted:
+        apply_child(kube, children.prestage_daemonset(owner, spec))
     return ["Deployment", "Service", *wanted]
 
 
