@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -45,6 +44,7 @@ from endpoint_flow import (
     worker_pods,
 )
 from node_plugin import HostPython
+from support import drop_from_page_cache
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import MAX_RESTORE_FAILURES
@@ -328,16 +328,6 @@ def test_a_link_the_tenant_puts_where_the_engine_log_was_brings_nothing_of_its_t
     wait(lambda: ready_workers(kube, namespace, L.ROLE_RESTORE), "a restored replica")
 
 
-def dropped_from_page_cache(paths: list[Path]) -> None:
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 @pytest.mark.integration
 def test_prestage_keeps_the_snapshot_and_the_model_in_the_nodes_page_cache(
     kube: ControlPlane,
@@ -368,6 +358,7 @@ def test_prestage_keeps_the_snapshot_and_the_model_in_the_nodes_page_cache(
         return all(residency.resident_bytes(path) == path.stat().st_size for path in blobs + weights)
 
     wait(all_resident, "the snapshot and the model in the page cache")
-    dropped_from_page_cache(blobs + weights)
+    for path in blobs + weights:
+        drop_from_page_cache(path)
     assert not all_resident()
     wait(all_resident, "the snapshot and the model staged again")

@@ -4,11 +4,12 @@ with mincore, staged back by reading."""
 from __future__ import annotations
 
 import os
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from support import drop_from_page_cache as drop
+from support import page_cache_kept
 
 from warmstart.fileio import UnsafeInput
 from warmstart.snapshot import SnapshotStore
@@ -24,26 +25,11 @@ from warmstart.snapshot.residency import (
 MIB = 1 << 20
 
 
-def _filesystem(path: Path) -> str:
-    found = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True)
-    return found.stdout.strip()
-
-
 @pytest.fixture
 def directory(tmp_path: Path) -> Path:
-    if _filesystem(tmp_path) in ("tmpfs", "ramfs"):
-        pytest.skip(f"{tmp_path} is on {_filesystem(tmp_path)}, whose pages cannot leave the page cache")
+    if reason := page_cache_kept(tmp_path):
+        pytest.skip(reason)
     return tmp_path
-
-
-def drop(path: Path) -> None:
-    """Write back, then drop the file's pages from the page cache."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 @pytest.fixture
