@@ -225,5 +225,23 @@ def test_identity_records_of_any_shape(tmp_path_factory: pytest.TempPathFactory,
     tally("identity record", identity is None)
 
 
+@pytest.mark.parametrize("model_dir", ["\x00", "/models/a\x00b", ""])
+def test_an_identity_record_whose_model_dir_is_no_path_is_refused(
+    tmp_path_factory: pytest.TempPathFactory, model_dir: str
+) -> None:
+    """Found by the test above: a NUL byte made the lookup raise ValueError instead of refusing."""
+    s = fuzz_store(tmp_path_factory)
+    cache = IdentityCache(s.root, s.signer, s.verifier)
+    spec = WorkerSpec(model="fuzz")
+    key = cache.key(spec)
+    record = {"key": key, "identity": IDENTITY.to_dict(), "model_dir": model_dir, "files": {}}
+    raw = json.dumps(record).encode()
+    cache.directory.mkdir(exist_ok=True)
+    Path(cache.directory / f"{key}.json").write_bytes(raw)
+    Path(cache.directory / f"{key}.sig").write_bytes(signature_document(s.signer, raw))
+    identity, reason = cache.lookup(spec)
+    assert identity is None and "model_dir" in reason
+
+
 def test_a_valid_manifest_is_accepted(valid_manifest: dict[str, Any]) -> None:
     assert Manifest.from_dict(valid_manifest).id == valid_manifest["id"]

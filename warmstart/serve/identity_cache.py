@@ -106,8 +106,8 @@ class IdentityCache:
             raise RecordRefused(str(exc)) from exc
         if not isinstance(entry, dict) or entry.get("key") != key:
             raise RecordRefused("it was recorded for another worker (its signed key differs from its name)")
-        if not isinstance(entry.get("model_dir"), str) or not isinstance(entry.get("files"), dict):
-            raise RecordRefused("it lacks 'model_dir' or 'files'")
+        if not _is_path(entry.get("model_dir")) or not isinstance(entry.get("files"), dict):
+            raise RecordRefused("it lacks 'model_dir' (a path) or 'files'")
         return entry
 
     def recover(self, spec: WorkerSpec, store: SnapshotStore) -> tuple[SnapshotIdentity | None, str]:
@@ -146,7 +146,12 @@ def _identity_of(entry: dict[str, Any]) -> SnapshotIdentity:
 def _model_dir_of(meta: dict[str, Any]) -> str | None:
     worker = meta.get("worker")
     model_dir = worker.get("model_dir") if isinstance(worker, dict) else None
-    return model_dir if isinstance(model_dir, str) and model_dir else None
+    return model_dir if _is_path(model_dir) else None
+
+
+def _is_path(value: Any) -> bool:
+    """A string the OS can take as a path (a NUL byte makes every call raise ValueError, not OSError)."""
+    return isinstance(value, str) and bool(value) and "\0" not in value
 
 
 def _changed_since(model_dir: str, timestamp: float) -> bool:
