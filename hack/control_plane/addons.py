@@ -282,8 +282,8 @@ def state(plane: ControlPlane) -> str:
         plane.kubectl("get", "pods", "-n", NAMESPACE, "-o", "wide", check=False).stdout,
         plane.kubectl("get", "apiservice", EXTERNAL_METRICS_API, "-o", "yaml", check=False).stdout[-2000:],
     ]
-    for binary in BINARIES:
-        selector = f"app.kubernetes.io/name={binary.name}"
-        logs = plane.kubectl("logs", "-n", NAMESPACE, "-l", selector, "--tail=15", check=False)
-        parts.append(f"--- {binary.name}:\n{logs.stdout}{logs.stderr}")
+    listed = plane.kubectl("get", "deployments", "-n", NAMESPACE, "-o", "name", check=False).stdout.split()
+    for deployment in listed:
+        logs = plane.kubectl("logs", "-n", NAMESPACE, deployment, "--tail=15", check=False)
+        parts.append(f"--- {deployment}:\n{logs.stdout}{logs.stderr}")
     return "\n".join(parts)
