@@ -23,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +42,9 @@ from endpoint_flow import (  # noqa: E402
     endpoint,
     get,
     install,
-    items,
     pod_url,
     ready,
+    ready_snapshot,
     snapshot_volume,
     worker_pods,
 )
@@ -157,11 +158,7 @@ def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> tuple[PodCl
     for name, uses in ((COLD_ENDPOINT, None), (ENDPOINT, claim)):
         body = endpoint(name, NAMESPACE, chart_image, node, python, uses)
         kube.kubectl("apply", "-f", "-", input=json.dumps(body))
-    snap = wait_for(
-        lambda: next((s for s in items(kube, "isnap", NAMESPACE, f"{L.ENDPOINT_LABEL}={ENDPOINT}")
-                      if s.get("status", {}).get("phase") == "Ready"), None),
-        timeout=TIMEOUT, message="the snapshot Ready",
-    )  # fmt: skip
+    snap = wait_for(lambda: ready_snapshot(kube, NAMESPACE), timeout=TIMEOUT, message="the snapshot Ready")
     for name, role in ((COLD_ENDPOINT, L.ROLE_COLD), (ENDPOINT, L.ROLE_RESTORE)):
         wait_for(lambda n=name, r=role: any(ready(p) for p in worker_pods(kube, NAMESPACE, r, n)),
                  timeout=TIMEOUT, message=f"{name} Ready")  # fmt: skip
@@ -240,14 +237,20 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(line for line in lines if line)
 
 
-def main() -> int:
+def run_benchmark(
+    description: str,
+    prefix: str,
+    measure: Callable[[int, Path], dict[str, Any]],
+    table: Callable[[dict[str, Any]], str],
+) -> int:
+    """The real-node benchmarks' command line: --rounds, --out; the table printed, raw output saved."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", type=Path, help="directory for the raw result (default: print only)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="pod-start-") as state:
+    with tempfile.TemporaryDirectory(prefix=prefix) as state:
         result = measure(args.rounds, Path(state))
     result["machine"] = f"{platform.node()} {platform.machine()}, {platform.release()}"
     result["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
@@ -258,6 +261,10 @@ def main() -> int:
         (args.out / "result.json").write_text(json.dumps(result, indent=2))
         (args.out / "table.txt").write_text(report + "\n")
     return 0
+
+
+def main() -> int:
+    return run_benchmark(__doc__ or "", "pod-start-", measure, table)
 
 
 if __name__ == "__main__":

@@ -16,13 +16,9 @@ Needs root, `hack/control-plane build`, `hack/control-plane images` and `hack/co
 
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import json
-import platform
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,15 +37,13 @@ from endpoint_flow import (  # noqa: E402
     client_pod,
     endpoint,
     install,
-    items,
+    ready_snapshot,
     routed_host,
     snapshot_volume,
     timed_completion,
 )
 from node_plugin import host_python_mounts  # noqa: E402
-from pod_start import NAMESPACE, TIMEOUT, PodClock, bare_pod  # noqa: E402
-
-from warmstart.api import labels as L  # noqa: E402
+from pod_start import NAMESPACE, TIMEOUT, PodClock, bare_pod, run_benchmark  # noqa: E402
 
 COOLDOWN_SECONDS = 5
 KINDS = {ENDPOINT: "restore", COLD_ENDPOINT: "cold"}
@@ -67,11 +61,7 @@ def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> None:
         body = autoscaled(endpoint(name, NAMESPACE, chart_image, node, python, uses), 0, 1)
         body["spec"]["autoscaling"]["cooldownSeconds"] = COOLDOWN_SECONDS
         kube.kubectl("apply", "-f", "-", input=json.dumps(body))
-    wait_for(
-        lambda: any(s.get("status", {}).get("phase") == "Ready"
-                    for s in items(kube, "isnap", NAMESPACE, f"{L.ENDPOINT_LABEL}={ENDPOINT}")),
-        timeout=TIMEOUT, message="the snapshot Ready",
-    )  # fmt: skip
+    wait_for(lambda: ready_snapshot(kube, NAMESPACE), timeout=TIMEOUT, message="the snapshot Ready")
 
 
 def request_at_zero(kube: ControlPlane, name: str) -> dict[str, Any]:
@@ -141,23 +131,7 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", type=Path, help="directory for the raw result (default: print only)")
-    args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="scale-from-zero-") as state:
-        result = measure(args.rounds, Path(state))
-    result["machine"] = f"{platform.node()} {platform.machine()}, {platform.release()}"
-    result["date"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
-    report = table(result)
-    print(report)
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "result.json").write_text(json.dumps(result, indent=2))
-        (args.out / "table.txt").write_text(report + "\n")
-    return 0
+    return run_benchmark(__doc__ or "", "scale-from-zero-", measure, table)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import answers, free_port, recording_criu_command
+from support import answers, drop_from_page_cache, free_port, recording_criu_command
 
 from warmstart.agent.agent import Agent, AgentConfig
 from warmstart.agent.kube_status import KubeStatus
@@ -517,15 +517,6 @@ def _publish(agent: Agent, namespace: str, files: dict[str, bytes]) -> Snapshot:
         return staging.publish(agent.node.signer)
 
 
-def _drop_from_page_cache(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.parametrize("policy", ["PageCache", "None"])
 def test_prestage_keeps_the_snapshots_of_endpoints_that_ask_in_the_page_cache(
     namespace: str, cluster: Cluster, make_agent: Callable[[str], Agent], tmp_path: Path, policy: str
@@ -546,7 +537,7 @@ def test_prestage_keeps_the_snapshots_of_endpoints_that_ask_in_the_page_cache(
     store = agent.node.store
     blobs = blob_paths(store, [stored])
     for blob in blobs:
-        _drop_from_page_cache(blob)
+        drop_from_page_cache(blob)
     resident = lambda: sum(resident_bytes(blob) for blob in blobs)  # noqa: E731
     before = resident()
     assert before < stored.size // 4, "the blobs did not leave the page cache"

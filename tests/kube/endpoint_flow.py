@@ -270,6 +270,25 @@ def events_of(kube: ControlPlane, namespace: str, name: str) -> list[dict[str, A
     return json.loads(result.stdout)["items"]
 
 
+def ready_snapshot(kube: ControlPlane, namespace: str, name: str = ENDPOINT) -> dict[str, Any] | None:
+    """The endpoint's Ready InferenceSnapshot, None while it has none."""
+    snapshots = items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}={name}")
+    return next((s for s in snapshots if s.get("status", {}).get("phase") == "Ready"), None)
+
+
+def waiter(kube: ControlPlane, namespace: str) -> Any:
+    """`wait(predicate, message, timeout=START_TIMEOUT)`: its truthy result, or an AssertionError with the
+    namespace's diagnostics."""
+
+    def wait(predicate: Any, message: str, timeout: float = START_TIMEOUT) -> Any:
+        try:
+            return wait_for(predicate, timeout=timeout, interval=1.0, message=message)
+        except TimeoutError as exc:
+            raise AssertionError(f"{exc}\n{diagnostics(kube, namespace)}") from None
+
+    return wait
+
+
 def diagnostics(kube: ControlPlane, namespace: str) -> str:
     """What a person would look at when the flow stalls: pods, snapshots, events, the agent's log."""
     parts = []

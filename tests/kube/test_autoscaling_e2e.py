@@ -18,28 +18,27 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from control_plane.cluster import ControlPlane, wait_for
+from control_plane.cluster import ControlPlane
 from control_plane.node import RealNode
 from endpoint_flow import (
     COLD_ENDPOINT,
     ENDPOINT,
     HOLD_SECONDS,
-    START_TIMEOUT,
     at_zero,
     autoscaled,
     client_pod,
-    diagnostics,
     endpoint,
     events_of,
     get,
     install,
-    items,
     ready,
+    ready_snapshot,
     ready_workers,
     routed_host,
     snapshot_volume,
     timed_completion,
     uninstall,
+    waiter,
     worker_pods,
 )
 from node_plugin import HostPython
@@ -93,21 +92,6 @@ def restored_replicas(kube: ControlPlane, namespace: str, count: int) -> list[di
     """The endpoint's Ready restored replicas when there are exactly `count` of them."""
     pods = ready_workers(kube, namespace, L.ROLE_RESTORE)
     return pods if len(pods) == count else None
-
-
-def waiter(kube: ControlPlane, namespace: str) -> Any:
-    def wait(predicate: Any, message: str, timeout: float = START_TIMEOUT) -> Any:
-        try:
-            return wait_for(predicate, timeout=timeout, interval=1.0, message=message)
-        except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{diagnostics(kube, namespace)}") from None
-
-    return wait
-
-
-def ready_snapshot(kube: ControlPlane, namespace: str, name: str) -> dict[str, Any] | None:
-    snapshots = items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}={name}")
-    return next((s for s in snapshots if s.get("status", {}).get("phase") == "Ready"), None)
 
 
 @pytest.mark.integration

@@ -29,7 +29,6 @@ from endpoint_flow import (
     apply_endpoint,
     client_pod,
     completion,
-    diagnostics,
     endpoint,
     events_of,
     get,
@@ -37,10 +36,12 @@ from endpoint_flow import (
     items,
     pod_url,
     ready,
+    ready_snapshot,
     ready_workers,
     service_url,
     snapshot_volume,
     uninstall,
+    waiter,
     worker_pods,
 )
 from node_plugin import HostPython
@@ -87,7 +88,7 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
     cold_answer = wait(lambda: completion(kube, namespace, cold_url), "a completion from the cold replica")
 
     # The capture pod is checkpointed by the agent; the snapshot records the runtime identity it measured.
-    snap = ready_snapshot(kube, namespace, wait)
+    snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     identity = snap["status"]["identity"]
     assert identity["image"].startswith("sha256:") or "@sha256:" in identity["image"], identity
     assert identity["engine"] == "builtin" and identity["model_digest"], identity
@@ -111,25 +112,6 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
     assert wait(lambda: completion(kube, namespace, url), "a completion through the Service") == cold_answer
     for _ in range(3):  # through the Service, whichever replica answers
         assert completion(kube, namespace, url) == cold_answer
-
-
-def ready_snapshot(kube: ControlPlane, namespace: str, wait: Any) -> dict[str, Any]:
-    selector = f"{L.ENDPOINT_LABEL}={ENDPOINT}"
-    return wait(
-        lambda: next((s for s in items(kube, "isnap", namespace, selector) if s.get("status", {}).get("phase")
-                      == "Ready"), None),
-        "the InferenceSnapshot Ready",
-    )  # fmt: skip
-
-
-def waiter(kube: ControlPlane, namespace: str) -> Any:
-    def wait(predicate: Any, message: str) -> Any:
-        try:
-            return wait_for(predicate, timeout=START_TIMEOUT, interval=1.0, message=message)
-        except TimeoutError as exc:
-            raise AssertionError(f"{exc}\n{diagnostics(kube, namespace)}") from None
-
-    return wait
 
 
 def tamper(store: SnapshotStore, snapshot_id: str) -> Path:
@@ -157,7 +139,7 @@ def test_a_tampered_snapshot_is_refused_the_replicas_start_cold_and_it_goes_inva
     wait = waiter(kube, namespace)
     kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, real_node))
     apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
-    snap = ready_snapshot(kube, namespace, wait)
+    snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     good = wait(lambda: ready_workers(kube, namespace, L.ROLE_RESTORE), "a restored replica")
     reference = completion(kube, namespace, pod_url(good[0]))
 
@@ -202,7 +184,7 @@ def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
     watch that namespace): the agent restores nothing captured elsewhere, and says so."""
     wait = waiter(kube, namespace)
     apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
-    snap = ready_snapshot(kube, namespace, wait)
+    snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     template = get(kube, "deployment", namespace, ENDPOINT)["spec"]["template"]
     assert template["metadata"]["labels"][L.ROLE_LABEL] == L.ROLE_RESTORE
 
@@ -280,7 +262,7 @@ def test_the_agent_killed_during_a_capture_leaves_no_half_snapshot_and_the_captu
     kube.kubectl("delete", "pod", "-n", namespace, "-l", "app.kubernetes.io/component=agent",
                  "--grace-period=0", "--force")  # fmt: skip
 
-    snap = ready_snapshot(kube, namespace, wait)
+    snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     store = agent_store(real_node, namespace)
     verifier = load_verifier(signing_key_file(kube, namespace, tmp_path))
     published = [s.id for s in store.list()]
@@ -318,7 +300,7 @@ def test_a_link_the_tenant_puts_where_the_engine_log_was_brings_nothing_of_its_t
     snapshots = items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}={ENDPOINT}")
     assert not any(s.get("status", {}).get("captureState") for s in snapshots), "planted before the capture"
 
-    snap = ready_snapshot(kube, namespace, wait)
+    snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     key = signing_key(kube, namespace)
     store = agent_store(real_node, namespace)
     snapshot = store.get(snap["status"]["snapshotId"])
@@ -344,7 +326,7 @@ def test_prestage_keeps_the_snapshot_and_the_model_in_the_nodes_page_cache(
     body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
     body["spec"]["snapshot"]["prestage"] = "PageCache"
     kube.kubectl("apply", "-f", "-", input=json.dumps(body))
-    snap = ready_snapshot(kube, namespace, wait)
+    snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     selector = f"{L.ENDPOINT_LABEL}={ENDPOINT},{L.COMPONENT_LABEL}={L.PRESTAGE_COMPONENT}"
     wait(lambda: [p for p in items(kube, "pod", namespace, selector) if ready(p)], "the model stager running")
 

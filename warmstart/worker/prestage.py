@@ -45,13 +45,13 @@ def register(subparsers: Any) -> None:
 
 
 def model_dir(args: argparse.Namespace) -> Path | None:
-    """The directory the worker's engine reads its model from; None for a model that is not local files
-    (a Hugging Face id the engine downloads)."""
+    """The directory the worker's engine reads its model from (it may not exist yet); None for a model that
+    is not local files (a Hugging Face id the engine downloads)."""
     from warmstart.engines import create_engine
 
     engine = create_engine(args.engine, **engine_options(args))
     found = str(engine.model_dir or "")
-    return Path(found) if found and Path(found).is_dir() else None
+    return Path(found) if found else None
 
 
 def model_files(directory: Path) -> list[Path]:
@@ -74,10 +74,10 @@ def run(args: argparse.Namespace) -> int:
         stopping.set()
 
     signal.signal(signal.SIGTERM, stop)
+    directory = model_dir(args)  # once: the engine is built to name it, never loaded
     announced = False
     while not stopping.is_set():
-        directory = model_dir(args)
-        if directory is None:
+        if directory is None or not directory.is_dir():
             if not announced:
                 log.info("model %s has no local directory (yet): nothing to stage", args.model)
                 announced = True
