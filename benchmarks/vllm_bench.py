@@ -29,6 +29,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["hello world the snapshot", "the worker restores in seconds", "snapshot hello", "world"]
 TOKENS = 16
+# A ChatML template, so vLLM's chat route has one to apply (the tokenizer is trained here, without one).
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 QWEN3_8B = dict(
     vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
     num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
@@ -108,7 +113,7 @@ def write_model(directory: Path, seed: int = 0) -> None:
     )  # fmt: skip
     tokenizer.train_from_iterator([" ".join(PROMPTS) * 40] * 20, trainer)
     PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|endoftext|>", unk_token="<unk>"
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", unk_token="<unk>", chat_template=CHAT_TEMPLATE
     ).save_pretrained(directory)
     (directory / "complete").write_text("1")
     log(f"model written to {directory} in {time.time() - started:.1f} s")
@@ -137,6 +142,50 @@ def first_token(base: str, model: str, deadline: float, alive: Any) -> float:
     raise TimeoutError("no first token before the deadline")
 
 
+def get(url: str, timeout: float = 30.0) -> str:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return response.read().decode()
+
+
+def api_checks(base: str, model: str) -> dict[str, Any]:
+    """What users of vLLM's server expect beyond plain completions: each check's outcome or its error."""
+
+    def chat(**extra: Any) -> dict[str, Any]:
+        messages = [{"role": "user", "content": PROMPTS[1]}]
+        body = {"model": model, "messages": messages, "max_tokens": 8, "temperature": 0, **extra}
+        return post(f"{base}/v1/chat/completions", body)["choices"][0]
+
+    def logprobs() -> bool:
+        body = {"model": model, "prompt": PROMPTS[0], "max_tokens": 2, "temperature": 0, "logprobs": 2}
+        top = post(f"{base}/v1/completions", body)["choices"][0]["logprobs"]["top_logprobs"]
+        return len(top) == 2 and all(len(alternatives) >= 1 for alternatives in top)
+
+    def json_object() -> bool:  # structured output: the grammar forces an object, however the weights
+        content = chat(max_tokens=24, response_format={"type": "json_object"})["message"]["content"]
+        return content.lstrip().startswith("{")
+
+    def metrics() -> bool:
+        text = get(f"{base}/metrics")
+        return all(name in text for name in ("vllm:num_requests_running", "vllm:generation_tokens"))
+
+    checks = {
+        "chat": lambda: chat()["message"]["content"] is not None,
+        "logprobs": logprobs,
+        "json_object": json_object,
+        "tokenize": lambda: len(post(f"{base}/tokenize", {"model": model, "prompt": PROMPTS[0]})["tokens"]),
+        "vllm_metrics": metrics,
+    }
+    outcome: dict[str, Any] = {}
+    for name, check in checks.items():
+        try:
+            outcome[name] = bool(check())
+        except (urllib.error.URLError, OSError, KeyError, IndexError, TypeError, ValueError) as exc:
+            http_error = isinstance(exc, urllib.error.HTTPError)
+            detail = exc.read().decode(errors="replace")[:300] if http_error else ""
+            outcome[name] = f"error: {exc} {detail}".strip()
+    return outcome
+
+
 def greedy(base: str, model: str) -> list[str]:
     out = []
     for prompt in PROMPTS:
@@ -156,15 +205,36 @@ def serve_once(
     store: str = "store",
     env_extra: dict[str, str] | None = None,
 ):
-    port = args.port
     argv = [sys.executable, "-m", "warmstart", "serve", "--engine", "vllm", "--model", str(args.model),
             "--device", "cuda", "--store", str(args.work / store), "--work-dir", str(args.work / "pods"),
-            "--port", str(port), "--criu", args.criu,
+            "--port", str(args.port), "--criu", args.criu,
             "--worker-arg=--dtype=bfloat16", f"--worker-arg=--gpu-memory-utilization={args.gpu_util}",
             f"--worker-arg=--max-model-len={args.max_model_len}",
             f"--worker-arg=--max-num-seqs={args.max_num_seqs}"]  # fmt: skip
-    log_path = args.out / f"serve-{label}.log"
     env = dict(os.environ, WARMSTART_VLLM_WEIGHTS_IMAGE=str(args.work / "weights-image"), **(env_extra or {}))
+    return timed_server(args, argv, env, label, results, reference)
+
+
+def vllm_serve(args: argparse.Namespace, label: str, results: list[dict[str, Any]], reference: Any) -> None:
+    """vLLM's own `vllm serve` (engine core in its own process, as users run it), the same engine args."""
+    argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(args.model),
+            "--served-model-name", Path(args.model).name, "--host", "127.0.0.1", "--port", str(args.port),
+            "--dtype", "bfloat16", "--gpu-memory-utilization", str(args.gpu_util),
+            "--max-model-len", str(args.max_model_len), "--max-num-seqs", str(args.max_num_seqs)]  # fmt: skip
+    timed_server(args, argv, dict(os.environ), label, results, reference)
+
+
+def timed_server(
+    args: argparse.Namespace,
+    argv: list[str],
+    env: dict[str, str],
+    label: str,
+    results: list[dict[str, Any]],
+    reference: list[str] | None,
+) -> list[str] | None:
+    """Start a server, time it to the first token over HTTP, compare its greedy outputs, check its API."""
+    port = args.port
+    log_path = args.out / f"serve-{label}.log"
     started = time.time()
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO,
@@ -179,9 +249,10 @@ def serve_once(
         outputs = greedy(f"http://127.0.0.1:{port}", model)
         row["identical_to_cold"] = None if reference is None else outputs == reference
         row["outputs"] = outputs
+        row["api"] = api_checks(f"http://127.0.0.1:{port}", model)
         log(
             f"{label}: first token after {row['to_first_token_s']:.2f} s; "
-            f"identical {row['identical_to_cold']}"
+            f"identical {row['identical_to_cold']}; api {row['api']}"
         )
     except (RuntimeError, TimeoutError, urllib.error.URLError, KeyError) as exc:
         row["error"] = str(exc)
@@ -266,8 +337,8 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--start-timeout", type=float, default=300)
-    parser.add_argument("--steps", default="capture,restore-image,restore-image-old,restore-image-dropped,"
-                        "capture-notrim,restore-notrim,vllm-hot")  # fmt: skip
+    parser.add_argument("--steps", default="capture,restore-image,restore-image-dropped,restore-reload,"
+                        "vllm-serve,vllm-hot")  # fmt: skip
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     write_model(args.model)
@@ -293,6 +364,8 @@ def main() -> int:
                     drop_caches()
                 store = "store-notrim" if "notrim" in step else "store"
                 serve_once(args, step, results, reference, store)
+            elif step == "vllm-serve":
+                vllm_serve(args, step, results, reference)
             elif step.startswith("vllm-"):
                 if step.endswith("dropped"):
                     drop_caches()

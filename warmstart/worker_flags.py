@@ -64,6 +64,16 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "--engine-arg", action="append", type=_engine_arg, metavar="KEY=VALUE",
         help="any other vLLM engine argument (repeatable; VALUE is JSON where it parses)",
     )  # fmt: skip
+    vllm.add_argument(
+        "--api", choices=("vllm", "warmstart"), default="vllm",
+        help="the HTTP server after resume: vllm (vLLM's own OpenAI-compatible server and its vllm:* "
+        "metrics, in the worker's process) or warmstart (the worker's; default vllm)",
+    )  # fmt: skip
+    vllm.add_argument(
+        "--vllm-server-arg", action="append", default=[], metavar="ARG",
+        help="one argument for vLLM's server, as `vllm serve` takes it (repeatable, in the = form: "
+        "--vllm-server-arg=--enable-auto-tool-choice --vllm-server-arg=--tool-call-parser=hermes)",
+    )  # fmt: skip
     worker = parser.add_argument_group("worker")
     worker.add_argument(
         "--mode", choices=MODES, default="cold", help="cold, capture or restore (default cold)"

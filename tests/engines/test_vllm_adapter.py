@@ -146,6 +146,8 @@ def test_defaults_leave_vllm_to_choose_and_always_enable_sleep_mode() -> None:
         ({"engine_args": {"enable_sleep_mode": False}}, "always on"),
         ({"engine_args": {"model": "other"}}, "use --model or --model-dir"),
         ({"engine_args": {"hf_overrides": object()}}, "must be JSON values"),
+        ({"api": "sglang"}, "api must be one of vllm, warmstart"),
+        ({"api": "warmstart", "server_args": ["--enable-auto-tool-choice"]}, "server args need api 'vllm'"),
     ],
 )
 def test_bad_options_are_refused_naming_what_to_fix(options: dict[str, Any], message: str) -> None:
@@ -181,6 +183,7 @@ def test_worker_options_for_vllm_reach_the_engine_and_survive_the_engine_process
         "--engine", "vllm", "--model", "Qwen/Qwen3-0.6B", "--device", "cuda", "--seed", "3",
         "--tensor-parallel-size", "2", "--gpu-memory-utilization", "0.8", "--enforce-eager",
         "--sleep-level", "1", "--engine-arg", "max_num_batched_tokens=4096", "--engine-arg", "revision=main",
+        "--vllm-server-arg=--enable-auto-tool-choice", "--vllm-server-arg=--tool-call-parser=hermes",
     )  # fmt: skip
     options = engine_options(args)
     assert options == {
@@ -192,6 +195,8 @@ def test_worker_options_for_vllm_reach_the_engine_and_survive_the_engine_process
         "enforce_eager": True,
         "sleep_level": 1,
         "engine_args": {"max_num_batched_tokens": 4096, "revision": "main"},
+        "api": "vllm",
+        "server_args": ["--enable-auto-tool-choice", "--tool-call-parser=hermes"],
     }
     relaunched = worker_args(*engine_argv(args, "capture"))
     assert engine_options(relaunched) == options
@@ -294,6 +299,14 @@ def test_identity_records_engine_version_args_dtype_parallelism_and_gpu(model_di
     assert identity.engine_args["sleep_level"] == 2
     assert identity.engine_args["enable_sleep_mode"] is True
     assert "model" not in identity.engine_args  # the files' digest stands for the model, not its path
+    assert identity.engine_args["api"] == "vllm"  # the server is inside the captured process
+
+
+def test_identity_changes_with_the_server_and_its_args(model_dir: Path) -> None:
+    def digest(**options: Any) -> str:
+        return snapshot_identity(VllmOptions(model=str(model_dir), **options), "d", "0.26.0", 1024, "", GPU).digest()
+
+    assert len({digest(), digest(api="warmstart"), digest(server_args=("--enable-auto-tool-choice",))}) == 3
 
 
 def test_identity_follows_the_files_not_the_path_and_changes_with_engine_args(tmp_path: Path) -> None:

@@ -93,8 +93,32 @@ class FakeLLM:
         self.calls.append("reset_prefix_cache")
 
 
-@pytest.fixture
-def fake_vllm(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+class FakeFrontend(FakeLLM):
+    """vLLM's server in front of the engine (frontend.VllmFrontend): the same calls around a checkpoint."""
+
+    def __init__(self, options: Any, served_model_name: str, server_args: tuple[str, ...]) -> None:
+        super().__init__(**options.llm_kwargs())
+        self.server_args = server_args
+        self.timings: dict[str, float] = {}
+
+    def load(self) -> None:
+        self.calls.append("load")
+
+    @property
+    def model_config(self) -> Any:
+        return self.llm_engine.model_config
+
+    def warm_up(self) -> None:
+        self.calls.append("warm_up")
+
+
+API = {"api": "warmstart"}  # which server the engines of the running test are built with
+
+
+@pytest.fixture(params=["warmstart", "vllm"])
+def fake_vllm(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> types.ModuleType:
+    monkeypatch.setitem(API, "api", request.param)
+    monkeypatch.setattr(engine_module, "VllmFrontend", FakeFrontend)
     vllm = types.ModuleType("vllm")
     vllm.__version__ = "0.26.0"
     vllm.LLM = FakeLLM
@@ -131,9 +155,16 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 def loaded(model_dir: Path) -> tuple[VllmEngine, FakeLLM]:
-    engine = VllmEngine("m", model_dir=model_dir)
+    engine = VllmEngine("m", model_dir=model_dir, api=API["api"])
     engine.load()
-    return engine, FakeLLM.instances[-1]
+    llm = FakeLLM.instances[-1]
+    assert isinstance(llm, FakeFrontend) == (API["api"] == "vllm")
+    if API["api"] == "vllm":
+        engine.warm_up()
+        assert llm.calls == ["load", "warm_up"]
+        assert engine.serving_app(lambda: True, None) is not None
+        llm.calls.clear()
+    return engine, llm
 
 
 def test_load_sets_the_dumpable_environment_and_a_file_rendezvous(fake_vllm: Any, model_dir: Path) -> None:

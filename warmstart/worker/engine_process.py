@@ -161,7 +161,9 @@ class _HttpRunner:
         self.metrics = WorkerMetrics()
         self.state = ServerState()
         self.connection_limits = connection_limits or ConnectionLimits()
-        self.app = build_app(engine, self.metrics, self.state, request_limits)
+        engine_app = getattr(engine, "serving_app", None)
+        own = engine_app(lambda: self.state.ready, self.metrics.registry) if engine_app else None
+        self.app = own if own is not None else build_app(engine, self.metrics, self.state, request_limits)
         self._uvicorn = uvicorn
 
     def serve(self, host: str, port: int, mode: str, since: float) -> int:
@@ -169,6 +171,9 @@ class _HttpRunner:
 
         class Server(self._uvicorn.Server):
             async def startup(self, sockets: Any = None) -> None:
+                prepare = getattr(runner.app, "prepare", None)
+                if prepare is not None:  # an engine's own server builds its state in this loop
+                    await prepare()
                 await super().startup(sockets=sockets)
                 if not self.should_exit:
                     runner._mark_serving(mode, since)

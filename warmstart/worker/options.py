@@ -42,6 +42,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
             gpu_memory_utilization=args.gpu_memory_utilization,
             enforce_eager=args.enforce_eager,
             sleep_level=args.sleep_level,
+            api=args.api,
+            server_args=list(args.vllm_server_arg),
             engine_args=dict(args.engine_arg or []) | ({"revision": args.revision} if args.revision else {}),
         )
     return options
@@ -77,6 +79,7 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
         argv += ["--tensor-parallel-size", str(args.tensor_parallel_size),
                  "--sleep-level", str(args.sleep_level)]  # fmt: skip
         argv += ["--enforce-eager"] if args.enforce_eager else []
+        argv += ["--api", args.api] + [f"--vllm-server-arg={arg}" for arg in args.vllm_server_arg]
         for key, value in args.engine_arg or []:
             argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
     return argv

@@ -21,12 +21,13 @@ release (`weights_image`: parallel pinned reads into the same addresses; no mode
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from warmstart.engines.base import (
 from warmstart.engines.host import gpu_facts
 from warmstart.engines.vllm import memory
 from warmstart.engines.vllm.driver import _Driver, _Submission
+from warmstart.engines.vllm.frontend import ServingApp, VllmFrontend
 from warmstart.engines.vllm.identity import ENGINE_KIND, model_files_digest, snapshot_identity
 from warmstart.engines.vllm.options import VllmOptions, import_vllm, sampling_kwargs
 from warmstart.engines.vllm.quiesce import apply_env_defaults, open_resources, undumpable, use_file_rendezvous
@@ -83,6 +85,8 @@ class VllmEngine(Engine):
         sleep_level: int = 2,
         engine_args: dict[str, Any] | None = None,
         in_process: bool = True,
+        api: str = "vllm",
+        server_args: Sequence[str] = (),
     ) -> None:
         if device != "cuda":
             raise EngineError(
@@ -102,6 +106,8 @@ class VllmEngine(Engine):
             cuda_graph_sizes=tuple(cuda_graph_sizes or ()),
             sleep_level=sleep_level,
             extra=dict(engine_args or {}),
+            api=api,
+            server_args=tuple(server_args),
         )
         self._name = served_model_name or (Path(source).name if Path(source).is_dir() else model)
         self._in_process = in_process
@@ -110,6 +116,7 @@ class VllmEngine(Engine):
         self._tokenizer: Any = None
         self._tokenizer_lock = threading.Lock()
         self._driver: _Driver | None = None
+        self._frontend: VllmFrontend | None = None
         self._max_len = max_model_len or 0
         self._dtype = "" if self.options.dtype == "auto" else self.options.dtype
         self._model_dir: Path | None = Path(source) if Path(source).is_dir() else None
@@ -145,25 +152,34 @@ class VllmEngine(Engine):
         if self._in_process and self.options.tensor_parallel_size == 1:
             self._rendezvous = use_file_rendezvous(vllm)
         try:
-            llm = vllm.LLM(**self.options.llm_kwargs())
+            if self.options.api == "vllm":
+                self._frontend = VllmFrontend(self.options, self._name, self.options.server_args)
+                self._frontend.load()
+                llm, model_config = self._frontend, self._frontend.model_config
+            else:
+                llm = vllm.LLM(**self.options.llm_kwargs())
+                model_config = llm.llm_engine.model_config
+                self._driver = _Driver(llm.llm_engine)
         except (ValueError, TypeError, OSError, RuntimeError) as exc:
             raise EngineError(f"vLLM could not load {self.options.model!r}: {exc}") from exc
         self._vllm, self._llm = vllm, llm
         self._tokenizer = llm.get_tokenizer()
-        model_config = llm.llm_engine.model_config
         self._max_len = int(model_config.max_model_len)
         self._dtype = str(model_config.dtype).removeprefix("torch.")
-        self._driver = _Driver(llm.llm_engine)
         log.info(
-            "loaded %s with vLLM %s: %s, tensor parallel %d, max_model_len %d",
+            "loaded %s with vLLM %s (%s server): %s, tensor parallel %d, max_model_len %d",
             self._name,
             vllm.__version__,
+            self.options.api,
             self._dtype,
             self.options.tensor_parallel_size,
             self._max_len,
         )
 
     def warm_up(self) -> None:
+        if self._frontend is not None:
+            self._frontend.warm_up()
+            return
         request = GenerationRequest(
             prompt="warm up", sampling=SamplingParams(max_tokens=4), request_id="warm-up"
         )
@@ -171,7 +187,8 @@ class VllmEngine(Engine):
 
     def release(self) -> bool:
         llm = self._require_llm()
-        self._require_driver().stop()
+        if self._driver is not None:
+            self._require_driver().stop()
         level = self.options.sleep_level
         image_dir = os.environ.get(WEIGHTS_IMAGE_ENV)
         if level == 2 and image_dir:
@@ -231,10 +248,17 @@ class VllmEngine(Engine):
         log.info("awake: %s", ", ".join(f"{key} {value:.3f}" for key, value in self.timings.items()))
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        if self._frontend is not None:
+            self._require_awake()
+            return self._frontend.run(self._generate_async(requests))
         submissions = [self._submit(request) for request in requests]
         return [submission.result() for submission in submissions]
 
     def stream(self, request: GenerationRequest) -> Iterator[TokenDelta]:
+        if self._frontend is not None:  # vLLM's server streams; this is the Engine interface's fallback
+            (result,) = self.generate([request])
+            yield TokenDelta(result.text, result.token_ids, result.finish_reason, result.prompt_tokens)
+            return
         submission = self._submit(request)
         try:
             yield from submission.deltas()
@@ -260,9 +284,17 @@ class VllmEngine(Engine):
             self.options, self._digest, vllm.__version__, self._max_len, self._dtype, self._gpu_facts()
         )
 
+    def serving_app(self, ready: Callable[[], bool], registry: Any) -> Any:
+        """vLLM's own server (with /ready and the worker's metrics beside it), or None for warmstart's."""
+        if self._frontend is None:
+            return None
+        return ServingApp(self._frontend, ready, registry)
+
     def close(self) -> None:
         if self._driver is not None:
             self._driver.stop()
+        if self._frontend is not None:
+            self._frontend.shutdown()
 
     def describe(self) -> dict[str, Any]:
         facts = super().describe()
@@ -272,15 +304,19 @@ class VllmEngine(Engine):
             vllm_version=self._vllm.__version__ if self._vllm else "",
             tensor_parallel_size=self.options.tensor_parallel_size,
             sleep_level=self.options.sleep_level,
+            api=self.options.api,
             rendezvous=self._rendezvous or "",
             held_at_release=self._held,
             weights_image=str(self._weights_image or ""),
             memory_at_release=self._memory,
-            timings={key: round(value, 4) for key, value in self.timings.items()},
+            timings={key: round(value, 4) for key, value in self._all_timings().items()},
         )
         return facts
 
     # --- internals -----------------------------------------------------------------------------------
+
+    def _all_timings(self) -> dict[str, float]:
+        return {**self.timings, **(self._frontend.timings if self._frontend is not None else {})}
 
     def _model(self) -> Any:
         return self._require_llm().collective_rpc(_worker_model)[0]
@@ -341,6 +377,28 @@ class VllmEngine(Engine):
             ) from exc
         return "reload"
 
+    async def _generate_async(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
+        return list(await asyncio.gather(*(self._generate_one(request) for request in requests)))
+
+    async def _generate_one(self, request: GenerationRequest) -> GenerationResult:
+        ids = self._prompt_ids(request)
+        check_fits(len(ids), request.sampling.max_tokens, self._max_len)
+        params = self._vllm.SamplingParams(**sampling_kwargs(request.sampling))
+        request_id = f"{request.request_id or 'request'}-{next(self._ids)}"
+        final = None
+        async for output in self._frontend.llm.generate({"prompt_token_ids": ids}, params, request_id):
+            final = output
+        if final is None or not final.outputs:
+            raise EngineError(f"vLLM returned nothing for request {request_id}")
+        completion = final.outputs[0]
+        return GenerationResult(
+            request_id,
+            completion.text,
+            tuple(completion.token_ids),
+            len(ids),
+            completion.finish_reason or "stop",
+        )
+
     def _submit(self, request: GenerationRequest) -> _Submission:
         driver = self._require_driver()
         ids = self._prompt_ids(request)
@@ -387,10 +445,13 @@ class VllmEngine(Engine):
         return self._tokenizer
 
     def _require_driver(self) -> _Driver:
+        self._require_awake()
+        return self._driver
+
+    def _require_awake(self) -> None:
         self._require_llm()
         if self._asleep_level:
             raise EngineError("the engine is released; call reacquire() first")
-        return self._driver
 
 
 def _worker_model(worker: Any) -> Any:

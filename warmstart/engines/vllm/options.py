@@ -10,6 +10,8 @@ from warmstart.engines.base import EngineError, RequestError, SamplingParams
 
 INSTALL_HINT = "pip install 'warmstart[vllm]'"
 SLEEP_LEVELS = (1, 2)
+# Who answers HTTP after resume: vLLM's own OpenAI server, in this process (frontend.py), or warmstart's.
+APIS = ("vllm", "warmstart")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 # Options with a first-class argument; passing them as extra engine args would bypass its checks.
 OWN_ARGS = {
@@ -40,6 +42,8 @@ class VllmOptions:
     cuda_graph_sizes: tuple[int, ...] = ()
     sleep_level: int = 2
     extra: dict[str, Any] = field(default_factory=dict)
+    api: str = "vllm"
+    server_args: tuple[str, ...] = ()  # for vLLM's server (`vllm serve` flags), with api "vllm"
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -56,6 +60,12 @@ class VllmOptions:
         if self.sleep_level not in SLEEP_LEVELS:
             raise EngineError(f"sleep_level must be 1 or 2, got {self.sleep_level!r}")
         _check_extra(self.extra)
+        if self.api not in APIS:
+            raise EngineError(f"api must be one of {', '.join(APIS)}, got {self.api!r}")
+        if self.server_args and self.api != "vllm":
+            raise EngineError("vLLM server args need api 'vllm' (warmstart's server does not read them)")
+        if any(not isinstance(arg, str) for arg in self.server_args):
+            raise EngineError(f"vLLM server args must be strings, got {list(self.server_args)!r}")
 
     def llm_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -82,6 +92,10 @@ class VllmOptions:
         args = {key: value for key, value in self.llm_kwargs().items() if key != "model"}
         args["max_model_len"] = max_model_len
         args["sleep_level"] = self.sleep_level
+        # The server is part of the captured process: a snapshot serves what it was captured with.
+        args["api"] = self.api
+        if self.server_args:
+            args["server_args"] = list(self.server_args)
         return args
 
 

@@ -1,0 +1,205 @@
+"""vLLM's own OpenAI-compatible server in front of a checkpointable vLLM engine.
+
+`VllmFrontend` builds what `vllm serve` builds (its argument namespace, `AsyncLLM`, the FastAPI app and
+its state) with the engine core in this process (`inproc_client`), so the whole server is inside the one
+process a checkpoint captures: every route vLLM serves (completions and chat with tools, logprobs,
+`response_format`, `/v1/responses`, tokenize, `/metrics` with the `vllm:*` series) answers after a
+restore, with the engine state it had at the capture.
+
+Around a checkpoint the engine drives it synchronously (`sleep`, `wake_up`, `collective_rpc`: they run on
+the core's thread); it warms up through its own app in a short-lived event loop before the capture, and
+after resume builds the app state afresh in the serving loop (`ServingApp.prepare`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from warmstart.engines.base import EngineError
+from warmstart.engines.vllm.options import VllmOptions
+
+log = logging.getLogger(__name__)
+
+WARM_UP_ROUTES = ("/v1/completions", "/v1/chat/completions")
+# Engine args given as JSON that vLLM's parser would have turned into config objects.
+CONFIG_ARGS = {"compilation_config": ("vllm.config", "CompilationConfig")}
+
+
+class VllmFrontend:
+    def __init__(self, options: VllmOptions, served_model_name: str, server_args: Sequence[str] = ()) -> None:
+        self.options = options
+        self.served_model_name = served_model_name
+        self.server_args = tuple(server_args)
+        self.args: Any = None
+        self.llm: Any = None  # vLLM's AsyncLLM
+        self.timings: dict[str, float] = {}
+
+    def load(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from warmstart.engines.vllm.inproc_client import inproc_engine_core
+
+        self.args = server_namespace(self.options, self.served_model_name, self.server_args)
+        engine_args = AsyncEngineArgs.from_cli_args(self.args)
+        config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
+        with inproc_engine_core():
+            self.llm = AsyncLLM.from_vllm_config(
+                vllm_config=config,
+                usage_context=UsageContext.OPENAI_API_SERVER,
+                enable_log_requests=engine_args.enable_log_requests,
+                disable_log_stats=engine_args.disable_log_stats,
+            )
+
+    # --- what the engine calls around a checkpoint (no event loop running) ---------------------------
+
+    @property
+    def client(self) -> Any:
+        return self.llm.engine_core
+
+    @property
+    def model_config(self) -> Any:
+        return self.llm.model_config
+
+    def get_tokenizer(self) -> Any:
+        return self.llm.get_tokenizer()
+
+    def sleep(self, level: int) -> None:
+        self.run(self.llm.sleep(level))
+        self.client.quiesce()
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.run(self.llm.wake_up(tags))
+
+    def collective_rpc(self, method: Any) -> list[Any]:
+        return self.run(self.llm.collective_rpc(method))
+
+    def reset_prefix_cache(self) -> None:
+        self.run(self.llm.reset_prefix_cache())
+
+    def run(self, coroutine: Coroutine[Any, Any, Any]) -> Any:
+        """Run `coroutine` in a loop of its own; the engine then serves from whichever loop comes next."""
+        try:
+            return asyncio.run(coroutine)
+        finally:
+            self.llm.output_handler = None  # its task died with that loop; the next request starts one
+
+    def warm_up(self) -> None:
+        """Build the app and answer one request on each generation route, through vLLM's own code."""
+        started = time.perf_counter()
+        self.run(self._warm_up())
+        self.timings["warm_up_s"] = time.perf_counter() - started
+
+    async def _warm_up(self) -> None:
+        import httpx
+
+        app = await self.build_app()
+        body = {"model": self.served_model_name, "max_tokens": 4, "temperature": 0}
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://warm-up") as client:
+            for route in WARM_UP_ROUTES:
+                payload = {**body, "messages": [{"role": "user", "content": "warm up"}]} if "chat" in route \
+                    else {**body, "prompt": "warm up"}  # fmt: skip
+                answer = await client.post(route, json=payload)
+                if answer.status_code != 200 and route == WARM_UP_ROUTES[0]:
+                    raise EngineError(f"vLLM's server failed its warm-up on {route}: {answer.text[:500]}")
+                if answer.status_code != 200:  # a model without a chat template serves no chat
+                    log.info("warm-up: %s answered %d: %s", route, answer.status_code, answer.text[:200])
+
+    async def build_app(self) -> Any:
+        """vLLM's FastAPI app with its state initialised in the running loop."""
+        from vllm.entrypoints.openai.api_server import build_app, init_app_state
+
+        started = time.perf_counter()
+        tasks = await self.llm.get_supported_tasks()
+        app = build_app(self.args, tasks, self.llm.model_config)
+        await init_app_state(self.llm, app.state, self.args, tasks)
+        self.timings["build_app_s"] = time.perf_counter() - started
+        return app
+
+    def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.output_handler = None  # its loop (uvicorn's) has ended by now
+            self.llm.shutdown()
+
+    def metrics_registry(self) -> Any:
+        from vllm.v1.metrics.prometheus import get_prometheus_registry
+
+        return get_prometheus_registry()
+
+
+def server_namespace(options: VllmOptions, served_model_name: str, server_args: Sequence[str]) -> Any:
+    """The argument namespace `vllm serve` would parse, with the engine options as warmstart set them."""
+    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve (in warmstart)"))
+    try:
+        args = parser.parse_args(["--model", options.model, *server_args])
+    except SystemExit as exc:
+        raise EngineError(f"vLLM's server refused its arguments {list(server_args)}") from exc
+    for key, value in engine_overrides(options).items():
+        setattr(args, key, value)
+    args.served_model_name = [served_model_name]
+    validate_parsed_serve_args(args)
+    return args
+
+
+def engine_overrides(options: VllmOptions) -> dict[str, Any]:
+    """Engine args warmstart owns (over anything the server args said), as vLLM's parser types them."""
+    overrides = dict(options.llm_kwargs())
+    for key, (module, name) in CONFIG_ARGS.items():
+        if isinstance(overrides.get(key), dict):
+            import importlib
+
+            overrides[key] = getattr(importlib.import_module(module), name)(**overrides[key])
+    overrides["disable_log_stats"] = False  # the vllm:* series
+    return overrides
+
+
+class ServingApp:
+    """The ASGI app a worker serves: `/ready` and `/metrics` (the worker's series, then vLLM's) answered
+    here, everything else by vLLM's app, which `prepare()` builds in the serving loop."""
+
+    def __init__(self, frontend: VllmFrontend, ready: Callable[[], bool], registry: Any) -> None:
+        self._frontend = frontend
+        self._ready = ready
+        self._registry = registry
+        self._inner: Any = None
+
+    async def prepare(self) -> None:
+        self._inner = await self._frontend.build_app()
+        log.info("vLLM's server built in %.3f s", self._frontend.timings["build_app_s"])
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path == "/ready":
+            await self._answer(send, *self._ready_answer())
+        elif path == "/metrics":
+            await self._answer(send, 200, self._metrics(), b"text/plain; version=0.0.4; charset=utf-8")
+        elif self._inner is None:
+            await self._answer(send, 503, b'{"status": "starting"}')
+        else:
+            await self._inner(scope, receive, send)
+
+    def _ready_answer(self) -> tuple[int, bytes]:
+        if self._ready() and self._inner is not None:
+            return 200, json.dumps({"status": "ready", "model": self._frontend.served_model_name}).encode()
+        return 503, b'{"status": "starting"}'
+
+    def _metrics(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self._registry) + generate_latest(self._frontend.metrics_registry())
+
+    @staticmethod
+    async def _answer(send: Any, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
+        headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
