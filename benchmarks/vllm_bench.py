@@ -55,6 +55,24 @@ def log(message: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+@contextlib.contextmanager
+def transparent_hugepages(mode: str | None) -> Any:
+    """The kernel's THP mode for one step (`always` lets CRIU's restore fault the image in 2 MiB pages)."""
+    if mode is None:
+        yield
+        return
+    text = THP.read_text()
+    before = text[text.index("[") + 1 : text.index("]")]
+    THP.write_text(mode)
+    try:
+        yield
+    finally:
+        THP.write_text(before)
+
+
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -363,7 +381,8 @@ def main() -> int:
                 if step.endswith("dropped"):
                     drop_caches()
                 store = "store-notrim" if "notrim" in step else "store"
-                serve_once(args, step, results, reference, store)
+                with transparent_hugepages("always" if "-thp" in step else None):
+                    serve_once(args, step, results, reference, store)
             elif step == "vllm-serve":
                 vllm_serve(args, step, results, reference)
             elif step.startswith("vllm-"):

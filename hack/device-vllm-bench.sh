@@ -50,5 +50,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv
 python3 -c 'import sys, torch, vllm; print("python", sys.version.split()[0], "torch", torch.__version__, "vllm", vllm.__version__)' 2>&1 | tail -1
 echo "cpus $(nproc), $(free -g | awk '/Mem:/{print $2}') GiB RAM, kernel $(uname -r), $(df -h /var/tmp | tail -1)"
 $WARMSTART_CRIU --version | head -1
+echo "transparent hugepages: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
+# vLLM's server imports more than its engine: a missing module is found here, not after the model loads.
+python3 -c 'import vllm.entrypoints.openai.api_server' 2>&1 | tail -3 || exit 5
 python3 benchmarks/vllm_bench.py --criu "$WARMSTART_CRIU" --model "$MODEL_DIR" --work "$WORK" --out "$OUT" \
     ${STEPS:+--steps "$STEPS"} 2>&1 | tee "$OUT/vllm_bench.log"

@@ -30,7 +30,7 @@ small=(
   anthropic docstring-parser mcp httpx-sse sse-starlette pydantic-settings python-dotenv python-multipart
   'outlines_core==0.2.14' 'lm-format-enforcer==0.11.3' interegular 'llguidance==1.6.1' 'xgrammar<1'
   'apache-tvm-ffi>=0.1.11,<0.2' 'nvtx==0.2.15' pydantic pydantic-core annotated-types typing-inspection
-  annotated-doc uvicorn opentelemetry-api importlib-metadata prometheus-client
+  annotated-doc uvicorn opentelemetry-api importlib-metadata prometheus-client jmespath
 )
 for req in "${small[@]}"; do fetch -d "$DIR/small" "$req"; done
 tmp=$(mktemp -d)

@@ -46,6 +46,7 @@ class VllmFrontend:
 
         from warmstart.engines.vllm.inproc_client import inproc_engine_core
 
+        _import_server()
         self.args = server_namespace(self.options, self.served_model_name, self.server_args)
         engine_args = AsyncEngineArgs.from_cli_args(self.args)
         config = engine_args.create_engine_config(usage_context=UsageContext.OPENAI_API_SERVER)
@@ -132,6 +133,18 @@ class VllmFrontend:
         from vllm.v1.metrics.prometheus import get_prometheus_registry
 
         return get_prometheus_registry()
+
+
+def _import_server() -> None:
+    """Import vLLM's server now (before a checkpoint, not after resume), keeping the logging set-up:
+    a package it imports sets the root logger to ERROR at import (SageMaker's container standards)."""
+    root = logging.getLogger()
+    levels = root.level, [(handler, handler.level) for handler in root.handlers]
+    import vllm.entrypoints.openai.api_server  # noqa: F401
+
+    root.setLevel(levels[0])
+    for handler, level in levels[1]:
+        handler.setLevel(level)
 
 
 def server_namespace(options: VllmOptions, served_model_name: str, server_args: Sequence[str]) -> Any:
