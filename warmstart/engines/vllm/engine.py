@@ -44,7 +44,6 @@ from warmstart.engines.base import (
     check_token_ids,
 )
 from warmstart.engines.host import gpu_facts
-from warmstart.engines.hugepages import advise_hugepages
 from warmstart.engines.vllm import memory
 from warmstart.engines.vllm.driver import _Driver, _Submission
 from warmstart.engines.vllm.frontend import ServingApp, VllmFrontend
@@ -60,7 +59,6 @@ WEIGHTS_IMAGE_ENV = "WARMSTART_VLLM_WEIGHTS_IMAGE"  # a directory: write an imag
 # image exists) or "reload" (vLLM's reload_weights); read at resume: one snapshot is measured both ways.
 REFILL_CHOICE_FILE = "refill"
 TRIM_ENV = "WARMSTART_VLLM_TRIM"  # "0": leave cached GPU and host memory in place at release
-HUGEPAGES_ENV = "WARMSTART_HUGEPAGES"  # "0": no MADV_HUGEPAGE on large mappings at release (hugepages.py)
 # Refill defaults: on the H200, 16 MiB pinned chunks on 8 threads beat 64 MiB ones (smaller pinned
 # allocations at resume, more copies in flight).
 REFILL_THREADS = 8
@@ -207,8 +205,6 @@ class VllmEngine(Engine):
             self._memory["after_trim"] = memory.breakdown()
             self.timings["trim_s"] = time.perf_counter() - mark
         log.info("memory at release: %s", self._memory)
-        if os.environ.get(HUGEPAGES_ENV, "1") != "0":
-            self._memory["hugepages_advised_gib"] = round(advise_hugepages() / 2**30, 3)
         self._held = open_resources()
         log.info("asleep (level %d) in %.2f s; the process holds %s", level, self.timings["sleep_s"],
                  self._held)  # fmt: skip
