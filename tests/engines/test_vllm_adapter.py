@@ -304,7 +304,8 @@ def test_identity_records_engine_version_args_dtype_parallelism_and_gpu(model_di
 
 def test_identity_changes_with_the_server_and_its_args(model_dir: Path) -> None:
     def digest(**options: Any) -> str:
-        return snapshot_identity(VllmOptions(model=str(model_dir), **options), "d", "0.26.0", 1024, "", GPU).digest()
+        options = VllmOptions(model=str(model_dir), **options)
+        return snapshot_identity(options, "d", "0.26.0", 1024, "", GPU).digest()
 
     assert len({digest(), digest(api="warmstart"), digest(server_args=("--enable-auto-tool-choice",))}) == 3
 

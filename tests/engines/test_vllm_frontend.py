@@ -20,6 +20,7 @@ from prometheus_client import CollectorRegistry, Gauge
 from warmstart.engines.vllm.frontend import ServingApp
 from warmstart.engines.vllm.inproc_client import InprocAsyncClient
 from warmstart.worker.engine_process import _HttpRunner
+from warmstart.worker.metrics import WorkerMetrics
 
 
 @dataclass
@@ -190,6 +191,9 @@ class FakeFrontend:
         self.timings: dict[str, float] = {}
         self.registry = CollectorRegistry()
         Gauge("vllm:num_requests_running", "running", registry=self.registry).set(3)
+        self.waiting = Gauge("vllm:num_requests_waiting", "waiting", ["engine"], registry=self.registry)
+        self.waiting.labels("0").set(2)
+        self.waiting.labels("1").set(5)
         self.builds = 0
 
     async def build_app(self) -> FastAPI:
@@ -207,15 +211,30 @@ class FakeFrontend:
         return self.registry
 
 
-def worker_registry() -> CollectorRegistry:
-    registry = CollectorRegistry()
-    Gauge("warmstart_worker_start_seconds", "start", ["mode"], registry=registry).labels("restore").set(1.5)
-    return registry
+def test_the_worker_load_gauges_follow_the_engine_scheduler_at_every_scrape() -> None:
+    frontend, metrics = FakeFrontend(), WorkerMetrics()
+    app = ServingApp(frontend, lambda: True, metrics)  # type: ignore[arg-type]
+
+    async def scrape() -> str:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as http:
+            return (await http.get("/metrics")).text
+
+    text = asyncio.run(scrape())
+    assert "warmstart_worker_requests_waiting 7.0" in text and "warmstart_worker_requests_running 3.0" in text
+    frontend.waiting.labels("1").set(0)
+    assert "warmstart_worker_requests_waiting 2.0" in asyncio.run(scrape())
+
+
+def worker_metrics() -> WorkerMetrics:
+    metrics = WorkerMetrics()
+    metrics.start_seconds.labels("restore").set(1.5)
+    return metrics
 
 
 def test_the_serving_app_answers_ready_and_metrics_and_hands_the_rest_to_the_engine_server() -> None:
     frontend, ready = FakeFrontend(), threading.Event()
-    app = ServingApp(frontend, ready.is_set, worker_registry())  # type: ignore[arg-type]
+    app = ServingApp(frontend, ready.is_set, worker_metrics())  # type: ignore[arg-type]
 
     async def scenario() -> None:
         transport = httpx.ASGITransport(app=app)
@@ -243,15 +262,15 @@ def test_the_worker_serves_an_engine_own_app_when_it_has_one() -> None:
         served_model_name = "tiny"
         max_model_len = 64
 
-        def serving_app(self, ready: Any, registry: Any) -> Any:
-            built.append(ServingApp(FakeFrontend(), ready, registry))  # type: ignore[arg-type]
+        def serving_app(self, ready: Any, metrics: Any) -> Any:
+            built.append(ServingApp(FakeFrontend(), ready, metrics))  # type: ignore[arg-type]
             return built[-1]
 
     runner = _HttpRunner(EngineWithServer())
     assert runner.app is built[0]
 
     class EngineWithout(EngineWithServer):
-        def serving_app(self, ready: Any, registry: Any) -> Any:
+        def serving_app(self, ready: Any, metrics: Any) -> Any:
             return None
 
     assert isinstance(_HttpRunner(EngineWithout()).app, FastAPI)

@@ -152,7 +152,11 @@ def _retry_later(key: Key, handler: str, error: Exception | None) -> None:
     if error is not None:
         log.warning(
             "%s/%s: %s reconcile failed (%d in a row), retrying in %.0f s: %s",
-            *key, handler, failures, delay, error,
+            *key,
+            handler,
+            failures,
+            delay,
+            error,
         )
 
 

@@ -162,7 +162,7 @@ class _HttpRunner:
         self.state = ServerState()
         self.connection_limits = connection_limits or ConnectionLimits()
         engine_app = getattr(engine, "serving_app", None)
-        own = engine_app(lambda: self.state.ready, self.metrics.registry) if engine_app else None
+        own = engine_app(lambda: self.state.ready, self.metrics) if engine_app else None
         self.app = own if own is not None else build_app(engine, self.metrics, self.state, request_limits)
         self._uvicorn = uvicorn
 

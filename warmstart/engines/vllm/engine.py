@@ -284,11 +284,11 @@ class VllmEngine(Engine):
             self.options, self._digest, vllm.__version__, self._max_len, self._dtype, self._gpu_facts()
         )
 
-    def serving_app(self, ready: Callable[[], bool], registry: Any) -> Any:
+    def serving_app(self, ready: Callable[[], bool], metrics: Any) -> Any:
         """vLLM's own server (with /ready and the worker's metrics beside it), or None for warmstart's."""
         if self._frontend is None:
             return None
-        return ServingApp(self._frontend, ready, registry)
+        return ServingApp(self._frontend, ready, metrics)
 
     def close(self) -> None:
         if self._driver is not None:

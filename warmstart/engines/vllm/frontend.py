@@ -26,6 +26,8 @@ from warmstart.engines.vllm.options import VllmOptions
 log = logging.getLogger(__name__)
 
 WARM_UP_ROUTES = ("/v1/completions", "/v1/chat/completions")
+VLLM_WAITING = "vllm:num_requests_waiting"  # requests in vLLM's scheduler queue, per engine
+VLLM_RUNNING = "vllm:num_requests_running"
 # Engine args given as JSON that vLLM's parser would have turned into config objects.
 CONFIG_ARGS = {"compilation_config": ("vllm.config", "CompilationConfig")}
 
@@ -178,12 +180,15 @@ def engine_overrides(options: VllmOptions) -> dict[str, Any]:
 
 class ServingApp:
     """The ASGI app a worker serves: `/ready` and `/metrics` (the worker's series, then vLLM's) answered
-    here, everything else by vLLM's app, which `prepare()` builds in the serving loop."""
+    here, everything else by vLLM's app, which `prepare()` builds in the serving loop.
 
-    def __init__(self, frontend: VllmFrontend, ready: Callable[[], bool], registry: Any) -> None:
+    `metrics` is the worker's (its `registry`, its load gauges): the gauges autoscalers read follow vLLM's
+    scheduler (`vllm:num_requests_waiting`, `vllm:num_requests_running`) at every scrape."""
+
+    def __init__(self, frontend: VllmFrontend, ready: Callable[[], bool], metrics: Any) -> None:
         self._frontend = frontend
         self._ready = ready
-        self._registry = registry
+        self._metrics = metrics
         self._inner: Any = None
 
     async def prepare(self) -> None:
@@ -195,7 +200,7 @@ class ServingApp:
         if path == "/ready":
             await self._answer(send, *self._ready_answer())
         elif path == "/metrics":
-            await self._answer(send, 200, self._metrics(), b"text/plain; version=0.0.4; charset=utf-8")
+            await self._answer(send, 200, self._metrics_text(), b"text/plain; version=0.0.4; charset=utf-8")
         elif self._inner is None:
             await self._answer(send, 503, b'{"status": "starting"}')
         else:
@@ -206,13 +211,23 @@ class ServingApp:
             return 200, json.dumps({"status": "ready", "model": self._frontend.served_model_name}).encode()
         return 503, b'{"status": "starting"}'
 
-    def _metrics(self) -> bytes:
+    def _metrics_text(self) -> bytes:
         from prometheus_client import generate_latest
 
-        return generate_latest(self._registry) + generate_latest(self._frontend.metrics_registry())
+        engine_registry = self._frontend.metrics_registry()
+        self._metrics.requests_waiting.set(_sample_sum(engine_registry, VLLM_WAITING))
+        self._metrics.requests_running.set(_sample_sum(engine_registry, VLLM_RUNNING))
+        return generate_latest(self._metrics.registry) + generate_latest(engine_registry)
 
     @staticmethod
     async def _answer(send: Any, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
         headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _sample_sum(registry: Any, name: str) -> float:
+    """The sum of a series' samples over its labels (0 when the registry has none)."""
+    return sum(
+        sample.value for metric in registry.collect() for sample in metric.samples if sample.name == name
+    )
