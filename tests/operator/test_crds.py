@@ -126,6 +126,8 @@ def test_values_schema_rejects_bad_values():
     assert typo.returncode != 0 and "replica" in typo.stderr
     negative = helm_template(CHART, "--set", "agent.prestage.maxBytes=-1", check=False)
     assert negative.returncode != 0 and "maxBytes" in negative.stderr
+    thp = helm_template(CHART, "--set", "agent.transparentHugepages=sometimes", check=False)
+    assert thp.returncode != 0 and "transparentHugepages" in thp.stderr
 
 
 def test_agent_is_optional_and_privileged_when_on():
@@ -158,6 +160,11 @@ def test_agent_is_optional_and_privileged_when_on():
     register(parser.add_subparsers())
     parsed = parser.parse_args(args[args.index("agent") :])
     assert (parsed.prestage_interval, parsed.prestage_max_bytes) == (30.0, 64 << 30)
+    assert parsed.transparent_hugepages is None  # the node's setting is left alone unless asked
+    huge = kinds("--set", "agent.transparentHugepages=always")
+    huge_args = huge["DaemonSet/t-warmstart-agent"]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert huge_args[-1] == "--transparent-hugepages=always"
+    assert parser.parse_args(huge_args[huge_args.index("agent") :]).transparent_hugepages == "always"
     without = kinds("--set", "agent.enabled=false")
     assert not any(key.startswith(("DaemonSet/", "ClusterRole/t-warmstart-agent")) for key in without)
     operator = without["Deployment/t-warmstart-operator"]["spec"]["template"]["spec"]["containers"][0]

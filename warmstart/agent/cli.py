@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from warmstart.agent import hugepages
 from warmstart.agent.pods import POD_LOOKUPS
 from warmstart.config import default_criu_command, env_int
 
@@ -56,6 +57,11 @@ def _run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"warmstart agent: {exc}", file=sys.stderr)
         return 2
+    if args.transparent_hugepages:
+        try:
+            hugepages.set_mode(args.transparent_hugepages)
+        except (OSError, ValueError) as exc:
+            log.warning("could not set transparent huge pages to %s: %s", args.transparent_hugepages, exc)
     config.store.mkdir(parents=True, exist_ok=True)
     signer, verifier, note = signing_keys(config.store, config.key)
     if note:
@@ -136,6 +142,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--prestage-max-bytes", type=int, default=DEFAULT_PRESTAGE_MAX_BYTES,
         help="bytes of snapshots kept in the page cache, newest first (0: no pre-staging; the agent's memory "
         "limit caps it, since the page cache it fills is charged to its cgroup)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--transparent-hugepages", choices=hugepages.MODES, default=None,
+        help="select this transparent huge pages mode on the node at start (always lets CRIU restore into "
+        "2 MiB pages); default: leave the node's as it is",
     )  # fmt: skip
     parser.add_argument(
         "--pod-lookup", choices=POD_LOOKUPS, default="cgroup",

@@ -1,0 +1,36 @@
+"""The node's transparent huge pages mode, set by the agent when asked (`agent.transparentHugepages`).
+
+With THP `always`, CRIU writes a restored process's memory into 2 MiB pages instead of faulting it in 4 KiB
+at a time: on the H200 a 3.3 GiB vLLM image restored in 1.2-1.6 s instead of 2.0-2.3 s (BENCHMARKS.md).
+The setting is the whole node's, so the agent leaves it alone unless told, and logs what it changed.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+MODES = ("always", "madvise", "never")
+
+
+def current_mode(path: Path = THP_ENABLED) -> str:
+    """The selected mode: the bracketed word of the kernel's `always [madvise] never`."""
+    text = path.read_text()
+    start, end = text.find("["), text.find("]")
+    if not 0 <= start < end:
+        raise ValueError(f"{path} does not say which mode is selected: {text.strip()!r}")
+    return text[start + 1 : end]
+
+
+def set_mode(mode: str, path: Path = THP_ENABLED) -> str:
+    """Select `mode` unless it already is; returns the mode before. OSError where the kernel refuses."""
+    if mode not in MODES:
+        raise ValueError(f"transparent huge pages mode must be one of {', '.join(MODES)}, got {mode!r}")
+    before = current_mode(path)
+    if before != mode:
+        path.write_text(mode)
+        log.info("transparent huge pages on this node: %s -> %s (%s)", before, mode, path)
+    return before
