@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
+from typing import Any
 
 import pytest
 
@@ -71,3 +73,88 @@ def test_state_of_a_process_without_cuda_context_is_reported() -> None:
         assert cuda.state(os.getpid()) in set(cuda.CheckpointState)
     except cuda.CudaCheckpointError as exc:
         assert "cuCheckpointProcessGetState" in str(exc)
+
+
+TREE = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+    "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"])
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_the_process_tree_holds_every_descendant_parents_first_and_no_stranger() -> None:
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    root = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(root.stdout.readline())
+        tree: list[int] = []
+        for _ in range(200):  # the grandchild starts a moment after its parent printed
+            tree = cuda.process_tree(root.pid)
+            if len(tree) == 3:
+                break
+            time.sleep(0.05)
+        assert tree[:2] == [root.pid, child] and len(tree) == 3
+        assert stranger.pid not in tree
+        assert cuda.cuda_processes(root.pid) == []  # CPU processes: nothing to checkpoint
+    finally:
+        for pid in reversed(cuda.process_tree(root.pid)):
+            os.kill(pid, 9)
+        stranger.kill()
+        root.wait()
+        stranger.wait()
+    assert cuda.process_tree(root.pid) == []
+
+
+class DriverCalls:
+    """The four per-process calls of the checkpoint API, recorded; `failing` names one that fails."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, failing: tuple[str, int] | None = None) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.failing = failing
+        self.states: dict[int, str] = {}
+        for name in ("lock", "checkpoint", "restore", "unlock"):
+            monkeypatch.setattr(cuda, name, self._recorder(name))
+        monkeypatch.setattr(cuda, "state", lambda pid: cuda.CheckpointState(self.states.get(pid, "running")))
+
+    def _recorder(self, name: str) -> Any:
+        after = {"lock": "locked", "checkpoint": "checkpointed", "restore": "locked", "unlock": "running"}
+
+        def call(pid: int, *_args: object) -> None:
+            self.calls.append((name, pid))
+            if self.failing == (name, pid):
+                raise cuda.CudaCheckpointError(f"{name}(pid {pid}) failed: CUDA_ERROR_TEST")
+            self.states[pid] = after[name]
+
+        return call
+
+
+def test_suspend_all_locks_every_process_before_checkpointing_any(monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = DriverCalls(monkeypatch)
+    cuda.suspend_all([11, 12, 13])
+    assert driver.calls == [("lock", 11), ("lock", 12), ("lock", 13),
+                            ("checkpoint", 11), ("checkpoint", 12), ("checkpoint", 13)]  # fmt: skip
+    driver.calls.clear()
+    cuda.resume_all([11, 12, 13])
+    assert driver.calls == [("restore", 11), ("unlock", 11), ("restore", 12), ("unlock", 12),
+                            ("restore", 13), ("unlock", 13)]  # fmt: skip
+
+
+def test_a_rank_that_fails_to_checkpoint_leaves_every_rank_running(monkeypatch: pytest.MonkeyPatch) -> None:
+    driver = DriverCalls(monkeypatch, failing=("checkpoint", 12))
+    with pytest.raises(cuda.CudaCheckpointError, match=r"checkpoint\(pid 12\)"):
+        cuda.suspend_all([11, 12, 13])
+    assert driver.calls[-4:] == [("restore", 11), ("unlock", 11), ("unlock", 12), ("unlock", 13)]
+    assert set(driver.states.values()) == {"running"}
+
+
+def test_a_rank_that_fails_to_resume_is_named_and_the_others_still_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    driver = DriverCalls(monkeypatch, failing=("restore", 12))
+    driver.states = {11: "checkpointed", 12: "checkpointed", 13: "checkpointed"}
+    named = r"1 of 3 CUDA processes did not resume: restore\(pid 12"
+    with pytest.raises(cuda.CudaCheckpointError, match=named):
+        cuda.resume_all([11, 12, 13])
+    assert (driver.states[11], driver.states[13]) == ("running", "running")

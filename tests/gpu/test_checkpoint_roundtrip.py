@@ -86,6 +86,50 @@ def test_cuda_checkpoint_api_round_trip_on_child(
             child.kill()
 
 
+# Two CUDA processes in one tree, as an engine with one process per GPU has: the parent runs the GPU child's
+# program itself after starting a second copy of it as its child.
+PARENT_AND_CHILD = """
+import runpy, subprocess, sys
+child_control, control, weights, program = sys.argv[1:5]
+subprocess.Popen([sys.executable, program, child_control, weights, "plain"], stdin=subprocess.DEVNULL)
+sys.argv = [program, control, weights, "plain"]
+runpy.run_path(program, run_name="__main__")
+"""
+
+
+def test_every_cuda_process_of_a_tree_is_checkpointed_and_restored_together(
+    tmp_path: Path, weights_file: Path, cuda_checkpoint: Any
+) -> None:
+    controls = [ControlDir(tmp_path / "rank0"), ControlDir(tmp_path / "rank1")]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+    log = tmp_path / "tree.log"
+    argv = [sys.executable, "-c", PARENT_AND_CHILD, str(controls[1].path), str(controls[0].path),
+            str(weights_file), str(CHILD)]  # fmt: skip
+    with open(log, "wb") as out:
+        parent = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                  env=env, start_new_session=True)  # fmt: skip
+    pids: list[int] = []
+    try:
+        ready = [_wait_ready(control, parent, log) for control in controls]
+        pids = cuda_checkpoint.cuda_processes(parent.pid)
+        assert pids == [parent.pid, ready[1]["pid"]] and ready[0]["pid"] == parent.pid
+        cuda_checkpoint.suspend_all(pids)
+        assert [cuda_checkpoint.state(pid).name for pid in pids] == ["CHECKPOINTED", "CHECKPOINTED"]
+        assert not any(_device_used_by(pid) for pid in pids)  # both let the GPU go
+        cuda_checkpoint.resume_all(pids)
+        assert [cuda_checkpoint.state(pid).name for pid in pids] == ["RUNNING", "RUNNING"]
+        for control in controls:
+            control.send(RESTORE_COMPLETE)
+        for control, before in zip(controls, ready, strict=True):
+            after = _wait_after(control.path)
+            assert (after["graph"], after["eager"]) == (before["before"]["graph"], before["before"]["eager"])
+        assert parent.wait(timeout=60) == 0
+    finally:
+        for pid in [parent.pid, *pids]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_criu_and_cuda_round_trip_with_weights_out_of_the_image(
     tmp_path: Path, weights_file: Path, cuda_checkpoint: Any, criu_command: str
 ) -> None:

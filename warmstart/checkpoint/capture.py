@@ -31,7 +31,7 @@ from typing import Any, BinaryIO
 from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.layout import CRIU_DIR, LOGS_DIR, SANDBOX_FILES_DIR, timed
-from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox
+from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import (
     READY_FOR_SNAPSHOT,
@@ -277,27 +277,29 @@ def capture(
     except CaptureError:  # nothing was suspended: the worker only waits for word to serve
         _tell_source_to_serve(control, options.resume_payload)
         raise
-    use = cuda.process_uses_cuda(host_pid)
+    gpu_pids = cuda.cuda_processes(host_pid)
+    use = _cuda_use(host_pid, gpu_pids)
     log.info("capturing pid %d (host %d): %s", namespace_pid, host_pid, use.reason)
-    suspended = False
+    suspended: list[int] = []
     try:
-        if use.uses_cuda:
+        if gpu_pids:
             with timer.phase("cuda_checkpoint"):
-                cuda.suspend(host_pid, options.cuda_lock_timeout_ms)
-            suspended = True
+                cuda.suspend_all(gpu_pids, options.cuda_lock_timeout_ms)
+            suspended = gpu_pids
         published = _dump_and_publish(
-            store, signer, sandbox, criu, identity, namespace_pid, host_pid, payload, use, options, timer
-        )
+            store, signer, sandbox, criu, identity, namespace_pid, host_pid, payload, use, gpu_pids, options,
+            timer,
+        )  # fmt: skip
     except BaseException as exc:
         try:
-            _resume_source(control, host_pid, suspended, options.resume_payload, timer)
+            _resume_source(control, suspended, options.resume_payload, timer)
         except Exception as resume_error:  # report the capture failure, not this one
             log.error("could not resume the source after a failed capture: %s", resume_error)
         if isinstance(exc, Exception) and not isinstance(exc, CaptureError):
             raise CaptureError(f"capture failed during {timer.current}: {exc}") from exc
         raise
     if options.keep_serving:
-        _resume_source(control, host_pid, suspended, options.resume_payload, timer)
+        _resume_source(control, suspended, options.resume_payload, timer)
     else:
         control.send(SNAPSHOT_COMPLETE, {"snapshot": published.id})
     return CaptureResult(published, timer.timings)
@@ -313,6 +315,7 @@ def _dump_and_publish(
     host_pid: int,
     payload: dict[str, Any],
     use: cuda.CudaUse,
+    cuda_pids: list[int],
     options: CaptureOptions,
     timer: _Timer,
 ) -> Snapshot:
@@ -321,6 +324,8 @@ def _dump_and_publish(
         "engine_pid": namespace_pid,
         "uses_cuda": use.uses_cuda,
         "cuda_reason": use.reason,
+        # Their PIDs inside the sandbox (CRIU restores them): each is CUDA-restored, or the restore fails.
+        "cuda_pids": [namespace_pids(pid)[-1] for pid in cuda_pids],
         "worker": {k: v for k, v in payload.items() if k not in ("identity", "pid")},
     }
     node = {"hostname": socket.gethostname()}
@@ -358,14 +363,18 @@ def check_ids_restorable(images: Path) -> None:
         )
 
 
-def _resume_source(
-    control: ControlDir, host_pid: int, suspended: bool, payload: dict[str, Any], timer: _Timer
-) -> None:
-    """Let the source carry on serving: GPU state back (when it was checkpointed), then `restore-complete`."""
+def _resume_source(control: ControlDir, suspended: list[int], payload: dict[str, Any], timer: _Timer) -> None:
+    """Let the source carry on serving: GPU state back where it was checkpointed, then `restore-complete`."""
     if suspended:
         with timer.phase("cuda_restore"):
-            cuda.resume(host_pid)
+            cuda.resume_all(suspended)
     _tell_source_to_serve(control, payload)
+
+
+def _cuda_use(host_pid: int, gpu_pids: list[int]) -> cuda.CudaUse:
+    if not gpu_pids:
+        return cuda.CudaUse(False, f"no process of pid {host_pid}'s tree maps libcuda or opens /dev/nvidia*")
+    return cuda.CudaUse(True, f"{len(gpu_pids)} CUDA process(es) in the tree: host pids {gpu_pids}")
 
 
 def _tell_source_to_serve(control: ControlDir, payload: dict[str, Any]) -> None:

@@ -1,20 +1,26 @@
 """The CUDA driver checkpoint API, driven from the agent with the worker's PID (driver >= 570).
 
 Capture: lock -> checkpoint (device memory copied to host, GPU resources released) -> CRIU dump.
-Restore: CRIU restore -> restore -> unlock. `cuda.bindings.driver` is imported lazily; a machine without
-libcuda is "no CUDA here" (`CudaUnavailable`), never a crash, and CPU workers are skipped with a reason by
-`process_uses_cuda`.
+Restore: CRIU restore -> restore -> unlock. A worker whose engine runs one process per GPU (tensor
+parallelism) has several CUDA processes in its tree: `cuda_processes` finds them, `suspend_all` locks every
+one before checkpointing any (no rank keeps computing, or waiting in a collective, beside a checkpointed
+one) and undoes what it did when one fails; `resume_all` brings them all back or says which did not.
+`cuda.bindings.driver` is imported lazily; a machine without libcuda is "no CUDA here" (`CudaUnavailable`),
+never a crash, and CPU workers are skipped with a reason by `process_uses_cuda`.
 """
 
 from __future__ import annotations
 
 import enum
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from warmstart import cuda_driver
 from warmstart.cuda_driver import CudaError, CudaUnavailable
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LOCK_TIMEOUT_MS = 20_000
 _CHECKPOINT_CALLS = ("cuCheckpointProcessLock", "cuCheckpointProcessGetState")
@@ -115,6 +121,81 @@ def state(pid: int) -> CheckpointState:
         return CheckpointState(name)
     except ValueError as exc:
         raise CudaCheckpointError(f"unknown CUDA process state {raw!r} for pid {pid}") from exc
+
+
+def process_tree(root: int) -> list[int]:
+    """`root` and every process descended from it, parents before children (empty when `root` is gone)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            parent = _parent_pid(int(entry.name))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry.name))
+    if not os.path.exists(f"/proc/{root}"):
+        return []
+    tree, index = [root], 0
+    while index < len(tree):
+        tree.extend(sorted(children.get(tree[index], [])))
+        index += 1
+    return tree
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return int(stat.read().rsplit(")", 1)[1].split()[1])  # after the command, which may hold spaces
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cuda_processes(root: int) -> list[int]:
+    """The processes of `root`'s tree that hold CUDA state, parents first."""
+    return [pid for pid in process_tree(root) if process_uses_cuda(pid).uses_cuda]
+
+
+def suspend_all(pids: list[int], timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
+    """Lock every process, then checkpoint every one: all or none. On a failure, what was checkpointed is
+    restored and what was locked unlocked, so every process runs as before, and the error is raised."""
+    locked: list[int] = []
+    checkpointed: list[int] = []
+    try:
+        for pid in pids:
+            lock(pid, timeout_ms)
+            locked.append(pid)
+        for pid in pids:
+            checkpoint(pid)
+            checkpointed.append(pid)
+    except BaseException:
+        _undo_suspend(locked, checkpointed)
+        raise
+
+
+def _undo_suspend(locked: list[int], checkpointed: list[int]) -> None:
+    for pid in checkpointed:
+        _best_effort(restore, pid)
+    for pid in locked:
+        _best_effort(unlock, pid)
+
+
+def _best_effort(call: Any, pid: int) -> None:
+    try:
+        call(pid)
+    except CudaError as exc:  # the original failure is the one to report
+        log.error("undoing a failed checkpoint: %s", exc)
+
+
+def resume_all(pids: list[int]) -> None:
+    """Resume every process (`resume`); when any fails, the others are still resumed and one error names
+    every failure."""
+    failures = []
+    for pid in pids:
+        try:
+            resume(pid)
+        except CudaCheckpointError as exc:
+            failures.append(str(exc))
+    if failures:
+        raise CudaCheckpointError(f"{len(failures)} of {len(pids)} CUDA processes did not resume: "
+                                  + "; ".join(failures))  # fmt: skip
 
 
 def suspend(pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:

@@ -342,9 +342,20 @@ def _restore_process(
     if host_pid is None:  # a CRIU-side failure: the caller kills whatever half-restored tasks remain
         raise CriuError(f"CRIU reported pid {namespace_pid} but no such process runs in the sandbox")
     if snapshot.meta.get("uses_cuda"):
+        gpu_pids = _restored_cuda_pids(snapshot, sandbox, namespace_pid)
         with timed(timings, "cuda_restore"):
-            cuda.resume(host_pid)
+            cuda.resume_all(gpu_pids)  # any one failing fails the restore: the caller kills the whole tree
     return namespace_pid, host_pid
+
+
+def _restored_cuda_pids(snapshot: Snapshot, sandbox: Sandbox, namespace_pid: int) -> list[int]:
+    """Host PIDs of the restored processes that were CUDA-checkpointed (older snapshots: the engine)."""
+    wanted = snapshot.meta.get("cuda_pids") or [namespace_pid]
+    found = {pid: sandbox.host_pid(pid) for pid in wanted}
+    missing = [pid for pid, host in found.items() if host is None]
+    if missing:
+        raise CriuError(f"CRIU restored no process with pid {missing} of the CUDA processes {wanted}")
+    return [host for host in found.values() if host is not None]
 
 
 def _start_lazy_pages(runner: Criu, work_dir: Path) -> subprocess.Popen[str] | None:
