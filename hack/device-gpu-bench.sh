@@ -48,7 +48,7 @@ $WARMSTART_CRIU check 2>&1 | tail -1
 gpu_tests() {
     timeout 300 python3 -m pytest -q -p no:cacheprovider --confcutdir=tests/gpu -o addopts="" -rA tests/gpu \
         tests/engines/test_engine_gpu.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -25
-    timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:kube_plugin -o addopts="" -rA \
+    timeout 240 python3 -m pytest -q -p no:cacheprovider -p no:kube_plugin -p no:node_plugin -o addopts="" -rA \
         tests/test_serve.py::test_cuda_worker_restores_byte_identically 2>&1 | tee "$OUT/pytest-serve-cuda.txt" \
         | tail -5
 }
