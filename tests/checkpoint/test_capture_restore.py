@@ -29,6 +29,7 @@ from warmstart.snapshot.store import SnapshotStore
 
 pytestmark = pytest.mark.integration
 TARGET = Path(__file__).with_name("target_process.py")
+RANKS = Path(__file__).with_name("ranks_target.py")  # two ranks of a tensor-parallel product (gloo)
 
 
 def _identity(seed: int) -> SnapshotIdentity:
@@ -42,10 +43,12 @@ def counting_criu(tmp_path: Path, criu_command: str) -> tuple[Criu, Callable[[],
     return Criu(wrapper, timeout=120), invoked
 
 
-def _start_target(host_dir: Path, seed: int, sandboxes: list[Sandbox], *extra: str) -> Sandbox:
+def _start_target(
+    host_dir: Path, seed: int, sandboxes: list[Sandbox], *extra: str, program: Path = TARGET
+) -> Sandbox:
     (host_dir / "control" / "logs").mkdir(parents=True)
     control = MOUNTPOINT / "control"
-    target = f"{shlex.quote(sys.executable)} {TARGET} {control} {seed} {' '.join(extra)}"
+    target = f"{shlex.quote(sys.executable)} {program} {control} {seed} {' '.join(extra)}"
     script = f"setsid {target} </dev/null >{control}/logs/out 2>&1"
     sandbox = Sandbox.start(host_dir, ["/bin/sh", "-c", script + " & wait"])
     sandboxes.append(sandbox)
@@ -323,3 +326,32 @@ def test_a_lazy_pages_restore_answers_identically(
     restored_answer = wait_for_line(restored.host_dir / "control" / "answer").split()
     assert restored_answer[0] == source_answer[0] and restored_answer[2] == "9100"
     assert restored.process.wait(timeout=30) == 0
+
+
+def test_every_rank_of_a_tensor_parallel_tree_is_captured_and_restored_together(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, _ = counting_criu
+    source = _start_target(tmp_path / "capture", 9, sandboxes, program=RANKS)
+    captured = capture(
+        store=store, signer=load_signer(key), sandbox=source, control=ControlDir(source.host_dir / "control"),
+        criu=criu, options=CaptureOptions(resume_payload={"port": 9000}),
+    )  # fmt: skip
+    worker = captured.snapshot.meta["worker"]
+    ranks = worker["ranks"]  # PIDs inside the sandbox: the engine and the rank it started
+    for pid in ranks:
+        assert f"criu/core-{pid}.img" in captured.snapshot.files  # one image holds every rank
+    assert captured.snapshot.meta["cuda_pids"] == []  # CPU ranks: no CUDA process to checkpoint
+    source_answer = json.loads(wait_for_line(source.host_dir / "control" / "answer"))
+    assert source_answer["after"] == source_answer["before"] and source_answer["matches_one_process"]
+
+    identity = SnapshotIdentity(model_digest=f"sha256:{9:0>64}", engine="ranks", engine_version="1",
+                                parallelism=2)  # fmt: skip
+    restored, _result = _restore_into_new_sandbox(
+        tmp_path, "restored", store, key, captured.snapshot.id, criu, sandboxes, identity=identity
+    )
+    answer = json.loads(wait_for_line(restored.host_dir / "control" / "answer"))
+    # Both ranks came back (with their PIDs), met again through a new rendezvous and summed the same parts.
+    assert answer["pids"] == ranks
+    assert answer["after"] == source_answer["before"] and answer["matches_one_process"]
+    assert restored.process.wait(timeout=60) == 0

@@ -158,3 +158,19 @@ def test_a_rank_that_fails_to_resume_is_named_and_the_others_still_resume(
     with pytest.raises(cuda.CudaCheckpointError, match=named):
         cuda.resume_all([11, 12, 13])
     assert (driver.states[11], driver.states[13]) == ("running", "running")
+
+
+def test_a_restore_missing_one_of_its_cuda_processes_fails_naming_it() -> None:
+    from types import SimpleNamespace
+
+    from warmstart.checkpoint.criu import CriuError
+    from warmstart.checkpoint.restore import _restored_cuda_pids
+
+    restored = {7: 1007, 8: 1008}  # namespace PID -> host PID of what CRIU brought back
+    sandbox = SimpleNamespace(host_pid=restored.get)
+    snapshot = SimpleNamespace(meta={"cuda_pids": [7, 8]})
+    assert _restored_cuda_pids(snapshot, sandbox, 7) == [1007, 1008]
+    with pytest.raises(CriuError, match=r"no process with pid \[9\] of the CUDA processes \[7, 9\]"):
+        _restored_cuda_pids(SimpleNamespace(meta={"cuda_pids": [7, 9]}), sandbox, 7)
+    # A snapshot from before the tree was recorded: the engine alone.
+    assert _restored_cuda_pids(SimpleNamespace(meta={}), sandbox, 8) == [1008]
