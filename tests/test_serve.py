@@ -179,3 +179,42 @@ def test_cuda_worker_restores_byte_identically(tmp_path: Path, recording_criu) -
     finally:
         for node in nodes:
             node.stop_all()
+
+
+def test_a_tensor_parallel_worker_is_captured_and_restored_with_all_its_ranks(
+    tmp_path: Path, recording_criu
+) -> None:
+    """Two ranks (gloo on CPU): captured as one tree, restored together, answering as before; a restore
+    under another parallelism is a different snapshot identity (a cold start, not a wrong restore)."""
+    store_root = tmp_path / "store"
+    signer, verifier, _ = signing_keys(store_root, None)
+    started: list[LocalNode] = []
+
+    def start(*extra: str) -> tuple[StartReport, LocalNode]:
+        spec = WorkerSpec(port=free_port(), extra_args=list(extra))
+        node = LocalNode(spec, SnapshotStore(store_root), signer, verifier, recording_criu[0], tmp_path / "p")
+        started.append(node)
+        return node.start(), node
+
+    try:
+        first, node = start("--tensor-parallel-size", "2")
+        assert first.mode == "cold+capture", first.reason
+        original = answers(node.spec.base_url)
+        node.stop_all()
+        snapshot = SnapshotStore(store_root).get(first.snapshot_id)
+        assert snapshot.identity.parallelism == 2
+        assert len([name for name in snapshot.files if name.startswith("criu/pstree")]) == 1
+        ranks = {name for name in snapshot.files if name.startswith("criu/core-")}
+        assert len(ranks) >= 2  # the engine process and its rank (one image per thread)
+
+        again, node = start("--tensor-parallel-size", "2")
+        assert again.mode == "restore" and again.snapshot_id == first.snapshot_id, again.reason
+        assert answers(node.spec.base_url) == original
+        node.stop_all()
+
+        single, node = start()
+        assert single.mode == "cold+capture" and single.snapshot_id != first.snapshot_id
+        assert answers(node.spec.base_url) == original  # the same model: one rank or two, the same tokens
+    finally:
+        for node in started:
+            node.stop_all()

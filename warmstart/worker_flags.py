@@ -49,8 +49,12 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "torch", "cuda-vmm"),
         help="weight/KV memory backend (auto: cuda-vmm on CUDA, which keeps addresses; torch on CPU)",
     )
+    engine.add_argument(
+        "--tensor-parallel-size", type=int, default=1,
+        help="processes (one per GPU) the model is split over (default 1; the builtin engine: gloo on CPU, "
+        "NCCL on CUDA)",
+    )  # fmt: skip
     vllm = parser.add_argument_group("vllm engine (--engine vllm)")
-    vllm.add_argument("--tensor-parallel-size", type=int, default=1, help="GPUs per model (default 1)")
     vllm.add_argument(
         "--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory to take (default 0.9)"
     )

@@ -205,8 +205,12 @@ def test_worker_options_for_vllm_reach_the_engine_and_survive_the_engine_process
 
 def test_worker_options_for_builtin_carry_no_vllm_options() -> None:
     args = worker_args("--engine", "builtin", "--tensor-parallel-size", "2", "--engine-arg", "a=1")
-    assert "tensor_parallel_size" not in engine_options(args)
-    assert "--tensor-parallel-size" not in engine_argv(args, "cold")
+    options = engine_options(args)
+    assert not {"engine_args", "sleep_level", "api", "server_args"} & set(options)
+    assert options["tensor_parallel_size"] == 2  # the builtin engine splits over ranks too
+    argv = engine_argv(args, "cold")
+    assert "--engine-arg" not in argv and "--api" not in argv
+    assert engine_options(worker_args(*argv)) == options
 
 
 def test_a_malformed_engine_arg_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

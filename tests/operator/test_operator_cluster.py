@@ -505,6 +505,10 @@ def test_deleting_the_endpoint_collects_everything(kube, namespace, operator):
         ({"snapshot": {"storage": {"claimName": "s"}, "prestage": "Always"}}, "spec.snapshot.prestage"),
         ({"model": None}, "spec.model"),
         ({"resources": {"gpus": 1, "gpuProduct": "NVIDIA H200"}}, "spec.resources.gpuProduct"),
+        (
+            {"engine": {"kind": "vllm", "image": "w:1", "tensorParallelSize": 2}, "resources": {"gpus": 1}},
+            "spec.engine.tensorParallelSize",
+        ),
         ({"template": {"volumes": [{"name": "shm", "emptyDir": {}}]}}, "spec.template.volumes"),
         (
             {"template": {"volumes": [{"name": "c"}], "volumeMounts": [{"name": "o", "mountPath": "/c"}]}},

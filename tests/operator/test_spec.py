@@ -96,6 +96,10 @@ VOLUME_A = {"name": "a"}
         ),
         ({"snapshot": {"enabled": True}}, "spec.snapshot.storage.claimName"),
         ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-H200"}}, "spec.resources.gpuProduct"),
+        (
+            {"engine": {"kind": "vllm", "image": "w:1", "tensorParallelSize": 2}, "resources": {"gpus": 1}},
+            "spec.engine.tensorParallelSize",
+        ),
         ({"snapshot": {"enabled": "yes", "storage": {"claimName": "s"}}}, "spec.snapshot.enabled"),
         ({"snapshot": {"storage": {"claimName": "s"}, "prestage": "pagecache"}}, "spec.snapshot.prestage"),
         ({"snapshot": {"storage": {"claimName": "s"}, "prestage": None}}, "spec.snapshot.prestage"),

@@ -409,13 +409,19 @@ def parse_spec(spec: dict[str, Any]) -> EndpointSpec:
         raise InvalidSpec("", "must be an object")
     service = _section(spec, "service", "")
     monitoring = _section(spec, "monitoring", "")
-    model, engine = parse_model(spec), parse_engine(spec)
+    model, engine, resources = parse_model(spec), parse_engine(spec), parse_resources(spec)
     if model.revision and engine.kind != "vllm":
         raise InvalidSpec("model.revision", "is a Hugging Face revision: it needs engine.kind vllm")
+    if resources.gpus and engine.tensor_parallel_size > resources.gpus:
+        raise InvalidSpec(
+            "engine.tensorParallelSize",
+            f"runs one process per GPU: {engine.tensor_parallel_size} needs resources.gpus of at least that "
+            f"(it is {resources.gpus})",
+        )
     return EndpointSpec(
         model=model,
         engine=engine,
-        resources=parse_resources(spec),
+        resources=resources,
         replicas=_int(spec, "replicas", 1, "", 0, 1000),
         autoscaling=parse_autoscaling(spec),
         snapshot=parse_snapshot(spec),

@@ -30,6 +30,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.engine == "builtin":
         options.update(
             seed=args.seed,
+            tensor_parallel_size=args.tensor_parallel_size,
             compile=args.compile,
             release_weights=args.release_weights,
             arena=args.arena,
@@ -75,6 +76,8 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
     argv += ["--compile"] if args.compile else []
     if args.release_weights is not None:
         argv += ["--release-weights" if args.release_weights else "--no-release-weights"]
+    if args.engine == "builtin" and args.tensor_parallel_size != 1:
+        argv += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
     if args.engine == "vllm":
         argv += ["--tensor-parallel-size", str(args.tensor_parallel_size),
                  "--sleep-level", str(args.sleep_level)]  # fmt: skip

@@ -43,6 +43,7 @@ from warmstart.engines.builtin.memory import (
 )
 from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
 from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model, model_digest, weight_files
+from warmstart.engines.builtin.parallel import ParallelModel, RankSpec, all_reduce, rank_device, shard_config
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
 from warmstart.engines.host import gpu_facts, runtime_image
@@ -76,6 +77,7 @@ class BuiltinEngine(Engine):
         gpu_memory_utilization: float | None = None,
         overrides: dict[str, Any] | None = None,
         served_model_name: str | None = None,
+        tensor_parallel_size: int = 1,
     ) -> None:
         self._preset = model if model in PRESETS else None
         if self._preset is None and model_dir is None and not Path(model).is_dir():
@@ -90,6 +92,7 @@ class BuiltinEngine(Engine):
         self._max_num_seqs = max_num_seqs or (16 if self._device.type == "cuda" else 8)
         self._graph_sizes = tuple(sorted(set(cuda_graph_sizes or DEFAULT_GRAPH_SIZES)))
         self._compile = compile
+        self._tp = _check_tensor_parallel(tensor_parallel_size, compile)
         self._gpu_memory_utilization = gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
         # CUDA graphs survive a weight release only if the weights come back at the same address.
         arena_kind = ("cuda-vmm" if self._device.type == "cuda" else "torch") if arena == "auto" else arena
@@ -97,15 +100,18 @@ class BuiltinEngine(Engine):
         self._memory = EngineMemory(
             self._device,
             arena_kind,
-            release_weights=arena_kind == "cuda-vmm" if release_weights is None else release_weights,
+            # With tensor parallelism the other ranks hold their own weights: none are released.
+            release_weights=(arena_kind == "cuda-vmm" if release_weights is None else release_weights)
+            and self._tp == 1,
             release_graph_scratch=release_graph_scratch,
             refill_threads=refill_threads,
         )
         self._name = served_model_name or (self._preset or self._model_dir.name)
         self.tokenizer = ByteTokenizer()
         self.config: ModelConfig | None = None
+        self._model_config: ModelConfig | None = None  # what rank 0 computes: the whole model, or its slice
         self._max_len = 0
-        self._model: Transformer | None = None
+        self._model: Transformer | ParallelModel | None = None
         self._graphs: DecodeGraphs | None = None
         self._scheduler: Scheduler | None = None
         self._digest: str | None = None
@@ -142,12 +148,15 @@ class BuiltinEngine(Engine):
         self._check_config(config)
         self.config = config
         self._max_len = self._resolve_max_len(config)
+        self._model_config = shard_config(config, self._tp) if self._tp > 1 else config
         self._memory.load_weights(weight_files(self._model_dir))
-        self._fit_kv_cache(config)
+        self._fit_kv_cache(self._model_config)
         # One slot more than sequences: the scratch slot that padded CUDA-graph rows write into.
-        self._memory.allocate_kv(kv_nbytes(config, self._max_num_seqs + 1, self._max_len))
-        self._model = Transformer(config, self._device, self._max_len)
+        self._memory.allocate_kv(kv_nbytes(self._model_config, self._max_num_seqs + 1, self._max_len))
+        self._model = self._build_model()
         self._bind_all()
+        if isinstance(self._model, ParallelModel):
+            self._model.start()
         self._scheduler = Scheduler(
             self._model, self.tokenizer, self._max_num_seqs, self._max_len, self._decode
         )
@@ -165,7 +174,7 @@ class BuiltinEngine(Engine):
         scheduler = self._require_scheduler()
         prompt = GenerationRequest(prompt="warm up", request_id="warm-up")
         scheduler.run_inline([self._sequence(prompt)])
-        if self._device.type == "cuda":
+        if self._device.type == "cuda" and self._tp == 1:  # no CUDA graphs over collectives (yet)
             self._graphs = DecodeGraphs(
                 self._model,
                 self._graph_sizes_within_limit(),
@@ -178,6 +187,8 @@ class BuiltinEngine(Engine):
 
     def release(self) -> bool:
         self._require_scheduler().stop()
+        if isinstance(self._model, ParallelModel):
+            self._model.leave()  # no communicator or socket of the ranks' group in the checkpoint
         self._addresses_at_release = self._memory.addresses()
         self._model.bind_kv(None)
         if self._memory.releases_weights:
@@ -185,6 +196,8 @@ class BuiltinEngine(Engine):
         return self._memory.release()
 
     def reacquire(self) -> None:
+        if isinstance(self._model, ParallelModel) and not self._model.joined:
+            self._model.rejoin()
         if not self._memory.released:
             return  # nothing was released, or an earlier reacquire finished
         started = time.perf_counter()
@@ -256,7 +269,7 @@ class BuiltinEngine(Engine):
             engine_version=f"warmstart-{warmstart.__version__}/torch-{torch.__version__}",
             engine_args=self._engine_args(),
             dtype=self.config.torch_dtype if self.config else "",
-            parallelism=1,
+            parallelism=self._tp,
             device=self._device.type,
             gpu_product=gpu_product,
             compute_capability=capability,
@@ -267,6 +280,8 @@ class BuiltinEngine(Engine):
     def close(self) -> None:
         if self._scheduler is not None:
             self._scheduler.stop()
+        if isinstance(self._model, ParallelModel):
+            self._model.close()
 
     def describe(self) -> dict[str, Any]:
         facts = super().describe()
@@ -274,6 +289,7 @@ class BuiltinEngine(Engine):
             device=str(self._device),
             model_dir=str(self._model_dir),
             max_num_seqs=self._max_num_seqs,
+            tensor_parallel_size=self._tp,
             weights_bytes=self._weight_arena.nbytes if self._weight_arena else 0,
             kv_bytes=self._kv_arena.nbytes if self._kv_arena else 0,
             graph_scratch_bytes=self._memory.scratch.nbytes if self._memory.scratch is not None else 0,
@@ -338,8 +354,19 @@ class BuiltinEngine(Engine):
     def _bind_all(self) -> None:
         self._model.bind(views(self._weight_arena.tensor, self._memory.layout))
         self._model.bind_kv(
-            KVCache(self._kv_arena.tensor, self.config, self._max_num_seqs + 1, self._max_len)
+            KVCache(self._kv_arena.tensor, self._model_config, self._max_num_seqs + 1, self._max_len)
         )
+
+    def _build_model(self) -> Transformer | ParallelModel:
+        if self._tp == 1:
+            return Transformer(self._model_config, self._device, self._max_len)
+        local = Transformer(
+            self._model_config, rank_device(self._device, 0), self._max_len, reduce=all_reduce
+        )
+        spec = RankSpec(
+            str(self._model_dir), 0, self._tp, self._device.type, self._max_len, self._max_num_seqs + 1
+        )
+        return ParallelModel(local, self._tp, spec)
 
     def _decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         if self._graphs is not None and self._graphs.fits(tokens.shape[0]):
@@ -381,7 +408,16 @@ class BuiltinEngine(Engine):
             "release_weights": self._memory.releases_weights,
             "release_graph_scratch": self._memory.releases_graph_scratch,
             "arena": self._memory.arena_kind,
+            **({"tensor_parallel_size": self._tp} if self._tp > 1 else {}),
         }
+
+
+def _check_tensor_parallel(size: int, compile: bool) -> int:
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise EngineError(f"tensor_parallel_size must be a positive integer, got {size!r}")
+    if size > 1 and compile:
+        raise EngineError("--compile is not supported with --tensor-parallel-size above 1")
+    return size
 
 
 def _parse_device(device: str) -> torch.device:

@@ -39,8 +39,17 @@ def torch_dtype_of(config: ModelConfig) -> torch.dtype:
 
 
 class Transformer:
-    def __init__(self, config: ModelConfig, device: torch.device, max_len: int) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        device: torch.device,
+        max_len: int,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        """`reduce` sums a layer's partial outputs over tensor-parallel ranks (None: one rank, the whole
+        model)."""
         self.config = config
+        self._reduce = reduce
         self.device = device
         self.max_len = max_len
         self.group = config.num_attention_heads // config.num_key_value_heads
@@ -158,10 +167,14 @@ class Transformer:
     def _finish_layer(
         self, w: dict[str, torch.Tensor], x: torch.Tensor, attended: torch.Tensor
     ) -> torch.Tensor:
-        x = x + F.linear(attended, w["self_attn.o_proj.weight"])
+        x = x + self._summed(F.linear(attended, w["self_attn.o_proj.weight"]))
         h = self._norm(x, w["post_attention_layernorm.weight"])
         gate = F.silu(F.linear(h, w["mlp.gate_proj.weight"]))
-        return x + F.linear(gate * F.linear(h, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
+        mlp = F.linear(gate * F.linear(h, w["mlp.up_proj.weight"]), w["mlp.down_proj.weight"])
+        return x + self._summed(mlp)
+
+    def _summed(self, partial: torch.Tensor) -> torch.Tensor:
+        return partial if self._reduce is None else self._reduce(partial)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(self._norm(x, self.weights["model.norm.weight"]), self._lm_head).float()
