@@ -14,6 +14,7 @@ after resume builds the app state afresh in the serving loop (`ServingApp.prepar
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 import time
@@ -171,8 +172,6 @@ def engine_overrides(options: VllmOptions) -> dict[str, Any]:
     overrides = dict(options.llm_kwargs())
     for key, (module, name) in CONFIG_ARGS.items():
         if isinstance(overrides.get(key), dict):
-            import importlib
-
             overrides[key] = getattr(importlib.import_module(module), name)(**overrides[key])
     overrides["disable_log_stats"] = False  # the vllm:* series
     return overrides
