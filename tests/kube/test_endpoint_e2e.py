@@ -344,3 +344,38 @@ def test_prestage_keeps_the_snapshot_and_the_model_in_the_nodes_page_cache(
         drop_from_page_cache(path)
     assert not all_resident()
     wait(all_resident, "the snapshot and the model staged again")
+
+
+@pytest.mark.integration
+def test_a_tensor_parallel_endpoint_is_captured_and_restored_with_all_its_ranks(
+    kube: ControlPlane,
+    real_node: RealNode,
+    chart_image: str,
+    host_python: HostPython,
+    namespace: str,
+    release: str,
+) -> None:
+    """`engine.tensorParallelSize: 2` (gloo on CPU): the agent checkpoints the worker's engine with its second
+    rank as one tree, and restores both into a new pod, which answers as the captured replica does."""
+    wait = waiter(kube, namespace)
+    claim = snapshot_volume(kube, namespace, release)
+    kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, real_node))
+    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
+    body["spec"]["engine"]["tensorParallelSize"] = 2
+    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+    snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
+    assert snap["status"]["identity"]["parallelism"] == 2, snap["status"]["identity"]
+    url = service_url(kube, namespace, ENDPOINT)
+    reference = wait(lambda: completion(kube, namespace, url), "a completion from the captured replica")
+
+    kube.kubectl("scale", f"iep/{ENDPOINT}", "-n", namespace, "--replicas=2")
+    restored = wait(lambda: ready_workers(kube, namespace, L.ROLE_RESTORE), "a restore replica Ready")
+    pod = restored[0]
+    reasons = {event["reason"] for event in events_of(kube, namespace, pod["metadata"]["name"])}
+    assert "Restored" in reasons and "RestoreFailed" not in reasons, reasons
+    ranks = kube.kubectl(
+        "exec", "-n", namespace, pod["metadata"]["name"], "--", "sh", "-c",
+        "grep -l 'warmstart.engines.builtin.paralle[l]' /proc/[0-9]*/cmdline | wc -l",
+    ).stdout.strip()  # fmt: skip
+    assert ranks == "1", f"the restored pod runs {ranks} rank-1 processes"
+    assert completion(kube, namespace, pod_url(pod)) == reference
