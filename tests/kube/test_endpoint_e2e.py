@@ -185,8 +185,13 @@ def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
     wait = waiter(kube, namespace)
     apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
     snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
-    template = get(kube, "deployment", namespace, ENDPOINT)["spec"]["template"]
-    assert template["metadata"]["labels"][L.ROLE_LABEL] == L.ROLE_RESTORE
+
+    def restore_template() -> dict[str, Any] | None:
+        # The operator turns the Deployment to restores after it sees the snapshot Ready, a moment later.
+        template = get(kube, "deployment", namespace, ENDPOINT)["spec"]["template"]
+        return template if template["metadata"]["labels"][L.ROLE_LABEL] == L.ROLE_RESTORE else None
+
+    template = wait(restore_template, "the Deployment's pods turned to restores")
 
     other = f"{namespace[:50]}-other"
     kube.kubectl("create", "namespace", other)

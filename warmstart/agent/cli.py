@@ -146,7 +146,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument(
         "--transparent-hugepages", choices=hugepages.MODES, default=None,
         help="select this transparent huge pages mode on the node at start (always lets CRIU restore into "
-        "2 MiB pages); default: leave the node's as it is",
+        "2 MiB pages); it stays after the agent stops; default: leave the node's as it is",
     )  # fmt: skip
     parser.add_argument(
         "--pod-lookup", choices=POD_LOOKUPS, default="cgroup",

@@ -277,11 +277,11 @@ def capture(
     except CaptureError:  # nothing was suspended: the worker only waits for word to serve
         _tell_source_to_serve(control, options.resume_payload)
         raise
-    gpu_pids = cuda.cuda_processes(host_pid)
-    use = _cuda_use(host_pid, gpu_pids)
-    log.info("capturing pid %d (host %d): %s", namespace_pid, host_pid, use.reason)
     suspended: list[int] = []
     try:
+        gpu_pids = cuda.cuda_processes(host_pid)
+        use = _cuda_use(host_pid, gpu_pids)
+        log.info("capturing pid %d (host %d): %s", namespace_pid, host_pid, use.reason)
         if gpu_pids:
             with timer.phase("cuda_checkpoint"):
                 cuda.suspend_all(gpu_pids, options.cuda_lock_timeout_ms)
@@ -325,7 +325,7 @@ def _dump_and_publish(
         "uses_cuda": use.uses_cuda,
         "cuda_reason": use.reason,
         # Their PIDs inside the sandbox (CRIU restores them): each is CUDA-restored, or the restore fails.
-        "cuda_pids": [namespace_pids(pid)[-1] for pid in cuda_pids],
+        "cuda_pids": _sandbox_pids(host_pid, cuda_pids),
         "worker": {k: v for k, v in payload.items() if k not in ("identity", "pid")},
     }
     node = {"hostname": socket.gethostname()}
@@ -364,11 +364,21 @@ def check_ids_restorable(images: Path) -> None:
 
 
 def _resume_source(control: ControlDir, suspended: list[int], payload: dict[str, Any], timer: _Timer) -> None:
-    """Let the source carry on serving: GPU state back where it was checkpointed, then `restore-complete`."""
-    if suspended:
-        with timer.phase("cuda_restore"):
-            cuda.resume_all(suspended)
-    _tell_source_to_serve(control, payload)
+    """Let the source carry on serving: GPU state back where it was checkpointed, then `restore-complete`
+    (also when a process did not resume: the worker then fails where it stands instead of waiting)."""
+    try:
+        if suspended:
+            with timer.phase("cuda_restore"):
+                cuda.resume_all(suspended)
+    finally:
+        _tell_source_to_serve(control, payload)
+
+
+def _sandbox_pids(engine_host_pid: int, host_pids: list[int]) -> list[int]:
+    """The PIDs of `host_pids` in the engine's PID namespace (the sandbox's), even for a process that made
+    a namespace of its own below it."""
+    level = len(namespace_pids(engine_host_pid)) - 1
+    return [namespace_pids(pid)[level] for pid in host_pids]
 
 
 def _cuda_use(host_pid: int, gpu_pids: list[int]) -> cuda.CudaUse:

@@ -149,39 +149,54 @@ def _parent_pid(pid: int) -> int | None:
 
 
 def cuda_processes(root: int) -> list[int]:
-    """The processes of `root`'s tree that hold CUDA state, parents first."""
-    return [pid for pid in process_tree(root) if process_uses_cuda(pid).uses_cuda]
+    """The processes of `root`'s tree that hold CUDA state, parents first.
+
+    `root` counts when it maps libcuda or opens the GPU (its checkpoint then says whether it can be
+    captured). A descendant also needs the driver to report a CUDA state for it: a child forked from a CUDA
+    process, or a compile worker that only loaded the driver, inherits its mappings without a context of
+    its own, and locking it would fail a capture that needs nothing of it."""
+    found = []
+    for pid in process_tree(root):
+        try:
+            uses = process_uses_cuda(pid).uses_cuda
+        except OSError:  # gone, or not ours to read, since the tree was listed
+            continue
+        if uses and (pid == root or _has_cuda_state(pid)):
+            found.append(pid)
+    return found
+
+
+def _has_cuda_state(pid: int) -> bool:
+    try:
+        state(pid)
+    except CudaCheckpointError as exc:
+        log.info("pid %d maps the CUDA driver but has no CUDA state to checkpoint: %s", pid, exc)
+        return False
+    return True
 
 
 def suspend_all(pids: list[int], timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
     """Lock every process, then checkpoint every one: all or none. On a failure, what was checkpointed is
     restored and what was locked unlocked, so every process runs as before, and the error is raised."""
     locked: list[int] = []
-    checkpointed: list[int] = []
     try:
         for pid in pids:
             lock(pid, timeout_ms)
             locked.append(pid)
         for pid in pids:
             checkpoint(pid)
-            checkpointed.append(pid)
     except BaseException:
-        _undo_suspend(locked, checkpointed)
+        _undo_suspend(locked)
         raise
 
 
-def _undo_suspend(locked: list[int], checkpointed: list[int]) -> None:
-    for pid in checkpointed:
-        _best_effort(restore, pid)
+def _undo_suspend(locked: list[int]) -> None:
+    """Back to running, each from whatever state it reached (a failed checkpoint may have gone part way)."""
     for pid in locked:
-        _best_effort(unlock, pid)
-
-
-def _best_effort(call: Any, pid: int) -> None:
-    try:
-        call(pid)
-    except CudaError as exc:  # the original failure is the one to report
-        log.error("undoing a failed checkpoint: %s", exc)
+        try:
+            resume(pid)
+        except CudaError as exc:  # the original failure is the one to report
+            log.error("undoing a failed checkpoint: %s", exc)
 
 
 def resume_all(pids: list[int]) -> None:

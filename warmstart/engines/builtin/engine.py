@@ -88,11 +88,11 @@ class BuiltinEngine(Engine):
         self._seed = seed
         self._model_dir = Path(model_dir) if model_dir else self._default_dir(model)
         self._device = _parse_device(device)
+        self._tp = _check_tensor_parallel(tensor_parallel_size, compile, self._device)
         self._requested_max_len = max_model_len
         self._max_num_seqs = max_num_seqs or (16 if self._device.type == "cuda" else 8)
         self._graph_sizes = tuple(sorted(set(cuda_graph_sizes or DEFAULT_GRAPH_SIZES)))
         self._compile = compile
-        self._tp = _check_tensor_parallel(tensor_parallel_size, compile)
         self._gpu_memory_utilization = gpu_memory_utilization or DEFAULT_GPU_MEMORY_UTILIZATION
         # CUDA graphs survive a weight release only if the weights come back at the same address.
         arena_kind = ("cuda-vmm" if self._device.type == "cuda" else "torch") if arena == "auto" else arena
@@ -412,11 +412,16 @@ class BuiltinEngine(Engine):
         }
 
 
-def _check_tensor_parallel(size: int, compile: bool) -> int:
+def _check_tensor_parallel(size: int, compile: bool, device: torch.device) -> int:
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise EngineError(f"tensor_parallel_size must be a positive integer, got {size!r}")
     if size > 1 and compile:
         raise EngineError("--compile is not supported with --tensor-parallel-size above 1")
+    if size > 1 and device.type == "cuda" and (device.index or 0) != 0:
+        raise EngineError(
+            f"with --tensor-parallel-size {size} rank r runs on cuda:r: pass --device cuda and choose the "
+            "GPUs with CUDA_VISIBLE_DEVICES"
+        )
     return size
 
 

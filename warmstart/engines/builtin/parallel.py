@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import shutil
 import struct
 import subprocess
 import sys
@@ -147,9 +148,10 @@ class ParallelModel:
         self.local.bind_kv(kv)
 
     def start(self) -> None:
-        """Start ranks 1..size-1 and join the group with them."""
+        """Start ranks 1..size-1, wait for each to hold its slice, and join the group with them."""
         for rank in range(1, self.size):
             self._followers.append(_start_follower(dataclasses.replace(self._spec, rank=rank)))
+        self._wait_all("loaded")
         self.rejoin()
 
     def prefill(self, token_ids: torch.Tensor, slot: int) -> torch.Tensor:
@@ -197,6 +199,7 @@ class ParallelModel:
                 process.wait()
         self._followers = []
         leave()
+        shutil.rmtree(self._rendezvous, ignore_errors=True)
 
     def _tell(self, message: tuple[Any, ...]) -> None:
         for process, commands, _answers in self._followers:
@@ -212,7 +215,7 @@ class ParallelModel:
             except EOFError as exc:
                 raise EngineError(f"tensor-parallel rank (pid {process.pid}) exited") from exc
             if answer != expected:
-                raise EngineError(f"tensor-parallel rank (pid {process.pid}) answered {answer!r}")
+                raise EngineError(f"tensor-parallel rank (pid {process.pid}): {answer}")
 
 
 def _start_follower(spec: RankSpec) -> tuple[subprocess.Popen[bytes], BinaryIO, BinaryIO]:
@@ -233,7 +236,14 @@ def follow(commands: BinaryIO, answers: BinaryIO) -> int:
     """A follower rank: build its slice, then make every call rank 0 sends until told to stop."""
     spec: RankSpec = receive(commands)
     device = rank_device(torch.device(spec.device), spec.rank)
-    model = _load_slice(spec, device)
+    try:
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL and every allocation on this rank's GPU only
+        model = _load_slice(spec, device)
+    except Exception as exc:  # noqa: BLE001 (rank 0 reports it; it would otherwise wait for a join)
+        send(answers, f"could not load its slice of the model: {exc}")
+        return 1
+    send(answers, "loaded")
     while True:
         try:
             message = receive(commands)
@@ -267,10 +277,11 @@ def _load_slice(spec: RankSpec, device: torch.device) -> Transformer:
     config = ModelConfig.load(Path(spec.model_dir))
     weights: dict[str, torch.Tensor] = {}
     for path in weight_files(spec.model_dir):
-        weights.update(load_file(str(path), device=str(device)))
+        weights.update(load_file(str(path), device="cpu"))  # whole on the host, only the slice on the GPU
     local = shard_config(config, spec.size)
     model = Transformer(local, device, spec.max_len, reduce=all_reduce)
-    model.bind(shard_weights(weights, spec.rank, spec.size))
+    model.bind({name: t.to(device) for name, t in shard_weights(weights, spec.rank, spec.size).items()})
+    del weights
     kv = torch.empty(kv_nbytes(local, spec.slots, spec.max_len), dtype=torch.uint8, device=device)
     model.bind_kv(KVCache(kv, local, spec.slots, spec.max_len))
     return model

@@ -255,9 +255,8 @@ class VllmEngine(Engine):
         return [submission.result() for submission in submissions]
 
     def stream(self, request: GenerationRequest) -> Iterator[TokenDelta]:
-        if self._frontend is not None:  # vLLM's server streams; this is the Engine interface's fallback
-            (result,) = self.generate([request])
-            yield TokenDelta(result.text, result.token_ids, result.finish_reason, result.prompt_tokens)
+        if self._frontend is not None:  # vLLM's server streams for HTTP clients; here the whole result once
+            yield from super().stream(request)
             return
         submission = self._submit(request)
         try:

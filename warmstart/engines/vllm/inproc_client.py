@@ -4,7 +4,9 @@ vLLM builds `AsyncLLM` on a client that runs the engine core in a second process
 in-process it supports only the synchronous `LLMEngine`. A checkpoint wants one process holding the CUDA
 context, so `InprocAsyncClient` gives `AsyncLLM` the async client interface over an engine core in this
 process. Every call into the core (adding and aborting requests, steps, sleep, wake, RPCs) runs on one
-thread, in order: the core is not thread-safe. Outputs are stepped only while the core has requests.
+thread, in order: the core is not thread-safe (the event loop only reads whether the scheduler has
+requests, to know whether to step). Outputs are stepped only while the core has requests. With tensor
+parallelism vLLM's executor still runs a process per rank, which the agent checkpoints with this one.
 
 The client works from any event loop, one at a time: the engine is warmed up in a short-lived loop before
 the checkpoint and serves in uvicorn's loop after resume. `quiesce()` stops its thread before a checkpoint.
@@ -46,18 +48,12 @@ class InprocAsyncClient:
 
     # --- on the core's thread ------------------------------------------------------------------------
 
-    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Run `fn(*args)` on the core's thread and wait for it (for callers outside an event loop)."""
-        return self._submit(fn, *args).result()
-
-    async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        return await asyncio.wrap_future(self._submit(fn, *args))
-
-    def _submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         with self._executor_lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-core")
-            return self._executor.submit(fn, *args)
+            future = self._executor.submit(fn, *args, **kwargs)
+        return await asyncio.wrap_future(future)
 
     def quiesce(self) -> None:
         """Stop the core's thread (a later call starts a new one): nothing of ours runs in a checkpoint."""
@@ -125,8 +121,8 @@ class InprocAsyncClient:
         if name.endswith("_async") and not name.startswith("_"):
             target = getattr(self.engine_core, name.removesuffix("_async"))
 
-            async def call_on_core(*args: Any) -> Any:
-                return await self._run(target, *args)
+            async def call_on_core(*args: Any, **kwargs: Any) -> Any:
+                return await self._run(target, *args, **kwargs)
 
             return call_on_core
         raise AttributeError(name)
