@@ -5,6 +5,7 @@ cluster, and what to print when the flow stalls. Used by the end-to-end test and
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -156,11 +157,20 @@ def endpoint(
 
 
 def apply_endpoint(
-    kube: ControlPlane, namespace: str, chart_image: str, node: RealNode, host_python: HostPython, store: str
+    kube: ControlPlane,
+    namespace: str,
+    chart_image: str,
+    node: RealNode,
+    host_python: HostPython,
+    store: str,
+    edit: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
-    """The endpoint with snapshots, its store claim bound to the agent's store directory."""
+    """The endpoint with snapshots, its store claim bound to the agent's store directory; `edit` changes
+    its spec before it is applied."""
     claim = snapshot_volume(kube, namespace, store)
     body = endpoint(ENDPOINT, namespace, chart_image, node, host_python, claim)
+    if edit is not None:
+        edit(body["spec"])
     kube.kubectl("apply", "-f", "-", input=json.dumps(body))
 
 

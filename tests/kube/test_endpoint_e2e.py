@@ -327,10 +327,11 @@ def test_prestage_keeps_the_snapshot_and_the_model_in_the_nodes_page_cache(
     """`snapshot.prestage: PageCache`: the agent stages the snapshot's blobs, the operator's unprivileged
     stager pod the model files; dropped from the page cache, both are read back in by their next passes."""
     wait = waiter(kube, namespace)
-    claim = snapshot_volume(kube, namespace, release)
-    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
-    body["spec"]["snapshot"]["prestage"] = "PageCache"
-    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+    def prestaged(spec: dict[str, Any]) -> None:
+        spec["snapshot"]["prestage"] = "PageCache"
+
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release, prestaged)
     snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     selector = f"{L.ENDPOINT_LABEL}={ENDPOINT},{L.COMPONENT_LABEL}={L.PRESTAGE_COMPONENT}"
     wait(lambda: [p for p in items(kube, "pod", namespace, selector) if ready(p)], "the model stager running")
@@ -363,11 +364,12 @@ def test_a_tensor_parallel_endpoint_is_captured_and_restored_with_all_its_ranks(
     """`engine.tensorParallelSize: 2` (gloo on CPU): the agent checkpoints the worker's engine with its second
     rank as one tree, and restores both into a new pod, which answers as the captured replica does."""
     wait = waiter(kube, namespace)
-    claim = snapshot_volume(kube, namespace, release)
     kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, real_node))
-    body = endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim)
-    body["spec"]["engine"]["tensorParallelSize"] = 2
-    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+    def two_ranks(spec: dict[str, Any]) -> None:
+        spec["engine"]["tensorParallelSize"] = 2
+
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release, two_ranks)
     snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     assert snap["status"]["identity"]["parallelism"] == 2, snap["status"]["identity"]
     url = service_url(kube, namespace, ENDPOINT)

@@ -14,7 +14,6 @@ after resume builds the app state afresh in the serving loop (`ServingApp.prepar
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 import time
@@ -29,8 +28,6 @@ log = logging.getLogger(__name__)
 WARM_UP_ROUTES = ("/v1/completions", "/v1/chat/completions")
 VLLM_WAITING = "vllm:num_requests_waiting"  # requests in vLLM's scheduler queue, per engine
 VLLM_RUNNING = "vllm:num_requests_running"
-# Engine args given as JSON that vLLM's parser would have turned into config objects.
-CONFIG_ARGS = {"compilation_config": ("vllm.config", "CompilationConfig")}
 
 
 class VllmFrontend:
@@ -168,13 +165,9 @@ def server_namespace(options: VllmOptions, served_model_name: str, server_args: 
 
 
 def engine_overrides(options: VllmOptions) -> dict[str, Any]:
-    """Engine args warmstart owns (over anything the server args said), as vLLM's parser types them."""
-    overrides = dict(options.llm_kwargs())
-    for key, (module, name) in CONFIG_ARGS.items():
-        if isinstance(overrides.get(key), dict):
-            overrides[key] = getattr(importlib.import_module(module), name)(**overrides[key])
-    overrides["disable_log_stats"] = False  # the vllm:* series
-    return overrides
+    """Engine args warmstart owns, over anything the server args said (vLLM's `EngineArgs` turns the JSON
+    ones, `compilation_config`, into its config objects itself)."""
+    return {**options.llm_kwargs(), "disable_log_stats": False}  # log stats: the vllm:* series
 
 
 class ServingApp:
