@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
+from warmstart.checkpoint.cuda import process_tree
 from warmstart.engines import create_engine
 from warmstart.engines.base import Engine, EngineError, GenerationRequest, SamplingParams
 from warmstart.engines.builtin.config import PRESETS
@@ -21,6 +25,16 @@ def greedy_tokens(engine: Engine) -> list[tuple[int, ...]]:
     return [result.token_ids for result in engine.generate(requests)]
 
 
+def rank_processes() -> list[int]:
+    """This process's children that run a follower rank."""
+    children = process_tree(os.getpid())[1:]
+    return [
+        pid
+        for pid in children
+        if b"warmstart.engines.builtin.parallel" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    ]
+
+
 def test_two_ranks_give_one_rank_s_tokens_and_survive_leaving_and_rejoining_their_group() -> None:
     tokens = {}
     for size in (1, 2):
@@ -29,6 +43,7 @@ def test_two_ranks_give_one_rank_s_tokens_and_survive_leaving_and_rejoining_thei
             engine.load()
             engine.warm_up()
             tokens[size] = greedy_tokens(engine)
+            assert len(rank_processes()) == size - 1  # the other ranks really are processes of their own
             assert engine.identity().parallelism == size
             engine.release()  # the ranks leave their group, as before a checkpoint
             engine.reacquire()  # and meet again through a new rendezvous
