@@ -1,12 +1,13 @@
-"""Snapshot store throughput: publish and verify against raw disk and SHA-256 baselines, in one run.
+"""Snapshot store throughput: publish and verify against raw disk and hashing baselines, in one run.
 
     python benchmarks/store_throughput.py --size-gib 2 --dir /var/tmp/bench
 
 Writes a synthetic snapshot of `--size-gib` GiB in `--files` files (random bytes, as CRIU leaves them: in
 the page cache, not yet synced), publishes it into a fresh store (hash + fsync + hardlink into blobs), and
 verifies it with the page cache dropped and hot. Baselines measured on the same bytes in the same run:
-sequential O_DIRECT read, sequential and parallel buffered reads after dropping the cache, and single-thread
-SHA-256 (from memory and from hot files). The page cache of the benchmark's files is dropped with
+sequential O_DIRECT read, sequential and parallel buffered reads after dropping the cache, the chunk digests
+alone with each chunk hash (BLAKE3, SHA-256 of older manifests), and single-thread SHA-256 (from memory and
+from hot files). The page cache of the benchmark's files is dropped with
 posix_fadvise(DONTNEED); as root, /proc/sys/vm/drop_caches is written too (disable with --no-global-drop).
 """
 
@@ -25,9 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmstart.identity import SnapshotIdentity
-from warmstart.parallel import default_workers, parallel_map
+from warmstart.parallel import default_workers, parallel_map, run_heaviest_first
 from warmstart.snapshot import SnapshotStore
-from warmstart.snapshot.hashing import hash_file
+from warmstart.snapshot.hashing import CHUNK_HASHES, DEFAULT_CHUNK_HASH, chunk_ranges, hash_file, hash_range
 from warmstart.snapshot.signing import HmacKey
 
 GIB = 1 << 30
@@ -122,6 +123,16 @@ def sha256_memory(size: int) -> float:
     return (time.perf_counter() - started) * size / (rounds * len(block))
 
 
+def chunk_digests(paths: list[Path], chunk_size: int, algorithm: str, workers: int) -> list[str]:
+    """Every `chunk_size` piece of `paths` hashed with `algorithm`, in parallel, as verification does."""
+    jobs = [
+        (length, functools.partial(hash_range, path, offset, length, algorithm))
+        for path in paths
+        for offset, length in chunk_ranges(path.stat().st_size, chunk_size)
+    ]
+    return run_heaviest_first(jobs, workers=workers)
+
+
 # --- the run ---------------------------------------------------------------------------------------------
 
 
@@ -183,6 +194,14 @@ def run(args: argparse.Namespace) -> list[Result]:
             "no hashing",
             cold=True,
         )
+        chunk = store.chunk_size or (64 << 20)
+        for algorithm in CHUNK_HASHES:  # the verification's hashing work, with each chunk hash
+            add(
+                f"chunk digests, {algorithm}, {workers} threads, files hot",
+                functools.partial(chunk_digests, blobs, chunk, algorithm, workers),
+                "the verify lever" if algorithm == DEFAULT_CHUNK_HASH else "manifests before v2",
+                cold=False,
+            )
         results.append(Result("sha256, 1 thread, from memory", total, sha256_memory(total), "CPU ceiling"))
         add("sha256, 1 thread, files hot", lambda: [hash_file(p) for p in blobs], "", cold=False)
     finally:

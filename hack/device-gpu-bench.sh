@@ -9,7 +9,11 @@
 #                                    Qwen3-8B shapes. PRODUCT_STEPS (comma-separated, default model,main):
 #                                    model (write the weight files), main (cold / hot / dropped with the
 #                                    floor; REPEAT, COLD_DROPPED=1, PRESTAGE=1 for restores after the agent's
-#                                    pre-staging), lazy (restores with CRIU lazy pages),
+#                                    pre-staging, NO_DROP=1 for hot only, THP=always|madvise|never for the
+#                                    node's transparent huge pages during the run), thp (hot restores with
+#                                    THP always, their own capture), verify (the store's verification
+#                                    against SHA-256 and read baselines, 1.6 GiB), lazy (restores with CRIU
+#                                    lazy pages),
 #                                    probe (what a bare CUDA context costs in a checkpoint), kvfit (the KV
 #                                    cache sized to the GPU at 256 x 4096), levers (each of LEVERS off in
 #                                    turn, restores only), tests (the engine's GPU tests), criu-sid (CRIU
@@ -82,7 +86,19 @@ e(d("qwen3-8b", 0, {}), "qwen3-8b", 0, {}, device="cuda")' || exit 5
     fi
     if [[ "$steps" == *,main,* ]]; then
         bench_restore main "$WARMSTART_CRIU" --repeat "${REPEAT:-1}" --lazy-pages "${LAZY_PAGES:-off}" \
-            --logs "$OUT/logs" ${COLD_DROPPED:+--cold-dropped} ${PRESTAGE:+--prestage}
+            --logs "$OUT/logs" ${COLD_DROPPED:+--cold-dropped} ${PRESTAGE:+--prestage} \
+            ${NO_DROP:+--no-drop-caches} ${THP:+--transparent-hugepages "$THP"}
+    fi
+    if [[ "$steps" == *,thp,* ]]; then
+        bench_restore thp-always "$WARMSTART_CRIU" --repeat "${REPEAT:-2}" --no-cold --no-drop-caches \
+            --transparent-hugepages always --logs "$OUT/thp-logs"
+    fi
+    if [[ "$steps" == *,verify,* ]]; then
+        echo "== the store's verification, 1.6 GiB (a Qwen3-8B image) in 8 files"
+        mkdir -p "$WORK/verify"
+        timeout 200 python3 benchmarks/store_throughput.py --size-gib 1.6 --dir "$WORK/verify" 2>&1 \
+            | tee "$OUT/store_throughput.txt" | tail -14
+        rm -rf "$WORK/verify"
     fi
     if [[ "$steps" == *,lazy,* ]]; then  # its own capture: a hang under lazy pages cannot take main's table
         STEP_TIMEOUT=${LAZY_TIMEOUT:-150} bench_restore lazy-pages "$WARMSTART_CRIU" --repeat "${REPEAT:-1}" \

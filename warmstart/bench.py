@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import mmap
 import os
 import re
 import shutil
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from warmstart.checkpoint import hugepages
 from warmstart.checkpoint.layout import CRIU_DIR
 from warmstart.serve.cli import add_worker_arguments
 from warmstart.serve.local_node import LocalNode
@@ -121,6 +123,27 @@ def read_bandwidth(paths: list[Path], threads: int = READ_THREADS) -> tuple[int,
     with ThreadPoolExecutor(threads) as pool:
         total = sum(pool.map(read, pieces))
     return total, time.monotonic() - started
+
+
+def fresh_memory_read_bandwidth(paths: list[Path], threads: int) -> float:
+    """Bytes per second of reading `paths` into anonymous memory never touched before, as CRIU's restorer
+    does (with one thread): every page is faulted in while it is filled."""
+    pieces = [(path, offset) for path in paths for offset in range(0, path.stat().st_size, READ_CHUNK)]
+
+    def read(piece: tuple[Path, int]) -> int:
+        memory = mmap.mmap(-1, READ_CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        fd = os.open(piece[0], os.O_RDONLY)
+        try:
+            with memoryview(memory) as view:
+                return os.preadv(fd, [view], piece[1])
+        finally:
+            os.close(fd)
+            memory.close()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(read, pieces))
+    return total / (time.monotonic() - started)
 
 
 def pinned_to_gpu_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
@@ -232,6 +255,7 @@ def timed_start(
             phases.update(_engine_phases(node))
             phases["restore_to_ready"] = ready
             phases["ready_to_first_token"] = token - ready
+            phases["next_one_token_request"] = first_token_seconds(node.spec, time.monotonic())
         outputs = greedy_outputs(node.spec) if check_outputs else None
         if logs:
             _copy_logs(node, Path(logs))
@@ -292,8 +316,12 @@ def run_bench(args: argparse.Namespace) -> int:
     store = SnapshotStore(store_root)
     node = LocalNode(spec, store, signer, verifier, criu, work / "pods", args.ready_timeout)
     try:
-        return _bench(args, node, store, criu, work)
-    except ServeError as exc:
+        with hugepages.selected(args.transparent_hugepages):
+            try:
+                return _bench(args, node, store, criu, work)
+            finally:
+                node.stop_all()
+    except (OSError, ServeError) as exc:
         print(f"warmstart bench restore: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -399,6 +427,7 @@ def _floors(store: SnapshotStore, snapshot: Snapshot, criu: Criu, work: Path, ca
     h2d = pinned_to_gpu_bandwidth() if to_gpu else None
     read_bandwidth(paths)  # warm the page cache
     floors = [_floor("hot", *read_bandwidth(paths), to_gpu, h2d, fixed)]
+    floors[0].detail += "; " + _fresh_memory_note(snapshot_blob_paths(store, snapshot))
     if can_drop:
         drop_page_cache()
         floors.append(_floor("dropped", *read_bandwidth(paths), to_gpu, h2d, fixed))
@@ -414,6 +443,16 @@ def _floor(cache: str, size: int, seconds: float, to_gpu: int, h2d: float | None
         f"{gpu_note} + CRIU fixed {fixed:.2f} s"
     )
     return Floor(cache, read_s + gpu_s + fixed, detail)
+
+
+def _fresh_memory_note(image: list[Path]) -> str:
+    """What filling fresh memory costs here: CRIU writes the image into pages the process never had."""
+    size = sum(path.stat().st_size for path in image)
+    one, many = (fresh_memory_read_bandwidth(image, threads) for threads in (1, READ_THREADS))
+    return (
+        f"the image read into fresh memory (as CRIU restores it): {size / 2**30:.2f} GiB at "
+        f"{one / 2**30:.2f} GiB/s with one thread (CRIU's), {many / 2**30:.2f} GiB/s with {READ_THREADS}"
+    )
 
 
 HEADERS = [
@@ -452,7 +491,7 @@ def _print_tables(
 
     title = (
         f"warmstart bench restore: {args.engine}/{args.model} on {args.device}, {args.repeat} repetitions, "
-        f"snapshot {snapshot.size / 2**20:.0f} MiB"
+        f"snapshot {snapshot.size / 2**20:.0f} MiB, transparent huge pages {hugepages.current_mode()}"
     )
     table = Table(title=title)
     for header in HEADERS:
@@ -472,7 +511,7 @@ def _print_tables(
             medians = ", ".join(f"{k} {statistics.median(v):.3f}s" for k, v in item.phases.items())
             notes.append(f"{item.name}, page cache {item.cache}, phases (median): {medians}")
     for note in notes:
-        console.print(note)
+        console.print(note, markup=False)  # notes hold names like [heap]
     if args.json:
         raw = {
             "series": [vars(item) for item in series], "floors": [vars(floor) for floor in floors],

@@ -100,3 +100,26 @@ def start_time(pid: int | str = "self", proc: Path = PROC) -> float | None:
         return boot_time(proc) + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError):
         return None
+
+
+def anonymous_memory_by_mapping(
+    pid: int | str = "self", top: int = 8, proc: Path = PROC
+) -> list[tuple[str, int]]:
+    """(mapping, bytes of anonymous memory) of the `top` mappings holding most, largest first, then the
+    rest summed as `other`: what a checkpoint copies of the process's memory.
+
+    A mapping is named by its path (a file's privately written pages), `[heap]`, `[stack]`, or for an
+    unnamed one `anon <start address>` (the address tells them apart).
+    """
+    sizes: dict[str, int] = {}
+    name = ""
+    for line in (proc / str(pid) / "smaps").read_text(errors="replace").splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) >= 5 and "-" in fields[0] and not fields[0].endswith(":"):
+            name = fields[5] if len(fields) == 6 else f"anon {fields[0].split('-')[0]}"
+        elif fields and fields[0] == "Anonymous:":
+            sizes[name] = sizes.get(name, 0) + int(fields[1]) * 1024
+    ranked = sorted(sizes.items(), key=lambda item: item[1], reverse=True)
+    largest = [(mapping, size) for mapping, size in ranked[:top] if size]
+    rest = sum(size for _, size in ranked[top:])
+    return [*largest, ("other", rest)] if rest else largest

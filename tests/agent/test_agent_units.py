@@ -355,21 +355,3 @@ def test_agent_cli_is_registered() -> None:
         [sys.executable, "-m", "warmstart", "agent", "--node", ""], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2 and "WARMSTART_NODE_NAME" in result.stderr
-
-
-def test_the_hugepages_mode_is_read_and_set_only_when_it_differs(tmp_path: Path) -> None:
-    from warmstart.agent import hugepages
-
-    # A file standing in for the kernel's: the tests never change the machine's own setting.
-    enabled = tmp_path / "enabled"
-    enabled.write_text("always [madvise] never\n")
-    assert hugepages.current_mode(enabled) == "madvise"
-    assert hugepages.set_mode("madvise", enabled) == "madvise"
-    assert enabled.read_text() == "always [madvise] never\n"  # already selected: not written
-    assert hugepages.set_mode("always", enabled) == "madvise"
-    assert enabled.read_text() == "always"  # the word the kernel takes
-    with pytest.raises(ValueError, match="must be one of always, madvise, never"):
-        hugepages.set_mode("sometimes", enabled)
-    enabled.write_text("garbage")
-    with pytest.raises(ValueError, match="does not say which mode"):
-        hugepages.current_mode(enabled)

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import blake3
 import pytest
 from snapshot_helpers import make_identity, write_files
 
@@ -95,11 +96,41 @@ def test_large_files_carry_chunk_digests(store: SnapshotStore, publish: Publish)
     snapshot = publish(FILES, MODES)
     pages = FILES["criu/pages-1.img"]
     entry = snapshot.files["criu/pages-1.img"]
-    assert entry.chunk_size == 1 << 20
+    assert entry.chunk_size == 1 << 20 and entry.chunk_hash == "blake3"
     assert entry.chunks == tuple(
-        hashlib.sha256(pages[i : i + (1 << 20)]).hexdigest() for i in range(0, 3 << 20, 1 << 20)
+        blake3.blake3(pages[i : i + (1 << 20)]).hexdigest() for i in range(0, 3 << 20, 1 << 20)
     )
     assert snapshot.files["criu/core-1.img"].chunks == ()  # small files: the whole-file digest suffices
+
+
+def test_a_v1_manifest_with_sha256_chunk_digests_still_verifies_and_refuses_a_flipped_byte(
+    store: SnapshotStore, publish: Publish, signer: Signer, verifier: Verifier
+) -> None:
+    snapshot = publish(FILES, MODES)
+    pages = FILES["criu/pages-1.img"]
+
+    def as_v1(manifest: dict[str, Any]) -> None:  # what a store wrote before chunks named their hash
+        manifest["schema"] = "warmstart.dev/snapshot-manifest/v1"
+        entry = manifest["files"]["criu/pages-1.img"]
+        del entry["chunk_hash"]
+        entry["chunks"] = [
+            hashlib.sha256(pages[i : i + (1 << 20)]).hexdigest() for i in range(0, 3 << 20, 1 << 20)
+        ]
+
+    _rewrite_manifest(snapshot, signer, as_v1)
+    assert store.verify(snapshot.id, verifier).files["criu/pages-1.img"].chunk_hash == "sha256"
+    _flip_byte(store.blob_path(snapshot.files["criu/pages-1.img"].digest), (2 << 20) + 5)
+    with pytest.raises(SnapshotInvalid, match="chunk 2 .* does not match"):
+        store.verify(snapshot.id, verifier)
+
+
+def test_an_unknown_chunk_hash_is_refused_naming_the_field(
+    store: SnapshotStore, publish: Publish, signer: Signer, verifier: Verifier
+) -> None:
+    snapshot = publish(FILES, MODES)
+    _rewrite_manifest(snapshot, signer, lambda m: m["files"]["criu/pages-1.img"].update(chunk_hash="md5"))
+    with pytest.raises(SnapshotInvalid, match=r"files\['criu/pages-1.img'\]: chunk_hash must be one of"):
+        store.verify(snapshot.id, verifier)
 
 
 def test_chunk_digests_can_be_turned_off(

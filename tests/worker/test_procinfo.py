@@ -1,10 +1,11 @@
-"""warmstart.procinfo: reading /proc/<pid>/stat, also for command names with spaces and parentheses."""
+"""warmstart.procinfo: /proc/<pid>/stat (also for command names with spaces and parentheses) and smaps."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -70,3 +71,26 @@ def test_what_is_not_a_stat_line_is_refused(text: str) -> None:
 def test_a_missing_proc_reads_as_no_process(tmp_path: Path) -> None:
     assert procinfo.read_stat(1, proc=tmp_path) is None
     assert procinfo.start_time(1, proc=tmp_path) is None
+
+
+def test_anonymous_memory_is_ranked_by_mapping_with_the_rest_summed() -> None:
+    # A real process holding a 64 MiB anonymous mapping it wrote, read through its own /proc entry.
+    script = (
+        "import mmap, sys\n"
+        "m = mmap.mmap(-1, 64 << 20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)\n"
+        "m.write(b'x' * (64 << 20))\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "ready\n"
+        ranked = procinfo.anonymous_memory_by_mapping(child.pid, top=3)
+    finally:
+        child.communicate("", timeout=30)
+    assert len(ranked) == 4 and ranked[-1][0] == "other"
+    (name, size), *_ = ranked
+    assert name.startswith("anon ") and size >= 64 << 20  # the largest: the written mapping
+    assert [s for _, s in ranked[:3]] == sorted((s for _, s in ranked[:3]), reverse=True)

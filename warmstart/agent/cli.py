@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from warmstart.agent import hugepages
 from warmstart.agent.pods import POD_LOOKUPS
+from warmstart.checkpoint import hugepages
 from warmstart.config import default_criu_command, env_int
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from warmstart.checkpoint import hugepages
 from warmstart.serve.local_node import LocalNode, usable_criu
 from warmstart.serve.worker_spec import ServeError, StartReport, WorkerSpec
 from warmstart.snapshot.keys import signing_keys
@@ -57,25 +58,33 @@ def _serve(args: argparse.Namespace) -> int:
     node = LocalNode(spec, SnapshotStore(store_root), signer, verifier, criu, work_dir, args.ready_timeout)
     _stop_on_signals()
     try:
-        report = node.start()
-        print_report(report, spec)
-        if args.once:
-            return 0
-        print(f"serving on {spec.base_url} (Ctrl-C to stop)", flush=True)
-        while any(sandbox.alive() for sandbox in node.sandboxes):
-            time.sleep(0.2)
-        print("the worker exited", file=sys.stderr)
-        return 1
+        with hugepages.selected(args.transparent_hugepages):
+            return _serve_until_stopped(node, spec, args.once)
     except KeyboardInterrupt:
         print("stopping", flush=True)
         return 0
-    except ServeError as exc:
+    except (OSError, ServeError) as exc:
         print(f"warmstart serve: {exc}", file=sys.stderr)
         return 1
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)  # let the clean-up finish
         node.stop_all()
+
+
+def _serve_until_stopped(node: LocalNode, spec: WorkerSpec, once: bool) -> int:
+    try:
+        report = node.start()
+        print_report(report, spec)
+        if once:
+            return 0
+        print(f"serving on {spec.base_url} (Ctrl-C to stop)", flush=True)
+        while any(sandbox.alive() for sandbox in node.sandboxes):
+            time.sleep(0.2)
+        print("the worker exited", file=sys.stderr)
+        return 1
+    finally:
+        node.stop_all()  # before the earlier huge pages mode comes back
 
 
 def _stop_on_signals() -> None:
@@ -101,6 +110,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--worker-arg", action="append", default=[], help="extra argument for `warmstart worker` (repeatable)"
     )
+    parser.add_argument(
+        "--transparent-hugepages", choices=hugepages.MODES, default=None,
+        help="select this transparent huge pages mode on the machine while running (always lets CRIU restore "
+        "into 2 MiB pages; the earlier mode comes back at exit); default: leave the machine's as it is",
+    )  # fmt: skip
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

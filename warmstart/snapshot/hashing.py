@@ -1,8 +1,10 @@
-"""SHA-256 of many files at once, near disk speed.
+"""Digests of many files at once, near disk speed: SHA-256 of each file, and of each chunk of a large one.
 
-SHA-256 of one stream is sequential, so parallelism comes from hashing several files in threads: both
-`readinto` and `hashlib` release the GIL on large buffers. Files are taken largest first so one big file does
-not finish last alone.
+A digest of one stream is sequential, so parallelism comes from hashing several files and chunks in
+threads: `readinto` and both hashes release the GIL on large buffers. Files are taken largest first so
+one big file does not finish last alone. Chunks are hashed with BLAKE3 (SHA-256 in manifests written
+before it): 3-4x SHA-256's speed per core, so verifying a restore's image is bounded by memory bandwidth
+rather than by the cores' SHA units (BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -15,11 +17,16 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import blake3
 
 from warmstart.fileio import READ_FLAGS
 from warmstart.parallel import run_heaviest_first
 
 CHUNK_BYTES = 4 << 20
+CHUNK_HASHES: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "blake3": blake3.blake3}
+DEFAULT_CHUNK_HASH = "blake3"
 
 
 def open_regular(path: Path) -> int:
@@ -47,9 +54,10 @@ def hash_file(path: Path, *, fsync: bool = False) -> tuple[str, int]:
     return "sha256:" + digest.hexdigest(), size
 
 
-def hash_range(path: Path, offset: int, length: int) -> str:
-    """Hex SHA-256 of `length` bytes of `path` from `offset` (a short file gives a short read: no match)."""
-    digest = hashlib.sha256()
+def hash_range(path: Path, offset: int, length: int, algorithm: str = "sha256") -> str:
+    """Hex digest (one of CHUNK_HASHES) of `length` bytes of `path` from `offset` (a short file gives a
+    short read: no match)."""
+    digest = CHUNK_HASHES[algorithm]()
     buffer = bytearray(min(CHUNK_BYTES, max(length, 1)))
     view = memoryview(buffer)
     fd = open_regular(path)
@@ -77,13 +85,20 @@ class FileHash:
     digest: str  # sha256:<hex> of the whole file
     size: int
     chunk_size: int = 0  # 0: not chunked
-    chunks: tuple[str, ...] = ()  # hex SHA-256 of each chunk
+    chunks: tuple[str, ...] = ()  # hex digest of each chunk
+    chunk_hash: str = DEFAULT_CHUNK_HASH
 
 
 def hash_files(
-    paths: Iterable[Path], *, workers: int | None = None, fsync: bool = False, chunk_size: int = 0
+    paths: Iterable[Path],
+    *,
+    workers: int | None = None,
+    fsync: bool = False,
+    chunk_size: int = 0,
+    chunk_hash: str = DEFAULT_CHUNK_HASH,
 ) -> dict[Path, FileHash]:
-    """Digest and size of every path, in parallel threads; files above `chunk_size` get chunk digests too.
+    """Digest and size of every path, in parallel threads; files above `chunk_size` get chunk digests too
+    (`chunk_hash`: one of CHUNK_HASHES).
 
     The whole-file digests of the largest files start first while the chunk digests fill the other threads.
     """
@@ -95,7 +110,7 @@ def hash_files(
         if chunk_size and size > chunk_size:
             for offset, length in chunk_ranges(size, chunk_size):
                 chunk_owners.append(path)
-                chunk_jobs.append((length, functools.partial(hash_range, path, offset, length)))
+                chunk_jobs.append((length, functools.partial(hash_range, path, offset, length, chunk_hash)))
     results: list[object] = run_heaviest_first([*whole_jobs, *chunk_jobs], workers=workers)
     chunks: dict[Path, list[str]] = {}
     for owner, chunk in zip(chunk_owners, results[len(whole_jobs) :], strict=True):
@@ -106,5 +121,5 @@ def hash_files(
         if size != sizes[path]:
             raise RuntimeError(f"{path} changed size while it was hashed ({sizes[path]} -> {size} bytes)")
         own = tuple(chunks.get(path, ()))
-        hashes[path] = FileHash(digest, size, chunk_size if own else 0, own)
+        hashes[path] = FileHash(digest, size, chunk_size if own else 0, own, chunk_hash)
     return hashes

@@ -15,7 +15,9 @@ from typing import Any
 from warmstart.fileio import UnsafeInput, loads_json
 from warmstart.identity import SnapshotIdentity
 
-MANIFEST_SCHEMA = "warmstart.dev/snapshot-manifest/v1"
+MANIFEST_SCHEMA = "warmstart.dev/snapshot-manifest/v2"  # v2: chunk digests name their hash
+READABLE_SCHEMAS = ("warmstart.dev/snapshot-manifest/v1", MANIFEST_SCHEMA)
+CHUNK_HASH_NAMES = ("sha256", "blake3")
 DIGEST_PREFIX = "sha256:"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
@@ -84,11 +86,12 @@ MIN_CHUNK_SIZE = 1 << 20
 
 @dataclass(frozen=True)
 class FileEntry:
-    """One file: its blob's digest, size and mode, and for large files the SHA-256 of each chunk.
+    """One file: its blob's digest, size and mode, and for large files the digest of each chunk.
 
-    SHA-256 of one stream cannot be split across cores, so a large file also records the hex SHA-256 of
-    every `chunk_size` bytes: verification hashes those chunks in parallel. The chunk digests, signed with
-    the manifest, pin the content as firmly as the whole-file digest that names the blob.
+    SHA-256 of one stream cannot be split across cores, so a large file also records the hex digest of
+    every `chunk_size` bytes (`chunk_hash`: BLAKE3, or SHA-256 in v1 manifests): verification hashes those
+    chunks in parallel. The chunk digests, signed with the manifest, pin the content as firmly as the
+    whole-file digest that names the blob.
     """
 
     digest: str
@@ -96,12 +99,18 @@ class FileEntry:
     mode: int
     chunk_size: int = 0
     chunks: tuple[str, ...] = ()
+    chunk_hash: str = "sha256"
+
+    def __post_init__(self) -> None:
+        if not self.chunks:  # nothing the chunk hash applies to: one spelling of such an entry
+            object.__setattr__(self, "chunk_hash", "sha256")
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"digest": self.digest, "size": self.size, "mode": self.mode}
         if self.chunks:
             data["chunk_size"] = self.chunk_size
             data["chunks"] = list(self.chunks)
+            data["chunk_hash"] = self.chunk_hash
         return data
 
 
@@ -158,9 +167,10 @@ class Manifest:
     def from_dict(cls, data: Any) -> Manifest:
         if not isinstance(data, dict):
             raise SnapshotInvalid("manifest.json must hold a JSON object")
-        if data.get("schema") != MANIFEST_SCHEMA:
+        if data.get("schema") not in READABLE_SCHEMAS:
             raise SnapshotInvalid(
-                f"manifest field 'schema' is {data.get('schema')!r}, expected {MANIFEST_SCHEMA!r}"
+                f"manifest field 'schema' is {data.get('schema')!r}, expected one of "
+                + ", ".join(repr(schema) for schema in READABLE_SCHEMAS)
             )
         snapshot_id = _string_field(data, "id")
         if not SNAPSHOT_ID_PATTERN.fullmatch(snapshot_id):
@@ -246,7 +256,15 @@ def _entry(section: str, path: str, entry: Any) -> FileEntry:
     if isinstance(mode, bool) or not isinstance(mode, int) or not 0 <= mode <= 0o777:
         raise SnapshotInvalid(f"{where}: mode must be an integer permission mask (0..0o777), got {mode!r}")
     chunk_size, chunks = _chunks(where, entry, size)
-    return FileEntry(digest=entry["digest"], size=size, mode=mode, chunk_size=chunk_size, chunks=chunks)
+    chunk_hash = entry.get("chunk_hash", "sha256")
+    if chunk_hash not in CHUNK_HASH_NAMES:
+        raise SnapshotInvalid(
+            f"{where}: chunk_hash must be one of {', '.join(CHUNK_HASH_NAMES)}, got {chunk_hash!r}"
+        )
+    return FileEntry(
+        digest=entry["digest"], size=size, mode=mode, chunk_size=chunk_size, chunks=chunks,
+        chunk_hash=chunk_hash,
+    )  # fmt: skip
 
 
 def _chunks(where: str, entry: dict[str, Any], size: int) -> tuple[int, tuple[str, ...]]:
@@ -257,7 +275,7 @@ def _chunks(where: str, entry: dict[str, Any], size: int) -> tuple[int, tuple[st
         raise SnapshotInvalid(f"{where}: chunk_size must be an integer of at least {MIN_CHUNK_SIZE}")
     expected = -(-size // chunk_size)
     if not isinstance(chunks, list) or len(chunks) != expected:
-        raise SnapshotInvalid(f"{where}: chunks must list {expected} SHA-256 digests for {size} bytes")
+        raise SnapshotInvalid(f"{where}: chunks must list {expected} digests for {size} bytes")
     for index, chunk in enumerate(chunks):
         if not isinstance(chunk, str) or not _HEX64.fullmatch(chunk):
             raise SnapshotInvalid(f"{where}: chunks[{index}] is not 64 lowercase hex digits")

@@ -83,6 +83,7 @@ def _hashed_entries(staging: Staging, files: dict[str, Path]) -> dict[str, FileE
             mode=modes[path],
             chunk_size=hashed[path].chunk_size,
             chunks=hashed[path].chunks,
+            chunk_hash=hashed[path].chunk_hash,
         )
         for relative, path in files.items()
     }

@@ -41,7 +41,7 @@ def verify_snapshot(
     prefix: str | None = None,
     workers: int | None = None,
 ) -> Snapshot:
-    """Check signature, schema, identity and every blob's size and SHA-256; SnapshotInvalid otherwise.
+    """Check signature, schema, identity and every blob's size and digest; SnapshotInvalid otherwise.
 
     With `prefix`, only blobs of files under it are hashed (signature and schema are always checked).
     """
@@ -124,7 +124,7 @@ def _content_checks(layout: StoreLayout, entry: FileEntry) -> list[ContentCheck]
     return [
         (
             length,
-            _unless_unreadable(functools.partial(hash_range, blob, offset, length)),
+            _unless_unreadable(functools.partial(hash_range, blob, offset, length, entry.chunk_hash)),
             (entry, expected, f"chunk {index} (bytes {offset}..{offset + length - 1})"),
         )
         for index, ((offset, length), expected) in enumerate(

@@ -156,6 +156,7 @@ class _HttpRunner:
 
         from warmstart.worker.metrics import WorkerMetrics
         from warmstart.worker.server import ServerState, build_app
+        from warmstart.worker.warm_up import warm_up_app
 
         self.engine = engine
         self.metrics = WorkerMetrics()
@@ -163,6 +164,9 @@ class _HttpRunner:
         self.connection_limits = connection_limits or ConnectionLimits()
         engine_app = getattr(engine, "serving_app", None)
         own = engine_app(lambda: self.state.ready, self.metrics) if engine_app else None
+        if own is None:  # an engine's own server warms itself up
+            twin = build_app(engine, WorkerMetrics(), ServerState(), request_limits)
+            log.info("HTTP routes warmed up in %.3f s", warm_up_app(twin, engine.served_model_name))
         self.app = own if own is not None else build_app(engine, self.metrics, self.state, request_limits)
         self._uvicorn = uvicorn
 

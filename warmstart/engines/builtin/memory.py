@@ -29,6 +29,7 @@ from warmstart.engines.arena import Arena, create_arena
 from warmstart.engines.cuda_arena import CudaVmmArena
 from warmstart.engines.weight_stager import StagingPlan, acknowledge, receive_staged_weights
 from warmstart.engines.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache
+from warmstart.procinfo import anonymous_memory_by_mapping
 
 if TYPE_CHECKING:
     from warmstart.engines.cuda_scratch import CudaScratchPool
@@ -217,6 +218,7 @@ class EngineMemory:
                 self._local_memory.lower()
                 stats["local_memory_lowered"] = True
         stats["host_anon_bytes"] = _rss_anon()
+        stats["host_anon_largest"] = anonymous_memory_by_mapping()
         if self.on_cuda:
             free, total = torch.cuda.mem_get_info(self.device)
             stats["gpu_used_bytes"] = total - free  # the whole GPU's: this process's when it is alone there

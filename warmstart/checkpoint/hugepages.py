@@ -1,13 +1,17 @@
-"""The node's transparent huge pages mode, set by the agent when asked (`agent.transparentHugepages`).
+"""The node's transparent huge pages mode, selected when asked (the agent's `agent.transparentHugepages`,
+`warmstart serve --transparent-hugepages`).
 
 With THP `always`, CRIU writes a restored process's memory into 2 MiB pages instead of faulting it in 4 KiB
 at a time: on the H200 a 3.3 GiB vLLM image restored in 1.2-1.6 s instead of 2.0-2.3 s (BENCHMARKS.md).
-The setting is the whole node's, so the agent leaves it alone unless told, and logs what it changed.
+The engine's own `MADV_HUGEPAGE` on its mappings gave no such gain (`madvise` mode). The setting is the
+whole node's: it is left alone unless asked, and what changed is logged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -34,3 +38,16 @@ def set_mode(mode: str, path: Path = THP_ENABLED) -> str:
         path.write_text(mode)
         log.info("transparent huge pages on this node: %s -> %s (%s)", before, mode, path)
     return before
+
+
+@contextlib.contextmanager
+def selected(mode: str | None, path: Path = THP_ENABLED) -> Iterator[None]:
+    """`mode` selected while the block runs (None: the node's left as it is), the earlier one after."""
+    if mode is None:
+        yield
+        return
+    before = set_mode(mode, path)
+    try:
+        yield
+    finally:
+        set_mode(before, path)
