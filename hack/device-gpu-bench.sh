@@ -11,7 +11,7 @@
 #                                    floor; REPEAT, COLD_DROPPED=1, PRESTAGE=1 for restores after the agent's
 #                                    pre-staging, NO_DROP=1 for hot only, THP=always|madvise|never for the
 #                                    node's transparent huge pages during the run), thp (hot restores with
-#                                    THP always, their own capture), verify (the store's verification
+#                                    THP_OTHER, default always, their own capture), verify (the store's verification
 #                                    against SHA-256 and read baselines, 1.6 GiB), lazy (restores with CRIU
 #                                    lazy pages),
 #                                    probe (what a bare CUDA context costs in a checkpoint), kvfit (the KV
@@ -90,8 +90,8 @@ e(d("qwen3-8b", 0, {}), "qwen3-8b", 0, {}, device="cuda")' || exit 5
             ${NO_DROP:+--no-drop-caches} ${THP:+--transparent-hugepages "$THP"}
     fi
     if [[ "$steps" == *,thp,* ]]; then
-        bench_restore thp-always "$WARMSTART_CRIU" --repeat "${REPEAT:-2}" --no-cold --no-drop-caches \
-            --transparent-hugepages always --logs "$OUT/thp-logs"
+        bench_restore "thp-${THP_OTHER:-always}" "$WARMSTART_CRIU" --repeat "${REPEAT:-2}" --no-cold \
+            --no-drop-caches --transparent-hugepages "${THP_OTHER:-always}" --logs "$OUT/thp-logs"
     fi
     if [[ "$steps" == *,verify,* ]]; then
         echo "== the store's verification, 1.6 GiB (a Qwen3-8B image) in 8 files"
