@@ -123,3 +123,13 @@ def anonymous_memory_by_mapping(
     largest = [(mapping, size) for mapping, size in ranked[:top] if size]
     rest = sum(size for _, size in ranked[top:])
     return [*largest, ("other", rest)] if rest else largest
+
+
+def anonymous_memory(pid: int | str = "self", proc: Path = PROC) -> tuple[int, int]:
+    """(bytes of anonymous memory, bytes of it in transparent huge pages) of a process, from smaps_rollup."""
+    fields = {}
+    for line in (proc / str(pid) / "smaps_rollup").read_text(errors="replace").splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("Anonymous", "AnonHugePages"):
+            fields[name] = int(rest.split()[0]) * 1024
+    return fields.get("Anonymous", 0), fields.get("AnonHugePages", 0)

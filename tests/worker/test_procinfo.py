@@ -94,3 +94,13 @@ def test_anonymous_memory_is_ranked_by_mapping_with_the_rest_summed() -> None:
     (name, size), *_ = ranked
     assert name.startswith("anon ") and size >= 64 << 20  # the largest: the written mapping
     assert [s for _, s in ranked[:3]] == sorted((s for _, s in ranked[:3]), reverse=True)
+
+
+def test_anonymous_memory_and_its_huge_pages_are_read_from_smaps_rollup(tmp_path: Path) -> None:
+    (tmp_path / "7").mkdir()
+    (tmp_path / "7" / "smaps_rollup").write_text(
+        "55d0-7ffd ---p 00000000 00:00 0 [rollup]\nRss: 900 kB\nAnonymous: 800 kB\nAnonHugePages: 512 kB\n"
+    )
+    assert procinfo.anonymous_memory(7, proc=tmp_path) == (800 << 10, 512 << 10)
+    anonymous, huge = procinfo.anonymous_memory()  # this process's own
+    assert anonymous > 0 and 0 <= huge <= anonymous

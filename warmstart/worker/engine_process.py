@@ -109,6 +109,8 @@ def capture(engine: Any, runner: _HttpRunner, args: argparse.Namespace, started_
     _expect_staged_weights(engine, received, args.control_dir)
     engine.reacquire()
     log.info("resumed (%s) in %.3f s; serving on %s:%d", received.name, time.time() - resumed_at, host, port)
+    anonymous, huge = procinfo.anonymous_memory()
+    log.info("host memory: %.0f MiB anonymous, %.0f MiB of it in huge pages", anonymous / 2**20, huge / 2**20)
     return runner.serve(host, port, mode, since)
 
 
