@@ -6,6 +6,7 @@ request carries that debt into every restore (on the H200 the first one-token co
 took 0.13 s longer than the next one, BENCHMARKS.md). These requests pay it before the checkpoint.
 
 The requests go to a twin of the app with metrics of its own, so the worker's counters start at zero.
+`WARMSTART_WARM_UP_ROUTES=0` turns them off (to measure them: what they load also travels in the image).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -26,6 +28,13 @@ WARM_UP_REQUESTS: tuple[tuple[str, dict[str, Any]], ...] = (
         {"messages": [{"role": "user", "content": "warm up"}], "max_tokens": 2, "temperature": 0},
     ),
 )
+
+
+WARM_UP_ENV = "WARMSTART_WARM_UP_ROUTES"
+
+
+def enabled() -> bool:
+    return os.environ.get(WARM_UP_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def warm_up_app(app: Any, model: str) -> float:
