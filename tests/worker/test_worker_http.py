@@ -246,17 +246,3 @@ def test_a_refused_stream_request_counts_no_prompt_tokens(server: int) -> None:
     assert _prompt_tokens_total(server) == before
     post(server, "/v1/completions", GREEDY)
     assert _prompt_tokens_total(server) == before + 17  # the counter itself moves
-
-
-def test_the_routes_are_warmed_up_before_serving_and_the_counters_start_at_zero(start_worker) -> None:
-    port = free_port()
-    worker = start_worker("--mode", "cold", "--port", str(port))
-    worker.wait_ready(port)
-    assert "HTTP routes warmed up in" in worker.logs()
-    assert "warm-up request" not in worker.logs()  # every warm-up request was answered 200
-    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    assert 'route="/v1/completions"' not in metrics and 'route="/v1/chat/completions"' not in metrics
-    assert _prompt_tokens_total(port) == 0
-    post(port, "/v1/completions", GREEDY)
-    assert _prompt_tokens_total(port) == 17
-    assert worker.stop() == 0

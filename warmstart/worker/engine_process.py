@@ -156,7 +156,6 @@ class _HttpRunner:
     ) -> None:
         import uvicorn
 
-        from warmstart.worker import warm_up
         from warmstart.worker.metrics import WorkerMetrics
         from warmstart.worker.server import ServerState, build_app
 
@@ -166,9 +165,6 @@ class _HttpRunner:
         self.connection_limits = connection_limits or ConnectionLimits()
         engine_app = getattr(engine, "serving_app", None)
         own = engine_app(lambda: self.state.ready, self.metrics) if engine_app else None
-        if own is None and warm_up.enabled():  # an engine's own server warms itself up
-            twin = build_app(engine, WorkerMetrics(), ServerState(), request_limits)
-            log.info("HTTP routes warmed up in %.3f s", warm_up.warm_up_app(twin, engine.served_model_name))
         self.app = own if own is not None else build_app(engine, self.metrics, self.state, request_limits)
         self._uvicorn = uvicorn
 
