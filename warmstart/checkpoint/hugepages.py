@@ -2,7 +2,8 @@
 `warmstart serve --transparent-hugepages`).
 
 With THP `always`, CRIU writes a restored process's memory into 2 MiB pages instead of faulting it in 4 KiB
-at a time: on the H200 a 3.3 GiB vLLM image restored in 1.2-1.6 s instead of 2.0-2.3 s (BENCHMARKS.md).
+at a time: on the H200 a 3.3 GiB vLLM image restored in 1.2-1.6 s instead of 2.0-2.3 s, a 1.8 GiB builtin
+engine's in 1.07 s instead of 1.31 s (BENCHMARKS.md).
 The engine's own `MADV_HUGEPAGE` on its mappings gave no such gain (`madvise` mode). The setting is the
 whole node's: it is left alone unless asked, and what changed is logged.
 """
