@@ -14,10 +14,11 @@ from typing import Any
 
 from warmstart.fileio import UnsafeInput, loads_json
 from warmstart.identity import SnapshotIdentity
+from warmstart.snapshot.hashing import CHUNK_HASHES
 
 MANIFEST_SCHEMA = "warmstart.dev/snapshot-manifest/v2"  # v2: chunk digests name their hash
 READABLE_SCHEMAS = ("warmstart.dev/snapshot-manifest/v1", MANIFEST_SCHEMA)
-CHUNK_HASH_NAMES = ("sha256", "blake3")
+CHUNK_HASH_NAMES = tuple(CHUNK_HASHES)
 DIGEST_PREFIX = "sha256:"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
