@@ -118,6 +118,28 @@ def test_serve_and_bench_refuse_a_port_out_of_range(tmp_path: Path, command: lis
     assert "port must be between 0 and 65535, got 70000" in result.stderr
 
 
+@pytest.mark.parametrize("command", [["serve"], ["bench", "restore"]])
+def test_serve_and_bench_refuse_an_unknown_huge_pages_mode(tmp_path: Path, command: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "warmstart", *command, "--store", str(tmp_path),
+         "--transparent-hugepages", "some"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "--transparent-hugepages: invalid choice: 'some'" in result.stderr
+
+
+@pytest.mark.parametrize("fresh_memory", [False, True])
+def test_the_bench_reads_every_byte_into_reused_or_fresh_memory(tmp_path: Path, fresh_memory: bool) -> None:
+    from warmstart.bench import READ_CHUNK, read_bandwidth
+
+    files = [tmp_path / "a", tmp_path / "b"]
+    files[0].write_bytes(b"x" * (READ_CHUNK + 5))  # a short last piece too
+    files[1].write_bytes(b"y" * 7)
+    size, seconds = read_bandwidth(files, 3, fresh_memory=fresh_memory)
+    assert size == READ_CHUNK + 12 and seconds > 0
+
+
 def test_serve_names_the_logs_of_a_worker_that_exits_before_serving(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "warmstart", "serve", "--store", str(tmp_path), "--port", "0",

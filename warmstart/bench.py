@@ -108,14 +108,22 @@ def greedy_outputs(spec: WorkerSpec) -> list[list[str]]:
     return [_complete(spec, prompt, OUTPUT_TOKENS) for prompt in OUTPUT_PROMPTS]
 
 
-def read_bandwidth(paths: list[Path], threads: int = READ_THREADS) -> tuple[int, float]:
-    """Bytes and seconds to read `paths` with `threads` parallel readers in large chunks."""
+def read_bandwidth(
+    paths: list[Path], threads: int = READ_THREADS, *, fresh_memory: bool = False
+) -> tuple[int, float]:
+    """Bytes and seconds to read `paths` with `threads` parallel readers in large chunks; with
+    `fresh_memory`, into anonymous memory never touched before, as CRIU's restorer does (with one thread):
+    every page is faulted in while it is filled."""
     pieces = [(path, offset) for path in paths for offset in range(0, path.stat().st_size, READ_CHUNK)]
 
     def read(piece: tuple[Path, int]) -> int:
         fd = os.open(piece[0], os.O_RDONLY)
         try:
-            return len(os.pread(fd, READ_CHUNK, piece[1]))
+            if not fresh_memory:
+                return len(os.pread(fd, READ_CHUNK, piece[1]))
+            fresh = mmap.mmap(-1, READ_CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            with fresh, memoryview(fresh) as view:
+                return os.preadv(fd, [view], piece[1])
         finally:
             os.close(fd)
 
@@ -123,27 +131,6 @@ def read_bandwidth(paths: list[Path], threads: int = READ_THREADS) -> tuple[int,
     with ThreadPoolExecutor(threads) as pool:
         total = sum(pool.map(read, pieces))
     return total, time.monotonic() - started
-
-
-def fresh_memory_read_bandwidth(paths: list[Path], threads: int) -> float:
-    """Bytes per second of reading `paths` into anonymous memory never touched before, as CRIU's restorer
-    does (with one thread): every page is faulted in while it is filled."""
-    pieces = [(path, offset) for path in paths for offset in range(0, path.stat().st_size, READ_CHUNK)]
-
-    def read(piece: tuple[Path, int]) -> int:
-        memory = mmap.mmap(-1, READ_CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        fd = os.open(piece[0], os.O_RDONLY)
-        try:
-            with memoryview(memory) as view:
-                return os.preadv(fd, [view], piece[1])
-        finally:
-            os.close(fd)
-            memory.close()
-
-    started = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        total = sum(pool.map(read, pieces))
-    return total / (time.monotonic() - started)
 
 
 def pinned_to_gpu_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float | None:
@@ -317,10 +304,7 @@ def run_bench(args: argparse.Namespace) -> int:
     node = LocalNode(spec, store, signer, verifier, criu, work / "pods", args.ready_timeout)
     try:
         with hugepages.selected(args.transparent_hugepages):
-            try:
-                return _bench(args, node, store, criu, work)
-            finally:
-                node.stop_all()
+            return _bench(args, node, store, criu, work)
     except (OSError, ServeError) as exc:
         print(f"warmstart bench restore: {exc}", file=sys.stderr)
         return 1
@@ -447,11 +431,13 @@ def _floor(cache: str, size: int, seconds: float, to_gpu: int, h2d: float | None
 
 def _fresh_memory_note(image: list[Path]) -> str:
     """What filling fresh memory costs here: CRIU writes the image into pages the process never had."""
-    size = sum(path.stat().st_size for path in image)
-    one, many = (fresh_memory_read_bandwidth(image, threads) for threads in (1, READ_THREADS))
+    (size, one), (_, many) = (
+        read_bandwidth(image, threads, fresh_memory=True) for threads in (1, READ_THREADS)
+    )
     return (
         f"the image read into fresh memory (as CRIU restores it): {size / 2**30:.2f} GiB at "
-        f"{one / 2**30:.2f} GiB/s with one thread (CRIU's), {many / 2**30:.2f} GiB/s with {READ_THREADS}"
+        f"{size / one / 2**30:.2f} GiB/s with one thread (CRIU's), {size / many / 2**30:.2f} GiB/s with "
+        f"{READ_THREADS}"
     )
 
 

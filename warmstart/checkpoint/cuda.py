@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from warmstart import cuda_driver
+from warmstart import cuda_driver, procinfo
 from warmstart.cuda_driver import CudaError, CudaUnavailable
 
 log = logging.getLogger(__name__)
@@ -128,9 +128,9 @@ def process_tree(root: int) -> list[int]:
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
-            parent = _parent_pid(int(entry.name))
-            if parent is not None:
-                children.setdefault(parent, []).append(int(entry.name))
+            stat = procinfo.read_stat(entry.name)
+            if stat is not None:
+                children.setdefault(stat.ppid, []).append(stat.pid)
     if not os.path.exists(f"/proc/{root}"):
         return []
     tree, index = [root], 0
@@ -138,14 +138,6 @@ def process_tree(root: int) -> list[int]:
         tree.extend(sorted(children.get(tree[index], [])))
         index += 1
     return tree
-
-
-def _parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return int(stat.read().rsplit(")", 1)[1].split()[1])  # after the command, which may hold spaces
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def cuda_processes(root: int) -> list[int]:

@@ -73,18 +73,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _serve_until_stopped(node: LocalNode, spec: WorkerSpec, once: bool) -> int:
-    try:
-        report = node.start()
-        print_report(report, spec)
-        if once:
-            return 0
-        print(f"serving on {spec.base_url} (Ctrl-C to stop)", flush=True)
-        while any(sandbox.alive() for sandbox in node.sandboxes):
-            time.sleep(0.2)
-        print("the worker exited", file=sys.stderr)
-        return 1
-    finally:
-        node.stop_all()  # before the earlier huge pages mode comes back
+    report = node.start()
+    print_report(report, spec)
+    if once:
+        return 0
+    print(f"serving on {spec.base_url} (Ctrl-C to stop)", flush=True)
+    while any(sandbox.alive() for sandbox in node.sandboxes):
+        time.sleep(0.2)
+    print("the worker exited", file=sys.stderr)
+    return 1
 
 
 def _stop_on_signals() -> None:
