@@ -28,13 +28,19 @@ START_TIMEOUT = 300.0  # a loaded 2-core machine starts several Python processes
 # Run with the image's python3 in the client pod: one completion (Host header optional); on stdout the
 # response body and the seconds from sending the request to the whole answer.
 COMPLETE = """
-import json, sys, time, urllib.request
+import json, sys, time, urllib.error, urllib.request
 url, prompt, host, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}).encode()
 headers = {"Content-Type": "application/json", **({"Host": host} if host else {})}
 request = urllib.request.Request(url, data=body, headers=headers)
 started = time.monotonic()
-with urllib.request.urlopen(request, timeout=timeout) as response:
+try:
+    response = urllib.request.urlopen(request, timeout=timeout)
+except urllib.error.HTTPError:
+    raise
+except urllib.error.URLError as error:  # raised before the request was sent: connecting failed
+    sys.exit(f"UNREACHABLE: {error.reason}")
+with response:
     answer = json.loads(response.read())
 print(json.dumps({"answer": answer, "seconds": time.monotonic() - started}))
 """
@@ -229,15 +235,17 @@ def timed_completion(
 ) -> tuple[str, float]:
     """A greedy completion from the client pod, and the seconds from request to answer measured there.
 
-    A refused connection raises ConnectionRefusedError, which waits retry: a Service whose first replica just
-    turned Ready is refused until kube-proxy has programmed its endpoint.
+    A connection that could not be made (refused, or timed out) raises ConnectionError, which waits retry: a
+    Service whose first replica just turned Ready is refused until kube-proxy has programmed its endpoint, and
+    one whose replica is being replaced can still route to the old pod's address for a moment.
     """
     script = ["python3", "-c", COMPLETE, url, PROMPT, host, str(timeout)]
     try:
         result = kube.kubectl("exec", "-n", namespace, "client", "--", *script, timeout=timeout + 30)
     except ControlPlaneError as error:
-        if "Connection refused" in str(error):
-            raise ConnectionRefusedError(f"{url} refused the connection") from error
+        if "UNREACHABLE: " in str(error):
+            reason = str(error).rpartition("UNREACHABLE: ")[2].splitlines()[0]
+            raise ConnectionError(f"{url}: {reason}") from error
         raise
     reply = json.loads(result.stdout)
     return reply["answer"]["choices"][0]["text"], reply["seconds"]
