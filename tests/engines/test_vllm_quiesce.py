@@ -5,7 +5,9 @@ the report of what the process holds."""
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
 import types
 from pathlib import Path
@@ -168,8 +170,6 @@ def loaded(model_dir: Path) -> tuple[VllmEngine, FakeLLM]:
 
 
 def test_load_sets_the_dumpable_environment_and_a_file_rendezvous(fake_vllm: Any, model_dir: Path) -> None:
-    import os
-
     _engine, llm = loaded(model_dir)
     assert os.environ["USE_LIBUV"] == "0"
     assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
@@ -179,9 +179,28 @@ def test_load_sets_the_dumpable_environment_and_a_file_rendezvous(fake_vllm: Any
     assert again == llm.init_method  # idempotent
 
 
-def test_a_user_setting_is_kept(fake_vllm: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import os
+RENDEZVOUS_THEN_EXIT = """
+import sys, types
+from warmstart.engines.vllm import quiesce
+executor = types.ModuleType("vllm.v1.executor.uniproc_executor")
+executor.UniProcExecutor = type("UniProcExecutor", (), {"_distributed_args": lambda self: ("tcp://x", 0, 0)})
+sys.modules["vllm.v1.executor.uniproc_executor"] = executor
+sys.modules["vllm.v1.executor"] = types.SimpleNamespace(uniproc_executor=executor)
+method = quiesce.use_file_rendezvous(types.ModuleType("vllm"))
+print(method.removeprefix("file://"))
+"""
 
+
+def test_the_file_rendezvous_directory_is_removed_when_the_process_exits(tmp_path: Path) -> None:
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = [sys.executable, "-c", RENDEZVOUS_THEN_EXIT]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, check=True)
+    store = Path(result.stdout.strip())
+    assert store.parent.parent == tmp_path and store.parent.name.startswith("warmstart-vllm-rdzv-"), store
+    assert not store.parent.exists(), f"{store.parent} outlived its process"
+
+
+def test_a_user_setting_is_kept(fake_vllm: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("USE_LIBUV", "1")
     loaded(model_dir)
     assert os.environ["USE_LIBUV"] == "1"

@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -127,6 +128,8 @@ class ParallelModel:
         self._spec = spec
         self._followers: list[tuple[subprocess.Popen[bytes], BinaryIO, BinaryIO]] = []
         self._rendezvous = Path(tempfile.mkdtemp(prefix="warmstart-tp-"))
+        # Removed at close, or at exit when the engine is never closed.
+        self._remove_rendezvous = weakref.finalize(self, shutil.rmtree, self._rendezvous, ignore_errors=True)
         self._round = 0
         self.joined = False
 
@@ -199,7 +202,7 @@ class ParallelModel:
                 process.wait()
         self._followers = []
         leave()
-        shutil.rmtree(self._rendezvous, ignore_errors=True)
+        self._remove_rendezvous()
 
     def _tell(self, message: tuple[Any, ...]) -> None:
         for process, commands, _answers in self._followers:

@@ -19,8 +19,10 @@ what the dump will meet.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -67,7 +69,11 @@ def use_file_rendezvous(vllm_module: Any, directory: str | os.PathLike[str] | No
         return None
     if getattr(original, "_warmstart_file_store", None):
         return original._warmstart_file_store
-    base = Path(directory) if directory else Path(tempfile.mkdtemp(prefix="warmstart-vllm-rdzv-"))
+    if directory:
+        base = Path(directory)
+    else:
+        base = Path(tempfile.mkdtemp(prefix="warmstart-vllm-rdzv-"))
+        atexit.register(shutil.rmtree, base, ignore_errors=True)
     base.mkdir(parents=True, exist_ok=True)
     store = base / f"store-{os.getpid()}"
     store.unlink(missing_ok=True)  # a file store must start empty
