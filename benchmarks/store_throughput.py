@@ -29,6 +29,7 @@ from warmstart.identity import SnapshotIdentity
 from warmstart.parallel import default_workers, parallel_map, run_heaviest_first
 from warmstart.snapshot import SnapshotStore
 from warmstart.snapshot.hashing import CHUNK_HASHES, DEFAULT_CHUNK_HASH, chunk_ranges, hash_file, hash_range
+from warmstart.snapshot.residency import evict
 from warmstart.snapshot.signing import HmacKey
 
 GIB = 1 << 30
@@ -68,12 +69,7 @@ def timed(
 def drop_cache(paths: list[Path], *, global_drop: bool) -> str:
     """Evict `paths` from the page cache; returns how it was done."""
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        evict(path)
     if global_drop and os.geteuid() == 0:
         try:
             os.sync()

@@ -170,16 +170,6 @@ def hostpath_claim(namespace: str, claim: str, path: str, size: str) -> dict[str
     return {"apiVersion": "v1", "kind": "List", "items": [volume, request]}
 
 
-def drop_from_page_cache(path: Path) -> None:
-    """Write back, then drop the file's pages from the page cache."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
 def page_cache_kept(path: Path) -> str | None:
     """Why files under `path` cannot leave the page cache (tmpfs, ramfs), None when they can."""
     found = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import answers, drop_from_page_cache, free_port, recording_criu_command
+from support import answers, free_port, recording_criu_command
 
 from warmstart.agent.agent import Agent, AgentConfig
 from warmstart.agent.kube_status import KubeStatus
@@ -33,7 +33,7 @@ from warmstart.operator.spec import parse_spec
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.layout import MANIFEST_FILE
-from warmstart.snapshot.residency import blob_paths, resident_bytes
+from warmstart.snapshot.residency import blob_paths, evict, resident_bytes
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 pytestmark = pytest.mark.integration
@@ -537,7 +537,7 @@ def test_prestage_keeps_the_snapshots_of_endpoints_that_ask_in_the_page_cache(
     store = agent.node.store
     blobs = blob_paths(store, [stored])
     for blob in blobs:
-        drop_from_page_cache(blob)
+        evict(blob)
     resident = lambda: sum(resident_bytes(blob) for blob in blobs)  # noqa: E731
     before = resident()
     assert before < stored.size // 4, "the blobs did not leave the page cache"

@@ -45,7 +45,6 @@ from endpoint_flow import (
     worker_pods,
 )
 from node_plugin import HostPython
-from support import drop_from_page_cache
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import MAX_RESTORE_FAILURES
@@ -347,7 +346,7 @@ def test_prestage_keeps_the_snapshot_and_the_model_in_the_nodes_page_cache(
 
     wait(all_resident, "the snapshot and the model in the page cache")
     for path in blobs + weights:
-        drop_from_page_cache(path)
+        residency.evict(path)
     assert not all_resident()
     wait(all_resident, "the snapshot and the model staged again")
 

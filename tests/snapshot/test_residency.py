@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import drop_from_page_cache as drop
 from support import page_cache_kept
 
 from warmstart.fileio import UnsafeInput
@@ -18,6 +17,7 @@ from warmstart.snapshot.residency import (
     blob_bytes,
     blob_paths,
     cgroup_memory_limit,
+    evict,
     resident_bytes,
     stage,
 )
@@ -37,7 +37,7 @@ def make_file(directory: Path) -> Callable[..., Path]:
     def make(name: str, size: int) -> Path:
         path = directory / name
         path.write_bytes(os.urandom(size))
-        drop(path)
+        evict(path)
         return path
 
     return make
@@ -50,7 +50,7 @@ def test_residency_falls_when_dropped_and_staging_brings_it_back(make_file: Call
     assert stage([path], budget_bytes=1 << 40) >= size - resident_bytes(path) - PAGE_SIZE
     assert resident_bytes(path) == size
     assert stage([path], budget_bytes=1 << 40) == 0  # nothing left to read
-    drop(path)
+    evict(path)
     assert resident_bytes(path) < size // 4
 
 
@@ -108,7 +108,7 @@ def test_a_snapshots_blobs_stage_inside_the_store(
     paths = blob_paths(store, [snapshot])  # type: ignore[list-item]
     assert len(paths) == 2 and blob_bytes(snapshot) == 5 * MIB  # type: ignore[arg-type]
     for path in paths:
-        drop(path)
+        evict(path)
     stage(paths, budget_bytes=1 << 30, root=store.blobs_dir)
     assert sum(resident_bytes(path, root=store.blobs_dir) for path in paths) == 5 * MIB
 

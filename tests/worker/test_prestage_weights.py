@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support import drop_from_page_cache, page_cache_kept
+from support import page_cache_kept
 
 from warmstart.cli import build_parser
 from warmstart.engines.builtin.model_dir import ensure_model
-from warmstart.snapshot.residency import resident_bytes
+from warmstart.snapshot.residency import evict, resident_bytes
 from warmstart.worker.prestage import model_files
 
 
@@ -25,7 +25,7 @@ def test_one_pass_makes_the_model_files_resident(model: Path) -> None:
     files = model_files(model)
     assert files[0].name.endswith(".safetensors") and any(p.name == "config.json" for p in files)
     for path in files:
-        drop_from_page_cache(path)
+        evict(path)
     weights = files[0]
     assert resident_bytes(weights) < weights.stat().st_size
     args = build_parser().parse_args(["prestage-weights", "--model-dir", str(model), "--once"])

@@ -7,6 +7,8 @@ the disk's. `stage` reads what is not resident yet, so the next restore on this 
   reads nothing);
 - `stage`: files in priority order, the first `budget_bytes` of them made resident: WILLNEED first, then a
   sequential read of the pages still missing, one file per thread;
+- `evict`: the opposite of `stage`, a file's pages written back and dropped (how benchmarks and tests make a
+  cold read);
 - `blob_paths`: the distinct blobs of snapshots, in the order given, which is how the node agent stages them;
 - `cgroup_memory_limit`: the memory limit of the caller's cgroup, which its page cache is charged against.
 
@@ -119,6 +121,16 @@ def resident_bytes(path: str | os.PathLike[str], *, root: Path | None = None) ->
     try:
         size = os.fstat(fd).st_size
         return _resident_in(page_map(fd, size), size)
+    finally:
+        os.close(fd)
+
+
+def evict(path: str | os.PathLike[str]) -> None:
+    """Write the file's dirty pages back, then drop all its pages from the page cache."""
+    fd = open_regular(path)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
 
