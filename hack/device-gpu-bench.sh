@@ -12,7 +12,9 @@
 #                                    pre-staging, NO_DROP=1 for hot only, THP=always|madvise|never for the
 #                                    node's transparent huge pages during the run), thp (hot restores with
 #                                    THP_OTHER, default always, their own capture), verify (the store's verification
-#                                    against SHA-256 and read baselines, 1.6 GiB), lazy (restores with CRIU
+#                                    against SHA-256 and read baselines, 1.6 GiB), fill (CRIU's restorer
+#                                    filling 1.77 GiB of memory against plain reads, before and after
+#                                    TOUCH_GIB, default 96, of memory is touched), lazy (restores with CRIU
 #                                    lazy pages),
 #                                    probe (what a bare CUDA context costs in a checkpoint), kvfit (the KV
 #                                    cache sized to the GPU at 256 x 4096), levers (each of LEVERS off in
@@ -79,6 +81,11 @@ product() {  # STEPS (comma-separated): model main lazy probe kvfit levers tests
     for feature in uffd uffd-noncoop; do
         echo "criu check --feature $feature: $($WARMSTART_CRIU check --feature $feature 2>&1 | tail -1)"
     done
+    if [[ "$steps" == *,fill,* ]]; then  # first: before the other steps' page cache takes the memory
+        echo "== CRIU's restorer filling a process's memory, against plain reads"
+        timeout 240 python3 benchmarks/criu_fill.py --size-gib 1.77 --dir "$WORK/fill" --criu "$WARMSTART_CRIU" \
+            --touch-gib "${TOUCH_GIB:-96}" 2>&1 | tee "$OUT/criu_fill.txt" | tail -30
+    fi
     if [[ "$steps" == *,model,* ]]; then  # the weight files exist before the first start, as on a real node
         echo "== Qwen3-8B shapes: weight files"
         python3 -c 'from warmstart.engines.builtin.model_dir import default_model_dir as d, ensure_model as e

@@ -133,11 +133,13 @@ def test_serve_and_bench_refuse_an_unknown_huge_pages_mode(tmp_path: Path, comma
 def test_the_bench_reads_every_byte_into_reused_or_fresh_memory(tmp_path: Path, fresh_memory: bool) -> None:
     from warmstart.bench import READ_CHUNK, read_bandwidth
 
-    files = [tmp_path / "a", tmp_path / "b"]
+    files = [tmp_path / "a", tmp_path / "b", tmp_path / "empty"]
     files[0].write_bytes(b"x" * (READ_CHUNK + 5))  # a short last piece too
     files[1].write_bytes(b"y" * 7)
-    size, seconds = read_bandwidth(files, 3, fresh_memory=fresh_memory)
-    assert size == READ_CHUNK + 12 and seconds > 0
+    files[2].touch()
+    for threads in (1, 3):
+        size, seconds = read_bandwidth(files, threads, fresh_memory=fresh_memory)
+        assert size == READ_CHUNK + 12 and seconds > 0
 
 
 def test_serve_names_the_logs_of_a_worker_that_exits_before_serving(tmp_path: Path) -> None:

@@ -111,19 +111,33 @@ def greedy_outputs(spec: WorkerSpec) -> list[list[str]]:
 def read_bandwidth(
     paths: list[Path], threads: int = READ_THREADS, *, fresh_memory: bool = False
 ) -> tuple[int, float]:
-    """Bytes and seconds to read `paths` with `threads` parallel readers in large chunks; with
-    `fresh_memory`, into anonymous memory never touched before, as CRIU's restorer does (with one thread):
-    every page is faulted in while it is filled."""
-    pieces = [(path, offset) for path in paths for offset in range(0, path.stat().st_size, READ_CHUNK)]
+    """Bytes and seconds to read `paths` with `threads` parallel readers.
 
-    def read(piece: tuple[Path, int]) -> int:
-        fd = os.open(piece[0], os.O_RDONLY)
+    Reads go in large chunks into buffers used again and again; with `fresh_memory`, each reader fills one
+    anonymous mapping never touched before with its contiguous share of each file, as CRIU's restorer fills
+    a restored process's memory (with one reader): every page is faulted in while it is filled, and the
+    memory is as new to the caches (and, in a virtual machine, to the host) as the restorer's.
+    """
+    share = (lambda size: _page_up(-(-size // threads))) if fresh_memory else (lambda size: READ_CHUNK)
+    pieces = [
+        (path, offset, min(share(size), size - offset))
+        for path in paths
+        if (size := path.stat().st_size)
+        for offset in range(0, size, share(size))
+    ]
+
+    def read(piece: tuple[Path, int, int]) -> int:
+        path, offset, length = piece
+        fd = os.open(path, os.O_RDONLY)
         try:
             if not fresh_memory:
-                return len(os.pread(fd, READ_CHUNK, piece[1]))
-            fresh = mmap.mmap(-1, READ_CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                return len(os.pread(fd, length, offset))
+            fresh = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
             with fresh, memoryview(fresh) as view:
-                return os.preadv(fd, [view], piece[1])
+                done = 0
+                while done < length and (got := os.preadv(fd, [view[done:]], offset + done)):
+                    done += got  # one read returns at most about 2 GiB
+                return done
         finally:
             os.close(fd)
 
@@ -131,6 +145,10 @@ def read_bandwidth(
     with ThreadPoolExecutor(threads) as pool:
         total = sum(pool.map(read, pieces))
     return total, time.monotonic() - started
+
+
+def _page_up(size: int) -> int:
+    return -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
 
 
 def pinned_to_gpu_bandwidth(nbytes: int = 1 << 30, repeats: int = 5) -> float | None:

@@ -1,0 +1,261 @@
+"""How fast CRIU's restorer fills a process's memory, against plain reads of the same image, in one run.
+
+    sudo python benchmarks/criu_fill.py --size-gib 1.77 --dir /var/tmp/criu-fill [--touch-gib 100]
+
+A hot restore of the builtin engine on the H200 spends most of its CRIU time in the restorer's `preadv`
+of the pages image into the restored process's private memory. This takes that part alone: a process holding
+`--size-gib` GiB of private anonymous memory (random bytes, as a heap) is dumped once, then restored
+`--repeat` times under each transparent huge pages mode, beside these baselines on the same image, hot in
+the page cache:
+
+- the copy alone: the image read into one 16 MiB buffer used again and again (the page cache's floor);
+- one reader filling one fresh mapping the size of the image: what the restorer does, outside CRIU;
+- one reader filling fresh 16 MiB mappings, unmapped after each (the bench's fresh-memory floor up to
+  2026-12-01: the kernel hands the freed pages straight back, warm in the caches);
+- eight readers each filling one fresh mapping of an eighth: what parallel reads inside CRIU could reach.
+
+CRIU's restorer row is the restorer's own reads, timed from its log. With `--touch-gib`, every row is
+measured again after a process has faulted in and freed that much memory: in a virtual machine, memory the
+guest has never touched costs the host a fault of its own, which a long-running node has paid long before.
+CRIU comes from `--criu`, else WARMSTART_CRIU, else `criu` on PATH; it runs as root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import mmap
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from warmstart.bench import READ_CHUNK, read_bandwidth
+from warmstart.checkpoint import hugepages
+from warmstart.checkpoint.criu import Criu
+from warmstart.config import default_criu_command
+from warmstart.serve.local_node import usable_criu
+
+GIB = 1 << 30
+PR_SET_CHILD_SUBREAPER = 36
+HOLDER = """
+import mmap, os, sys, time
+size, ready = int(sys.argv[1]), sys.argv[2]
+memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+block = os.urandom(64 << 20)
+for offset in range(0, size, len(block)):
+    memory[offset:offset + len(block)] = block[:size - offset]
+open(ready, "w").close()
+while True:
+    time.sleep(1)
+"""
+PREADV = re.compile(r"^\((\d+\.\d+)\) pie: \d+: Preadv ")
+RETURNED = re.compile(r"^\((\d+\.\d+)\) pie: \d+: `- returned (\d+)")
+
+
+@dataclass
+class Row:
+    name: str
+    seconds: list[float]
+    nbytes: int
+    note: str = ""
+
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+
+def hold_memory(size: int, work: Path) -> subprocess.Popen[bytes]:
+    """A process holding `size` bytes of private anonymous memory, filled; returned once it is."""
+    ready = work / "holder.ready"
+    ready.unlink(missing_ok=True)
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(size), str(ready)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 300
+    while not ready.exists():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise SystemExit(f"the memory holder did not start (exit {process.poll()})")
+        time.sleep(0.05)
+    return process
+
+
+def restorer_reads(log_file: Path) -> tuple[int, float]:
+    """Bytes the restorer read with preadv and the seconds those reads took, from a CRIU -v4 restore log."""
+    nbytes, seconds, started = 0, 0.0, None
+    for line in log_file.read_text(errors="replace").splitlines():
+        if match := PREADV.match(line):
+            started = float(match.group(1))
+        elif (match := RETURNED.match(line)) and started is not None:
+            nbytes, seconds, started = (
+                nbytes + int(match.group(2)),
+                seconds + float(match.group(1)) - started,
+                None,
+            )
+    return nbytes, seconds
+
+
+def restore_once(criu: Criu, images: Path, logs: Path) -> tuple[float, int, float]:
+    """One restore: its wall seconds, and the restorer's bytes and seconds of reads. The restored process
+    is killed and reaped (this process is its subreaper), so its PID is free for the next."""
+    started = time.monotonic()
+    pid = criu.restore(images, logs_dir=logs)
+    wall = time.monotonic() - started
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return (wall, *restorer_reads(logs / "restore.log"))
+
+
+def fresh_chunks(paths: list[Path]) -> tuple[int, float]:
+    """One reader filling fresh READ_CHUNK mappings, each unmapped before the next."""
+    total, started = 0, time.monotonic()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for offset in range(0, path.stat().st_size, READ_CHUNK):
+                with mmap.mmap(-1, READ_CHUNK, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) as fresh:
+                    total += os.preadv(fd, [fresh], offset)
+        finally:
+            os.close(fd)
+    return total, time.monotonic() - started
+
+
+def touch_memory(nbytes: int, threads: int) -> float:
+    """Fault in and free `nbytes` of anonymous memory over `threads` threads; returns the seconds."""
+    share = -(-nbytes // threads // mmap.PAGESIZE) * mmap.PAGESIZE
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
+
+    def touch(_index: int) -> None:
+        mmap.mmap(-1, share, flags=flags).close()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(touch, range(threads)))
+    return time.monotonic() - started
+
+
+def measure(criu: Criu, images: Path, logs: Path, repeat: int, label: str) -> list[Row]:
+    pages = sorted(images.glob("pages-*.img"))
+    image_bytes = sum(p.stat().st_size for p in pages)
+    read_bandwidth(pages)  # the image hot in the page cache
+
+    def fresh(readers: int) -> Callable[[], tuple[int, float]]:
+        return lambda: read_bandwidth(pages, readers, fresh_memory=True)
+
+    baselines: list[tuple[str, Callable[[], tuple[int, float]], str]] = [
+        (
+            "the copy alone: 16 MiB buffer reused, 1 reader",
+            lambda: read_bandwidth(pages, 1),
+            "page cache floor",
+        ),
+        ("1 reader, one fresh mapping", fresh(1), "the restorer's work"),
+        ("1 reader, fresh 16 MiB mappings", lambda: fresh_chunks(pages), "warm recycled pages"),
+        ("8 readers, one fresh mapping each", fresh(8), "parallel"),
+    ]
+    rows = [Row(f"{label}{name}", [], image_bytes, note) for name, _, note in baselines]
+    restorer = Row(f"{label}CRIU restorer's preadv", [], image_bytes, "from CRIU's log")
+    whole = Row(f"{label}CRIU restore, whole", [], image_bytes, "wall")
+    for _ in range(repeat):
+        for row, (_, run, _) in zip(rows, baselines, strict=True):
+            nbytes, seconds = run()
+            assert nbytes == image_bytes, (row.name, nbytes, image_bytes)
+            row.seconds.append(seconds)
+        wall, nbytes, seconds = restore_once(criu, images, logs)
+        whole.seconds.append(wall)
+        restorer.seconds.append(seconds)
+        restorer.nbytes = nbytes
+    return [*rows, restorer, whole]
+
+
+def run(args: argparse.Namespace) -> list[Row]:
+    criu, why_not = usable_criu(args.criu or default_criu_command())
+    if criu is None:
+        raise SystemExit(f"needs CRIU 4 as root: {why_not}")
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    work = Path(args.dir)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    images, logs = work / "images", work / "logs"
+    holder = hold_memory(int(args.size_gib * GIB), work)
+    try:
+        criu.dump(holder.pid, images, logs_dir=logs)
+    finally:
+        holder.kill()
+        holder.wait()
+    rows: list[Row] = []
+    try:
+        for touched in (False, True) if args.touch_gib else (False,):
+            if touched:
+                seconds = touch_memory(int(args.touch_gib * GIB), os.cpu_count() or 1)
+                print(f"touched {args.touch_gib:g} GiB of memory in {seconds:.1f} s")
+            for mode in args.thp:
+                with hugepages.selected(mode):
+                    label = f"THP {mode}{', memory touched' if touched else ''}: "
+                    rows += measure(criu, images, logs, args.repeat, label)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return rows
+
+
+def print_table(rows: list[Row], args: argparse.Namespace) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(
+        title=f"CRIU's memory fill: {rows[0].nbytes / GIB:.2f} GiB image, {os.cpu_count()} cores, "
+        f"median of {args.repeat}"
+    )
+    for column, justify in (("measurement", "left"), ("GiB", "right"), ("seconds", "right"),
+                            ("GiB/s", "right"), ("range (s)", "right"), ("note", "left")):  # fmt: skip
+        table.add_column(column, justify=justify)  # type: ignore[arg-type]
+    for row in rows:
+        median = row.median()
+        rate = f"{row.nbytes / median / GIB:.2f}" if median else "-"
+        spread = f"{min(row.seconds):.3f}-{max(row.seconds):.3f}"
+        table.add_row(row.name, f"{row.nbytes / GIB:.2f}", f"{median:.3f}", rate, spread, row.note)
+    console = Console()
+    (console if console.is_terminal else Console(width=150)).print(table)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--size-gib", type=float, default=1.77, help="memory the process holds (default 1.77)"
+    )
+    parser.add_argument("--dir", required=True, help="directory for the image (removed after)")
+    parser.add_argument("--repeat", type=int, default=3, help="restores per mode (default 3)")
+    parser.add_argument("--thp", nargs="+", choices=hugepages.MODES, default=["always", "madvise"])
+    parser.add_argument(
+        "--touch-gib",
+        type=float,
+        default=0.0,
+        help="measure again after faulting in and freeing this much memory",
+    )
+    parser.add_argument("--criu", default="", help="CRIU command (default WARMSTART_CRIU, else criu)")
+    parser.add_argument("--keep", action="store_true", help="keep the image")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    print_table(run(args), args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
