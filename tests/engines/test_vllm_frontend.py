@@ -8,6 +8,7 @@ interface; `ServingApp` is served over ASGI with a fake frontend whose app stand
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from warmstart.engines.vllm.frontend import ServingApp
 from warmstart.engines.vllm.inproc_client import InprocAsyncClient
 from warmstart.worker.engine_process import _HttpRunner
 from warmstart.worker.metrics import WorkerMetrics
+from warmstart.worker.openai_requests import RequestLimits
 
 
 @dataclass
@@ -255,7 +257,7 @@ def test_the_serving_app_answers_ready_and_metrics_and_hands_the_rest_to_the_eng
     assert frontend.builds == 1
 
 
-def test_the_worker_serves_an_engine_own_app_when_it_has_one() -> None:
+def test_the_worker_serves_an_engine_own_app_when_it_has_one(caplog: pytest.LogCaptureFixture) -> None:
     built: list[Any] = []
 
     class EngineWithServer:
@@ -268,6 +270,9 @@ def test_the_worker_serves_an_engine_own_app_when_it_has_one() -> None:
 
     runner = _HttpRunner(EngineWithServer())
     assert runner.app is built[0]
+    with caplog.at_level(logging.WARNING, "warmstart.worker.engine"):
+        _HttpRunner(EngineWithServer(), request_limits=RequestLimits(max_n=2))
+    assert "--max-n" in caplog.text and "do not apply" in caplog.text
 
     class EngineWithout(EngineWithServer):
         def serving_app(self, ready: Any, metrics: Any) -> Any:

@@ -171,6 +171,11 @@ class _HttpRunner:
         self.connection_limits = connection_limits or ConnectionLimits()
         engine_app = getattr(engine, "serving_app", None)
         own = engine_app(lambda: self.state.ready, self.metrics) if engine_app else None
+        if own is not None and request_limits is not None:
+            log.warning(
+                "the engine serves its own HTTP app: --max-request-bytes, --max-n and --max-output-tokens "
+                "do not apply to it (give the engine's server its own limits, e.g. --vllm-server-arg)"
+            )
         self.app = own if own is not None else build_app(engine, self.metrics, self.state, request_limits)
         self._uvicorn = uvicorn
 
