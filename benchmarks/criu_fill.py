@@ -15,8 +15,8 @@ the page cache:
 - eight readers each filling one fresh mapping of an eighth: what parallel reads inside CRIU could reach.
 
 CRIU's restorer row is the restorer's own reads, timed from its log. With `--touch-gib`, every row is
-measured again after a process has faulted in and freed that much memory: in a virtual machine, memory the
-guest has never touched costs the host a fault of its own, which a long-running node has paid long before.
+measured again after a process has faulted in and freed that much memory: whether memory a virtual machine
+never touched costs more to fill (a long-running node has touched all of its memory).
 CRIU comes from `--criu`, else WARMSTART_CRIU, else `criu` on PATH; it runs as root.
 """
 

@@ -115,8 +115,8 @@ def read_bandwidth(
 
     Reads go in large chunks into buffers used again and again; with `fresh_memory`, each reader fills one
     anonymous mapping never touched before with its contiguous share of each file, as CRIU's restorer fills
-    a restored process's memory (with one reader): every page is faulted in while it is filled, and the
-    memory is as new to the caches (and, in a virtual machine, to the host) as the restorer's.
+    a restored process's memory (with one reader): every page is faulted in while it is filled, and none
+    comes back warm from a mapping just unmapped.
     """
     share = (lambda size: _page_up(-(-size // threads))) if fresh_memory else (lambda size: READ_CHUNK)
     pieces = [
