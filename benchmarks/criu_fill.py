@@ -32,6 +32,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -184,9 +185,8 @@ def run(args: argparse.Namespace) -> list[Row]:
     if criu is None:
         raise SystemExit(f"needs CRIU 4 as root: {why_not}")
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    work = Path(args.dir)
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    Path(args.dir).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="criu-fill-", dir=args.dir))
     images, logs = work / "images", work / "logs"
     holder = hold_memory(int(args.size_gib * GIB), work)
     try:
@@ -237,7 +237,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--size-gib", type=float, default=1.77, help="memory the process holds (default 1.77)"
     )
-    parser.add_argument("--dir", required=True, help="directory for the image (removed after)")
+    parser.add_argument("--dir", required=True, help="where to work (in a folder of its own, removed after)")
     parser.add_argument("--repeat", type=int, default=3, help="restores per mode (default 3)")
     parser.add_argument("--thp", nargs="+", choices=hugepages.MODES, default=["always", "madvise"])
     parser.add_argument(
