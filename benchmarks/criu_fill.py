@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import dataclasses
+import json
 import mmap
 import os
 import re
@@ -248,12 +250,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--criu", default="", help="CRIU command (default WARMSTART_CRIU, else criu)")
     parser.add_argument("--keep", action="store_true", help="keep the image")
+    parser.add_argument("--json", default="", help="also write the rows to this JSON file")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print_table(run(args), args)
+    rows = run(args)
+    print_table(rows, args)
+    if args.json:
+        Path(args.json).write_text(json.dumps([dataclasses.asdict(row) for row in rows], indent=1) + "\n")
     return 0
 
 
