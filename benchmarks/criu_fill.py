@@ -1,6 +1,6 @@
 """How fast CRIU's restorer fills a process's memory, against plain reads of the same image, in one run.
 
-    sudo python benchmarks/criu_fill.py --size-gib 1.77 --dir /var/tmp/criu-fill [--touch-gib 100]
+    sudo python benchmarks/criu_fill.py --size-gib 1.77 --dir /var/tmp/fill --touch-gib 96 --contend-readers 8
 
 A hot restore of the builtin engine on the H200 spends most of its CRIU time in the restorer's `preadv`
 of the pages image into the restored process's private memory. This takes that part alone: a process holding
@@ -16,13 +16,16 @@ the page cache:
 
 CRIU's restorer row is the restorer's own reads, timed from its log. With `--touch-gib`, every row is
 measured again after a process has faulted in and freed that much memory: whether memory a virtual machine
-never touched costs more to fill (a long-running node has touched all of its memory).
+never touched costs more to fill (a long-running node has touched all of its memory). With
+`--contend-readers N`, every row is measured again while N threads copy the image from the page cache into
+reused buffers: the memory traffic a weight stager makes beside a product restore, without the GPU.
 CRIU comes from `--criu`, else WARMSTART_CRIU, else `criu` on PATH; it runs as root.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import dataclasses
 import json
@@ -35,9 +38,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,18 +203,67 @@ def run(args: argparse.Namespace) -> list[Row]:
         holder.wait()
     rows: list[Row] = []
     try:
-        for touched in (False, True) if args.touch_gib else (False,):
-            if touched:
-                seconds = touch_memory(int(args.touch_gib * GIB), os.cpu_count() or 1)
-                print(f"touched {args.touch_gib:g} GiB of memory in {seconds:.1f} s")
-            for mode in args.thp:
-                with hugepages.selected(mode):
-                    label = f"THP {mode}{', memory touched' if touched else ''}: "
-                    rows += measure(criu, images, logs, args.repeat, label)
+        for label, condition in passes(args, images):
+            with condition():
+                for mode in args.thp:
+                    with hugepages.selected(mode):
+                        rows += measure(criu, images, logs, args.repeat, f"THP {mode}{label}: ")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
     return rows
+
+
+def passes(
+    args: argparse.Namespace, images: Path
+) -> list[tuple[str, Callable[[], AbstractContextManager[None]]]]:
+    """Each pass of measurements: its label and the condition it runs under."""
+    chosen: list[tuple[str, Callable[[], AbstractContextManager[None]]]] = [("", contextlib.nullcontext)]
+    if args.touch_gib:
+        chosen.append((", memory touched", lambda: touched(int(args.touch_gib * GIB))))
+    if args.contend_readers:
+        name = f", {args.contend_readers} readers copying beside it"
+        chosen.append((name, lambda: contending(sorted(images.glob("pages-*.img")), args.contend_readers)))
+    return chosen
+
+
+@contextlib.contextmanager
+def touched(nbytes: int) -> Iterator[None]:
+    seconds = touch_memory(nbytes, os.cpu_count() or 1)
+    print(f"touched {nbytes / GIB:g} GiB of memory in {seconds:.1f} s")
+    yield
+
+
+@contextlib.contextmanager
+def contending(paths: list[Path], readers: int) -> Iterator[None]:
+    """`readers` threads copying `paths` (hot) from the page cache into reused buffers, over and over, for
+    the duration: the memory traffic of a weight stager beside a restore, without the GPU."""
+    pieces = [(path, offset) for path in paths for offset in range(0, path.stat().st_size, READ_CHUNK)]
+    stop, copied = threading.Event(), [0] * readers
+
+    def copy(index: int) -> None:
+        buffer = bytearray(READ_CHUNK)
+        descriptors = {path: os.open(path, os.O_RDONLY) for path in paths}
+        try:
+            while not stop.is_set():
+                for path, offset in pieces[index::readers]:
+                    copied[index] += os.preadv(descriptors[path], [buffer], offset)
+        finally:
+            for fd in descriptors.values():
+                os.close(fd)
+
+    threads = [threading.Thread(target=copy, args=(index,), daemon=True) for index in range(readers)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+        rate = sum(copied) / (time.monotonic() - started) / GIB
+        print(f"{readers} readers copied from the page cache at {rate:.1f} GiB/s beside the measurements")
 
 
 def print_table(rows: list[Row], args: argparse.Namespace) -> None:
@@ -248,6 +302,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=0.0,
         help="measure again after faulting in and freeing this much memory",
     )
+    parser.add_argument(
+        "--contend-readers", type=int, default=0,
+        help="measure again with this many threads copying the image beside (a weight stager's traffic)",
+    )  # fmt: skip
     parser.add_argument("--criu", default="", help="CRIU command (default WARMSTART_CRIU, else criu)")
     parser.add_argument("--keep", action="store_true", help="keep the image")
     parser.add_argument("--json", default="", help="also write the rows to this JSON file")

@@ -13,8 +13,9 @@
 #                                    node's transparent huge pages during the run), thp (hot restores with
 #                                    THP_OTHER, default always, their own capture), verify (the store's verification
 #                                    against SHA-256 and read baselines, 1.6 GiB), fill (CRIU's restorer
-#                                    filling 1.77 GiB of memory against plain reads, before and after
-#                                    TOUCH_GIB, default 96, of memory is touched), lazy (restores with CRIU
+#                                    filling 1.77 GiB of memory against plain reads; again after TOUCH_GIB,
+#                                    default 96, of memory is touched, and again beside CONTEND_READERS,
+#                                    default 8, threads copying from the page cache), lazy (restores with CRIU
 #                                    lazy pages),
 #                                    probe (what a bare CUDA context costs in a checkpoint), kvfit (the KV
 #                                    cache sized to the GPU at 256 x 4096), levers (each of LEVERS off in
@@ -84,7 +85,8 @@ product() {  # STEPS (comma-separated): model main lazy probe kvfit levers tests
     if [[ "$steps" == *,fill,* ]]; then  # first: before the other steps' page cache takes the memory
         echo "== CRIU's restorer filling a process's memory, against plain reads"
         timeout 240 python3 benchmarks/criu_fill.py --size-gib 1.77 --dir "$WORK/fill" --criu "$WARMSTART_CRIU" \
-            --touch-gib "${TOUCH_GIB:-96}" 2>&1 | tee "$OUT/criu_fill.txt" | tail -30
+            --touch-gib "${TOUCH_GIB:-96}" --contend-readers "${CONTEND_READERS:-8}" 2>&1 | tee "$OUT/criu_fill.txt" \
+            | tail -44
     fi
     if [[ "$steps" == *,model,* ]]; then  # the weight files exist before the first start, as on a real node
         echo "== Qwen3-8B shapes: weight files"
