@@ -269,7 +269,7 @@ def test_the_worker_serves_an_engine_own_app_when_it_has_one(caplog: pytest.LogC
             return built[-1]
 
     runner = _HttpRunner(EngineWithServer())
-    assert runner.app is built[0]
+    assert runner.app.app is built[0] and runner.prepare == built[0].prepare
     with caplog.at_level(logging.WARNING, "warmstart.worker.engine"):
         _HttpRunner(EngineWithServer(), request_limits=RequestLimits(max_n=2))
     assert "--max-n" in caplog.text and "do not apply" in caplog.text
@@ -279,3 +279,31 @@ def test_the_worker_serves_an_engine_own_app_when_it_has_one(caplog: pytest.LogC
             return None
 
     assert isinstance(_HttpRunner(EngineWithout()).app, FastAPI)
+
+
+def test_the_worker_counts_the_responses_of_an_engine_own_app() -> None:
+    class EngineWithServer:
+        served_model_name = "tiny"
+        max_model_len = 64
+
+        def serving_app(self, ready: Any, metrics: Any) -> Any:
+            return ServingApp(FakeFrontend(), ready, metrics)  # type: ignore[arg-type]
+
+    runner = _HttpRunner(EngineWithServer())
+    runner.state.ready = True
+
+    async def scenario() -> str:
+        assert runner.prepare is not None
+        await runner.prepare()
+        transport = httpx.ASGITransport(app=runner.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://worker") as http:
+            assert (await http.get("/v1/models")).status_code == 200
+            assert (await http.get("/no/such/route")).status_code == 404
+            assert (await http.get("/ready")).status_code == 200
+            await http.get("/metrics")
+            return (await http.get("/metrics")).text
+
+    text = asyncio.run(scenario())
+    for route, status in (("/v1/models", 200), ("unmatched", 404), ("/ready", 200), ("/metrics", 200)):
+        assert f'warmstart_worker_requests_total{{route="{route}",status="{status}"}} 1.0' in text, route
+    assert 'warmstart_worker_request_duration_seconds_count{route="/v1/models"} 1.0' in text

@@ -163,7 +163,7 @@ class _HttpRunner:
         import uvicorn
 
         from warmstart.worker.metrics import WorkerMetrics
-        from warmstart.worker.server import ServerState, build_app
+        from warmstart.worker.server import ServerState, build_app, count_responses
 
         self.engine = engine
         self.metrics = WorkerMetrics()
@@ -176,7 +176,12 @@ class _HttpRunner:
                 "the engine serves its own HTTP app: --max-request-bytes, --max-n and --max-output-tokens "
                 "do not apply to it (give the engine's server its own limits, e.g. --vllm-server-arg)"
             )
-        self.app = own if own is not None else build_app(engine, self.metrics, self.state, request_limits)
+        # An engine's own server builds its state in the serving loop (`prepare`), before the first request.
+        self.prepare = getattr(own, "prepare", None)
+        if own is not None:
+            self.app = count_responses(own, self.metrics)
+        else:
+            self.app = build_app(engine, self.metrics, self.state, request_limits)
         self._uvicorn = uvicorn
 
     def serve(self, host: str, port: int, mode: str, since: float) -> int:
@@ -184,9 +189,8 @@ class _HttpRunner:
 
         class Server(self._uvicorn.Server):
             async def startup(self, sockets: Any = None) -> None:
-                prepare = getattr(runner.app, "prepare", None)
-                if prepare is not None:  # an engine's own server builds its state in this loop
-                    await prepare()
+                if runner.prepare is not None:
+                    await runner.prepare()
                 await super().startup(sockets=sockets)
                 if not self.should_exit:
                     runner._mark_serving(mode, since)

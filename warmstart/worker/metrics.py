@@ -9,7 +9,8 @@ metrics adapter, KEDA's Prometheus scaler), two gauges with stable names, counti
   slot, or being prefilled).
 Their sum is the load on this worker; `waiting` above zero for long means it needs help.
 Behind vLLM's own server (the vllm engine's `--api vllm`) the two follow vLLM's scheduler
-(`vllm:num_requests_waiting`, `vllm:num_requests_running`) and the request and token series are vLLM's.
+(`vllm:num_requests_waiting`, `vllm:num_requests_running`), its responses are counted here by vLLM's routes
+(requests and latency), and the token and time-to-first-token series are vLLM's.
 `warmstart_worker_requests_cancelled_total` counts generations stopped because their client went away.
 """
 

@@ -53,6 +53,7 @@ __all__ = ["ApiError", "RequestLimits", "ServerState", "build_app"]
 log = logging.getLogger("warmstart.worker.server")
 
 CLIENT_GONE = 499  # the status a request is counted with when its client left before the answer
+WORKER_PATHS = ("/ready", "/metrics")
 
 
 def _error_response(error: ApiError) -> JSONResponse:
@@ -104,9 +105,21 @@ class _CountResponses:
                 await _error_response(ApiError(500, "internal error in the worker"))(scope, receive, send)
                 status = 500
         finally:
-            path = getattr(scope.get("route"), "path", "unmatched")
+            path = getattr(scope.get("route"), "path", None) or _unrouted_label(scope.get("path", ""))
             self.metrics.requests.labels(path, str(status or CLIENT_GONE)).inc()
             self.metrics.latency.labels(path).observe(time.perf_counter() - started)
+
+
+def _unrouted_label(path: str) -> str:
+    """The route label of a request no route of the app matched: the worker's own paths, answered beside an
+    engine's app, by name; anything else as one label, so unknown paths cannot grow the series."""
+    return path if path in WORKER_PATHS else "unmatched"
+
+
+def count_responses(app: ASGIApp, metrics: WorkerMetrics) -> ASGIApp:
+    """`app` (an engine's own server) with its responses counted by route and status, as the worker's own
+    server counts its own."""
+    return _CountResponses(app, metrics)
 
 
 def build_app(
