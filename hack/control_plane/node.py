@@ -451,9 +451,21 @@ class RealNode:
             marker = archive_marker(image.archive)
             if imported.get(image.reference) == marker and image.reference in present:
                 continue
-            self.ctr("images", "import", str(image.archive), timeout=600)
+            self._import_image(image)
             imported[image.reference] = marker
             index_path.write_text(json.dumps(imported, indent=2) + "\n")
+
+    def _import_image(self, image: NodeImage) -> None:
+        try:
+            self.ctr("images", "import", str(image.archive), timeout=600)
+        except NodeError as error:
+            if "does not exist" not in str(error):
+                raise
+            # Moving a tag to a new image lets containerd collect the old one's snapshots, and one the import
+            # had found present can go before its child is unpacked ("parent snapshot ... does not exist").
+            # A second import unpacks what is missing.
+            print(f"node: importing {image.archive.name} again: {error}", file=sys.stderr)
+            self.ctr("images", "import", str(image.archive), timeout=600)
 
     def _start_node_daemons(self) -> None:
         bin_dir = self.plane.bin_dir
