@@ -140,22 +140,12 @@ def fresh_chunks(paths: list[Path]) -> tuple[int, float]:
     return total, time.monotonic() - started
 
 
-def touch_memory(nbytes: int, threads: int) -> float:
-    """Fault in and free `nbytes` of anonymous memory over `threads` threads; returns the seconds."""
-    share = -(-nbytes // threads // mmap.PAGESIZE) * mmap.PAGESIZE
-    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
-
-    def touch(_index: int) -> None:
-        mmap.mmap(-1, share, flags=flags).close()
-
-    started = time.monotonic()
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(touch, range(threads)))
-    return time.monotonic() - started
+def pages_images(images: Path) -> list[Path]:
+    return sorted(images.glob("pages-*.img"))
 
 
 def measure(criu: Criu, images: Path, logs: Path, repeat: int, label: str) -> list[Row]:
-    pages = sorted(images.glob("pages-*.img"))
+    pages = pages_images(images)
     image_bytes = sum(p.stat().st_size for p in pages)
     read_bandwidth(pages)  # the image hot in the page cache
 
@@ -223,14 +213,23 @@ def passes(
         chosen.append((", memory touched", lambda: touched(int(args.touch_gib * GIB))))
     if args.contend_readers:
         name = f", {args.contend_readers} readers copying beside it"
-        chosen.append((name, lambda: contending(sorted(images.glob("pages-*.img")), args.contend_readers)))
+        chosen.append((name, lambda: contending(pages_images(images), args.contend_readers)))
     return chosen
 
 
 @contextlib.contextmanager
 def touched(nbytes: int) -> Iterator[None]:
-    seconds = touch_memory(nbytes, os.cpu_count() or 1)
-    print(f"touched {nbytes / GIB:g} GiB of memory in {seconds:.1f} s")
+    """First fault in and free `nbytes` of anonymous memory, one share per core."""
+    threads = os.cpu_count() or 1
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | mmap.MAP_POPULATE
+
+    def touch(_index: int) -> None:
+        mmap.mmap(-1, nbytes // threads, flags=flags).close()
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(touch, range(threads)))
+    print(f"touched {nbytes / GIB:g} GiB of memory in {time.monotonic() - started:.1f} s")
     yield
 
 

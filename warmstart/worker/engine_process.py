@@ -163,7 +163,7 @@ class _HttpRunner:
         import uvicorn
 
         from warmstart.worker.metrics import WorkerMetrics
-        from warmstart.worker.server import ServerState, build_app, count_responses
+        from warmstart.worker.server import CountResponses, ServerState, build_app
 
         self.engine = engine
         self.metrics = WorkerMetrics()
@@ -171,17 +171,18 @@ class _HttpRunner:
         self.connection_limits = connection_limits or ConnectionLimits()
         engine_app = getattr(engine, "serving_app", None)
         own = engine_app(lambda: self.state.ready, self.metrics) if engine_app else None
-        if own is not None and request_limits is not None:
-            log.warning(
-                "the engine serves its own HTTP app: --max-request-bytes, --max-n and --max-output-tokens "
-                "do not apply to it (give the engine's server its own limits, e.g. --vllm-server-arg)"
-            )
         # An engine's own server builds its state in the serving loop (`prepare`), before the first request.
         self.prepare = getattr(own, "prepare", None)
-        if own is not None:
-            self.app = count_responses(own, self.metrics)
-        else:
+        if own is None:
             self.app = build_app(engine, self.metrics, self.state, request_limits)
+        else:
+            if request_limits is not None:
+                log.warning(
+                    "the engine serves its own HTTP app: --max-request-bytes, --max-n and "
+                    "--max-output-tokens do not apply to it (give the engine's server its own limits, e.g. "
+                    "--vllm-server-arg)"
+                )
+            self.app = CountResponses(own, self.metrics)
         self._uvicorn = uvicorn
 
     def serve(self, host: str, port: int, mode: str, since: float) -> int:

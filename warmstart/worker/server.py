@@ -48,7 +48,7 @@ from warmstart.worker.openai_requests import (
 )
 from warmstart.worker.openapi_schema import openapi_schema
 
-__all__ = ["ApiError", "RequestLimits", "ServerState", "build_app"]
+__all__ = ["ApiError", "CountResponses", "RequestLimits", "ServerState", "build_app"]
 
 log = logging.getLogger("warmstart.worker.server")
 
@@ -76,7 +76,7 @@ class ServerState:
     ready: bool = False
 
 
-class _CountResponses:
+class CountResponses:
     """Counts every response by route and status, and answers an unexpected exception with an OpenAI-style
     500 (still counted) instead of a bare one."""
 
@@ -116,19 +116,13 @@ def _unrouted_label(path: str) -> str:
     return path if path in WORKER_PATHS else "unmatched"
 
 
-def count_responses(app: ASGIApp, metrics: WorkerMetrics) -> ASGIApp:
-    """`app` (an engine's own server) with its responses counted by route and status, as the worker's own
-    server counts its own."""
-    return _CountResponses(app, metrics)
-
-
 def build_app(
     engine: Engine, metrics: WorkerMetrics, state: ServerState, limits: RequestLimits | None = None
 ) -> FastAPI:
     limits = limits or RequestLimits()
     app = FastAPI(title="warmstart worker", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.openapi = lambda: openapi_schema(limits, engine.max_model_len)  # type: ignore[method-assign]
-    app.add_middleware(_CountResponses, metrics=metrics)
+    app.add_middleware(CountResponses, metrics=metrics)
     api = _Api(engine, metrics, limits)
 
     @app.exception_handler(ApiError)
