@@ -15,11 +15,12 @@
 #                                    against SHA-256 and read baselines, 1.6 GiB), fill (CRIU's restorer
 #                                    filling 1.77 GiB of memory against plain reads; again after TOUCH_GIB,
 #                                    default 96, of memory is touched, and again beside CONTEND_READERS,
-#                                    default 8, threads copying from the page cache), lazy (restores with CRIU
-#                                    lazy pages),
+#                                    default 8, threads copying from the page cache), stagecopy (the weight
+#                                    stager's copy paths, 16 GiB, against the PCIe floor and beside a CRIU-like
+#                                    reader), lazy (restores with CRIU lazy pages),
 #                                    probe (what a bare CUDA context costs in a checkpoint), kvfit (the KV
-#                                    cache sized to the GPU at 256 x 4096), levers (each of LEVERS off in
-#                                    turn, restores only), tests (the engine's GPU tests), criu-sid (CRIU
+#                                    cache sized to the GPU at 256 x 4096), levers (each of LEVERS in turn,
+#                                    NAME set to 0 or NAME=VALUE, restores only), tests (the engine's GPU tests), criu-sid (CRIU
 #                                    4.2.1 from .dev/criu-sid)
 #
 # Needs root, an NVIDIA GPU with driver >= 570, python3 with torch, safetensors and cuda-bindings, and CRIU 4:
@@ -88,6 +89,11 @@ product() {  # STEPS (comma-separated): model main lazy probe kvfit levers tests
             --touch-gib "${TOUCH_GIB:-96}" --contend-readers "${CONTEND_READERS:-8}" 2>&1 | tee "$OUT/criu_fill.txt" \
             | tail -44
     fi
+    if [[ "$steps" == *,stagecopy,* ]]; then
+        echo "== the weight stager's copy paths"
+        timeout 240 python3 benchmarks/stager_copy.py --size-gib 16 --dir "$WORK/stagecopy" --dropped 2>&1 \
+            | tee "$OUT/stager_copy.txt" | tail -12
+    fi
     if [[ "$steps" == *,model,* ]]; then  # the weight files exist before the first start, as on a real node
         echo "== Qwen3-8B shapes: weight files"
         python3 -c 'from warmstart.engines.builtin.model_dir import default_model_dir as d, ensure_model as e
@@ -123,7 +129,9 @@ e(d("qwen3-8b", 0, {}), "qwen3-8b", 0, {}, device="cuda")' || exit 5
     fi
     if [[ "$steps" == *,levers,* ]]; then
         for lever in ${LEVERS:-WARMSTART_BUILTIN_SHRINK_LOCAL_MEMORY}; do
-            (export "$lever=0"; bench_restore "off-$lever" "$WARMSTART_CRIU" --repeat 2 --no-cold --no-drop-caches)
+            [[ "$lever" == *=* ]] || lever="$lever=0"
+            (export "$lever"; bench_restore "lever-${lever//=/-}" "$WARMSTART_CRIU" --repeat 2 --no-cold \
+                --no-drop-caches ${THP:+--transparent-hugepages "$THP"})
         done
     fi
     if [[ "$steps" == *,tests,* ]]; then

@@ -51,7 +51,7 @@ ENGINE_LOG = Path("logs") / "engine.log"  # in a sandbox's control directory
 ENGINE_PHASES = {
     "engine_reacquire": re.compile(r"reacquired in ([0-9.]+) s"),
     "engine_stager_wait": re.compile(r"waited for staged weights ([0-9.]+) s"),
-    "stager_fill": re.compile(r"weight stager \(it filled them in ([0-9.]+) s\)"),
+    "stager_fill": re.compile(r"weight stager \(it filled them in ([0-9.]+) s"),
 }
 
 

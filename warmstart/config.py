@@ -15,6 +15,14 @@ def env_str(name: str, default: str) -> str:
     return os.environ.get(name, default)
 
 
+def env_flag(name: str, default: bool = True) -> bool:
+    """A switch: "0", "false", "no" or "off" (any case) turn it off, anything else on; unset is `default`."""
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    return value not in ("0", "false", "no", "off")
+
+
 def env_float(name: str, default: float) -> float:
     value = os.environ.get(name)
     if value is None or value == "":

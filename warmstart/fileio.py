@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import errno
 import json
+import mmap
 import os
 import secrets
 import stat
@@ -54,6 +55,37 @@ def openat2(dir_fd: int, path: str, flags: int, resolve: int, mode: int = 0) -> 
         error = ctypes.get_errno()
         raise OSError(error, os.strerror(error), path)
     return fd
+
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def libc() -> ctypes.CDLL:
+    """The C library with errno kept and the prototypes of the calls made through it here."""
+    library = ctypes.CDLL(None, use_errno=True)
+    library.mmap.restype = ctypes.c_void_p
+    library.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                             ctypes.c_long)  # fmt: skip
+    library.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    library.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
+    return library
+
+
+@contextlib.contextmanager
+def mapped_readonly(fd: int, offset: int, length: int) -> Iterator[int]:
+    """The address of `length` bytes of file `fd` from `offset`, mapped shared and read-only (the page cache
+    itself, no copy); `offset` may be any byte, the mapping starts at its page."""
+    start = offset - offset % mmap.PAGESIZE
+    size = offset + length - start
+    library = libc()
+    address = library.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
+    if address in (None, _MAP_FAILED):
+        error = ctypes.get_errno()
+        raise OSError(error, f"mmap: {os.strerror(error)}")
+    try:
+        yield address + offset - start
+    finally:
+        library.munmap(address, size)
 
 
 def write_new_file(path: Path, content: bytes, mode: int = 0o644) -> None:

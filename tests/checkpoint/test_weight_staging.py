@@ -182,3 +182,22 @@ def _open_as(uid: int, path: str) -> str:
     os.waitpid(child, 0)
     with os.fdopen(read) as result:
         return result.read()
+
+
+def test_the_stager_can_be_switched_off_or_told_how_to_copy(
+    shared_dir: Path, control: ControlDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sandbox = _sandbox_process()
+    try:
+        monkeypatch.setenv(weight_staging.STAGER_ENV, "0")
+        assert start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control) is None
+        monkeypatch.setenv(weight_staging.STAGER_ENV, "1")
+        monkeypatch.setenv(weight_staging.STAGER_COPY_ENV, "sideways")
+        assert start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control) is None  # refused, logged
+        monkeypatch.setenv(weight_staging.STAGER_COPY_ENV, "buffered")
+        stager = start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control)
+        assert stager is not None
+        assert stager.process.args[-2:] == ["--copy", "buffered"]
+        stager.stop()
+    finally:
+        sandbox.kill()

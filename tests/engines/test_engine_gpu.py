@@ -21,6 +21,7 @@ from warmstart.cuda_driver import device_with_uuid  # noqa: E402
 from warmstart.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from warmstart.engines.builtin.engine import BuiltinEngine  # noqa: E402
 from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
+from warmstart.engines.weight_stager import COPY_PATHS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,16 +138,21 @@ def test_compiled_decode_matches_eager(make_engine) -> None:
     assert compiled_tokens == plain.generate([_greedy(max_tokens=16)])[0].token_ids
 
 
-def _start_stager(plan_json: str, tmp_path: Path) -> tuple[subprocess.Popen[bytes], Path]:
+def _start_stager(
+    plan_json: str, tmp_path: Path, copy: str = "mapped"
+) -> tuple[subprocess.Popen[bytes], Path]:
     plan = tmp_path / "plan.json"
     plan.write_text(plan_json)
     socket_path = tmp_path / "stager.sock"
-    command = [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan", str(plan)]
+    command = [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan", str(plan), "--copy", copy]
     return subprocess.Popen([*command, "--socket", str(socket_path)], cwd=REPO), socket_path
 
 
 @VMM_SKIP
-def test_weights_staged_by_another_process_serve_the_same_outputs(make_engine, tmp_path: Path) -> None:
+@pytest.mark.parametrize("copy", COPY_PATHS)
+def test_weights_staged_by_another_process_serve_the_same_outputs(
+    make_engine, tmp_path: Path, copy: str
+) -> None:
     engine = make_engine(
         "qwen3-0.6b", arena="cuda-vmm", release_weights=True, max_model_len=1024, max_num_seqs=4
     )
@@ -156,11 +162,12 @@ def test_weights_staged_by_another_process_serve_the_same_outputs(make_engine, t
     plan = engine.weight_staging_plan()
     assert plan is not None and plan.range_bytes >= engine._weight_arena.nbytes
     assert device_with_uuid(plan.device_uuid) == plan.device_index  # the stager finds the GPU by its UUID
-    stager, socket_path = _start_stager(plan.to_json(), tmp_path)
+    stager, socket_path = _start_stager(plan.to_json(), tmp_path, copy)
     engine.expect_staged_weights(socket_path)
     engine.reacquire()
     assert stager.wait(timeout=60) == 0
     assert engine.last_refill_stats["staged"] is True, "the weights must come from the stager, not a refill"
+    assert engine.last_refill_stats["copy"] == copy, "every piece copied the way asked (none fell back)"
     assert engine._memory.addresses() == addresses and engine._graphs.captures == 1
     # the stager has exited: its memory lives on through the engine's mapping
     assert engine.generate([_greedy()])[0].token_ids == before

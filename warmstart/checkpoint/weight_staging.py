@@ -27,13 +27,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from warmstart.engines.weight_stager import StagingPlan, listen
+from warmstart.config import env_flag, env_str
+from warmstart.engines.weight_stager import COPY_PATHS, StagingPlan, listen
 from warmstart.protocol import ControlDir
 from warmstart.snapshot.store import Snapshot
 
 log = logging.getLogger(__name__)
 
 STAGER_DEADLINE_SECONDS = 300.0
+STAGER_ENV = "WARMSTART_WEIGHT_STAGER"  # "0": no stager, the engine refills its weights itself (to measure)
+STAGER_COPY_ENV = "WARMSTART_STAGER_COPY"  # "buffered": through pinned buffers, not DMA from the page cache
 GPU_LIST_VARIABLES = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
@@ -55,7 +58,7 @@ def start_stager(snapshot: Snapshot, sandbox_init_pid: int, control: ControlDir)
     """Start the stager for `snapshot` into the sandbox of `sandbox_init_pid`; None when there is none to
     start (no plan, a GPU the sandbox was not given) or it could not start (logged)."""
     plan = staging_plan(snapshot)
-    if plan is None:
+    if plan is None or not env_flag(STAGER_ENV):
         return None
     allowed = sandbox_gpus(sandbox_init_pid)
     if allowed is not None and plan.device_uuid not in allowed:
@@ -109,7 +112,7 @@ class StagerProcess:
             opened.append(plan_fd)
             process = subprocess.Popen(
                 [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan-fd", str(plan_fd),
-                 "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd)],
+                 "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd), "--copy", _copy_path()],
                 stdin=subprocess.DEVNULL,
                 pass_fds=(plan_fd, listener.fileno(), root_fd),
                 **_as_owner_of(sandbox_init_pid),
@@ -148,6 +151,13 @@ class StagerProcess:
             os.unlink(self.socket_name, dir_fd=self._control_dir_fd)
         os.close(self._control_dir_fd)
         self._reaped.set()
+
+
+def _copy_path() -> str:
+    copy = env_str(STAGER_COPY_ENV, COPY_PATHS[0])
+    if copy not in COPY_PATHS:
+        raise ValueError(f"{STAGER_COPY_ENV}={copy!r} is not one of {', '.join(COPY_PATHS)}")
+    return copy
 
 
 def _memory_file(data: bytes) -> int:

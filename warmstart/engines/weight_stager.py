@@ -4,8 +4,9 @@ After a restore, an engine that released its weights before the checkpoint must 
 for 16 GB from a hot page cache), and it cannot start before CRIU and the CUDA restore are done (about
 1.5 s). A *stager* is a small process, started by whoever starts the restore, that does the copy in that
 window instead: it allocates device memory that can be shared between processes (`cuMemCreate` with a POSIX
-file-descriptor handle), fills it from the safetensors files following the engine's `StagingPlan`, and
-hands the memory's file descriptor to the engine over a Unix socket. The engine maps that memory at its
+file-descriptor handle), fills it from the safetensors files following the engine's `StagingPlan` (by DMA
+straight from the page cache, each piece mapped and pinned while it is copied), and hands the memory's file
+descriptor to the engine over a Unix socket. The engine maps that memory at its
 weight arena's own virtual addresses (`cuMemImportFromShareableHandle` + `cuMemMap`), so its tensors and
 CUDA graphs see the weights with no copy at all on the engine's side. When anything fails the engine is told
 why (or sees the stager hang up) and refills the weights itself, as without a stager.
@@ -17,7 +18,7 @@ range (`StagingPlan.check`). Whoever starts it can also bind the socket (`--list
 privileges to the engine's user.
 
     python -m warmstart.engines.weight_stager (--plan FILE | --plan-fd N) (--socket PATH | --listen-fd N)
-        [--root-fd N] [--threads N]
+        [--root-fd N] [--threads N] [--copy mapped|buffered]
 
 The stager needs the CUDA driver and cuda-python, not torch: it must start fast.
 """
@@ -40,13 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.engines.weights_io import pread_exact
-from warmstart.fileio import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, openat2
+from warmstart.fileio import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, mapped_readonly, openat2
 from warmstart.parallel import share_among_threads
 
 log = logging.getLogger(__name__)
 
 STAGING_CHUNK_BYTES = 16 << 20  # as the engine's own refill (measured best on an H200)
+MAPPED_PIECE_BYTES = 64 << 20  # a piece pinned in the page cache at a time
 STAGING_THREADS = 8
+COPY_PATHS = ("mapped", "buffered")  # the page cache pinned and copied by DMA / through pinned buffers
 ACK = b"mapped"
 ENGINE_WAIT_SECONDS = 600.0  # an engine waits this long for its stager's answer (it hears at once if it dies)
 ACCEPT_SECONDS = 60.0  # after the fill, a stager waits this long for its engine, then frees the memory
@@ -200,7 +203,11 @@ def _connect(path: str | os.PathLike[str], deadline: float) -> socket.socket:
 
 
 def stage(
-    read_plan: Callable[[], str], listener: socket.socket, root_fd: int | None, threads: int = STAGING_THREADS
+    read_plan: Callable[[], str],
+    listener: socket.socket,
+    root_fd: int | None,
+    threads: int = STAGING_THREADS,
+    copy: str = COPY_PATHS[0],
 ) -> None:
     """Fill shared device memory per the plan and hand it to the first engine that connects to `listener`.
 
@@ -213,13 +220,17 @@ def stage(
         try:
             plan = StagingPlan.from_json(read_plan())
             files = _open_files(plan, root_fd)  # every file, before any device memory is taken
-            memory = _SharedDeviceMemory(_stager_device(plan), plan.range_bytes)
-            _fill(memory, plan.copies, files, threads)
+            memory = SharedDeviceMemory(_stager_device(plan), plan.range_bytes)
+            paths = fill(memory, plan.copies, files, threads, copy)
             fd = memory.export()
         except Exception as exc:
             _answer(listener, {"error": f"{type(exc).__name__}: {exc}"}, None)
             raise
-        report = {"bytes": sum(c[3] for c in plan.copies), "seconds": round(time.perf_counter() - started, 3)}
+        report = {
+            "bytes": sum(c[3] for c in plan.copies),
+            "seconds": round(time.perf_counter() - started, 3),
+            "copy": ",".join(sorted(set(paths))),
+        }
         try:
             _answer(listener, report, fd)
         finally:
@@ -282,7 +293,7 @@ def _answer(listener: socket.socket, report: dict[str, Any], fd: int | None) -> 
             connection.recv(len(ACK))  # wait until the engine has imported the memory (or hung up)
 
 
-class _SharedDeviceMemory:
+class SharedDeviceMemory:
     """Device memory with an exportable POSIX file-descriptor handle, mapped here for the fill."""
 
     def __init__(self, device_index: int, nbytes: int) -> None:
@@ -319,47 +330,142 @@ class _SharedDeviceMemory:
         cu.cuMemRelease(self.handle)
 
 
-def _fill(memory: _SharedDeviceMemory, copies: tuple[Copy, ...], files: dict[str, int], threads: int) -> None:
-    """Page cache -> per-thread pinned buffers -> device, on per-thread streams (like `weights_io.refill`)."""
-    share_among_threads(lambda queue: _copy_some(memory, files, queue), iter(copies), threads, name="stage")
+def fill(
+    memory: SharedDeviceMemory, copies: tuple[Copy, ...], files: dict[str, int], threads: int, copy: str
+) -> list[str]:
+    """Every copy onto the device, `threads` at a time; returns how each thread copied (see `COPY_PATHS`)."""
+    paths: list[str] = []
+    pieces = _pieces(copies, MAPPED_PIECE_BYTES)  # shared by piece: a large tensor is not one thread's alone
+    share_among_threads(
+        lambda queue: paths.append(_copy_some(memory, files, queue, copy)), pieces, threads, name="stage"
+    )
+    return paths
 
 
-def _copy_some(memory: _SharedDeviceMemory, fds: dict[str, int], queue: Iterator[Copy]) -> None:
+def _pieces(copies: tuple[Copy, ...], piece_bytes: int) -> Iterator[Copy]:
+    for path, file_offset, offset, nbytes in copies:
+        for start in range(0, nbytes, piece_bytes):
+            yield path, file_offset + start, offset + start, min(piece_bytes, nbytes - start)
+
+
+def _copy_some(memory: SharedDeviceMemory, fds: dict[str, int], queue: Iterator[Copy], copy: str) -> str:
+    """This thread's share of the copies, on its own stream; returns the path it ended on."""
     cu, check = memory._cu, memory._check
     check(cu.cuCtxSetCurrent(memory.context), "cuCtxSetCurrent")
     stream = check(cu.cuStreamCreate(cu.CUstream_flags.CU_STREAM_NON_BLOCKING), "cuStreamCreate")
-    buffers = [int(check(cu.cuMemHostAlloc(STAGING_CHUNK_BYTES, 0), "cuMemHostAlloc")) for _ in range(2)]
-    events = [
-        check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DISABLE_TIMING), "cuEventCreate") for _ in buffers
-    ]
-    in_flight = [False, False]
+    copier: _Copier = _MappedCopier(memory, stream) if copy == "mapped" else _BufferedCopier(memory, stream)
     try:
-        for number, (path, file_offset, offset, nbytes) in enumerate(_chunks(queue)):
-            slot = number % 2
-            if in_flight[slot]:
-                check(cu.cuEventSynchronize(events[slot]), "cuEventSynchronize")
-            view = memoryview((ctypes.c_char * nbytes).from_address(buffers[slot])).cast("B")
-            pread_exact(fds[path], view, file_offset)
-            check(
-                cu.cuMemcpyHtoDAsync(memory.address + offset, buffers[slot], nbytes, stream), "cuMemcpyHtoD"
-            )
-            check(cu.cuEventRecord(events[slot], stream), "cuEventRecord")
-            in_flight[slot] = True
-        check(cu.cuStreamSynchronize(stream), "cuStreamSynchronize")
+        for path, file_offset, offset, nbytes in queue:
+            try:
+                copier.copy(fds[path], file_offset, offset, nbytes)
+            except _RegistrationRefused as exc:  # this driver or file system cannot pin the page cache
+                log.warning("%s; copying through pinned buffers instead", exc)
+                copier.close()
+                copier = _BufferedCopier(memory, stream)
+                copier.copy(fds[path], file_offset, offset, nbytes)
+        copier.drain()
     finally:
-        cu.cuStreamSynchronize(stream)
-        for event in events:
-            cu.cuEventDestroy(event)
-        for buffer in buffers:
-            cu.cuMemFreeHost(buffer)
+        copier.close()
         cu.cuStreamDestroy(stream)
+    return copier.name
 
 
-def _chunks(queue: Iterator[Copy]) -> Iterator[Copy]:
-    """Each copy cut to the staging buffer's size (a plan's copies may be any size)."""
-    for path, file_offset, offset, nbytes in queue:
-        for start in range(0, nbytes, STAGING_CHUNK_BYTES):
-            yield path, file_offset + start, offset + start, min(STAGING_CHUNK_BYTES, nbytes - start)
+class _RegistrationRefused(RuntimeError):
+    """The driver would not pin a mapping of the page cache for DMA."""
+
+
+class _Copier:
+    """File -> device in pieces on one stream, two in flight: the next is prepared while the last one's DMA
+    runs. A piece's source stays held (an `ExitStack`) until its copy is done."""
+
+    name = ""
+    piece_bytes = STAGING_CHUNK_BYTES
+
+    def __init__(self, memory: SharedDeviceMemory, stream: Any) -> None:
+        self._cu, self._check, self._stream, self._base = memory._cu, memory._check, stream, memory.address
+        flag = self._cu.CUevent_flags.CU_EVENT_DISABLE_TIMING
+        self._events = [self._check(self._cu.cuEventCreate(flag), "cuEventCreate") for _ in range(2)]
+        self._held: list[contextlib.ExitStack | None] = [None, None]
+        self._slot = 0
+
+    def copy(self, fd: int, file_offset: int, offset: int, nbytes: int) -> None:
+        for start in range(0, nbytes, self.piece_bytes):
+            self._copy_piece(fd, file_offset + start, offset + start, min(self.piece_bytes, nbytes - start))
+
+    def drain(self) -> None:
+        for slot in range(2):
+            self._wait(slot)
+
+    def close(self) -> None:
+        self._cu.cuStreamSynchronize(self._stream)
+        for slot, held in enumerate(self._held):
+            if held is not None:
+                self._held[slot] = None
+                held.close()
+        for event in self._events:
+            self._cu.cuEventDestroy(event)
+
+    def _copy_piece(self, fd: int, file_offset: int, offset: int, nbytes: int) -> None:
+        slot = self._slot
+        self._wait(slot)
+        with contextlib.ExitStack() as held:
+            source = self._source(held, slot, fd, file_offset, nbytes)
+            copy = self._cu.cuMemcpyHtoDAsync(self._base + offset, source, nbytes, self._stream)
+            self._check(copy, "cuMemcpyHtoD")
+            self._check(self._cu.cuEventRecord(self._events[slot], self._stream), "cuEventRecord")
+            self._held[slot], self._slot = held.pop_all(), 1 - slot
+
+    def _wait(self, slot: int) -> None:
+        held = self._held[slot]
+        if held is not None:
+            self._check(self._cu.cuEventSynchronize(self._events[slot]), "cuEventSynchronize")
+            self._held[slot] = None
+            held.close()
+
+    def _source(self, held: contextlib.ExitStack, slot: int, fd: int, file_offset: int, nbytes: int) -> int:
+        """The host address to copy `nbytes` of `fd` at `file_offset` from, kept valid by `held`."""
+        raise NotImplementedError
+
+
+class _BufferedCopier(_Copier):
+    """Page cache -> a pinned buffer (a CPU copy) -> device."""
+
+    name = "buffered"
+
+    def __init__(self, memory: SharedDeviceMemory, stream: Any) -> None:
+        super().__init__(memory, stream)
+        alloc = self._cu.cuMemHostAlloc
+        self._buffers = [int(self._check(alloc(self.piece_bytes, 0), "cuMemHostAlloc")) for _ in range(2)]
+
+    def _source(self, held: contextlib.ExitStack, slot: int, fd: int, file_offset: int, nbytes: int) -> int:
+        buffer = self._buffers[slot]
+        pread_exact(fd, memoryview((ctypes.c_char * nbytes).from_address(buffer)).cast("B"), file_offset)
+        return buffer
+
+    def close(self) -> None:
+        super().close()
+        for buffer in self._buffers:
+            self._cu.cuMemFreeHost(buffer)
+
+
+class _MappedCopier(_Copier):
+    """The page cache itself, mapped and pinned while its piece is copied -> device: DMA only.
+
+    Through a pinned buffer every byte crosses host memory three times (read, written to the buffer, read by
+    the DMA); a CRIU restore running at the same time shares that memory bandwidth.
+    """
+
+    name = "mapped"
+    piece_bytes = MAPPED_PIECE_BYTES
+
+    def _source(self, held: contextlib.ExitStack, slot: int, fd: int, file_offset: int, nbytes: int) -> int:
+        if file_offset + nbytes > os.fstat(fd).st_size:  # a mapping past the end would fault, not read short
+            raise OSError(f"a copy of {nbytes} bytes at {file_offset} reaches past the end of its file")
+        address = held.enter_context(mapped_readonly(fd, file_offset, nbytes))
+        pin = self._cu.cuMemHostRegister(address, nbytes, self._cu.CU_MEMHOSTREGISTER_READ_ONLY)
+        self._check(pin, "cuMemHostRegister of a file mapping", _RegistrationRefused)
+        held.callback(self._cu.cuMemHostUnregister, address)
+        return address
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -372,12 +478,17 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--listen-fd", type=int, help="... or an inherited listening Unix socket")
     parser.add_argument("--root-fd", type=int, help="directory the plan's paths are resolved inside")
     parser.add_argument("--threads", type=int, default=STAGING_THREADS)
+    parser.add_argument(
+        "--copy", choices=COPY_PATHS, default=COPY_PATHS[0],
+        help="mapped: DMA straight from the page cache, pinned piece by piece (buffered where the driver "
+        "refuses); buffered: through pinned buffers",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="weight-stager: %(message)s")
     # bound before anything else: the engine may be waiting for it
     listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else listen(args.socket)
     try:
-        stage(lambda: _read_plan(args), listener, args.root_fd, args.threads)
+        stage(lambda: _read_plan(args), listener, args.root_fd, args.threads, args.copy)
     except Exception as exc:  # the engine was told already; the exit status says it too
         log.error("%s: %s", type(exc).__name__, exc)
         return 1

@@ -28,7 +28,15 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmstart.fileio import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, RESOLVE_NO_SYMLINKS, UnsafeInput, openat2
+from warmstart.fileio import (
+    RESOLVE_BENEATH,
+    RESOLVE_NO_MAGICLINKS,
+    RESOLVE_NO_SYMLINKS,
+    UnsafeInput,
+    libc,
+    mapped_readonly,
+    openat2,
+)
 from warmstart.parallel import parallel_map
 from warmstart.snapshot.catalog import Snapshot
 from warmstart.snapshot.store import SnapshotStore
@@ -41,39 +49,18 @@ OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 _RESIDENT_BIT = bytes(value & 1 for value in range(256))  # mincore's other bits are reserved
 _MISSING_RUN = re.compile(rb"\x00+")
-_MAP_FAILED = ctypes.c_void_p(-1).value
-
-
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_long)  # fmt: skip
-    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p)
-    return libc
-
-
-def _raise_errno(what: str) -> None:
-    error = ctypes.get_errno()
-    raise OSError(error, f"{what}: {os.strerror(error)}")
 
 
 def page_map(fd: int, length: int) -> bytes:
     """One byte per page of the file's first `length` bytes: 1 where the page is in the page cache."""
     if length <= 0:
         return b""
-    libc = _libc()
-    address = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if address in (None, _MAP_FAILED):
-        _raise_errno("mmap")
-    try:
-        vector = ctypes.create_string_buffer((length + PAGE_SIZE - 1) // PAGE_SIZE)
-        if libc.mincore(address, length, vector) != 0:
-            _raise_errno("mincore")
-        return vector.raw.translate(_RESIDENT_BIT)
-    finally:
-        libc.munmap(address, length)
+    vector = ctypes.create_string_buffer((length + PAGE_SIZE - 1) // PAGE_SIZE)
+    with mapped_readonly(fd, 0, length) as address:
+        if libc().mincore(address, length, vector) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"mincore: {os.strerror(error)}")
+    return vector.raw.translate(_RESIDENT_BIT)
 
 
 def _resident_in(pages: bytes, length: int) -> int:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from warmstart.config import env_flag
 from warmstart.cuda_driver import device_uuid
 from warmstart.engines.arena import Arena, create_arena
 from warmstart.engines.cuda_arena import CudaVmmArena
@@ -39,10 +40,6 @@ log = logging.getLogger(__name__)
 LOCAL_MEMORY_ENV = "WARMSTART_BUILTIN_SHRINK_LOCAL_MEMORY"  # "0": keep the GPU's local memory reserve
 CHECKPOINT_STACK_BYTES = 16  # per-thread stack limit while checkpointed: the reserve all but goes
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-
-
-def _enabled(variable: str) -> bool:
-    return os.environ.get(variable, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 # --- sizing the KV cache -------------------------------------------------------------------------------
@@ -214,7 +211,7 @@ class EngineMemory:
                 self.scratch.release()  # the graphs rewrite their intermediates on every replay
             torch.cuda.empty_cache()  # cached blocks would otherwise travel in the checkpoint
             release_pinned_cache()
-            if _enabled(LOCAL_MEMORY_ENV):
+            if env_flag(LOCAL_MEMORY_ENV):
                 self._local_memory.lower()
                 stats["local_memory_lowered"] = True
         stats["host_anon_bytes"] = _rss_anon()
@@ -282,9 +279,10 @@ class EngineMemory:
         finally:
             os.close(fd)
             acknowledge(report)
-        self.last_refill_stats = {"bytes": report["bytes"], "seconds": report.get("seconds"), "staged": True}
-        log.info("weights: %.1f MB mapped from the weight stager (it filled them in %s s)",
-                 report["bytes"] / 1e6, report.get("seconds"))  # fmt: skip
+        stats = {"bytes": report["bytes"], "seconds": report.get("seconds"), "copy": report.get("copy")}
+        self.last_refill_stats = {**stats, "staged": True}
+        log.info("weights: %.1f MB mapped from the weight stager (it filled them in %s s, copying %s)",
+                 report["bytes"] / 1e6, report.get("seconds"), report.get("copy", "?"))  # fmt: skip
 
     def _map_kv_and_scratch(self) -> None:
         if self.on_cuda:
