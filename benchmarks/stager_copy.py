@@ -9,6 +9,9 @@ copy two ways (`warmstart.engines.weight_stager --copy`):
 - buffered: page cache -> a pinned buffer (a CPU copy) -> GPU: every byte crosses host memory three times;
 - mapped: the page cache itself, mapped and pinned piece by piece, -> GPU by DMA: once.
 
+`--variants` picks paths and piece sizes (`buffered:2`: 2 MiB pieces, small enough for the pinned buffers to
+stay in the CPU's last-level cache).
+
 For each path this prints the fill's time and rate with the page cache hot (and, with `--dropped`, after
 the files were evicted), the stager's CPU seconds, and the rate of one reader filling one fresh mapping from
 an `--image-gib` file (what CRIU's restorer does) alone and while that fill runs. The floor is one large
@@ -32,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from warmstart.bench import pinned_to_gpu_bandwidth, read_bandwidth
+from warmstart.checkpoint import hugepages
 from warmstart.engines.weight_stager import COPY_PATHS, STAGING_THREADS, Copy, SharedDeviceMemory, fill
 from warmstart.snapshot.residency import evict
 
@@ -39,6 +43,25 @@ GIB = 1 << 30
 MIB = 1 << 20
 CHECK_BYTES = 1 << 20
 SCRATCH_FILES = 4
+
+
+@dataclass(frozen=True)
+class Variant:
+    copy: str
+    piece_bytes: int | None = None  # None: the copy path's own
+    threads: int | None = None  # None: --threads
+
+    @classmethod
+    def parse(cls, text: str) -> Variant:
+        """`mapped`, `buffered:2` (pieces of 2 MiB), `mapped::16` (16 threads), `mapped:256:16`."""
+        copy, mib, threads = (text.split(":") + ["", ""])[:3]
+        if copy not in COPY_PATHS:
+            raise argparse.ArgumentTypeError(f"{copy!r} is not one of {', '.join(COPY_PATHS)}")
+        return cls(copy, int(float(mib) * MIB) if mib else None, int(threads) if threads else None)
+
+    def __str__(self) -> str:
+        pieces = f", {self.piece_bytes // MIB} MiB pieces" if self.piece_bytes else ""
+        return f"{self.copy}{pieces}" + (f", {self.threads} threads" if self.threads else "")
 
 
 @dataclass
@@ -73,7 +96,7 @@ def copies_of(files: list[Path]) -> tuple[Copy, ...]:
 
 
 def fill_once(memory: SharedDeviceMemory, copies: tuple[Copy, ...], fds: dict[str, int], threads: int,
-              copy: str, image: Path | None) -> Fill:  # fmt: skip
+              variant: Variant, image: Path | None) -> Fill:  # fmt: skip
     """One fill; with `image`, one fresh-memory reader of it runs beside the fill (its rate recorded)."""
     reader: list[float] = []
 
@@ -85,7 +108,7 @@ def fill_once(memory: SharedDeviceMemory, copies: tuple[Copy, ...], fds: dict[st
     cpu, started = time.process_time(), time.perf_counter()
     if thread is not None:
         thread.start()
-    paths = fill(memory, copies, fds, threads, copy)
+    paths = fill(memory, copies, fds, variant.threads or threads, variant.copy, variant.piece_bytes)
     seconds = time.perf_counter() - started
     cpu_seconds = time.process_time() - cpu
     if thread is not None:
@@ -125,17 +148,17 @@ def run(args: argparse.Namespace, files: list[Path], image: Path) -> None:
         print("| copy | page cache | fill (median) | min-max | GiB/s | vs floor | stager CPU s "
               "| reader beside it GiB/s | reader vs alone | n |")  # fmt: skip
         print("|---|---|---|---|---|---|---|---|---|---|")
-        for copy in COPY_PATHS:
-            fill_once(memory, copies, fds, args.threads, copy, None)  # warm: the driver's first pins
-            hot = [fill_once(memory, copies, fds, args.threads, copy, image) for _ in range(args.repeat)]
-            print_row(copy, "hot", hot, total, floor, alone_rate)
+        for variant in args.variants:
+            fill_once(memory, copies, fds, args.threads, variant, None)  # warm: the driver's first pins
+            hot = [fill_once(memory, copies, fds, args.threads, variant, image) for _ in range(args.repeat)]
+            print_row(variant, "hot", hot, total, floor, alone_rate)
             if args.dropped:
                 dropped = []
                 for _ in range(args.repeat):
                     for path in files:
                         evict(path)
-                    dropped.append(fill_once(memory, copies, fds, args.threads, copy, None))
-                print_row(copy, "dropped", dropped, total, floor, alone_rate)
+                    dropped.append(fill_once(memory, copies, fds, args.threads, variant, None))
+                print_row(variant, "dropped", dropped, total, floor, alone_rate)
                 read_bandwidth(files, 8)
     finally:
         memory.close()
@@ -144,7 +167,7 @@ def run(args: argparse.Namespace, files: list[Path], image: Path) -> None:
 
 
 def print_row(
-    copy: str, cache: str, fills: list[Fill], total: int, floor: float | None, alone: float
+    variant: Variant, cache: str, fills: list[Fill], total: int, floor: float | None, alone: float
 ) -> None:
     seconds = [f.seconds for f in fills]
     median = statistics.median(seconds)
@@ -152,7 +175,7 @@ def print_row(
     reader = statistics.median(readers) if readers else None
     ended = sorted({p for f in fills for p in f.paths})
     cells = [
-        copy if ended == [copy] else f"{copy} (ended as {', '.join(ended)})",
+        str(variant) if ended == [variant.copy] else f"{variant} (ended as {', '.join(ended)})",
         cache,
         f"{median:.3f} s",
         f"{min(seconds):.3f}-{max(seconds):.3f} s",
@@ -177,13 +200,19 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=STAGING_THREADS)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dropped", action="store_true", help="also fill after evicting the weight files")
+    parser.add_argument(
+        "--variants", nargs="+", type=Variant.parse, default=[Variant(copy) for copy in COPY_PATHS],
+        help="copy paths to measure, each with its piece size in MiB if not its own: mapped buffered:2 ...",
+    )  # fmt: skip
+    parser.add_argument("--transparent-hugepages", choices=hugepages.MODES, help="the node's mode meanwhile")
     args = parser.parse_args()
     args.dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="stager-copy-", dir=args.dir))
     try:
         files = args.files or write_scratch(scratch, int(args.size_gib * GIB))
         image = write_scratch_image(scratch, int(args.image_gib * GIB))
-        run(args, files, image)
+        with hugepages.selected(args.transparent_hugepages):
+            run(args, files, image)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

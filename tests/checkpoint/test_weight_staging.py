@@ -19,7 +19,13 @@ from typing import Any
 import pytest
 
 from warmstart.checkpoint import weight_staging
-from warmstart.checkpoint.weight_staging import sandbox_gpus, staging_plan, start_stager
+from warmstart.checkpoint.weight_staging import (
+    give_plan,
+    sandbox_gpus,
+    spawn_stager_early,
+    staging_plan,
+    start_stager,
+)
 from warmstart.engines import weight_stager
 from warmstart.engines.weight_stager import StagedWeightsUnavailable, StagingPlan, receive_staged_weights
 from warmstart.protocol import ControlDir
@@ -199,5 +205,52 @@ def test_the_stager_can_be_switched_off_or_told_how_to_copy(
         assert stager is not None
         assert stager.process.args[-2:] == ["--copy", "buffered"]
         stager.stop()
+    finally:
+        sandbox.kill()
+
+
+@dataclass
+class _Store:  # what `spawn_stager_early` reads of a store: the manifest as stored
+    snapshot: _Snapshot
+
+    def get(self, snapshot_id: str) -> _Snapshot:
+        return self.snapshot
+
+
+def test_a_stager_started_before_verification_waits_for_the_verified_plan(
+    shared_dir: Path, control: ControlDir
+) -> None:
+    sandbox = _sandbox_process()
+    try:
+        snapshot = _snapshot(_plan(shared_dir))
+        stager = spawn_stager_early(_Store(snapshot), "snap-1", sandbox.pid, control)  # type: ignore[arg-type]
+        assert stager is not None
+        time.sleep(1.0)  # long enough for it to start Python and fail at CUDA here
+        assert stager.process.poll() is None, "it waits for its plan, whatever its CUDA did meanwhile"
+        assert give_plan(stager, snapshot, sandbox.pid) is stager
+        socket_path = control.path / stager.socket_name
+        with pytest.raises(StagedWeightsUnavailable, match="stager failed: Cuda"):
+            receive_staged_weights(socket_path, timeout=60)  # it followed the plan up to the GPU
+        assert stager.process.wait(timeout=60) == 1
+        stager.stop()
+    finally:
+        sandbox.kill()
+
+
+def test_a_stager_whose_verified_snapshot_has_no_plan_is_stopped(
+    shared_dir: Path, control: ControlDir
+) -> None:
+    sandbox = _sandbox_process()
+    try:
+        stored = _Store(_snapshot(_plan(shared_dir)))
+        assert (
+            spawn_stager_early(_Store(_Snapshot({"uses_cuda": True})), "snap-1", sandbox.pid, control) is None
+        )
+        stager = spawn_stager_early(stored, "snap-1", sandbox.pid, control)  # type: ignore[arg-type]
+        assert stager is not None
+        verified = _Snapshot({"uses_cuda": True, "worker": {}})  # what the signed manifest really says
+        assert give_plan(stager, verified, sandbox.pid) is None
+        assert stager.process.returncode is not None and stager.process.returncode < 0, "killed"
+        assert stager._reaped.is_set() and not (control.path / stager.socket_name).exists()
     finally:
         sandbox.kill()

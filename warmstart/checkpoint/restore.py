@@ -7,7 +7,8 @@ alone), the sandbox gets the files the engine held open at dump time (copies: th
 blobs are immutable; written through directory descriptors, never through a link in the tenant's
 directory), CRIU restores the engine into the sandbox's namespaces, the CUDA state comes back when the
 snapshot holds some, and `restore-complete` carries the resume payload (e.g. the port). A snapshot whose
-engine left its weights out gets a weight stager (`weight_staging`) once verified, working while CRIU runs.
+engine left its weights out gets a weight stager (`weight_staging`), started while the snapshot is verified
+and given its plan once it is, working while CRIU runs.
 On any failure the half-restored tasks are killed, `restore-failed` carries the reason (the worker then
 cold-starts) and the failure is counted so the caller can mark a snapshot that keeps failing Invalid.
 """
@@ -31,7 +32,7 @@ from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu, CriuError
 from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.sandbox import Sandbox
-from warmstart.checkpoint.weight_staging import StagerProcess, start_stager
+from warmstart.checkpoint.weight_staging import StagerProcess, give_plan, spawn_stager_early
 from warmstart.fileio import (
     DIRECTORY_FLAGS,
     RESOLVE_BENEATH,
@@ -261,6 +262,7 @@ def restore(
     stager: StagerProcess | None = None
     claimed = False
     try:
+        stager = spawn_stager_early(store, snapshot_id, sandbox.init_pid, control)  # no plan yet
         with timed(timings, "verify_materialize"):
             snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
         claim_restore(control, snapshot_id)
@@ -268,9 +270,10 @@ def restore(
         with timed(timings, "place_sandbox_files"):
             place_sandbox_files(snapshot, work_dir, sandbox)
         # Verified: the engine's weights may now go to the GPU while CRIU restores the engine.
-        stager = start_stager(snapshot, sandbox.init_pid, control)
+        stager = give_plan(stager, snapshot, sandbox.init_pid)
         namespace_pid, host_pid = _restore_process(snapshot, sandbox, criu, work_dir, timings)
     except RestoreClaimed:
+        _stop(stager)
         raise  # the pod is its worker's: nothing to undo, nothing to say
     except (RestoreRefused, RestoreFailed) as exc:
         _stop(stager)

@@ -1,11 +1,14 @@
 """Start a weight stager next to a restore, for snapshots whose engine left its weights out of the image.
 
 The engine's staging plan travels in the signed snapshot (`meta.worker.weight_staging`, written by the
-engine process at capture). Once the snapshot is verified, and before CRIU starts, the restoring side binds
-a socket in the sandbox's control directory (so it exists before the engine resumes) and starts
-`warmstart.engines.weight_stager` with it, the plan and the sandbox's root directory as inherited
-descriptors, as the user the sandbox runs as. The resume payload names the socket; the restored engine maps
-the staged weights instead of reading them itself (see the stager's docstring).
+engine process at capture). When the stored manifest has one, the restoring side binds a socket in the
+sandbox's control directory (so it exists before the engine resumes) and starts
+`warmstart.engines.weight_stager` with it, a pipe for the plan and the sandbox's root directory as inherited
+descriptors, as the user the sandbox runs as, before the snapshot is verified: the stager's Python and CUDA
+start while the blobs are hashed. It gets the plan of the verified snapshot through the pipe, before CRIU
+starts; a snapshot that fails verification, or has no plan once verified, has its stager stopped. The resume
+payload names the socket; the restored engine maps the staged weights instead of reading them itself (see
+the stager's docstring).
 
 The plan is the engine's word, so the stager reads only inside the sandbox's root, with the sandbox's user's
 rights, and only onto a GPU the sandbox was given (`NVIDIA_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES` of its
@@ -17,6 +20,7 @@ the engine refills its weights itself.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
 import os
 import socket
@@ -30,11 +34,12 @@ from typing import Any
 from warmstart.config import env_flag, env_str
 from warmstart.engines.weight_stager import COPY_PATHS, StagingPlan, listen
 from warmstart.protocol import ControlDir
-from warmstart.snapshot.store import Snapshot
+from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 log = logging.getLogger(__name__)
 
 STAGER_DEADLINE_SECONDS = 300.0
+PLAN_PIPE_BYTES = 1 << 20  # the default most a user may ask for (fs.pipe-max-size); an 8B model's is ~50 KB
 STAGER_ENV = "WARMSTART_WEIGHT_STAGER"  # "0": no stager, the engine refills its weights itself (to measure)
 STAGER_COPY_ENV = "WARMSTART_STAGER_COPY"  # "buffered": through pinned buffers, not DMA from the page cache
 GPU_LIST_VARIABLES = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
@@ -55,8 +60,58 @@ def staging_plan(snapshot: Snapshot) -> StagingPlan | None:
 
 
 def start_stager(snapshot: Snapshot, sandbox_init_pid: int, control: ControlDir) -> StagerProcess | None:
-    """Start the stager for `snapshot` into the sandbox of `sandbox_init_pid`; None when there is none to
-    start (no plan, a GPU the sandbox was not given) or it could not start (logged)."""
+    """Start the stager for the verified `snapshot` into the sandbox of `sandbox_init_pid`; None when there
+    is none to start (no plan, a GPU the sandbox was not given) or it could not start (logged)."""
+    if allowed_plan(snapshot, sandbox_init_pid) is None:
+        return None
+    return give_plan(spawn_stager(sandbox_init_pid, control), snapshot, sandbox_init_pid)
+
+
+def spawn_stager_early(
+    store: SnapshotStore, snapshot_id: str, sandbox_init_pid: int, control: ControlDir
+) -> StagerProcess | None:
+    """A stager started before the snapshot is verified, when its stored manifest has a plan: Python,
+    cuda-python and the CUDA driver start while the blobs are hashed. The unverified manifest only decides
+    whether to start one; the stager waits for `give_plan` to hand it the plan of the verified snapshot."""
+    try:
+        unverified = store.get(snapshot_id)
+    except Exception:  # unreadable: the verification that follows says why
+        return None
+    if staging_plan(unverified) is None or not env_flag(STAGER_ENV):
+        return None
+    return spawn_stager(sandbox_init_pid, control)
+
+
+def spawn_stager(sandbox_init_pid: int, control: ControlDir) -> StagerProcess | None:
+    try:
+        return StagerProcess.start(sandbox_init_pid, control)
+    except Exception as exc:  # a stager is an optimisation: the restore goes on without one
+        log.warning("no weight stager (%s); the engine refills its weights itself", exc)
+        return None
+
+
+def give_plan(
+    stager: StagerProcess | None, snapshot: Snapshot, sandbox_init_pid: int
+) -> StagerProcess | None:
+    """Hand the verified snapshot's plan to `stager`: the stager, or None (stopped) when there is no plan
+    it may follow or it could not take it."""
+    if stager is None:
+        return None
+    plan = allowed_plan(snapshot, sandbox_init_pid)
+    try:
+        if plan is not None:
+            stager.send_plan(plan)
+            return stager
+    except OSError as exc:
+        log.warning(
+            "the weight stager did not take its plan (%s); the engine refills its weights itself", exc
+        )
+    stager.stop()
+    return None
+
+
+def allowed_plan(snapshot: Snapshot, sandbox_init_pid: int) -> StagingPlan | None:
+    """The snapshot's plan when a stager may follow it for this sandbox (switched on, a GPU it was given)."""
     plan = staging_plan(snapshot)
     if plan is None or not env_flag(STAGER_ENV):
         return None
@@ -66,11 +121,7 @@ def start_stager(snapshot: Snapshot, sandbox_init_pid: int, control: ControlDir)
             "weight staging plan names GPU %r, not one of this sandbox's %s", plan.device_uuid, allowed
         )
         return None
-    try:
-        return StagerProcess.start(plan, sandbox_init_pid, control)
-    except Exception as exc:  # a stager is an optimisation: the restore goes on without one
-        log.warning("no weight stager for %s (%s); the engine refills its weights itself", snapshot.id, exc)
-        return None
+    return plan
 
 
 def sandbox_gpus(pid: int) -> set[str] | None:
@@ -91,36 +142,43 @@ def sandbox_gpus(pid: int) -> set[str] | None:
 class StagerProcess:
     """A running stager: `payload()` for the resume signal, `stop()` when the restore failed."""
 
-    def __init__(self, process: subprocess.Popen[bytes], control_dir_fd: int, socket_name: str) -> None:
+    def __init__(
+        self, process: subprocess.Popen[bytes], control_dir_fd: int, socket_name: str, plan_pipe: int
+    ) -> None:
         self.process = process
         self.socket_name = socket_name
         self._control_dir_fd = control_dir_fd
+        self._plan_pipe: int | None = plan_pipe
         self._reaped = threading.Event()
         threading.Thread(target=self._reap, name="weight-stager-reaper", daemon=True).start()
 
     @classmethod
-    def start(cls, plan: StagingPlan, sandbox_init_pid: int, control: ControlDir) -> StagerProcess:
+    def start(cls, sandbox_init_pid: int, control: ControlDir) -> StagerProcess:
+        """The stager, started as the sandbox's user with its root; it waits for `send_plan`."""
         socket_name = f"weight-stager-{uuid.uuid4().hex[:12]}.sock"  # never one an older stager may remove
         control_dir_fd = os.open(control.path, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        opened: list[Any] = []
+        plan_read, plan_write = os.pipe()
+        with contextlib.suppress(OSError):  # a larger plan waits for the stager to read it
+            fcntl.fcntl(plan_write, fcntl.F_SETPIPE_SZ, PLAN_PIPE_BYTES)
+        opened: list[Any] = [plan_read]
         try:
+            copy = _copy_path()
             listener = listen(f"/proc/self/fd/{control_dir_fd}/{socket_name}")
             opened.append(listener)
             root_fd = os.open(f"/proc/{sandbox_init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             opened.append(root_fd)
-            plan_fd = _memory_file(plan.to_json().encode())
-            opened.append(plan_fd)
             process = subprocess.Popen(
-                [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan-fd", str(plan_fd),
-                 "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd), "--copy", _copy_path()],
+                [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan-fd", str(plan_read),
+                 "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd), "--copy", copy],
                 stdin=subprocess.DEVNULL,
-                pass_fds=(plan_fd, listener.fileno(), root_fd),
+                pass_fds=(plan_read, listener.fileno(), root_fd),
                 **_as_owner_of(sandbox_init_pid),
             )  # fmt: skip
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(socket_name, dir_fd=control_dir_fd)
             os.close(control_dir_fd)
+            os.close(plan_write)
             raise
         finally:
             for item in opened:  # the stager has its own copies
@@ -128,7 +186,19 @@ class StagerProcess:
                     item.close()
                 else:
                     os.close(item)
-        return cls(process, control_dir_fd, socket_name)
+        return cls(process, control_dir_fd, socket_name, plan_write)
+
+    def send_plan(self, plan: StagingPlan) -> None:
+        """Write the plan for the stager to follow, once: OSError when it is gone."""
+        if self._plan_pipe is None:
+            raise OSError("the weight stager has its plan already")
+        pipe, self._plan_pipe = self._plan_pipe, None
+        try:
+            view = memoryview(plan.to_json().encode())
+            while view:
+                view = view[os.write(pipe, view) :]
+        finally:
+            os.close(pipe)
 
     def payload(self) -> dict[str, Any]:
         return {"weight_stager_socket": self.socket_name}
@@ -137,6 +207,9 @@ class StagerProcess:
         with contextlib.suppress(ProcessLookupError):
             self.process.kill()
         self._reaped.wait(timeout=10)
+        if self._plan_pipe is not None:
+            os.close(self._plan_pipe)
+            self._plan_pipe = None
 
     def _reap(self) -> None:
         try:
@@ -158,16 +231,6 @@ def _copy_path() -> str:
     if copy not in COPY_PATHS:
         raise ValueError(f"{STAGER_COPY_ENV}={copy!r} is not one of {', '.join(COPY_PATHS)}")
     return copy
-
-
-def _memory_file(data: bytes) -> int:
-    """An anonymous file holding `data`, read from its start (the plan, without a file to clean up)."""
-    fd = os.memfd_create("weight-staging-plan", os.MFD_CLOEXEC)
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
-    os.lseek(fd, 0, os.SEEK_SET)
-    return fd
 
 
 def _as_owner_of(pid: int) -> dict[str, Any]:
