@@ -200,10 +200,10 @@ def test_the_stager_can_be_switched_off_or_told_how_to_copy(
         monkeypatch.setenv(weight_staging.STAGER_ENV, "1")
         monkeypatch.setenv(weight_staging.STAGER_COPY_ENV, "sideways")
         assert start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control) is None  # refused, logged
-        monkeypatch.setenv(weight_staging.STAGER_COPY_ENV, "buffered")
+        monkeypatch.setenv(weight_staging.STAGER_COPY_ENV, "mapped")
         stager = start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control)
         assert stager is not None
-        assert stager.process.args[-2:] == ["--copy", "buffered"]
+        assert stager.process.args[-2:] == ["--copy", "mapped"]
         stager.stop()
     finally:
         sandbox.kill()

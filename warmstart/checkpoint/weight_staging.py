@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 STAGER_DEADLINE_SECONDS = 300.0
 PLAN_PIPE_BYTES = 1 << 20  # the default most a user may ask for (fs.pipe-max-size); an 8B model's is ~50 KB
 STAGER_ENV = "WARMSTART_WEIGHT_STAGER"  # "0": no stager, the engine refills its weights itself (to measure)
-STAGER_COPY_ENV = "WARMSTART_STAGER_COPY"  # "buffered": through pinned buffers, not DMA from the page cache
+STAGER_COPY_ENV = "WARMSTART_STAGER_COPY"  # "mapped": DMA from the page cache, not through pinned buffers
 GPU_LIST_VARIABLES = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
