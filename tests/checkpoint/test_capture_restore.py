@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from support import recording_criu_command, wait_for_line
 
+from warmstart.checkpoint import weight_staging
 from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
 from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.restore import (
@@ -22,6 +23,7 @@ from warmstart.checkpoint.restore import (
     restore,
 )
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
+from warmstart.engines.weight_stager import StagingPlan
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot.signing import load_signer, load_verifier
@@ -152,6 +154,39 @@ def test_tampered_manifest_is_refused_by_its_signature(
     with pytest.raises(RestoreRefused, match="signature"):
         _restore_into_new_sandbox(tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes)
     assert invoked() == calls_before
+
+
+def test_a_plan_added_to_a_stored_manifest_is_never_followed(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    criu, invoked = counting_criu
+    _, captured = _capture(tmp_path, store, key, criu, sandboxes)
+    manifest_file = captured.snapshot.path / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    plan = StagingPlan(0, 1 << 21, (("/etc/shadow", 0, 0, 4096),))  # what a tampered store would ask for
+    manifest["meta"].update(uses_cuda=True, worker={"weight_staging": plan.to_dict()})
+    manifest_file.chmod(0o644)
+    manifest_file.write_text(json.dumps(manifest))
+    started: list[weight_staging.StagerProcess] = []
+    start = weight_staging.StagerProcess.start
+
+    def recording_start(*args: object) -> weight_staging.StagerProcess:
+        started.append(start(*args))  # type: ignore[arg-type]
+        return started[-1]
+
+    monkeypatch.setattr(weight_staging.StagerProcess, "start", recording_start)
+    (tmp_path / "r" / "control").mkdir(parents=True)  # a pod's control directory, where its socket goes
+    calls_before = invoked()
+    with pytest.raises(RestoreRefused, match="signature"):
+        _restore_into_new_sandbox(tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes)
+    assert invoked() == calls_before
+    assert len(started) == 1, "the stored manifest's plan started a stager before verification"
+    stager = started[0]
+    assert (
+        stager._plan_pipe is None and stager.process.returncode is not None and stager.process.returncode < 0
+    )
+    assert not list((tmp_path / "r" / "control").glob("weight-stager-*.sock"))
 
 
 def test_foreign_identity_is_refused_before_criu_runs(

@@ -3,6 +3,7 @@ with mincore, staged back by reading."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from support import page_cache_kept
 
-from warmstart.fileio import UnsafeInput
+from warmstart.fileio import UnsafeInput, mapped_readonly
 from warmstart.snapshot import SnapshotStore
 from warmstart.snapshot.residency import (
     PAGE_SIZE,
@@ -131,3 +132,17 @@ def test_the_memory_limit_that_page_cache_is_charged_against(
         (tmp_path / "fs" / relative).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "fs" / relative).write_text(content)
     assert cgroup_memory_limit(tmp_path / "cgroup", tmp_path / "fs") == limit
+
+
+def test_a_read_only_mapping_starts_at_any_byte_and_is_gone_after(tmp_path: Path) -> None:
+    path = tmp_path / "weights.bin"
+    data = os.urandom(3 * 4096 + 123)
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with mapped_readonly(fd, 5000, 3000) as address:  # neither end on a page boundary
+            assert ctypes.string_at(address, 3000) == data[5000:8000]
+            assert str(path) in Path("/proc/self/maps").read_text()
+        assert str(path) not in Path("/proc/self/maps").read_text()
+    finally:
+        os.close(fd)
