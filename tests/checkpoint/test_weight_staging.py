@@ -20,11 +20,12 @@ import pytest
 
 from warmstart.checkpoint import weight_staging
 from warmstart.checkpoint.weight_staging import (
+    StagerProcess,
     give_plan,
     sandbox_gpus,
+    spawn_stager,
     spawn_stager_early,
     staging_plan,
-    start_stager,
 )
 from warmstart.engines import weight_stager
 from warmstart.engines.weight_stager import StagedWeightsUnavailable, StagingPlan, receive_staged_weights
@@ -72,6 +73,11 @@ def _sandbox_process(user: int | None = None, env: dict[str, str] | None = None)
             raise RuntimeError("the stand-in sandbox process never ran sleep")
         time.sleep(0.01)
     return process
+
+
+def start_stager(snapshot: _Snapshot, sandbox_init_pid: int, control: ControlDir) -> StagerProcess | None:
+    """A stager as a restore starts one: spawned, then given the (verified) snapshot's plan."""
+    return give_plan(spawn_stager(sandbox_init_pid, control), snapshot, sandbox_init_pid)  # type: ignore[arg-type]
 
 
 @pytest.fixture

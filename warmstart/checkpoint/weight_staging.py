@@ -59,14 +59,6 @@ def staging_plan(snapshot: Snapshot) -> StagingPlan | None:
         return None
 
 
-def start_stager(snapshot: Snapshot, sandbox_init_pid: int, control: ControlDir) -> StagerProcess | None:
-    """Start the stager for the verified `snapshot` into the sandbox of `sandbox_init_pid`; None when there
-    is none to start (no plan, a GPU the sandbox was not given) or it could not start (logged)."""
-    if allowed_plan(snapshot, sandbox_init_pid) is None:
-        return None
-    return give_plan(spawn_stager(sandbox_init_pid, control), snapshot, sandbox_init_pid)
-
-
 def spawn_stager_early(
     store: SnapshotStore, snapshot_id: str, sandbox_init_pid: int, control: ControlDir
 ) -> StagerProcess | None:
@@ -77,7 +69,7 @@ def spawn_stager_early(
         unverified = store.get(snapshot_id)
     except Exception:  # unreadable: the verification that follows says why
         return None
-    if staging_plan(unverified) is None or not env_flag(STAGER_ENV):
+    if allowed_plan(unverified, sandbox_init_pid) is None:
         return None
     return spawn_stager(sandbox_init_pid, control)
 
@@ -140,7 +132,8 @@ def sandbox_gpus(pid: int) -> set[str] | None:
 
 
 class StagerProcess:
-    """A running stager: `payload()` for the resume signal, `stop()` when the restore failed."""
+    """A running stager: `send_plan()` once the snapshot is verified, `payload()` for the resume signal,
+    `stop()` when the restore failed."""
 
     def __init__(
         self, process: subprocess.Popen[bytes], control_dir_fd: int, socket_name: str, plan_pipe: int
