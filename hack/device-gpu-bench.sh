@@ -17,11 +17,11 @@
 #                                    default 96, of memory is touched, and again beside CONTEND_READERS,
 #                                    default 8, threads copying from the page cache), stagecopy (the weight
 #                                    stager's copy paths, 16 GiB, against the PCIe floor and beside a CRIU-like
-#                                    reader; STAGE_VARIANTS, e.g. "mapped buffered:2 mapped::16"), lazy (restores with CRIU lazy pages),
-#                                    probe (what a bare CUDA context costs in a checkpoint), kvfit (the KV
-#                                    cache sized to the GPU at 256 x 4096), levers (each of LEVERS in turn,
-#                                    NAME set to 0 or NAME=VALUE, restores only), tests (the engine's GPU tests), criu-sid (CRIU
-#                                    4.2.1 from .dev/criu-sid)
+#                                    reader; STAGE_VARIANTS, e.g. "buffered mapped:256 mapped::16"), lazy
+#                                    (restores with CRIU lazy pages), probe (what a bare CUDA context costs in
+#                                    a checkpoint), kvfit (the KV cache sized to the GPU at 256 x 4096), levers
+#                                    (each of LEVERS in turn, NAME set to 0 or NAME=VALUE, restores only), tests
+#                                    (the engine's GPU tests), criu-sid (CRIU 4.2.1 from .dev/criu-sid)
 #
 # Needs root, an NVIDIA GPU with driver >= 570, python3 with torch, safetensors and cuda-bindings, and CRIU 4:
 # WARMSTART_CRIU, or the portable folder made by hack/criu-setup copied to .dev/criu (and, for the product
@@ -92,7 +92,7 @@ product() {  # STEPS (comma-separated): model main lazy probe kvfit levers tests
     if [[ "$steps" == *,stagecopy,* ]]; then
         echo "== the weight stager's copy paths"
         timeout 240 python3 benchmarks/stager_copy.py --size-gib 16 --dir "$WORK/stagecopy" \
-            --variants ${STAGE_VARIANTS:-mapped buffered} ${THP:+--transparent-hugepages "$THP"} \
+            --variants ${STAGE_VARIANTS:-buffered mapped} ${THP:+--transparent-hugepages "$THP"} \
             $([[ -z "${NO_DROP:-}" ]] && echo --dropped) 2>&1 | tee "$OUT/stager_copy.txt" | tail -16
     fi
     if [[ "$steps" == *,model,* ]]; then  # the weight files exist before the first start, as on a real node

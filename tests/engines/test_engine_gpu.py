@@ -139,7 +139,7 @@ def test_compiled_decode_matches_eager(make_engine) -> None:
 
 
 def _start_stager(
-    plan_json: str, tmp_path: Path, copy: str = "mapped"
+    plan_json: str, tmp_path: Path, copy: str = COPY_PATHS[0]
 ) -> tuple[subprocess.Popen[bytes], Path]:
     plan = tmp_path / "plan.json"
     plan.write_text(plan_json)
