@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import answers, free_port, recording_criu_command
+from support import answers, free_port, recording_criu_command, wait_until
 
 from warmstart.checkpoint.criu import Criu
 from warmstart.identity import SnapshotIdentity
@@ -139,6 +140,44 @@ def test_serve_command_once_prints_the_table(tmp_path: Path, criu_command: str) 
     assert second.returncode == 0, second.stderr[-2000:]
     assert "│ restore " in second.stdout
     shutil.rmtree(tmp_path / "pods", ignore_errors=True)
+
+
+def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
+    store, pods = str(tmp_path / "store"), str(tmp_path / "pods")
+    command = [sys.executable, "-m", "warmstart", "serve", "--store", store, "--port", str(free_port()),
+               "--criu", "/nonexistent/criu", "--work-dir", pods]  # fmt: skip
+    out, err = tmp_path / "out", tmp_path / "err"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        serve = subprocess.Popen(command, stdout=stdout, stderr=stderr, text=True)
+    try:
+        wait_until(lambda: "serving on" in out.read_text(), "serve serving", timeout=300)
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=120)
+    finally:
+        serve.kill()
+    assert serve.returncode == 0, err.read_text()[-2000:]
+    assert "stopping" in out.read_text() and "Traceback" not in err.read_text()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
+    assert not left, f"processes of this serve still running: {left}"
+
+
+SECOND_SIGNAL = """
+import os, signal, time
+from warmstart.serve.cli import _stop_on_signals
+_stop_on_signals()
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+except KeyboardInterrupt:
+    os.kill(os.getpid(), signal.SIGTERM)  # another during the clean-up (a supervisor signalling the group)
+    time.sleep(0.1)
+    print("cleaned up")
+"""
+
+
+def test_a_second_signal_does_not_cut_serves_clean_up_short() -> None:
+    result = subprocess.run([sys.executable, "-c", SECOND_SIGNAL], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.strip() == "cleaned up", result.stderr[-2000:]
 
 
 def _cuda_available() -> bool:

@@ -88,6 +88,8 @@ def _stop_on_signals() -> None:
     """SIGTERM stops serve like Ctrl-C does (a KeyboardInterrupt, so every clean-up path runs)."""
 
     def interrupt(signum: int, _frame: object) -> None:
+        for each in (signal.SIGINT, signal.SIGTERM):  # a second signal must not cut the clean-up short
+            signal.signal(each, signal.SIG_IGN)
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupt)
