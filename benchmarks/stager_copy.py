@@ -72,18 +72,14 @@ class Fill:
     reader_gib_s: float | None = None
 
 
-def write_scratch(directory: Path, total: int) -> list[Path]:
-    """`SCRATCH_FILES` files of `total` bytes in all (a random 64 MiB block repeated: speed, not content)."""
-    block = os.urandom(64 * MIB)
-    files = []
-    for number in range(SCRATCH_FILES):
-        path = directory / f"weights-{number}.bin"
-        left = total // SCRATCH_FILES
-        with path.open("wb") as handle:
-            while left:
-                left -= handle.write(memoryview(block)[: min(len(block), left)])
-        files.append(path)
-    return files
+def write_random(path: Path, size: int) -> Path:
+    """`size` bytes at `path`: one random 64 MiB block repeated (speed is measured here, not content)."""
+    block = memoryview(os.urandom(64 * MIB))
+    with path.open("wb") as handle:
+        left = size
+        while left:
+            left -= handle.write(block[: min(len(block), left)])
+    return path
 
 
 def copies_of(files: list[Path]) -> tuple[Copy, ...]:
@@ -209,22 +205,16 @@ def main() -> int:
     args.dir.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix="stager-copy-", dir=args.dir))
     try:
-        files = args.files or write_scratch(scratch, int(args.size_gib * GIB))
-        image = write_scratch_image(scratch, int(args.image_gib * GIB))
+        share = int(args.size_gib * GIB) // SCRATCH_FILES
+        files = args.files or [
+            write_random(scratch / f"weights-{n}.bin", share) for n in range(SCRATCH_FILES)
+        ]
+        image = write_random(scratch / "pages.img", int(args.image_gib * GIB))
         with hugepages.selected(args.transparent_hugepages):
             run(args, files, image)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
-
-
-def write_scratch_image(directory: Path, size: int) -> Path:
-    path = directory / "pages.img"
-    with path.open("wb") as handle:
-        left = size
-        while left:
-            left -= handle.write(os.urandom(min(64 * MIB, left)))
-    return path
 
 
 if __name__ == "__main__":
