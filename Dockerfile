@@ -1,21 +1,30 @@
 # warmstart: operator, node agent and worker launcher in one image.
-# Debian 13's python3 (3.13) in a virtual environment, and CRIU 4.2 from Debian's sid as a folder of its own.
+# Debian 13's python3 (3.13) in a virtual environment, and CRIU 4.2 built with hack/criu-patches, as a folder
+# of its own.
 # Build with BuildKit (docker build, docker buildx, buildctl); `hack/control-plane images` builds it here without
 # a registry.
 
 # CRIU as a folder of its own (program, loader, libraries): the agent runs it inside a worker container's
-# namespaces through a descriptor of this folder, where none of the image's paths exist. 4.2 because 4.1
-# cannot dump a listening TCP socket on kernels 6.16 and later (vLLM keeps some); sid's libraries stay in the
-# folder, the image keeps Debian 13's. Signatures are checked as always; the Release file's Valid-Until is not,
-# so that a mirror or snapshot serving an older sync of sid still builds.
+# namespaces through a descriptor of this folder, where none of the image's paths exist. CRIU 4.2.1 built from
+# Debian's source tarball (checksum pinned) with hack/criu-patches (the restorer fills memory with several
+# readers), as hack/criu-setup builds it; 4.2 because 4.1 cannot dump a listening TCP socket on kernels 6.16
+# and later (vLLM keeps some).
 FROM debian:trixie-slim AS criu
-RUN echo 'deb http://deb.debian.org/debian sid main' > /etc/apt/sources.list.d/sid.list \
- && printf 'Package: *\nPin: release n=sid\nPin-Priority: 100\n' > /etc/apt/preferences.d/sid \
- && apt-get -o Acquire::Check-Valid-Until=false update \
- && apt-get install -y --no-install-recommends -t sid criu \
+ARG CRIU_VERSION=4.2.1
+ARG CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
+COPY hack/criu-patches /tmp/criu-patches
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential pkgconf python3 libprotobuf-c-dev \
+      protobuf-c-compiler protobuf-compiler libprotobuf-dev libnl-3-dev libnet1-dev libcap-dev libaio-dev \
+      libgnutls28-dev libbsd-dev libnftables-dev uuid-dev curl ca-certificates xz-utils patch \
+ && curl -fsSL -o /tmp/criu.tar.xz "http://deb.debian.org/debian/pool/main/c/criu/criu_${CRIU_VERSION}.orig.tar.xz" \
+ && echo "${CRIU_SHA256}  /tmp/criu.tar.xz" | sha256sum -c - \
+ && mkdir /tmp/criu && tar -xJf /tmp/criu.tar.xz -C /tmp/criu --strip-components=1 \
+ && for patch in /tmp/criu-patches/*.patch; do patch -d /tmp/criu -p1 < "$patch"; done \
+ && make -C /tmp/criu -j"$(nproc)" GITID=warmstart-parallel-page-reads criu \
  && mkdir /opt/criu \
- && cp /usr/sbin/criu /opt/criu/ \
- && ldd /usr/sbin/criu | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r cp -L -t /opt/criu/ \
+ && cp /tmp/criu/criu/criu /opt/criu/ \
+ && ldd /opt/criu/criu | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r cp -L -t /opt/criu/ \
  && cp -L /lib64/ld-linux-x86-64.so.2 /opt/criu/ \
  && /opt/criu/ld-linux-x86-64.so.2 --library-path /opt/criu /opt/criu/criu --version
 

@@ -1,10 +1,11 @@
 """A small stateful process to checkpoint in tests: its answer depends on memory built before the dump.
 
-Usage: target_process.py CONTROL_DIR SEED [chatty] [linger]. Builds a random state, signals
+Usage: target_process.py CONTROL_DIR SEED [chatty] [linger] [hold=MIB]. Builds a random state, signals
 ready-for-snapshot with its PID, waits for restore-complete, then writes `answer` (a digest of the state
 continued after the restore).
 `chatty` keeps printing after ready-for-snapshot, as a worker that does not quiesce would; `linger` keeps
 running after the answer until `CONTROL_DIR/exit` exists (at most two minutes), as a serving engine would.
+`hold=MIB` also holds that many MiB of seeded random bytes in private memory, part of the answer.
 """
 
 from __future__ import annotations
@@ -27,10 +28,15 @@ def _chatter() -> None:
         time.sleep(0.001)
 
 
+def _held_mib() -> int:
+    return next((int(arg.split("=", 1)[1]) for arg in sys.argv[3:] if arg.startswith("hold=")), 0)
+
+
 def main() -> int:
     control = ControlDir(sys.argv[1])
     rng = random.Random(int(sys.argv[2]))
     state = bytes(rng.getrandbits(8) for _ in range(1 << 16))
+    held = rng.randbytes(_held_mib() << 20)
     print(f"target ready pid={os.getpid()}", flush=True)
     identity = SnapshotIdentity(
         model_digest=f"sha256:{sys.argv[2]:0>64}", engine="target", engine_version="1"
@@ -42,7 +48,7 @@ def main() -> int:
     signal = control.wait(RESTORE_COMPLETE, SNAPSHOT_COMPLETE)
     if signal.name == SNAPSHOT_COMPLETE:
         return 0
-    digest = hashlib.sha256(state + rng.randbytes(32)).hexdigest()
+    digest = hashlib.sha256(state + hashlib.sha256(held).digest() + rng.randbytes(32)).hexdigest()
     answer = Path(control.path) / "answer"
     answer.write_text(f"{digest} {os.getpid()} {signal.payload.get('port', '')}\n")
     print(f"target answered {digest}", flush=True)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import wait_for_line, wait_until
 
-from warmstart.checkpoint.criu import Criu, CriuError
+from warmstart.checkpoint.criu import RESTORE_READERS, Criu, CriuError
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 
@@ -17,17 +17,20 @@ pytestmark = pytest.mark.integration
 TARGET = Path(__file__).with_name("target_process.py")
 
 
-def _target_init(seed: int) -> list[str]:
+def _target_init(seed: int, *extra: str) -> list[str]:
     control = MOUNTPOINT / "control"
-    script = f"setsid {sys.executable} {TARGET} {control} {seed} </dev/null >{control}/logs/out 2>&1 & wait"
+    target = f"{sys.executable} {TARGET} {control} {seed} {' '.join(extra)}"
+    script = f"setsid {target} </dev/null >{control}/logs/out 2>&1 & wait"
     return ["/bin/sh", "-c", script]
 
 
-def _capture(tmp_path: Path, criu: Criu, sandboxes: list[Sandbox], seed: int) -> tuple[Path, Path]:
+def _capture(
+    tmp_path: Path, criu: Criu, sandboxes: list[Sandbox], seed: int, *extra: str
+) -> tuple[Path, Path]:
     """Run the target in a sandbox, dump it (leaving it running), let it exit; returns images and logs."""
     host = tmp_path / "capture"
     (host / "control" / "logs").mkdir(parents=True)
-    sandbox = Sandbox.start(host, _target_init(seed))
+    sandbox = Sandbox.start(host, _target_init(seed, *extra))
     sandboxes.append(sandbox)
     control = ControlDir(host / "control")
     ready = control.wait(READY_FOR_SNAPSHOT, timeout=30)
@@ -77,20 +80,30 @@ def test_two_restores_run_side_by_side_and_answer_identically(
         assert sandbox.process.wait(timeout=30) == 0  # init leaves once the restored process exits
 
 
+@pytest.mark.parametrize(
+    ("held", "readers"), [([], None), (["hold=200"], 4)], ids=["small", "200MiB-4-readers"]
+)
 def test_restore_answers_like_the_uninterrupted_process(
-    tmp_path: Path, criu_command: str, sandboxes: list[Sandbox]
-) -> None:
+    tmp_path: Path, criu_command: str, sandboxes: list[Sandbox], monkeypatch: pytest.MonkeyPatch,
+    held: list[str], readers: int | None,
+) -> None:  # fmt: skip
     criu = Criu(criu_command, timeout=120)
-    images, saved_logs = _capture(tmp_path, criu, sandboxes, seed=5)
+    if readers is not None:  # the restorer fills the held memory with several readers, in place
+        if not criu.reads_pages_in_parallel():
+            pytest.skip("this CRIU is not the build with parallel page reads (hack/criu-setup makes it)")
+        monkeypatch.setenv(RESTORE_READERS, str(readers))
+    images, saved_logs = _capture(tmp_path, criu, sandboxes, 5, *held)
     sandbox = _restore_sandbox(tmp_path, "restore", saved_logs)
     sandboxes.append(sandbox)
     sandbox.set_main_pid(criu.in_namespaces_of(sandbox.init_pid).restore(images, logs_dir=tmp_path / "logs"))
+    if readers is not None:
+        assert f"with {readers} readers" in (tmp_path / "logs" / "restore.log").read_text()
     ControlDir(sandbox.host_dir / "control").send(RESTORE_COMPLETE)
     restored_answer = wait_for_line(sandbox.host_dir / "control" / "answer").split()[0]
 
     reference_host = tmp_path / "reference"
     (reference_host / "control" / "logs").mkdir(parents=True)
-    reference = Sandbox.start(reference_host, _target_init(5))
+    reference = Sandbox.start(reference_host, _target_init(5, *held))
     sandboxes.append(reference)
     ControlDir(reference_host / "control").wait(READY_FOR_SNAPSHOT, timeout=30)
     ControlDir(reference_host / "control").send(RESTORE_COMPLETE)

@@ -31,6 +31,11 @@ from pathlib import Path
 
 MIN_MAJOR = 4
 LAZY_PAGES_SOCKET = "lazy-pages.socket"  # where `criu lazy-pages` and `criu restore --lazy-pages` meet
+# How many tasks fill a restored task's memory from its pages image. Read by the CRIU that
+# hack/criu-setup builds (parallel page reads in the restorer); any other CRIU ignores it.
+RESTORE_READERS = "CRIU_RESTORE_READERS"
+MAX_RESTORE_READERS = 8
+PARALLEL_READS_BUILD = "warmstart-parallel-page-reads"  # the GitID `criu --version` prints for that build
 SETUP_HINT = "run hack/criu-setup (it provides CRIU 4) and pass its command with --criu or WARMSTART_CRIU"
 _VERSION_LINE = re.compile(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
 _ERROR_LINE = re.compile(r"\bError\b")
@@ -221,6 +226,11 @@ class Criu:
             )
         return version
 
+    def reads_pages_in_parallel(self) -> bool:
+        """Whether this is the CRIU built with the restorer's parallel page reads (hack/criu-setup)."""
+        result = self._run(["--version"], timeout=min(self.timeout, 30.0))
+        return result.returncode == 0 and PARALLEL_READS_BUILD in result.stdout
+
     def dump(
         self,
         pid: int,
@@ -357,6 +367,7 @@ class Criu:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
+                env=criu_environment(),
                 pass_fds=entered.fds,
                 start_new_session=True,  # a timeout kills nsenter and CRIU together
                 preexec_fn=(lambda: _join(join_fds)) if join_fds else None,
@@ -377,6 +388,14 @@ class Criu:
             _kill_group(process)
             raise
         return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
+
+
+def criu_environment() -> dict[str, str]:
+    """CRIU's environment: this one, with CRIU_RESTORE_READERS (unless set) one per CPU this process may
+    use, up to MAX_RESTORE_READERS."""
+    env = dict(os.environ)
+    env.setdefault(RESTORE_READERS, str(min(MAX_RESTORE_READERS, len(os.sched_getaffinity(0)))))
+    return env
 
 
 def _open_cgroup_procs(pid: int) -> list[int]:
