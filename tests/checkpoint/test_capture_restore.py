@@ -26,7 +26,9 @@ from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_comma
 from warmstart.engines.weight_stager import StagingPlan
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
-from warmstart.snapshot.signing import load_signer, load_verifier
+from warmstart.snapshot import verify
+from warmstart.snapshot.layout import SIGNATURE_FILE
+from warmstart.snapshot.signing import load_signer, load_verifier, signature_document
 from warmstart.snapshot.store import SnapshotStore
 
 pytestmark = pytest.mark.integration
@@ -186,6 +188,51 @@ def test_a_plan_added_to_a_stored_manifest_is_never_followed(
     assert (
         stager._plan_pipe is None and stager.process.returncode is not None and stager.process.returncode < 0
     )
+    assert not list((tmp_path / "r" / "control").glob("weight-stager-*.sock"))
+
+
+def test_a_signed_plan_goes_to_the_stager_before_the_blobs_are_hashed_and_a_bad_blob_stops_it(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    criu, invoked = counting_criu
+    _, captured = _capture(tmp_path, store, key, criu, sandboxes)
+    manifest_file = captured.snapshot.path / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    plan = StagingPlan(0, 1 << 21, (("/weights.bin", 0, 0, 4096),))
+    manifest["meta"].update(uses_cuda=True, worker={"weight_staging": plan.to_dict()})
+    raw = json.dumps(manifest).encode()
+    signature = signature_document(load_signer(key), raw)
+    for name, content in (("manifest.json", raw), (SIGNATURE_FILE, signature)):
+        (captured.snapshot.path / name).chmod(0o644)
+        (captured.snapshot.path / name).write_bytes(content)
+    pages = max((n for n in captured.snapshot.files if n.startswith("criu/pages-")),
+                key=lambda n: captured.snapshot.files[n].size)  # fmt: skip
+    blob = store.blob_path(captured.snapshot.files[pages].digest)
+    blob.chmod(0o644)
+    with open(blob, "r+b") as handle:  # the signature holds; one byte of the memory image does not
+        first = handle.read(1)
+        handle.seek(0)
+        handle.write(bytes([first[0] ^ 0xFF]))
+    events: list[str] = []
+    send_plan, verify_blobs = weight_staging.StagerProcess.send_plan, verify.verify_blobs
+    monkeypatch.setattr(
+        weight_staging.StagerProcess, "send_plan", lambda s, p: (events.append("plan"), send_plan(s, p))[1]
+    )
+    monkeypatch.setattr(verify, "verify_blobs", lambda *a: (events.append("hash"), verify_blobs(*a))[1])
+    stopped: list[weight_staging.StagerProcess] = []
+    stop = weight_staging.StagerProcess.stop
+    monkeypatch.setattr(
+        weight_staging.StagerProcess, "stop", lambda s: (events.append("stop"), stopped.append(s), stop(s))[2]
+    )
+    (tmp_path / "r" / "control").mkdir(parents=True)
+    calls_before = invoked()
+    with pytest.raises(RestoreRefused, match="corrupted"):
+        _restore_into_new_sandbox(tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes)
+    assert invoked() == calls_before  # CRIU never ran
+    # the signed plan went to the stager before any blob was hashed; the bad blob then stopped it
+    assert events == ["plan", "hash", "stop"]
+    assert stopped[0].process.returncode is not None
     assert not list((tmp_path / "r" / "control").glob("weight-stager-*.sock"))
 
 

@@ -28,7 +28,12 @@ from warmstart.checkpoint.weight_staging import (
     staging_plan,
 )
 from warmstart.engines import weight_stager
-from warmstart.engines.weight_stager import StagedWeightsUnavailable, StagingPlan, receive_staged_weights
+from warmstart.engines.weight_stager import (
+    STAGING_THREADS,
+    StagedWeightsUnavailable,
+    StagingPlan,
+    receive_staged_weights,
+)
 from warmstart.protocol import ControlDir
 
 NOBODY = 65534
@@ -196,7 +201,7 @@ def _open_as(uid: int, path: str) -> str:
         return result.read()
 
 
-def test_the_stager_can_be_switched_off_or_told_how_to_copy(
+def test_the_stager_can_be_switched_off_or_told_how_to_copy_and_with_how_many_threads(
     shared_dir: Path, control: ControlDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     sandbox = _sandbox_process()
@@ -209,7 +214,14 @@ def test_the_stager_can_be_switched_off_or_told_how_to_copy(
         monkeypatch.setenv(weight_staging.STAGER_COPY_ENV, "mapped")
         stager = start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control)
         assert stager is not None
-        assert stager.process.args[-2:] == ["--copy", "mapped"]
+        assert stager.process.args[-4:] == ["--copy", "mapped", "--threads", str(STAGING_THREADS)]
+        stager.stop()
+        for refused in ("0", "65", "many"):
+            monkeypatch.setenv(weight_staging.STAGER_THREADS_ENV, refused)
+            assert start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control) is None
+        monkeypatch.setenv(weight_staging.STAGER_THREADS_ENV, "12")
+        stager = start_stager(_snapshot(_plan(shared_dir)), sandbox.pid, control)
+        assert stager is not None and stager.process.args[-2:] == ["--threads", "12"]
         stager.stop()
     finally:
         sandbox.kill()

@@ -7,8 +7,9 @@ alone), the sandbox gets the files the engine held open at dump time (copies: th
 blobs are immutable; written through directory descriptors, never through a link in the tenant's
 directory), CRIU restores the engine into the sandbox's namespaces, the CUDA state comes back when the
 snapshot holds some, and `restore-complete` carries the resume payload (e.g. the port). A snapshot whose
-engine left its weights out gets a weight stager (`weight_staging`), started while the snapshot is verified
-and given its plan once it is, working while CRIU runs.
+engine left its weights out gets a weight stager (`weight_staging`), started before anything is verified and
+given its plan once the manifest's signature and identity check out, working while the blobs are hashed and
+CRIU runs; a blob that fails its digest stops it before CRIU sees a byte.
 On any failure the half-restored tasks are killed, `restore-failed` carries the reason (the worker then
 cold-starts) and the failure is counted so the caller can mark a snapshot that keeps failing Invalid.
 """
@@ -149,6 +150,16 @@ class FailureCounter:
             pass
 
 
+def check_signed(
+    store: SnapshotStore, snapshot_id: str, verifier: Verifier, expected_identity: SnapshotIdentity
+) -> Snapshot:
+    """The snapshot once its signature and identity check out (its blobs are not hashed yet)."""
+    try:
+        return store.check_signature(snapshot_id, verifier, expected_identity)
+    except SnapshotError as exc:
+        raise RestoreRefused(f"snapshot {snapshot_id} refused: {exc}") from exc
+
+
 def verify_and_materialize(
     store: SnapshotStore,
     snapshot_id: str,
@@ -264,13 +275,15 @@ def restore(
     try:
         stager = spawn_stager_early(store, snapshot_id, sandbox.init_pid, control)  # no plan yet
         with timed(timings, "verify_materialize"):
+            # The plan is the signed manifest's: the weights go to the GPU while the blobs are hashed
+            # and CRIU restores the engine; a blob that fails its digest stops the stager below.
+            signed = check_signed(store, snapshot_id, verifier, expected_identity)
+            stager = give_plan(stager, signed, sandbox.init_pid)
             snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
         claim_restore(control, snapshot_id)
         claimed = True
         with timed(timings, "place_sandbox_files"):
             place_sandbox_files(snapshot, work_dir, sandbox)
-        # Verified: the engine's weights may now go to the GPU while CRIU restores the engine.
-        stager = give_plan(stager, snapshot, sandbox.init_pid)
         namespace_pid, host_pid = _restore_process(snapshot, sandbox, criu, work_dir, timings)
     except RestoreClaimed:
         _stop(stager)

@@ -5,8 +5,9 @@ engine process at capture). When the stored manifest has one, the restoring side
 sandbox's control directory (so it exists before the engine resumes) and starts
 `warmstart.engines.weight_stager` with it, a pipe for the plan and the sandbox's root directory as inherited
 descriptors, as the user the sandbox runs as, before the snapshot is verified: the stager's Python and CUDA
-start while the blobs are hashed. It gets the plan of the verified snapshot through the pipe, before CRIU
-starts; a snapshot that fails verification, or has no plan once verified, has its stager stopped. The resume
+start meanwhile. It gets the plan through the pipe once the manifest's signature and identity check out (the
+plan's authority is the signature), and copies while the blobs are hashed and CRIU runs; a snapshot that
+fails any check, or whose signed manifest has no plan, has its stager stopped. The resume
 payload names the socket; the restored engine maps the staged weights instead of reading them itself (see
 the stager's docstring).
 
@@ -31,8 +32,14 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from warmstart.config import env_flag, env_str
-from warmstart.engines.weight_stager import COPY_PATHS, StagingPlan, listen
+from warmstart.config import env_flag, env_int, env_str
+from warmstart.engines.weight_stager import (
+    COPY_PATHS,
+    MAX_STAGING_THREADS,
+    STAGING_THREADS,
+    StagingPlan,
+    listen,
+)
 from warmstart.protocol import ControlDir
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
@@ -42,6 +49,7 @@ STAGER_DEADLINE_SECONDS = 300.0
 PLAN_PIPE_BYTES = 1 << 20  # the default most a user may ask for (fs.pipe-max-size); an 8B model's is ~50 KB
 STAGER_ENV = "WARMSTART_WEIGHT_STAGER"  # "0": no stager, the engine refills its weights itself (to measure)
 STAGER_COPY_ENV = "WARMSTART_STAGER_COPY"  # "mapped": DMA from the page cache, not through pinned buffers
+STAGER_THREADS_ENV = "WARMSTART_STAGER_THREADS"  # copying threads (the stager's default when unset)
 GPU_LIST_VARIABLES = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
@@ -64,7 +72,7 @@ def spawn_stager_early(
 ) -> StagerProcess | None:
     """A stager started before the snapshot is verified, when its stored manifest has a plan: Python,
     cuda-python and the CUDA driver start while the blobs are hashed. The unverified manifest only decides
-    whether to start one; the stager waits for `give_plan` to hand it the plan of the verified snapshot."""
+    whether to start one; the stager waits for `give_plan` to hand it the plan of the signed manifest."""
     try:
         unverified = store.get(snapshot_id)
     except Exception:  # unreadable: the verification that follows says why
@@ -85,7 +93,7 @@ def spawn_stager(sandbox_init_pid: int, control: ControlDir) -> StagerProcess | 
 def give_plan(
     stager: StagerProcess | None, snapshot: Snapshot, sandbox_init_pid: int
 ) -> StagerProcess | None:
-    """Hand the verified snapshot's plan to `stager`: the stager, or None (stopped) when there is no plan
+    """Hand the signed snapshot's plan to `stager`: the stager, or None (stopped) when there is no plan
     it may follow or it could not take it."""
     if stager is None:
         return None
@@ -132,8 +140,8 @@ def sandbox_gpus(pid: int) -> set[str] | None:
 
 
 class StagerProcess:
-    """A running stager: `send_plan()` once the snapshot is verified, `payload()` for the resume signal,
-    `stop()` when the restore failed."""
+    """A running stager: `send_plan()` once the snapshot's signature checks out, `payload()` for the resume
+    signal, `stop()` when the restore failed."""
 
     def __init__(
         self, process: subprocess.Popen[bytes], control_dir_fd: int, socket_name: str, plan_pipe: int
@@ -155,14 +163,15 @@ class StagerProcess:
             fcntl.fcntl(plan_write, fcntl.F_SETPIPE_SZ, PLAN_PIPE_BYTES)
         opened: list[Any] = [plan_read]
         try:
-            copy = _copy_path()
+            copy, threads = _copy_path(), _threads()
             listener = listen(f"/proc/self/fd/{control_dir_fd}/{socket_name}")
             opened.append(listener)
             root_fd = os.open(f"/proc/{sandbox_init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             opened.append(root_fd)
             process = subprocess.Popen(
                 [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan-fd", str(plan_read),
-                 "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd), "--copy", copy],
+                 "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd), "--copy", copy,
+                 "--threads", str(threads)],
                 stdin=subprocess.DEVNULL,
                 pass_fds=(plan_read, listener.fileno(), root_fd),
                 **_as_owner_of(sandbox_init_pid),
@@ -224,6 +233,13 @@ def _copy_path() -> str:
     if copy not in COPY_PATHS:
         raise ValueError(f"{STAGER_COPY_ENV}={copy!r} is not one of {', '.join(COPY_PATHS)}")
     return copy
+
+
+def _threads() -> int:
+    threads = env_int(STAGER_THREADS_ENV, STAGING_THREADS)
+    if not 1 <= threads <= MAX_STAGING_THREADS:
+        raise ValueError(f"{STAGER_THREADS_ENV}={threads} is not from 1 to {MAX_STAGING_THREADS}")
+    return threads
 
 
 def _as_owner_of(pid: int) -> dict[str, Any]:

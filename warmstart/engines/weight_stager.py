@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 STAGING_CHUNK_BYTES = 16 << 20  # as the engine's own refill (measured best on an H200)
 MAPPED_PIECE_BYTES = 256 << 20  # pinned in the page cache at a time (measured best of 64 and 256 on an H200)
 STAGING_THREADS = 8
+MAX_STAGING_THREADS = 64
 COPY_PATHS = ("buffered", "mapped")  # through pinned buffers / the page cache pinned and copied by DMA
 ACK = b"mapped"
 ENGINE_WAIT_SECONDS = 600.0  # an engine waits this long for its stager's answer (it hears at once if it dies)

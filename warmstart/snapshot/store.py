@@ -114,9 +114,12 @@ class SnapshotStore:
             self.layout, snapshot_id, verifier, expected_identity, prefix=prefix, workers=self.hash_workers
         )
 
-    def check_signature(self, snapshot_id: str, verifier: Verifier) -> Snapshot:
-        """The snapshot once its signature, schema and identity hash check out (no blob is hashed)."""
-        manifest = verify.verified_manifest(self.layout, snapshot_id, verifier)
+    def check_signature(
+        self, snapshot_id: str, verifier: Verifier, expected_identity: SnapshotIdentity | None = None
+    ) -> Snapshot:
+        """The snapshot once its signature, schema and identity hash check out, and its identity is
+        `expected_identity` when given (no blob is hashed)."""
+        manifest = verify.verified_manifest(self.layout, snapshot_id, verifier, expected_identity)
         return Snapshot(self.snapshots_dir / snapshot_id, manifest)
 
     def materialize(

@@ -45,15 +45,19 @@ def verify_snapshot(
 
     With `prefix`, only blobs of files under it are hashed (signature and schema are always checked).
     """
-    manifest = verified_manifest(layout, snapshot_id, verifier)
-    if expected_identity is not None and expected_identity.digest() != manifest.identity_hash:
-        raise IdentityMismatch(manifest.identity.mismatches(expected_identity), snapshot_id=snapshot_id)
+    manifest = verified_manifest(layout, snapshot_id, verifier, expected_identity)
     verify_blobs(layout, snapshot_id, selected_entries(manifest, prefix), workers)
     return Snapshot(layout.snapshots_dir / snapshot_id, manifest)
 
 
-def verified_manifest(layout: StoreLayout, snapshot_id: str, verifier: Verifier) -> Manifest:
-    """The manifest once its signature, schema, id and identity hash check out."""
+def verified_manifest(
+    layout: StoreLayout,
+    snapshot_id: str,
+    verifier: Verifier,
+    expected_identity: SnapshotIdentity | None = None,
+) -> Manifest:
+    """The manifest once its signature, schema, id and identity hash check out (and the identity is
+    `expected_identity`, when given)."""
     raw = read_manifest_bytes(layout, snapshot_id)
     signature = read_signature_bytes(layout, snapshot_id)
     try:
@@ -78,6 +82,8 @@ def verified_manifest(layout: StoreLayout, snapshot_id: str, verifier: Verifier)
             f"{actual_hash}",
             snapshot_id=snapshot_id,
         )
+    if expected_identity is not None and expected_identity.digest() != manifest.identity_hash:
+        raise IdentityMismatch(manifest.identity.mismatches(expected_identity), snapshot_id=snapshot_id)
     return manifest
 
 
