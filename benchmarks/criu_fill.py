@@ -48,22 +48,33 @@ from pathlib import Path
 
 from warmstart.bench import READ_CHUNK, read_bandwidth
 from warmstart.checkpoint import hugepages
-from warmstart.checkpoint.criu import Criu
+from warmstart.checkpoint.criu import RESTORE_READERS, Criu
 from warmstart.config import default_criu_command
 from warmstart.serve.local_node import usable_criu
 
 GIB = 1 << 30
 PR_SET_CHILD_SUBREAPER = 36
 HOLDER = """
-import mmap, os, sys, time
-size, ready = int(sys.argv[1]), sys.argv[2]
+import hashlib, mmap, os, sys, time
+size, ready, ask = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 memory = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-block = os.urandom(64 << 20)
-for offset in range(0, size, len(block)):
-    memory[offset:offset + len(block)] = block[:size - offset]
-open(ready, "w").close()
+for offset in range(0, size, 64 << 20):
+    block = os.urandom(min(64 << 20, size - offset))
+    memory[offset:offset + len(block)] = block
+
+
+def answer(path):
+    with open(path + ".part", "w") as out:
+        out.write(hashlib.sha256(memory).hexdigest())
+    os.rename(path + ".part", path)
+
+
+answer(ready)
 while True:
-    time.sleep(1)
+    if os.path.exists(ask):
+        os.unlink(ask)
+        answer(ask + ".digest")
+    time.sleep(0.01)
 """
 PREADV = re.compile(r"^\((\d+\.\d+)\) pie: \d+: Preadv ")
 RETURNED = re.compile(r"^\((\d+\.\d+)\) pie: \d+: `- returned (\d+)")
@@ -80,12 +91,21 @@ class Row:
         return statistics.median(self.seconds)
 
 
-def hold_memory(size: int, work: Path) -> subprocess.Popen[bytes]:
+@dataclass
+class Held:
+    """The memory holder's process, the SHA-256 of its memory, and the file that asks it for the digest."""
+
+    process: subprocess.Popen[bytes]
+    digest: str
+    ask: Path
+
+
+def hold_memory(size: int, work: Path) -> Held:
     """A process holding `size` bytes of private anonymous memory, filled; returned once it is."""
-    ready = work / "holder.ready"
+    ready, ask = work / "holder.ready", work / "holder.ask"
     ready.unlink(missing_ok=True)
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(size), str(ready)],
+        [sys.executable, "-c", HOLDER, str(size), str(ready), str(ask)],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -97,11 +117,12 @@ def hold_memory(size: int, work: Path) -> subprocess.Popen[bytes]:
             process.kill()
             raise SystemExit(f"the memory holder did not start (exit {process.poll()})")
         time.sleep(0.05)
-    return process
+    return Held(process, ready.read_text(), ask)
 
 
 def restorer_reads(log_file: Path) -> tuple[int, float]:
-    """Bytes the restorer read with preadv and the seconds those reads took, from a CRIU -v4 restore log."""
+    """Bytes the restorer read and the seconds those reads took, from a CRIU -v4 restore log (serial
+    preadv calls, or one parallel read of all pages by a CRIU built with it)."""
     nbytes, seconds, started = 0, 0.0, None
     for line in log_file.read_text(errors="replace").splitlines():
         if match := PREADV.match(line):
@@ -115,14 +136,32 @@ def restorer_reads(log_file: Path) -> tuple[int, float]:
     return nbytes, seconds
 
 
-def restore_once(criu: Criu, images: Path, logs: Path) -> tuple[float, int, float]:
-    """One restore: its wall seconds, and the restorer's bytes and seconds of reads. The restored process
-    is killed and reaped (this process is its subreaper), so its PID is free for the next."""
+def restored_digest(ask: Path, timeout: float = 120.0) -> str:
+    """The SHA-256 of the restored holder's memory, which it computes when `ask` appears."""
+    answer = ask.with_name(ask.name + ".digest")
+    answer.unlink(missing_ok=True)
+    ask.touch()
+    deadline = time.monotonic() + timeout
+    while not answer.exists():
+        if time.monotonic() > deadline:
+            raise SystemExit("the restored holder did not answer with the digest of its memory")
+        time.sleep(0.02)
+    return answer.read_text()
+
+
+def restore_once(criu: Criu, images: Path, logs: Path, held: Held) -> tuple[float, int, float]:
+    """One restore: its wall seconds, and the restorer's bytes and seconds of reads. The restored memory
+    must hash as it did before the dump. The restored process is killed and reaped (this process is its
+    subreaper), so its PID is free for the next."""
     started = time.monotonic()
     pid = criu.restore(images, logs_dir=logs)
     wall = time.monotonic() - started
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
+    try:
+        if (digest := restored_digest(held.ask)) != held.digest:
+            raise SystemExit(f"the restored memory differs: SHA-256 {digest}, {held.digest} before the dump")
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
     return (wall, *restorer_reads(logs / "restore.log"))
 
 
@@ -144,7 +183,9 @@ def pages_images(images: Path) -> list[Path]:
     return sorted(images.glob("pages-*.img"))
 
 
-def measure(criu: Criu, images: Path, logs: Path, repeat: int, label: str) -> list[Row]:
+def measure(
+    criu: Criu, images: Path, logs: Path, held: Held, args: argparse.Namespace, label: str
+) -> list[Row]:
     pages = pages_images(images)
     image_bytes = sum(p.stat().st_size for p in pages)
     read_bandwidth(pages)  # the image hot in the page cache
@@ -163,18 +204,25 @@ def measure(criu: Criu, images: Path, logs: Path, repeat: int, label: str) -> li
         ("8 readers, one fresh mapping each", fresh(8), "parallel"),
     ]
     rows = [Row(f"{label}{name}", [], image_bytes, note) for name, _, note in baselines]
-    restorer = Row(f"{label}CRIU restorer's preadv", [], image_bytes, "from CRIU's log")
-    whole = Row(f"{label}CRIU restore, whole", [], image_bytes, "wall")
-    for _ in range(repeat):
+    restores = {
+        readers: (
+            Row(f"{label}CRIU restorer's reads, {readers} readers", [], image_bytes, "from CRIU's log"),
+            Row(f"{label}CRIU restore, whole, {readers} readers", [], image_bytes, "wall"),
+        )
+        for readers in args.readers
+    }
+    for _ in range(args.repeat):
         for row, (_, run, _) in zip(rows, baselines, strict=True):
             nbytes, seconds = run()
             assert nbytes == image_bytes, (row.name, nbytes, image_bytes)
             row.seconds.append(seconds)
-        wall, nbytes, seconds = restore_once(criu, images, logs)
-        whole.seconds.append(wall)
-        restorer.seconds.append(seconds)
-        restorer.nbytes = nbytes
-    return [*rows, restorer, whole]
+        for readers, (restorer, whole) in restores.items():
+            os.environ[RESTORE_READERS] = str(readers)
+            wall, nbytes, seconds = restore_once(criu, images, logs, held)
+            whole.seconds.append(wall)
+            restorer.seconds.append(seconds)
+            restorer.nbytes = nbytes
+    return [*rows, *(row for pair in restores.values() for row in pair)]
 
 
 def run(args: argparse.Namespace) -> list[Row]:
@@ -185,19 +233,19 @@ def run(args: argparse.Namespace) -> list[Row]:
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="criu-fill-", dir=args.dir))
     images, logs = work / "images", work / "logs"
-    holder = hold_memory(int(args.size_gib * GIB), work)
+    held = hold_memory(int(args.size_gib * GIB), work)
     try:
-        criu.dump(holder.pid, images, logs_dir=logs)
+        criu.dump(held.process.pid, images, logs_dir=logs)
     finally:
-        holder.kill()
-        holder.wait()
+        held.process.kill()
+        held.process.wait()
     rows: list[Row] = []
     try:
         for label, condition in passes(args, images):
             with condition():
                 for mode in args.thp:
                     with hugepages.selected(mode):
-                        rows += measure(criu, images, logs, args.repeat, f"THP {mode}{label}: ")
+                        rows += measure(criu, images, logs, held, args, f"THP {mode}{label}: ")
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -304,6 +352,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--contend-readers", type=int, default=0,
         help="measure again with this many threads copying the image beside (a weight stager's traffic)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--readers", type=int, nargs="+", default=[1],
+        help=f"restore with each of these {RESTORE_READERS} (CRIU built with parallel page reads; default 1)",
     )  # fmt: skip
     parser.add_argument("--criu", default="", help="CRIU command (default WARMSTART_CRIU, else criu)")
     parser.add_argument("--keep", action="store_true", help="keep the image")

@@ -15,9 +15,11 @@
 #                                    against SHA-256 and read baselines, 1.6 GiB), fill (CRIU's restorer
 #                                    filling 1.77 GiB of memory against plain reads; again after TOUCH_GIB,
 #                                    default 96, of memory is touched, and again beside CONTEND_READERS,
-#                                    default 8, threads copying from the page cache), stagecopy (the weight
-#                                    stager's copy paths, 16 GiB, against the PCIe floor and beside a CRIU-like
-#                                    reader; STAGE_VARIANTS, e.g. "buffered mapped:256 mapped::16"), lazy
+#                                    default 8, threads copying from the page cache; FILL_READERS, e.g. "1 8",
+#                                    the restorer's readers to try, FILL_THP, default "always madvise"),
+#                                    stagecopy (the weight stager's copy paths, 16 GiB, against the PCIe floor
+#                                    and beside a CRIU-like reader; STAGE_VARIANTS, e.g. "buffered
+#                                    mapped:256 mapped::16"), lazy
 #                                    (restores with CRIU lazy pages), probe (what a bare CUDA context costs in
 #                                    a checkpoint), kvfit (the KV cache sized to the GPU at 256 x 4096), levers
 #                                    (each of LEVERS in turn, NAME set to 0 or NAME=VALUE, restores only), tests
@@ -86,7 +88,8 @@ product() {  # STEPS (comma-separated): model main lazy probe kvfit levers tests
     if [[ "$steps" == *,fill,* ]]; then  # first: before the other steps' page cache takes the memory
         echo "== CRIU's restorer filling a process's memory, against plain reads"
         timeout 240 python3 benchmarks/criu_fill.py --size-gib 1.77 --dir "$WORK/fill" --criu "$WARMSTART_CRIU" \
-            --touch-gib "${TOUCH_GIB:-96}" --contend-readers "${CONTEND_READERS:-8}" 2>&1 | tee "$OUT/criu_fill.txt" \
+            --touch-gib "${TOUCH_GIB:-96}" --contend-readers "${CONTEND_READERS:-8}" --readers ${FILL_READERS:-1} \
+            --thp ${FILL_THP:-always madvise} 2>&1 | tee "$OUT/criu_fill.txt" \
             | tail -44
     fi
     if [[ "$steps" == *,stagecopy,* ]]; then
