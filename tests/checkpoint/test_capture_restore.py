@@ -29,7 +29,7 @@ from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAI
 from warmstart.snapshot import verify
 from warmstart.snapshot.layout import SIGNATURE_FILE
 from warmstart.snapshot.signing import load_signer, load_verifier, signature_document
-from warmstart.snapshot.store import SnapshotStore
+from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 pytestmark = pytest.mark.integration
 TARGET = Path(__file__).with_name("target_process.py")
@@ -118,21 +118,50 @@ def test_exit_mode_sends_snapshot_complete_and_source_exits(
     assert len(wait_for_line(restored.host_dir / "control" / "answer").split()[0]) == 64
 
 
+def _flip_a_byte_of_the_memory_image(store: SnapshotStore, snapshot: Snapshot) -> None:
+    pages = max(
+        (name for name in snapshot.files if name.startswith("criu/pages-")),
+        key=lambda name: snapshot.files[name].size,
+    )
+    blob = store.blob_path(snapshot.files[pages].digest)
+    blob.chmod(0o644)
+    with open(blob, "r+b") as handle:
+        first = handle.read(1)
+        handle.seek(0)
+        handle.write(bytes([first[0] ^ 0xFF]))
+
+
+def _manifest_with_plan(snapshot: Snapshot, plan: StagingPlan) -> bytes:
+    """The stored manifest, as JSON, with a weight staging plan added to its meta."""
+    manifest = json.loads((snapshot.path / "manifest.json").read_text())
+    manifest["meta"].update(uses_cuda=True, worker={"weight_staging": plan.to_dict()})
+    return json.dumps(manifest).encode()
+
+
+def _replace(snapshot: Snapshot, name: str, content: bytes) -> None:
+    (snapshot.path / name).chmod(0o644)
+    (snapshot.path / name).write_bytes(content)
+
+
+def _record_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str, events: list[str], event: str):
+    """Wrap `owner.name` so that each call appends `event` first; returns the objects it was called on."""
+    original, receivers = getattr(owner, name), []
+
+    def recorded(*args: object) -> object:
+        events.append(event)
+        receivers.append(args[0] if args else None)
+        return original(*args)
+
+    monkeypatch.setattr(owner, name, recorded)
+    return receivers
+
+
 def test_tampered_snapshot_is_refused_before_criu_runs(
     tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
 ) -> None:
     criu, invoked = counting_criu
     _, captured = _capture(tmp_path, store, key, criu, sandboxes)
-    pages = max(
-        (name for name in captured.snapshot.files if name.startswith("criu/pages-")),
-        key=lambda name: captured.snapshot.files[name].size,
-    )
-    blob = store.blob_path(captured.snapshot.files[pages].digest)
-    blob.chmod(0o644)
-    with open(blob, "r+b") as handle:  # flip one byte of the memory image
-        first = handle.read(1)
-        handle.seek(0)
-        handle.write(bytes([first[0] ^ 0xFF]))
+    _flip_a_byte_of_the_memory_image(store, captured.snapshot)
     calls_before = invoked()
     with pytest.raises(RestoreRefused, match="corrupted"):
         _restore_into_new_sandbox(tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes)
@@ -164,12 +193,8 @@ def test_a_plan_added_to_a_stored_manifest_is_never_followed(
 ) -> None:  # fmt: skip
     criu, invoked = counting_criu
     _, captured = _capture(tmp_path, store, key, criu, sandboxes)
-    manifest_file = captured.snapshot.path / "manifest.json"
-    manifest = json.loads(manifest_file.read_text())
     plan = StagingPlan(0, 1 << 21, (("/etc/shadow", 0, 0, 4096),))  # what a tampered store would ask for
-    manifest["meta"].update(uses_cuda=True, worker={"weight_staging": plan.to_dict()})
-    manifest_file.chmod(0o644)
-    manifest_file.write_text(json.dumps(manifest))
+    _replace(captured.snapshot, "manifest.json", _manifest_with_plan(captured.snapshot, plan))
     started: list[weight_staging.StagerProcess] = []
     start = weight_staging.StagerProcess.start
 
@@ -197,34 +222,14 @@ def test_a_signed_plan_goes_to_the_stager_before_the_blobs_are_hashed_and_a_bad_
 ) -> None:  # fmt: skip
     criu, invoked = counting_criu
     _, captured = _capture(tmp_path, store, key, criu, sandboxes)
-    manifest_file = captured.snapshot.path / "manifest.json"
-    manifest = json.loads(manifest_file.read_text())
-    plan = StagingPlan(0, 1 << 21, (("/weights.bin", 0, 0, 4096),))
-    manifest["meta"].update(uses_cuda=True, worker={"weight_staging": plan.to_dict()})
-    raw = json.dumps(manifest).encode()
-    signature = signature_document(load_signer(key), raw)
-    for name, content in (("manifest.json", raw), (SIGNATURE_FILE, signature)):
-        (captured.snapshot.path / name).chmod(0o644)
-        (captured.snapshot.path / name).write_bytes(content)
-    pages = max((n for n in captured.snapshot.files if n.startswith("criu/pages-")),
-                key=lambda n: captured.snapshot.files[n].size)  # fmt: skip
-    blob = store.blob_path(captured.snapshot.files[pages].digest)
-    blob.chmod(0o644)
-    with open(blob, "r+b") as handle:  # the signature holds; one byte of the memory image does not
-        first = handle.read(1)
-        handle.seek(0)
-        handle.write(bytes([first[0] ^ 0xFF]))
+    raw = _manifest_with_plan(captured.snapshot, StagingPlan(0, 1 << 21, (("/weights.bin", 0, 0, 4096),)))
+    _replace(captured.snapshot, "manifest.json", raw)
+    _replace(captured.snapshot, SIGNATURE_FILE, signature_document(load_signer(key), raw))
+    _flip_a_byte_of_the_memory_image(store, captured.snapshot)  # signed, but the memory image is not intact
     events: list[str] = []
-    send_plan, verify_blobs = weight_staging.StagerProcess.send_plan, verify.verify_blobs
-    monkeypatch.setattr(
-        weight_staging.StagerProcess, "send_plan", lambda s, p: (events.append("plan"), send_plan(s, p))[1]
-    )
-    monkeypatch.setattr(verify, "verify_blobs", lambda *a: (events.append("hash"), verify_blobs(*a))[1])
-    stopped: list[weight_staging.StagerProcess] = []
-    stop = weight_staging.StagerProcess.stop
-    monkeypatch.setattr(
-        weight_staging.StagerProcess, "stop", lambda s: (events.append("stop"), stopped.append(s), stop(s))[2]
-    )
+    _record_calls(monkeypatch, weight_staging.StagerProcess, "send_plan", events, "plan")
+    _record_calls(monkeypatch, verify, "verify_blobs", events, "hash")
+    stopped = _record_calls(monkeypatch, weight_staging.StagerProcess, "stop", events, "stop")
     (tmp_path / "r" / "control").mkdir(parents=True)
     calls_before = invoked()
     with pytest.raises(RestoreRefused, match="corrupted"):

@@ -213,7 +213,7 @@ class Criu:
 
     def version(self) -> CriuVersion:
         """CRIU's version; a clear error naming the setup script when CRIU is missing or older than 4.0."""
-        result = self._run(["--version"], timeout=min(self.timeout, 30.0))
+        result = self._version_output()
         if result.returncode != 0:
             raise CriuError(
                 f"`{self.describe()} --version` failed: {result.stderr.strip()[:300]}; {SETUP_HINT}"
@@ -228,8 +228,11 @@ class Criu:
 
     def reads_pages_in_parallel(self) -> bool:
         """Whether this is the CRIU built with the restorer's parallel page reads (hack/criu-setup)."""
-        result = self._run(["--version"], timeout=min(self.timeout, 30.0))
+        result = self._version_output()
         return result.returncode == 0 and PARALLEL_READS_BUILD in result.stdout
+
+    def _version_output(self) -> subprocess.CompletedProcess[str]:
+        return self._run(["--version"], timeout=min(self.timeout, 30.0))
 
     def dump(
         self,
