@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from warmstart.engines.builtin.config import ModelConfig, tensor_shapes
 
 # Prefill attention without cuDNN's kernel: cuDNN builds a plan for each new sequence length, and on an H200
-# that made the first request of every new prompt length about 0.07 s slower. The others need no such set-up.
+# that made the first request at every new prompt length about 0.05 s slower. The others need no such set-up.
 PREFILL_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
