@@ -56,9 +56,7 @@ def main() -> None:
         model=args.model, device=args.device, compile=args.compile, max_model_len=args.max_model_len
     )
     engine.load()
-    engine.warm_up()  # its prompt, "warm up", is 7 bytes: the first length below repeats it
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
+    engine.warm_up()  # its prompt, "warm up", is 7 bytes: the first default length repeats it
     first = [one_token_seconds(engine, length) for length in args.lengths]
     again = [one_token_seconds(engine, length) for length in args.lengths]
     backends = ", ".join(backend.name for backend in builtin_model.PREFILL_ATTENTION)

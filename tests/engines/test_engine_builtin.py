@@ -113,6 +113,23 @@ def test_release_and_reacquire_keep_outputs(make_engine) -> None:
     assert after.token_ids == before.token_ids
 
 
+def test_prefill_attention_never_uses_cudnn(make_engine, monkeypatch) -> None:
+    """cuDNN's attention plans each new sequence length: the first request at every prompt length pays it."""
+    engine = make_engine()
+    attention = torch.nn.functional.scaled_dot_product_attention
+    cudnn_allowed: list[bool] = []
+
+    def recording(*args, **kwargs):
+        cudnn_allowed.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return attention(*args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    with torch.no_grad():
+        engine._model.prefill(torch.tensor(engine.tokenizer.encode("abcdefgh")), slot=0)
+    assert cudnn_allowed == [False] * engine.config.num_hidden_layers
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # only while prefill runs
+
+
 def test_garbage_in_fresh_kv_memory_never_reaches_the_output(make_engine, monkeypatch) -> None:
     """Memory a KV arena gets back is undefined (here: all 0xFF bytes, NaN in every float format). A batch
     of prompts of other lengths attends over cache positions the shorter one never wrote."""
