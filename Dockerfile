@@ -30,20 +30,29 @@ RUN apt-get update \
 
 FROM debian:trixie-slim
 
+# APT_PACKAGES and VENV_OPTIONS make the CPU worker image from the same recipe: the builtin engine on Debian's
+# PyTorch (CPU only, a few hundred MB; PyPI's Linux build is the CUDA one, several GB):
+#   docker build --build-arg EXTRAS=engine --build-arg APT_PACKAGES="python3-torch python3-numpy" \
+#     --build-arg VENV_OPTIONS=--system-site-packages -t ghcr.io/warmstart/warmstart-worker:0.1.0-cpu .
+ARG APT_PACKAGES=""
 RUN apt-get update \
  && apt-get install -y --no-install-recommends python3 python3-venv iproute2 util-linux ca-certificates \
+      ${APT_PACKAGES} \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=criu /opt/criu /opt/criu
 RUN printf '#!/bin/sh\nexec /opt/criu/ld-linux-x86-64.so.2 --library-path /opt/criu /opt/criu/criu "$@"\n' \
       > /usr/local/bin/criu \
  && chmod 755 /usr/local/bin/criu && criu --version
 
-RUN python3 -m venv /opt/warmstart
+ARG VENV_OPTIONS=""
+RUN python3 -m venv ${VENV_OPTIONS} /opt/warmstart
 ENV PATH=/opt/warmstart/bin:$PATH
 
 WORKDIR /src
-# The control-plane image (operator, agent) needs the CUDA checkpoint bindings only; the worker image adds the
-# engines: docker build --build-arg EXTRAS=gpu,engine,vllm -t warmstart-worker .
+# The control-plane image (operator, agent) needs the CUDA checkpoint bindings only; the GPU worker image adds
+# the engines and what Triton compiles its launcher with:
+#   docker build --build-arg EXTRAS=gpu,engine,vllm --build-arg APT_PACKAGES="gcc libc6-dev python3-dev" \
+#     -t ghcr.io/warmstart/warmstart-worker:0.1.0 .
 ARG EXTRAS=gpu
 # Dependencies first, from pyproject.toml alone, so a change to the code does not download them again. A build
 # behind a TLS-intercepting proxy can hand its CA bundle in as the optional secret `extra-ca` (not kept in
@@ -53,7 +62,7 @@ RUN --mount=type=secret,id=extra-ca,required=false \
     if [ -s /run/secrets/extra-ca ]; then export PIP_CERT=/run/secrets/extra-ca; fi \
  && mkdir warmstart && touch warmstart/__init__.py README.md \
  && pip install --no-cache-dir ".[${EXTRAS}]" \
- && pip uninstall -y warmstart && rm -rf warmstart README.md
+ && pip uninstall -y warmstart && rm -rf warmstart README.md build warmstart.egg-info
 COPY README.md ./
 COPY warmstart ./warmstart
 RUN --mount=type=secret,id=extra-ca,required=false \

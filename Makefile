@@ -9,16 +9,30 @@ PORT ?= 8000
 STORE ?= $(WARMSTART_CACHE)/demo-store
 EXTRAS ?= engine,gpu,dev
 
-.PHONY: demo test setup criu control-plane images addons lint unit clean
+# The pinned vLLM for the contract test (tests/engines/test_vllm_contract.py): its wheel and the few packages
+# its modules import that the dev environment lacks, without its GPU-only needs, beside the venv in a
+# directory named by the requirements' digest (a new pin is a new directory; pip's cache serves a rebuild).
+VLLM_CONTRACT_REQS := tests/engines/vllm_contract_requirements.txt
+VLLM_CONTRACT_DIR := $(WARMSTART_CACHE)/vllm-contract
+VLLM_SITE := $(VLLM_CONTRACT_DIR)/$(shell sha256sum $(VLLM_CONTRACT_REQS) | cut -c1-16)
+
+.PHONY: demo test docs setup criu control-plane images addons vllm-contract lint unit clean
 
 demo: $(VENV)/.installed criu
-	$(BIN)/warmstart serve --engine builtin --model tiny --device cpu --store $(STORE) --port $(PORT) \
+	$(BIN)/warmstart serve --engine builtin --model demo --device cpu --store $(STORE) --port $(PORT) \
 		--criu "$(CURDIR)/hack/criu"
 
-test: $(VENV)/.installed criu control-plane images addons
+test: $(VENV)/.installed docs criu control-plane images addons vllm-contract
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/pytest
+
+# The documentation site (mkdocs.yml, docs/): the generated reference pages must be current, and the strict
+# build fails on any warning, broken link or link to a missing anchor. Output in site/.
+docs: $(VENV)/.installed
+	$(BIN)/python hack/crd_reference.py --check
+	$(BIN)/python hack/cli_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict  # not --quiet: it hides the warnings strict counts
 
 unit: $(VENV)/.installed
 	$(BIN)/pytest -m "not integration and not gpu"
@@ -27,7 +41,7 @@ lint: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 
-setup: $(VENV)/.installed criu control-plane images addons
+setup: $(VENV)/.installed criu control-plane images addons vllm-contract
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,6 +51,16 @@ $(VENV)/.installed: pyproject.toml
 
 criu:
 	hack/criu-setup
+
+vllm-contract: $(VLLM_SITE)/.installed
+
+$(VLLM_SITE)/.installed: | $(VENV)/.installed
+	rm -rf $(VLLM_SITE).partial
+	$(BIN)/pip install -q --no-deps --no-compile --only-binary=:all: --target $(VLLM_SITE).partial \
+		-r $(VLLM_CONTRACT_REQS)
+	touch $(VLLM_SITE).partial/.installed
+	find $(VLLM_CONTRACT_DIR) -mindepth 1 -maxdepth 1 ! -name '$(notdir $(VLLM_SITE)).partial' -exec rm -rf {} +
+	mv $(VLLM_SITE).partial $(VLLM_SITE)
 
 # The control plane, and the real node's kubelet, kube-proxy, pause image and Debian packages.
 control-plane:
@@ -51,4 +75,4 @@ addons: $(VENV)/.installed control-plane
 	hack/control-plane addons
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache site

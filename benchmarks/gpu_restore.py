@@ -194,7 +194,7 @@ def pinned_alloc_seconds(count: int, nbytes: int) -> float:
     """Allocating and freeing `count` pinned buffers (what a staged refill pays after a restore)."""
     import torch
 
-    from warmstart.engines.weights_io import release_pinned_cache
+    from warmstart.gpu.weights_io import release_pinned_cache
 
     release_pinned_cache()
     started = time.perf_counter()
@@ -240,8 +240,8 @@ def refill_sweep(path: Path) -> list[dict[str, Any]]:
     """The engine's weight refill (`weights_io.refill`) into a CUDA VMM arena, by threads, chunk and cache."""
     import torch
 
-    from warmstart.engines import weights_io
-    from warmstart.engines.cuda_arena import CudaVmmArena
+    from warmstart.gpu import weights_io
+    from warmstart.gpu.cuda_arena import CudaVmmArena
 
     layout, size = weights_io.plan_layout([path])
     arena = CudaVmmArena("cuda")
@@ -614,7 +614,7 @@ class Bench:
         """The weight stager, started with the restore (as the node agent does)."""
         plan = cap.control / STAGING_PLAN
         log_file = open(self.work / "weight-stager.log", "wb")  # noqa: SIM115 - owned by the child
-        argv = [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan", str(plan)]
+        argv = [sys.executable, "-m", "warmstart.gpu.weight_stager", "--plan", str(plan)]
         return subprocess.Popen(
             [*argv, "--socket", str(socket_path), "--threads", str(threads)],
             stdin=subprocess.DEVNULL,
@@ -1082,7 +1082,7 @@ def _detail(run: RestoreRun, key: str) -> float | None:
 
 def _stager_threads(value: str) -> int:
     """off: 0; on: the stager's default thread count; a number: that many threads."""
-    from warmstart.engines.weight_stager import STAGING_THREADS
+    from warmstart.gpu.weight_stager import STAGING_THREADS
 
     if value == "off":
         return 0

@@ -45,7 +45,6 @@ from endpoint_flow import (  # noqa: E402
     pod_url,
     ready,
     ready_snapshot,
-    snapshot_volume,
     worker_pods,
 )
 from node_plugin import host_python_mounts  # noqa: E402
@@ -149,14 +148,13 @@ def serial_read(store: SnapshotStore, snapshot_id: str) -> tuple[int, float]:
 def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> tuple[PodClock, str, SnapshotStore]:
     kube.kubectl("create", "namespace", NAMESPACE)
     kube.wait_default_service_account(NAMESPACE)
-    store = install(kube, chart_image, node, NAMESPACE)
-    claim = snapshot_volume(kube, NAMESPACE, store)
+    install(kube, chart_image, node, NAMESPACE)
     clock = PodClock(kube)
     clock.start()
     kube.kubectl("apply", "-f", "-", input=client_pod(NAMESPACE, chart_image, node))
-    python = host_python_mounts()
-    for name, uses in ((COLD_ENDPOINT, None), (ENDPOINT, claim)):
-        body = endpoint(name, NAMESPACE, chart_image, node, python, uses)
+    python = host_python_mounts(node.state_dir / "launcher")
+    for name, snapshots in ((COLD_ENDPOINT, False), (ENDPOINT, True)):
+        body = endpoint(name, NAMESPACE, chart_image, node, python, snapshots)
         kube.kubectl("apply", "-f", "-", input=json.dumps(body))
     snap = wait_for(lambda: ready_snapshot(kube, NAMESPACE), timeout=TIMEOUT, message="the snapshot Ready")
     for name, role in ((COLD_ENDPOINT, L.ROLE_COLD), (ENDPOINT, L.ROLE_RESTORE)):

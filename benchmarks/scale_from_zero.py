@@ -39,7 +39,6 @@ from endpoint_flow import (  # noqa: E402
     install,
     ready_snapshot,
     routed_host,
-    snapshot_volume,
     timed_completion,
 )
 from node_plugin import host_python_mounts  # noqa: E402
@@ -53,12 +52,11 @@ def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> None:
     addons.install(kube, node.pod_placement())
     kube.kubectl("create", "namespace", NAMESPACE)
     kube.wait_default_service_account(NAMESPACE)
-    store = install(kube, chart_image, node, NAMESPACE)
-    claim = snapshot_volume(kube, NAMESPACE, store)
+    install(kube, chart_image, node, NAMESPACE)
     kube.kubectl("apply", "-f", "-", input=client_pod(NAMESPACE, chart_image, node))
-    python = host_python_mounts()
-    for name, uses in ((ENDPOINT, claim), (COLD_ENDPOINT, None)):
-        body = autoscaled(endpoint(name, NAMESPACE, chart_image, node, python, uses), 0, 1)
+    python = host_python_mounts(node.state_dir / "launcher")
+    for name, snapshots in ((ENDPOINT, True), (COLD_ENDPOINT, False)):
+        body = autoscaled(endpoint(name, NAMESPACE, chart_image, node, python, snapshots), 0, 1)
         body["spec"]["autoscaling"]["cooldownSeconds"] = COOLDOWN_SECONDS
         kube.kubectl("apply", "-f", "-", input=json.dumps(body))
     wait_for(lambda: ready_snapshot(kube, NAMESPACE), timeout=TIMEOUT, message="the snapshot Ready")

@@ -4,7 +4,7 @@
 
 A product restore runs the weight stager (16 GB of Qwen3-8B weights from the page cache to the GPU) while
 CRIU's restorer fills the restored process's memory from its pages image with one reader. The stager can
-copy two ways (`warmstart.engines.weight_stager --copy`):
+copy two ways (`warmstart.gpu.weight_stager --copy`):
 
 - buffered: page cache -> a pinned buffer (a CPU copy) -> GPU: every byte crosses host memory three times;
 - mapped: the page cache itself, mapped and pinned piece by piece, -> GPU by DMA: once.
@@ -36,7 +36,7 @@ from pathlib import Path
 
 from warmstart.bench import pinned_to_gpu_bandwidth, read_bandwidth
 from warmstart.checkpoint import hugepages
-from warmstart.engines.weight_stager import COPY_PATHS, STAGING_THREADS, Copy, SharedDeviceMemory, fill
+from warmstart.gpu.weight_stager import COPY_PATHS, STAGING_THREADS, Copy, SharedDeviceMemory, fill
 from warmstart.snapshot.residency import evict
 
 GIB = 1 << 30

@@ -5,16 +5,22 @@ own cold start and its wake from sleep levels 1 and 2 in a live process, page ca
     python3 benchmarks/vllm_bench.py --criu "DIR/ld-linux-x86-64.so.2 --library-path DIR DIR/criu" \\
         --model /var/tmp/qwen3-8b-shapes --work /var/tmp/warmstart-vllm --out results/
 
-The model is Qwen3-8B's configuration with seeded random bf16 weights (written once by `--write-model`), a
-small byte-level tokenizer trained on the spot. Every start is timed from the command's launch to the first
-token of a greedy completion received over HTTP; the greedy outputs of a fixed prompt set after every
-restore are compared with those of the cold start, token for token. Needs root, vLLM, CRIU >= 4.2.
+The model is Qwen3-8B's configuration with seeded random bf16 weights (written once), and a byte-level
+tokenizer trained on the spot whose vocabulary is filled up to the model's, so that every token id the
+model can emit decodes to non-empty text. Every start is timed from the command's launch to the first
+token of a greedy completion received over HTTP. After it, a fixed prompt set is completed greedily, one
+prompt at a time (the same batch shape every time), and the token ids and their logprobs are recorded; every
+start is compared with the captured process and with the first separate cold start (`cold` steps:
+`warmstart worker --mode cold`, the same engine arguments): where the token ids first differ, the largest
+logprob difference before that, and how far apart the two tokens were where they differ. Needs root, vLLM,
+CRIU >= 4.2.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -29,6 +35,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 PROMPTS = ["hello world the snapshot", "the worker restores in seconds", "snapshot hello", "world"]
 TOKENS = 16
+TOP_LOGPROBS = 2  # per generated token: its own logprob and the best alternatives (how close a tie was)
+SPECIAL_TOKENS = ["<unk>", "<|endoftext|>"]
+FILLER_PREFIX = "\u0120w"  # byte-level for " w": filler token i decodes to " w<i>"
 # A ChatML template, so vLLM's chat route has one to apply (the tokenizer is trained here, without one).
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -81,14 +90,60 @@ def drop_caches() -> None:
 # --- the model -----------------------------------------------------------------------------------------
 
 
+def full_vocabulary_tokenizer(vocab_size: int) -> Any:
+    """A byte-level BPE trained on the prompts, its vocabulary filled up to `vocab_size` with distinct words
+    (" w0", " w1", ...): a random-weight model emits ids from all of its vocabulary, and each must decode to
+    text of its own, or comparing texts compares nothing."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000, special_tokens=SPECIAL_TOKENS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tokenizer.train_from_iterator([" ".join(PROMPTS) * 40] * 20, trainer)
+    spec = json.loads(tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    if len(vocab) > vocab_size:
+        raise ValueError(f"the trained vocabulary ({len(vocab)}) outgrew the model's ({vocab_size})")
+    words = (f"{FILLER_PREFIX}{index}" for index in itertools.count())
+    while len(vocab) < vocab_size:
+        vocab.setdefault(next(words), len(vocab))  # ids stay 0..n-1: a word already there is skipped
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def write_tokenizer(directory: Path, vocab_size: int) -> None:
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(
+        tokenizer_object=full_vocabulary_tokenizer(vocab_size),
+        eos_token="<|endoftext|>",
+        unk_token="<unk>",
+        chat_template=CHAT_TEMPLATE,
+    ).save_pretrained(directory)
+
+
+def tokenizer_covers(directory: Path, vocab_size: int) -> bool:
+    """Whether the directory's tokenizer has a token for every id of the model's vocabulary."""
+    try:
+        vocab = json.loads((directory / "tokenizer.json").read_text())["model"]["vocab"]
+    except (OSError, ValueError, KeyError):
+        return False
+    return len(vocab) == vocab_size
+
+
 def write_model(directory: Path, seed: int = 0) -> None:
-    """Qwen3-8B's shapes, seeded random bf16 weights in 4 GiB safetensors shards, a small BPE tokenizer."""
+    """Qwen3-8B's shapes, seeded random bf16 weights in 4 GiB safetensors shards, and the tokenizer above
+    (rewritten in a model written before it covered the vocabulary)."""
     if (directory / "complete").exists():
+        if not tokenizer_covers(directory, QWEN3_8B["vocab_size"]):
+            write_tokenizer(directory, QWEN3_8B["vocab_size"])
+            log(f"tokenizer of {directory} rewritten to cover the vocabulary")
         return
     import torch
     from safetensors.torch import save_file
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     started = time.time()
     directory.mkdir(parents=True, exist_ok=True)
@@ -122,17 +177,7 @@ def write_model(directory: Path, seed: int = 0) -> None:
     (directory / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map})
     )
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1000, special_tokens=["<unk>", "<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )  # fmt: skip
-    tokenizer.train_from_iterator([" ".join(PROMPTS) * 40] * 20, trainer)
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|endoftext|>", unk_token="<unk>", chat_template=CHAT_TEMPLATE
-    ).save_pretrained(directory)
+    write_tokenizer(directory, QWEN3_8B["vocab_size"])
     (directory / "complete").write_text("1")
     log(f"model written to {directory} in {time.time() - started:.1f} s")
 
@@ -204,12 +249,123 @@ def api_checks(base: str, model: str) -> dict[str, Any]:
     return outcome
 
 
-def greedy(base: str, model: str) -> list[str]:
-    out = []
-    for prompt in PROMPTS:
-        body = {"model": model, "prompt": prompt, "max_tokens": TOKENS, "temperature": 0, "ignore_eos": True}
-        out.append(post(f"{base}/v1/completions", body)["choices"][0]["text"])
-    return out
+# --- outputs: token ids and logprobs, the oracle ---------------------------------------------------------
+
+
+def completion_body(model: str, prompt: str) -> dict[str, Any]:
+    """A greedy completion that answers its token ids and each token's logprob with the best alternatives'
+    (tokens named by id, `token_id:N`; special tokens not skipped, so every token has text)."""
+    return {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "logprobs": TOP_LOGPROBS,
+        "return_token_ids": True,
+        "return_tokens_as_token_ids": True,
+        "skip_special_tokens": False,
+    }
+
+
+def token_id(name: str) -> int:
+    """`token_id:N`, vLLM's name of a token under return_tokens_as_token_ids -> N."""
+    prefix, _, number = name.partition(":")
+    if prefix != "token_id" or not number.isdigit():
+        raise ValueError(f"not a token named by its id: {name!r}")
+    return int(number)
+
+
+def completion_record(choice: dict[str, Any]) -> dict[str, Any]:
+    """What is compared of one completion: its text, token ids, each token's logprob and the top ones
+    (token id -> logprob, as strings: what JSON keeps)."""
+    ids = choice.get("token_ids")
+    logprobs = choice.get("logprobs") or {}
+    if ids is None or not logprobs.get("tokens"):
+        raise ValueError(f"the server answered no token ids or logprobs: {sorted(choice)}")
+    named = [token_id(name) for name in logprobs["tokens"]]
+    if named != list(ids):
+        raise ValueError(f"token_ids {ids} and the logprobs' tokens {named} differ")
+    steps = logprobs["top_logprobs"]
+    top = [{str(token_id(name)): lp for name, lp in (step or {}).items()} for step in steps]
+    chosen = logprobs["token_logprobs"]
+    return {"text": choice["text"], "token_ids": list(ids), "logprobs": chosen, "top": top}
+
+
+def greedy(base: str, model: str) -> list[dict[str, Any]]:
+    """The prompt set, one prompt at a time (the batch shape of every start alike)."""
+    return [
+        completion_record(post(f"{base}/v1/completions", completion_body(model, prompt))["choices"][0])
+        for prompt in PROMPTS
+    ]
+
+
+def divergence(reference: dict[str, Any], output: dict[str, Any]) -> dict[str, Any]:
+    """Where one completion parts from the reference: the first token index whose id differs (None: none),
+    the largest logprob difference before it (same context, same token), and at it how much more likely the
+    reference's token was than the other one in the reference's own distribution (None: the other token
+    was not among the reference's top logprobs there)."""
+    expected, got = reference["token_ids"], output["token_ids"]
+    first = next((i for i, (a, b) in enumerate(zip(expected, got, strict=False)) if a != b), None)
+    if first is None and len(expected) != len(got):
+        first = min(len(expected), len(got))
+    end = len(expected) if first is None else first
+    pairs = zip(reference["logprobs"][:end], output["logprobs"][:end], strict=False)
+    gaps = [abs(a - b) for a, b in pairs if a is not None and b is not None]
+    margin = None
+    if first is not None and first < min(len(got), len(reference["top"])):
+        top = reference["top"][first]
+        mine, theirs = top.get(str(expected[first])), top.get(str(got[first]))
+        if mine is not None and theirs is not None:
+            margin = round(mine - theirs, 6)
+    return {"first_diff": first, "max_logprob_diff": max(gaps, default=0.0), "margin": margin}
+
+
+def compare(reference: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`outputs` against `reference`, prompt by prompt. Identical: the same token ids with the same logprobs,
+    and every text non-empty (an empty text means the tokenizer hid the tokens: nothing was compared)."""
+    parts = [divergence(expected, got) for expected, got in zip(reference, outputs, strict=True)]
+    same_ids = all(part["first_diff"] is None for part in parts)
+    largest = max((part["max_logprob_diff"] for part in parts), default=0.0)
+    empty = sum(1 for output in outputs if not output["text"])
+    return {
+        "identical": same_ids and largest == 0.0 and empty == 0,
+        "token_ids_identical": same_ids,
+        "first_diff": [part["first_diff"] for part in parts],
+        "max_logprob_diff": largest,
+        "margin_at_diff": [part["margin"] for part in parts],
+        "empty_texts": empty,
+    }
+
+
+def agreement(results: list[dict[str, Any]]) -> list[str]:
+    """Every start against the captured process and against the first separate cold start (`vs_capture`,
+    `vs_cold` in its row); one line each."""
+    references = {
+        "capture": next((row for row in results if row["run"] == "capture" and row.get("outputs")), None),
+        "cold": next((row for row in results if row["run"].startswith("cold") and row.get("outputs")), None),
+    }
+    lines = []
+    for row in results:
+        if not row.get("outputs"):
+            continue
+        said = []
+        for name, reference in references.items():
+            if reference is not None and reference is not row:
+                row[f"vs_{name}"] = found = compare(reference["outputs"], row["outputs"])
+                said.append(f"vs {name}: {summary(found)}")
+        lines.append(f"{row['run']}: " + ("; ".join(said) or "the reference"))
+    return lines
+
+
+def summary(found: dict[str, Any]) -> str:
+    if found["identical"]:
+        return "identical (token ids, logprobs, non-empty texts)"
+    return (
+        f"token ids identical {found['token_ids_identical']}, first differing token per prompt "
+        f"{found['first_diff']}, max logprob difference before it {found['max_logprob_diff']:.6g}, "
+        f"margin there {found['margin_at_diff']}, empty texts {found['empty_texts']}"
+    )
 
 
 # --- warmstart serve -----------------------------------------------------------------------------------
@@ -219,18 +375,34 @@ def serve_once(
     args: argparse.Namespace,
     label: str,
     results: list[dict[str, Any]],
-    reference: list[str] | None,
+    reference: list[dict[str, Any]] | None,
     store: str = "store",
     env_extra: dict[str, str] | None = None,
 ):
     argv = [sys.executable, "-m", "warmstart", "serve", "--engine", "vllm", "--model", str(args.model),
             "--device", "cuda", "--store", str(args.work / store), "--work-dir", str(args.work / "pods"),
-            "--port", str(args.port), "--criu", args.criu,
-            "--worker-arg=--dtype=bfloat16", f"--worker-arg=--gpu-memory-utilization={args.gpu_util}",
-            f"--worker-arg=--max-model-len={args.max_model_len}",
-            f"--worker-arg=--max-num-seqs={args.max_num_seqs}"]  # fmt: skip
+            "--port", str(args.port), "--criu", args.criu]  # fmt: skip
+    argv += [f"--worker-arg={flag}" for flag in engine_flags(args)]
     env = dict(os.environ, WARMSTART_VLLM_WEIGHTS_IMAGE=str(args.work / "weights-image"), **(env_extra or {}))
     return timed_server(args, argv, env, label, results, reference)
+
+
+def engine_flags(args: argparse.Namespace) -> list[str]:
+    """The worker's engine arguments: the same for the capture, every restore and every cold start."""
+    return [
+        "--dtype=bfloat16",
+        f"--gpu-memory-utilization={args.gpu_util}",
+        f"--max-model-len={args.max_model_len}",
+        f"--max-num-seqs={args.max_num_seqs}",
+    ]
+
+
+def cold_worker(args: argparse.Namespace, label: str, results: list[dict[str, Any]], reference: Any) -> None:
+    """A separate cold start of the capture's engine spec: `warmstart worker --mode cold`, no snapshot."""
+    argv = [sys.executable, "-m", "warmstart", "worker", "--engine", "vllm", "--model", str(args.model),
+            "--device", "cuda", "--mode", "cold", "--host", "127.0.0.1", "--port", str(args.port),
+            "--log-dir", str(args.work / "pods" / label), *engine_flags(args)]  # fmt: skip
+    timed_server(args, argv, dict(os.environ), label, results, reference)
 
 
 def vllm_serve(args: argparse.Namespace, label: str, results: list[dict[str, Any]], reference: Any) -> None:
@@ -248,9 +420,10 @@ def timed_server(
     env: dict[str, str],
     label: str,
     results: list[dict[str, Any]],
-    reference: list[str] | None,
-) -> list[str] | None:
-    """Start a server, time it to the first token over HTTP, compare its greedy outputs, check its API."""
+    reference: list[dict[str, Any]] | None,
+) -> list[dict[str, Any]] | None:
+    """Start a server, time it to the first token over HTTP, record and compare its greedy outputs, check
+    its API."""
     port = args.port
     log_path = args.out / f"serve-{label}.log"
     started = time.time()
@@ -265,14 +438,12 @@ def timed_server(
         )
         row["to_first_token_s"] = round(got - started, 3)
         outputs = greedy(f"http://127.0.0.1:{port}", model)
-        row["identical_to_cold"] = None if reference is None else outputs == reference
         row["outputs"] = outputs
+        row["vs_capture"] = None if reference is None else compare(reference, outputs)
         row["api"] = api_checks(f"http://127.0.0.1:{port}", model)
-        log(
-            f"{label}: first token after {row['to_first_token_s']:.2f} s; "
-            f"identical {row['identical_to_cold']}; api {row['api']}"
-        )
-    except (RuntimeError, TimeoutError, urllib.error.URLError, KeyError) as exc:
+        against = "the reference" if reference is None else f"vs capture: {summary(row['vs_capture'])}"
+        log(f"{label}: first token after {row['to_first_token_s']:.2f} s; {against}; api {row['api']}")
+    except (RuntimeError, TimeoutError, urllib.error.URLError, KeyError, ValueError) as exc:
         row["error"] = str(exc)
         log(f"{label}: FAILED {exc}")
     finally:
@@ -328,7 +499,8 @@ def image_sizes(work: Path, store: str = "store") -> dict[str, Any]:
 def vllm_alone(args: argparse.Namespace, label: str, sleeps: bool, results: list[dict[str, Any]]) -> None:
     argv = [sys.executable, str(REPO / "benchmarks" / "vllm_live.py"), "--model", str(args.model),
             "--gpu-util", str(args.gpu_util), "--max-model-len", str(args.max_model_len),
-            "--max-num-seqs", str(args.max_num_seqs), "--label", label]  # fmt: skip
+            "--max-num-seqs", str(args.max_num_seqs), "--label", label, "--prompts", json.dumps(PROMPTS),
+            "--tokens", str(TOKENS), "--top-logprobs", str(TOP_LOGPROBS)]  # fmt: skip
     argv += ["--sleeps"] if sleeps else []
     with open(args.out / f"vllm-{label}.log", "w") as log_file:
         code = subprocess.run(
@@ -336,10 +508,44 @@ def vllm_alone(args: argparse.Namespace, label: str, sleeps: bool, results: list
         )
     for line in code.stdout.splitlines():
         if line.startswith("{"):
-            results.append(json.loads(line))
-            log(f"{label}: {line}")
+            row = json.loads(line)
+            results.append(row)
+            log(f"{label}: {json.dumps({key: value for key, value in row.items() if key != 'outputs'})}")
     if code.returncode:
         results.append({"run": label, "error": f"exit {code.returncode}"})
+
+
+def run_step(
+    args: argparse.Namespace, step: str, label: str, results: list[dict[str, Any]], reference: Any
+) -> Any:
+    """One step; returns the outputs a capture recorded (the reference of every later step)."""
+    refill = args.work / "weights-image" / "refill"
+    if step in ("capture", "capture-notrim"):
+        # capture-notrim: a second store, cached GPU/host memory left in place at release
+        store = "store" if step == "capture" else "store-notrim"
+        env_extra = {} if step == "capture" else {"WARMSTART_VLLM_TRIM": "0"}
+        outputs = serve_once(args, step, results, reference, store, env_extra)
+        results[-1]["image"] = image_sizes(args.work, store)
+        return outputs
+    if step.startswith("restore-"):
+        refill.parent.mkdir(parents=True, exist_ok=True)
+        refill.write_text(REFILLS.get(step.removesuffix("-dropped"), "image"))
+        if step.endswith("dropped"):
+            drop_caches()
+        store = "store-notrim" if "notrim" in step else "store"
+        with transparent_hugepages("always" if "-thp" in step else None):
+            serve_once(args, step, results, reference, store)
+    elif step == "cold":
+        cold_worker(args, label, results, reference)
+    elif step == "vllm-serve":
+        vllm_serve(args, step, results, reference)
+    elif step.startswith("vllm-"):
+        if step.endswith("dropped"):
+            drop_caches()
+        vllm_alone(args, step, step == "vllm-hot", results)
+    else:
+        raise SystemExit(f"unknown step {step!r}")
+    return None
 
 
 def main() -> int:
@@ -355,48 +561,37 @@ def main() -> int:
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--max-num-seqs", type=int, default=256)
     parser.add_argument("--start-timeout", type=float, default=300)
-    parser.add_argument("--steps", default="capture,restore-image,restore-image-dropped,restore-reload,"
-                        "vllm-serve,vllm-hot")  # fmt: skip
+    parser.add_argument(
+        "--steps",
+        default="capture,restore-image,restore-image-dropped,restore-reload,vllm-serve,vllm-hot",
+        help="comma-separated: capture, capture-notrim, restore-image[-old|-thp][-dropped], restore-reload, "
+        "restore-notrim, cold (a separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), "
+        "vllm-serve, vllm-hot, vllm-dropped",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     write_model(args.model)
     results: list[dict[str, Any]] = []
     reference = None
-    steps = args.steps.split(",")
-    refill = args.work / "weights-image" / "refill"
+    colds = itertools.count(1)
     try:
-        for step in steps:
-            if step in ("capture", "capture-notrim"):
-                # capture-notrim: a second store, cached GPU/host memory left in place at release
-                store = "store" if step == "capture" else "store-notrim"
-                env_extra = {} if step == "capture" else {"WARMSTART_VLLM_TRIM": "0"}
-                outputs = serve_once(args, step, results, reference, store, env_extra)
-                results[-1]["image"] = image_sizes(args.work, store)
-                if outputs is None:
-                    break
-                reference = reference or outputs
-            elif step.startswith("restore-"):
-                refill.parent.mkdir(parents=True, exist_ok=True)
-                refill.write_text(REFILLS.get(step.removesuffix("-dropped"), "image"))
-                if step.endswith("dropped"):
-                    drop_caches()
-                store = "store-notrim" if "notrim" in step else "store"
-                with transparent_hugepages("always" if "-thp" in step else None):
-                    serve_once(args, step, results, reference, store)
-            elif step == "vllm-serve":
-                vllm_serve(args, step, results, reference)
-            elif step.startswith("vllm-"):
-                if step.endswith("dropped"):
-                    drop_caches()
-                vllm_alone(args, step, step == "vllm-hot", results)
+        for step in args.steps.split(","):
+            label = f"cold-{next(colds)}" if step == "cold" else step
+            outputs = run_step(args, step, label, results, reference)
+            if step.startswith("capture") and outputs is None:
+                break
+            reference = reference or outputs
             # after every step, so a run stopped at its time limit still leaves its results
             (args.out / "results.json").write_text(json.dumps(results, indent=1))
     finally:
         engine_logs(args.work, args.out)
+        lines = agreement(results)
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
     for row in results:
         row = {k: v for k, v in row.items() if k not in ("outputs",)}
         print(json.dumps(row))
+    print("== outputs compared (token ids and logprobs)")
+    print("\n".join(lines))
     return 0
 
 

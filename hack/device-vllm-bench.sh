@@ -8,6 +8,9 @@
 # CRIU >= 4.2 (4.1.1 cannot dump inet sockets on kernels 6.16+): WARMSTART_CRIU, or the portable folder made by
 # `WARMSTART_CRIU_SUITE=sid hack/criu-setup` copied to .dev/criu-sid. Results go to $OUT (default
 # benchmarks/results/local); scratch to $BENCH_WORK (default /var/tmp/warmstart-vllm), the model to $MODEL_DIR.
+# $STEPS picks the benchmark's steps (its --help lists them); `cold` is a separate cold start of the same spec.
+# Every start's greedy token ids and logprobs are compared with the capture's and the first cold start's
+# (results.json: vs_capture, vs_cold; the log ends with one line per start).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${VLLM_STAGE:-/root/warmstart-vllm-stage}

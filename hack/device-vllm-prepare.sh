@@ -6,7 +6,8 @@
 # The GPU machine has Python 3.12 and torch 2.11 but no vLLM; vLLM 0.26.0 is the release built against torch
 # 2.11. Its wheel is too large to travel in one call, so it is unpacked, stripped of files an H200 serving a
 # bf16 model never loads (FlashAttention 2, the Rust front-end binary, CUTLASS header trees of two JIT
-# libraries), recompressed and split into chunks below 56 MiB. The pure-Python and small binary wheels vLLM
+# libraries), recompressed and split into 50 MiB chunks (with the repository, under the 64 MiB a call
+# carries). The pure-Python and small binary wheels vLLM
 # imports at start go to DIR/small. Idempotent: a finished DIR is left alone.
 set -euo pipefail
 DIR=$(realpath -m "${1:-.dev/vllm}")
@@ -39,7 +40,7 @@ trap 'rm -rf "$tmp"' EXIT
 rm -f "$tmp/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so" "$tmp/vllm/vllm-rs"
 rm -rf "$tmp/vllm/third_party/deep_gemm/include" "$tmp/vllm/third_party/fmha_sm100/cutlass"
 tar -C "$tmp" -cf - . | xz -T0 -6 > "$DIR/vllm.tar.xz"
-(cd "$DIR" && split -b 55M vllm.tar.xz part_ && sha256sum vllm.tar.xz | cut -d' ' -f1 > SHA256.partial \
+(cd "$DIR" && split -b 50M vllm.tar.xz part_ && sha256sum vllm.tar.xz | cut -d' ' -f1 > SHA256.partial \
    && rm vllm.tar.xz && mv SHA256.partial SHA256)
 rm -rf "$DIR/dl"
 du -sh "$DIR"/part_* "$DIR/small"

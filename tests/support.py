@@ -31,6 +31,13 @@ PROMPTS = [
     {"prompt": "Once upon a time", "max_tokens": 12, "temperature": 0.9, "seed": 1234},
 ]
 
+# What the demo model writes: letters, spaces and a little punctuation (its training text has nothing else).
+WORD_CHARACTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ ,.'\n")
+
+
+def share_of_word_characters(text: str) -> float:
+    return sum(char in WORD_CHARACTERS for char in text) / max(len(text), 1)
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -139,37 +146,6 @@ def helm_template(chart: Path, *flags: str, check: bool = True) -> subprocess.Co
     return subprocess.run(command, capture_output=True, text=True, check=check)
 
 
-def hostpath_claim(namespace: str, claim: str, path: str, size: str) -> dict[str, Any]:
-    """A List of a ReadWriteMany hostPath PersistentVolume reserved for `claim` and that claim: the control
-    plane's volume binder binds them."""
-    volume_name = f"{namespace}-{claim}"
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": volume_name},
-        "spec": {
-            "capacity": {"storage": size},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": path, "type": "DirectoryOrCreate"},
-            "claimRef": {"namespace": namespace, "name": claim},
-        },
-    }
-    request = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim, "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "volumeName": volume_name,
-            "resources": {"requests": {"storage": size}},
-        },
-    }
-    return {"apiVersion": "v1", "kind": "List", "items": [volume, request]}
-
-
 def page_cache_kept(path: Path) -> str | None:
     """Why files under `path` cannot leave the page cache (tmpfs, ramfs), None when they can."""
     found = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True)
@@ -177,3 +153,27 @@ def page_cache_kept(path: Path) -> str | None:
     if kind in ("tmpfs", "ramfs"):
         return f"{path} is on {kind}, whose pages cannot leave the page cache"
     return None
+
+
+def processes_by_environment(pod_uid: str, container: str | None = None) -> list[int]:
+    """The host PIDs whose environment names `pod_uid`: how tests whose "pods" are local sandboxes (no
+    kubelet, no pod cgroups) find them. Never the agent's own lookup, which a tenant could steer this way."""
+    from warmstart.agent.pods import host_process_ids, read_environ
+    from warmstart.api.labels import POD_UID_ENV
+
+    return sorted(pid for pid in host_process_ids() if read_environ(pid).get(POD_UID_ENV) == pod_uid)
+
+
+def find_sandbox_pods(agent: Any) -> None:
+    """Make `agent` find its pods' processes by `processes_by_environment` (its pods are local sandboxes)."""
+    from warmstart.agent.pods import PodSandbox
+
+    node = agent.node
+
+    def find(pod: dict[str, Any]) -> PodSandbox:
+        return PodSandbox.find(
+            pod["metadata"]["uid"], node.config.kubelet_root, node.config.start_timeout, node.stopping.is_set,
+            lookup=processes_by_environment,
+        )  # fmt: skip
+
+    node.find_pod = find

@@ -1,5 +1,7 @@
+import re
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -74,3 +76,21 @@ def test_control_dir_send_wait_and_clear(tmp_path):
     assert not control.present(RESTORE_COMPLETE)
     with pytest.raises(ValueError, match="unknown signal"):
         control.send("go")
+
+
+# What Kubernetes puts into a pod's environment for each Service of its namespace (service links):
+# <NAME>_SERVICE_HOST, <NAME>_SERVICE_PORT[_<PORT NAME>],
+# <NAME>_PORT[_<NUMBER>_<PROTOCOL>[_PROTO|_PORT|_ADDR]].
+SERVICE_LINK = re.compile(
+    r"_SERVICE_HOST$|_SERVICE_PORT(_[A-Z0-9_]+)?$|_PORT$|_PORT_\d+_(TCP|UDP|SCTP)(_PROTO|_PORT|_ADDR)?$"
+)
+
+
+def test_no_setting_can_be_shadowed_by_a_service_link():
+    """A Service named like a setting (e.g. `warmstart-operator-metrics` -> WARMSTART_OPERATOR_METRICS_PORT)
+    must never be read as that setting, however the chart or a user names Services."""
+    root = Path(__file__).resolve().parent.parent
+    sources = [*root.joinpath("warmstart").rglob("*.py"), *root.joinpath("charts").rglob("*.yaml")]
+    names = {name for path in sources for name in re.findall(r"\bWARMSTART_[A-Z0-9_]+\b", path.read_text())}
+    assert "WARMSTART_OPERATOR_METRICS_PORT_NUMBER" in names  # the scan finds the settings
+    assert sorted(name for name in names if SERVICE_LINK.search(name)) == []

@@ -3,24 +3,34 @@ restores that answer byte-identically, refusals that fall back to a cold start, 
 
 from __future__ import annotations
 
+import http.server
 import json
+import os
 import shutil
 import signal
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from support import answers, free_port, recording_criu_command, wait_until
+from support import (
+    answers,
+    completion,
+    free_port,
+    recording_criu_command,
+    share_of_word_characters,
+    wait_until,
+)
 
 from warmstart.checkpoint.criu import Criu
 from warmstart.identity import SnapshotIdentity
 from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.local_node import LocalNode
 from warmstart.serve.worker_spec import StartReport, WorkerSpec
-from warmstart.snapshot.keys import signing_keys
+from warmstart.snapshot.keys import default_key_path, signing_keys
 from warmstart.snapshot.store import SnapshotStore
 
 pytestmark = pytest.mark.integration
@@ -85,6 +95,33 @@ def test_two_restores_run_side_by_side_and_answer_identically(captured, make_nod
     assert [answers(node.spec.base_url) for node in nodes] == [original_answers, original_answers]
 
 
+def test_the_demo_model_answers_in_words_identically_after_a_restore(tmp_path: Path, recording_criu) -> None:
+    """What `make demo` serves: the trained `demo` preset (trained once into the cache, then reused), captured
+    on its first start and restored on the next, answering in the same words."""
+    store_root = tmp_path / "store"
+    signer, verifier, _ = signing_keys(store_root, None)
+    body = {"prompt": "The snapshot", "max_tokens": 64, "temperature": 0}
+    started: list[LocalNode] = []
+    texts = []
+    try:
+        for expected in ("cold+capture", "restore"):
+            spec = WorkerSpec(model="demo", port=free_port())
+            node = LocalNode(
+                spec, SnapshotStore(store_root), signer, verifier, recording_criu[0], tmp_path / "p"
+            )
+            started.append(node)
+            report = node.start()
+            assert report.mode == expected, report.reason
+            texts.append(completion(spec.base_url, "demo", body))
+            print(f"{report.mode} in {report.seconds_to_ready:.2f} s: {texts[-1]!r}")
+            node.stop_all()
+    finally:
+        for node in started:
+            node.stop_all()
+    assert texts[0] == texts[1]
+    assert texts[0].strip() and share_of_word_characters(texts[0]) > 0.9, texts[0]
+
+
 def test_tampered_snapshot_is_refused_before_criu_and_the_worker_cold_starts(
     captured, make_node, recording_criu
 ) -> None:
@@ -135,7 +172,8 @@ def test_serve_command_once_prints_the_table(tmp_path: Path, criu_command: str) 
     first = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "cold+capture" in first.stdout and "generated a signing key" in first.stdout
-    assert stat.S_IMODE((store / "keys" / "hmac.key").stat().st_mode) == 0o600
+    assert stat.S_IMODE(default_key_path(store).stat().st_mode) == 0o600
+    assert not (store / "keys").exists()  # the key never lives inside the store it protects
     second = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert second.returncode == 0, second.stderr[-2000:]
     assert "│ restore " in second.stdout
@@ -159,6 +197,42 @@ def test_serve_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     assert "stopping" in out.read_text() and "Traceback" not in err.read_text()
     left = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True).stdout.split()
     assert not left, f"processes of this serve still running: {left}"
+
+
+class _ReadyImpostor(http.server.BaseHTTPRequestHandler):
+    """Another program on serve's port that answers /ready as a serving worker would."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
+        body = b'{"status": "ready", "model": "tiny"}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def busy_port() -> Iterator[int]:
+    """A loopback port held by an HTTP server of this test process that answers /ready with 200."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _ReadyImpostor)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def test_serve_never_takes_another_process_on_its_port_for_its_worker(tmp_path: Path, busy_port: int) -> None:
+    command = [sys.executable, "-m", "warmstart", "serve", "--store", str(tmp_path / "store"),
+               "--port", str(busy_port), "--criu", "/nonexistent/criu", "--once"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout[-2000:]  # it reported a cold start and exited 0 before
+    assert f"answered by another process (pid {os.getpid()}" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
 
 
 SECOND_SIGNAL = """

@@ -544,7 +544,11 @@ def _print_tables(
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from warmstart.worker_flags import port_number
 
-    bench = subparsers.add_parser("bench", help="benchmarks")
+    bench = subparsers.add_parser(
+        "bench",
+        help="measure cold start against restore on this machine",
+        description="Benchmarks of the product path; results go to BENCHMARKS.md.",
+    )
     kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
     parser = kinds.add_parser(
         "restore", help="cold start vs restore of the same worker", description=__doc__,

@@ -8,6 +8,7 @@ a GPU nor libcuda, and a machine without them gets `CudaUnavailable` with the re
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -93,3 +94,32 @@ def device_with_uuid(uuid: str) -> int:
         if device_uuid(index) == uuid:
             return index
     raise CudaError(f"GPU {uuid} is not visible to this process")
+
+
+@dataclass(frozen=True)
+class GpuDevice:
+    """One GPU as the driver names it: what a snapshot identity records of a GPU."""
+
+    uuid: str
+    name: str
+    compute_capability: str
+
+
+def gpu_devices() -> list[GpuDevice]:
+    """Every GPU the driver sees (CudaUnavailable where there is no driver)."""
+    cu = driver()
+    devices = []
+    for index in range(int(check(cu.cuDeviceGetCount(), "cuDeviceGetCount"))):
+        device = check(cu.cuDeviceGet(index), "cuDeviceGet")
+        raw_name = check(cu.cuDeviceGetName(256, device), "cuDeviceGetName")
+        name = bytes(raw_name).split(b"\0", 1)[0].decode(errors="replace")
+        attribute = cu.CUdevice_attribute
+        major, minor = (
+            check(cu.cuDeviceGetAttribute(which, device), "cuDeviceGetAttribute")
+            for which in (
+                attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            )
+        )
+        devices.append(GpuDevice(device_uuid(index), name, f"{major}.{minor}"))
+    return devices

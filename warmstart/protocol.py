@@ -10,8 +10,11 @@ a signal is read only when it is a regular file of at most `MAX_SIGNAL_BYTES` (o
 planted as a signal cannot hang a reader); anything else is a `SignalError`.
 
 Payload keys beyond the pid: `ready-for-snapshot` may carry `weight_staging` (the engine's plan for a weight
-stager, see `warmstart.engines.weight_stager`); `restore-complete` may carry `host`, `port`,
+stager, see `warmstart.gpu.weight_stager`); `restore-complete` may carry `host`, `port`,
 `restore_started_at` and `weight_stager_socket` (a file name in this directory where a stager waits).
+
+`ready-for-snapshot` also carries `restore_facts`, and a restore pod's worker writes `restore-facts` as it
+starts: the cheap facts a restore pod must share with the capture (`warmstart.restore_facts`).
 
 `restore-claim` decides who starts the engine of a restore pod, so there are never two on one GPU. It is
 created once and never replaced (`ControlDir.claim`): the restorer takes it (`holder: restore`) before it
@@ -51,8 +54,11 @@ RESTORE_FAILED = "restore-failed"  # agent: restore failed; payload has the reas
 RESTORE_CLAIM = (
     "restore-claim"  # restorer or worker: who starts this pod's engine; created once, never replaced
 )
+RESTORE_FACTS = "restore-facts"  # restore pod's worker, as it starts: what the agent checks first
 
-SIGNALS = (READY_FOR_SNAPSHOT, SNAPSHOT_COMPLETE, RESTORE_COMPLETE, RESTORE_FAILED, RESTORE_CLAIM)
+SIGNALS = (
+    READY_FOR_SNAPSHOT, SNAPSHOT_COMPLETE, RESTORE_COMPLETE, RESTORE_FAILED, RESTORE_CLAIM, RESTORE_FACTS,
+)  # fmt: skip
 
 CLAIM_RESTORE = "restore"  # the agent (or `warmstart serve`) restores the engine
 CLAIM_COLD = "cold"  # the worker cold-starts the engine

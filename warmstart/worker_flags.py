@@ -20,13 +20,17 @@ DEFAULT_RESTORE_TIMEOUT = 600.0
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     engine = parser.add_argument_group("engine")
     engine.add_argument("--engine", default="builtin", help="engine kind (default builtin)")
-    engine.add_argument("--model", default="tiny", help="preset (tiny, qwen3-0.6b, qwen3-8b) or a model dir")
+    engine.add_argument(
+        "--model", default="tiny", help="preset (tiny, demo, qwen3-0.6b, qwen3-8b) or a model dir"
+    )
     engine.add_argument(
         "--model-dir", help="model directory (default: $WARMSTART_CACHE/models/<preset>-<seed>)"
     )
     engine.add_argument("--served-model-name", help="the model name clients ask for (default: the preset)")
     engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    engine.add_argument("--seed", type=int, default=0, help="seed of generated weights (default 0)")
+    engine.add_argument(
+        "--seed", type=int, default=0, help="seed of generated or trained weights (default 0)"
+    )
     engine.add_argument(
         "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights dtype (auto: as stored)"
     )
@@ -86,9 +90,16 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     worker.add_argument("--port", type=port_number, default=8000, help="HTTP port (default 8000)")
     http = parser.add_argument_group("HTTP limits (what one client may hold)")
     http.add_argument("--http-keep-alive-seconds", type=float, default=5.0,
-                      help="idle connections are closed after this (default 5)")  # fmt: skip
+                      help="idle connections, request heads not in and bodies stalled are cut off after "
+                      "this (default 5)")  # fmt: skip
     http.add_argument("--http-max-connections", type=int, default=1024,
-                      help="open connections; past it the longest idle goes (default 1024)")  # fmt: skip
+                      help="open connections; past it the one waiting longest for its client goes "
+                      "(default 1024)")  # fmt: skip
+    http.add_argument("--http-max-connections-per-client", type=int, default=256,
+                      help="open connections from one address; past it that address's longest waiting "
+                      "goes, else a 503 (default 256)")  # fmt: skip
+    http.add_argument("--http-body-timeout-seconds", type=float, default=30.0,
+                      help="a request body must arrive whole within this, else 408 (default 30)")  # fmt: skip
     http.add_argument("--max-request-bytes", type=int, default=4 << 20,
                       help="largest request body, else 413 (default 4 MiB)")  # fmt: skip
     http.add_argument("--max-n", type=int, default=16, help="largest `n` of one request (default 16)")

@@ -8,7 +8,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from . import build, node_build, versions
+from . import build, node_build, s3, versions
 
 
 def up_state_dir() -> Path:
@@ -17,10 +17,19 @@ def up_state_dir() -> Path:
 
 def command_build(args: argparse.Namespace) -> int:
     status = build.main_with(force=args.force)
-    if status != 0 or args.no_node:
+    if status != 0:
         return status
     try:
+        s3.build_s3_server(force=args.force)
+    except build.BuildError as error:
+        print(f"S3 server build failed: {error}", file=sys.stderr)
+        return 1
+    if args.no_node:
+        return 0
+    try:
         node_build.build_node(force=args.force)
+        if args.gpu:
+            node_build.build_gpu_plugin(force=args.force)
     except build.BuildError as error:
         print(f"real node build failed: {error}", file=sys.stderr)
         return 1
@@ -76,13 +85,19 @@ def command_up(args: argparse.Namespace) -> int:
 
 
 def start_real_node(plane: object) -> int:
-    from . import addons, images
+    from . import addons, gpu_node, images
     from .cluster import ControlPlaneError
     from .node import NodeError, NodeImage, RealNode, node_summary
 
     built = {**images.built_images(), **addons.built_images()}
     node_images = [NodeImage(reference, path) for reference, path in built.items()]
-    node = RealNode(plane=plane, state_dir=node_state_dir(), images=node_images, die_with_parent=False)  # type: ignore[arg-type]
+    node = RealNode(
+        plane=plane,  # type: ignore[arg-type]
+        state_dir=node_state_dir(),
+        images=node_images,
+        die_with_parent=False,
+        gpu=not gpu_node.missing_parts(),  # a GPU node wherever one can run
+    )
     try:
         node.start()
     except (NodeError, TimeoutError) as error:
@@ -151,11 +166,14 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="hack/control-plane", description=__doc__)
     commands = root.add_subparsers(dest="command", required=True)
     build_parser = commands.add_parser(
-        "build", help="build the binaries and fetch CRDs into the cache (once)"
+        "build", help="build the binaries (the tests' S3 server too) and fetch CRDs into the cache (once)"
     )
     build_parser.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
     build_parser.add_argument(
         "--no-node", action="store_true", help="only the control plane, not kubelet/kube-proxy/pause"
+    )
+    build_parser.add_argument(
+        "--gpu", action="store_true", help="also NVIDIA's device plugin, for a real node on a GPU machine"
     )
     build_parser.set_defaults(func=command_build)
     images_parser = commands.add_parser(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import ipaddress
 import json
 import os
 import signal
@@ -231,6 +232,7 @@ class ControlPlane:
     timings: dict[str, float] = field(default_factory=dict)
     apiserver_port: int = 0
     node_addresses: network.NodeAddresses | None = None
+    second_node_addresses: network.NodeAddresses | None = None
 
     # -- paths and addresses -------------------------------------------------------------------------------
 
@@ -244,6 +246,20 @@ class ControlPlane:
         if self.node_addresses is None:
             raise ControlPlaneError("the control plane has not been started")
         return self.node_addresses
+
+    @property
+    def second_addresses(self) -> network.NodeAddresses:
+        """The addresses of a second real node (chosen with the first's)."""
+        if self.second_node_addresses is None:
+            raise ControlPlaneError("the control plane has not been started")
+        return self.second_node_addresses
+
+    @property
+    def gateway_destinations(self) -> tuple[ipaddress.IPv4Network, ...]:
+        """What the apiserver may reach through the nodes' gateway: the networks of both real nodes."""
+        first, second = self.addresses, self.second_addresses
+        return (first.node_network, first.pod_subnet, second.node_network, second.pod_subnet,
+                network.SERVICE_SUBNET)  # fmt: skip
 
     @property
     def egress_config(self) -> Path:
@@ -288,7 +304,7 @@ class ControlPlane:
 
     def _start_all(self, started: float) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
-        self.node_addresses = network.choose()
+        self.node_addresses, self.second_node_addresses = network.choose(2)
         # A real node and its pods reach the apiserver at the node network's apiserver address.
         certificates = pki.generate(self.state_dir / "pki", extra_ips=(self.node_addresses.api_ip,))
         etcd_port = free_port()
@@ -551,6 +567,8 @@ class ControlPlane:
 
     def register_fake_nodes(self) -> None:
         items = [fake_gpu_node(f"kwok-gpu-{index}") for index in range(self.nodes)]
+        if not items:  # a cluster of real nodes only (the GPU machine's)
+            return
         self.kubectl(
             "apply", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
         )

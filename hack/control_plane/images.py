@@ -58,6 +58,9 @@ class ImageSpec:
     reference: str
     build_args: dict[str, str]
     dockerfile: str = "Dockerfile"
+    # Layers left uncompressed travel better compressed whole (hack/device-kube-gpu.sh packs the chart's
+    # image in one xz stream; gzip'd layers would not shrink).
+    compression: str = "gzip"
 
 
 def chart_app_version() -> str:
@@ -70,7 +73,23 @@ def chart_app_version() -> str:
 
 def chart_images() -> list[ImageSpec]:
     """The images the chart runs (operator and agent share one)."""
-    return [ImageSpec(f"ghcr.io/warmstart/warmstart:{chart_app_version()}", {"EXTRAS": "gpu"})]
+    reference = f"ghcr.io/warmstart/warmstart:{chart_app_version()}"
+    return [ImageSpec(reference, {"EXTRAS": "gpu"}, compression="uncompressed")]
+
+
+def worker_images() -> list[ImageSpec]:
+    """The worker images the examples name that a machine without a GPU can run: the builtin engine on
+    Debian's PyTorch (the GPU worker image carries several GB of CUDA libraries and vLLM)."""
+    cpu = {
+        "EXTRAS": "engine",
+        "APT_PACKAGES": "python3-torch python3-numpy",
+        "VENV_OPTIONS": "--system-site-packages",
+    }
+    return [ImageSpec(f"ghcr.io/warmstart/warmstart-worker:{chart_app_version()}-cpu", cpu)]
+
+
+def project_images() -> list[ImageSpec]:
+    return chart_images() + worker_images()
 
 
 # -- paths ---------------------------------------------------------------------------------------------------
@@ -113,11 +132,11 @@ def built_images() -> dict[str, Path]:
 
 
 def current_images() -> dict[str, Path]:
-    """The chart's images built from the working tree as it is now; missing or stale ones are left out."""
+    """The project's images built from the working tree as it is now; missing or stale ones are left out."""
     index = _read_index()
     base = _read_json(base_stamp())
     current = {}
-    for spec in chart_images():
+    for spec in project_images():
         entry = index.get(spec.reference)
         if entry and base and entry.get("inputs") == input_hash(spec, base["digest"]):
             current[spec.reference] = Path(entry["archive"])
@@ -261,6 +280,7 @@ def input_hash(spec: ImageSpec, base_digest: str) -> str:
         "base": base_digest,
         "args": spec.build_args,
         "reference": spec.reference,
+        "compression": spec.compression,
     }
     digest.update(json.dumps(header, sort_keys=True).encode())
     for path in [dockerfile, REPO / ".dockerignore", *context_files(copied_sources(dockerfile))]:
@@ -348,7 +368,8 @@ class BuildKitDaemon:
             *(f"--opt=build-arg:{name}={value}" for name, value in spec.build_args.items()),
             f"--oci-layout=base={base_layout()}",
             f"--opt=context:{BASE_REFERENCE}=oci-layout://base@{base_digest}",
-            f"--output=type=docker,name={spec.reference},dest={out}",
+            f"--output=type=docker,name={spec.reference},dest={out},compression={spec.compression}"
+            + (",force-compression=true" if spec.compression != "gzip" else ""),  # cached layers are gzip
             "--progress=plain",
         ]
         if CA_BUNDLE.is_file():
@@ -358,12 +379,12 @@ class BuildKitDaemon:
 
 
 def build_images(force: bool = False) -> dict[str, Path]:
-    """Build every chart image whose inputs changed; returns reference -> docker-archive."""
+    """Build every project image whose inputs changed; returns reference -> docker-archive."""
     progress = build.Progress("images")
     base_digest = ensure_base_image(progress)
     index = _read_index()
     todo = []
-    for spec in chart_images():
+    for spec in project_images():
         inputs = input_hash(spec, base_digest)
         entry = index.get(spec.reference)
         if not force and entry and entry.get("inputs") == inputs and Path(entry["archive"]).is_file():

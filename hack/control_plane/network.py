@@ -15,8 +15,12 @@ NODE_NAME = "warmstart-node"
 # The real node's label and taint: only pods that tolerate the taint run there, so the suite's other pods
 # (meant for the kwok nodes) never land on it.
 REAL_NODE_LABEL = "warmstart.dev/real-node"
+# A second real node (for what needs two: a snapshot captured on one node restored on the other) carries the
+# real node's label and taint and a taint of its own, so pods meant for the first never land on it.
+SECOND_NODE_NAME = "warmstart-node-b"
+SECOND_NODE_LABEL = "warmstart.dev/second-node"
 NODE_LINK = "node0"
-API_LINK = "api0"
+API_LINK = "api0"  # the first node's link on the apiserver's side; the second node's is api1
 POD_BRIDGE = "cni0"
 SERVICE_SUBNET = ipaddress.ip_network("10.0.0.0/20")  # room for thousands of endpoints' Services
 KUBELET_PORT = 10250
@@ -86,8 +90,13 @@ def first_free(candidates: tuple[str, ...], taken: list[ipaddress.IPv4Network]) 
     raise RuntimeError(f"every candidate range overlaps this machine's networks: {candidates}")
 
 
-def choose() -> NodeAddresses:
+def choose(count: int = 2) -> tuple[NodeAddresses, ...]:
+    """Addresses for `count` real nodes: each its own link network and pod subnet, overlapping nothing."""
     taken = [*machine_networks(), SERVICE_SUBNET]
-    node_network = first_free(NODE_NETWORK_CANDIDATES, taken)
-    pod_subnet = first_free(POD_SUBNET_CANDIDATES, [*taken, node_network])
-    return NodeAddresses(node_network, pod_subnet)
+    chosen = []
+    for _ in range(count):
+        node_network = first_free(NODE_NETWORK_CANDIDATES, taken)
+        pod_subnet = first_free(POD_SUBNET_CANDIDATES, [*taken, node_network])
+        chosen.append(NodeAddresses(node_network, pod_subnet))
+        taken += [node_network, pod_subnet]
+    return tuple(chosen)

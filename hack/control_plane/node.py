@@ -15,6 +15,10 @@ Layout (everything the node touches is its own):
 
 A record of the running node (`run.json` in the node cache) lets `down`, or the next start after a crash,
 clean up whatever a node left.
+
+A second node (`first=` the running one) has the same layout under names of its own (its cgroup root, record
+and containerd store are named after it) and joins the first's apiserver namespace with a link of its own; the
+apiserver's namespace forwards between the two nodes, so pods on either reach pods and Services on both.
 """
 
 from __future__ import annotations
@@ -33,13 +37,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import host_state, network, node_build, node_config, versions
+from . import gpu_node, host_state, network, node_build, node_config, versions
 from .cluster import Component, ControlPlane, ControlPlaneError, node_is_ready, process_alive, wait_for
 
 HACK_DIR = Path(__file__).resolve().parent.parent
-RECORD = "run.json"
-DAEMONS_CGROUP = f"{node_config.CGROUP_ROOT}/daemons"
-PODS_CGROUP = f"{node_config.CGROUP_ROOT}/kubepods"
+SECOND_API_LINK = "api1"
 CRI_STATE_DIRS = ("io.containerd.grpc.v1.cri/sandboxes", "io.containerd.grpc.v1.cri/containers")
 IMPORTED_INDEX = "warmstart-imported.json"
 NODE_READY_TIMEOUT = 120.0
@@ -55,6 +57,7 @@ SHADOWED_DIRS = {
     "/var/log/containers": "container-logs",
     "/var/lib/warmstart": "warmstart",
     "/run/warmstart": "run-warmstart",
+    "/var/cache/warmstart": "cache-warmstart",  # the examples' node model cache
 }
 CONTAINERD_ROOT = "/var/lib/containerd"
 
@@ -84,19 +87,20 @@ class NodeRecord:
     host: host_state.HostSnapshot
     state_dir: str
     pids: dict[str, int] = field(default_factory=dict)
+    name: str = network.NODE_NAME
 
     def save(self) -> None:
         data = {**self.__dict__, "host": self.host.to_json()}
-        path = record_path()
+        path = record_path(self.name)
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_suffix(".partial")
         partial.write_text(json.dumps(data, indent=2) + "\n")
         partial.replace(path)
 
     @classmethod
-    def load(cls) -> NodeRecord | None:
+    def load(cls, name: str = network.NODE_NAME) -> NodeRecord | None:
         try:
-            data = json.loads(record_path().read_text())
+            data = json.loads(record_path(name).read_text())
         except (FileNotFoundError, json.JSONDecodeError):
             return None
         data["host"] = host_state.HostSnapshot.from_json(data["host"])
@@ -108,12 +112,17 @@ class NodeRecord:
         ) == self.namespaces.get("node-net")
 
 
-def record_path() -> Path:
-    return versions.node_cache_dir() / RECORD
+def _own_name(stem: str, node: str) -> str:
+    """The first node's files keep their plain names; a second node's carry its name."""
+    return stem if node == network.NODE_NAME else f"{stem}-{node}"
 
 
-def containerd_root() -> Path:
-    return versions.node_cache_dir() / "containerd"
+def record_path(node: str = network.NODE_NAME) -> Path:
+    return versions.node_cache_dir() / f"{_own_name('run', node)}.json"
+
+
+def containerd_root(node: str = network.NODE_NAME) -> Path:
+    return versions.node_cache_dir() / _own_name("containerd", node)
 
 
 @contextlib.contextmanager
@@ -129,18 +138,20 @@ def node_lock() -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def missing_parts() -> list[str]:
-    """Why a real node cannot start here, one reason each; empty when it can."""
+def missing_parts(gpu: bool = False) -> list[str]:
+    """Why a real node (a GPU node when `gpu`) cannot start here, one reason each; empty when it can."""
     reasons = []
     if os.geteuid() != 0:
         reasons.append("a real node needs root (namespaces, cgroups, mounts)")
     if not node_build.is_cached():
         reasons.append(f"kubelet/kube-proxy/coredns/pause are not built in {versions.cache_root()}")
-    if missing := node_build.missing_debian_packages():
+    if missing := node_build.missing_debian_packages(runtime_only=True):
         reasons.append(f"Debian packages missing: {', '.join(missing)}")
     for tool in ("unshare", "nsenter", "ip"):
         if shutil.which(tool) is None:
             reasons.append(f"{tool} is not installed")
+    if gpu:
+        reasons += gpu_node.missing_parts()
     return reasons
 
 
@@ -150,18 +161,29 @@ class RealNode:
     state_dir: Path
     images: list[NodeImage] = field(default_factory=list)
     die_with_parent: bool = True
+    # A GPU node: NVIDIA's device plugin advertises the machine's GPUs, labelled as GPU Feature Discovery
+    # does.
+    gpu: bool = False
+    name: str = network.NODE_NAME
+    # The running node a second node joins (its apiserver namespace and gateway); None for the first.
+    first: RealNode | None = None
     components: dict[str, Component] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     record: NodeRecord | None = None
 
-    name = network.NODE_NAME
+    @property
+    def own_labels(self) -> tuple[str, ...]:
+        """The labels this node carries as NoSchedule taints too: a pod lands here only tolerating all."""
+        second = () if self.first is None else (network.SECOND_NODE_LABEL,)
+        return (network.REAL_NODE_LABEL, *second)
 
-    @staticmethod
-    def pod_placement() -> dict[str, Any]:
-        """Pod spec fields that put a pod on the real node (its label, a toleration of its taint)."""
+    def pod_placement(self) -> dict[str, Any]:
+        """Pod spec fields that put a pod on this node (its labels, a toleration of each of its taints)."""
         return {
-            "nodeSelector": {network.REAL_NODE_LABEL: "true"},
-            "tolerations": [{"key": network.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+            "nodeSelector": {label: "true" for label in self.own_labels},
+            "tolerations": [
+                {"key": label, "operator": "Exists", "effect": "NoSchedule"} for label in self.own_labels
+            ],
         }
 
     # -- paths ---------------------------------------------------------------------------------------------
@@ -188,18 +210,28 @@ class RealNode:
     def startup_seconds(self) -> float:
         return self.timings.get("total", 0.0)
 
+    @property
+    def cgroup_root(self) -> str:
+        """Every process of the node (daemons, shims, containers) lives under this cgroup, named after it."""
+        return self.name
+
+    @property
+    def daemons_cgroup(self) -> str:
+        return f"{self.cgroup_root}/daemons"
+
     # -- lifecycle -----------------------------------------------------------------------------------------
 
     def start(self) -> None:
-        if reasons := missing_parts():
+        if reasons := missing_parts(self.gpu):
             raise NodeError("; ".join(reasons))
         started = time.monotonic()
         try:
             with node_lock():
-                clean_up_stale_node()
+                clean_up_stale_node(self.name)
                 self._make_namespaces()
             self.timings["namespaces"] = time.monotonic() - started
-            self._start_gateway()
+            if self.first is None:  # a second node reaches the apiserver through the first's gateway
+                self._start_gateway()
             self._start_containerd()
             self.timings["containerd"] = time.monotonic() - started
             self._import_images()
@@ -233,10 +265,10 @@ class RealNode:
     def leftovers(self, record: NodeRecord) -> list[str]:
         return host_state.leftovers(
             record.host,
-            node_config.CGROUP_ROOT,
+            self.cgroup_root,
             record.namespaces,
             record.created_dirs,
-            [Path(record.state_dir), containerd_root()],
+            [Path(record.state_dir), containerd_root(self.name)],
         )
 
     # -- namespaces, mounts, cgroups -----------------------------------------------------------------------
@@ -244,7 +276,7 @@ class RealNode:
     def _make_namespaces(self) -> None:
         before = host_state.HostSnapshot.take()
         self._write_files()
-        daemon_cgroups = tuple(host_state.make_cgroup(DAEMONS_CGROUP))
+        daemon_cgroups = tuple(host_state.make_cgroup(self.daemons_cgroup))
         created = ensure_mount_points(list(SHADOWED_DIRS) + [CONTAINERD_ROOT])
         holder = self._launch(
             "holder",
@@ -252,35 +284,55 @@ class RealNode:
             ["unshare", "--net", "--mount", "--propagation", "slave", "sleep", "infinity"],
             daemon_cgroups,
         )
-        api_holder = self._launch("api-holder", ["unshare", "--net", "sleep", "infinity"], daemon_cgroups)
         namespaces = {f"node-{k}": v for k, v in wait_for_own_namespaces(holder, ("net", "mnt")).items()}
-        namespaces["api-net"] = wait_for_own_namespaces(api_holder, ("net",))["net"]
-        self.record = NodeRecord(holder, namespaces, created, before, str(self.state_dir), self.pids())
+        if self.first is None:
+            api_holder = self._launch("api-holder", ["unshare", "--net", "sleep", "infinity"], daemon_cgroups)
+            namespaces["api-net"] = wait_for_own_namespaces(api_holder, ("net",))["net"]
+        else:
+            api_holder = self.first.api_holder
+        self.record = NodeRecord(holder, namespaces, created, before, str(self.state_dir), self.pids(),
+                                 self.name)  # fmt: skip
         self.record.save()
         self._nsenter_script(self._nsenter(), self._node_setup_script(api_holder), timeout=30)
         api_side = ["nsenter", f"--target={api_holder}", "--net", "--"]
         self._nsenter_script(api_side, self._api_setup_script(), timeout=30)
 
     @property
-    def api_netns(self) -> str:
+    def api_holder(self) -> int:
+        """The process holding the apiserver's network namespace (the first node's)."""
+        if self.first is not None:
+            return self.first.api_holder
         assert self.record is not None
-        return f"/proc/{self.record.pids['api-holder']}/ns/net"
+        return self.record.pids["api-holder"]
+
+    @property
+    def api_netns(self) -> str:
+        return f"/proc/{self.api_holder}/ns/net"
 
     @property
     def addresses(self) -> network.NodeAddresses:
-        return self.plane.addresses
+        """This node's link network (the node at .2, the apiserver's side at .1) and its pods' subnet."""
+        return self.plane.addresses if self.first is None else self.plane.second_addresses
+
+    @property
+    def api_link(self) -> str:
+        return network.API_LINK if self.first is None else SECOND_API_LINK
 
     def _api_setup_script(self) -> list[str]:
         addresses = self.addresses
         prefix = addresses.node_network.prefixlen
-        return [
+        lines = [
             "ip link set lo up",
-            f"ip addr add {addresses.api_ip}/{prefix} dev {network.API_LINK}",
-            f"ip link set {network.API_LINK} up",
+            f"ip addr add {addresses.api_ip}/{prefix} dev {self.api_link}",
+            f"ip link set {self.api_link} up",
             # The apiserver's side reaches pods and Services through the node, as on a real cluster.
             f"ip route add {addresses.pod_subnet} via {addresses.node_ip}",
-            f"ip route add {network.SERVICE_SUBNET} via {addresses.node_ip}",
         ]
+        if self.first is None:
+            return [*lines, f"ip route add {network.SERVICE_SUBNET} via {addresses.node_ip}"]
+        # Between the two nodes (a pod on one reaching a pod on the other) through the apiserver's namespace:
+        # this namespace's own setting, not the machine's.
+        return [*lines, "echo 1 > /proc/sys/net/ipv4/ip_forward"]
 
     def _node_setup_script(self, api_holder: int) -> list[str]:
         addresses = self.addresses
@@ -288,7 +340,7 @@ class RealNode:
         link = network.NODE_LINK
         lines = [
             "ip link set lo up",
-            f"ip link add {link} type veth peer name {network.API_LINK} netns {api_holder}",
+            f"ip link add {link} type veth peer name {self.api_link} netns {api_holder}",
             f"ip addr add {addresses.node_ip}/{prefix} dev {link}",
             f"ip link set {link} up",
             # The apiserver's namespace routes nothing further: whatever is not for the node's networks
@@ -296,7 +348,7 @@ class RealNode:
             f"ip route add default via {addresses.api_ip}",
         ]
         binds = {target: self.shadow(target) for target in SHADOWED_DIRS}
-        binds[CONTAINERD_ROOT] = containerd_root()
+        binds[CONTAINERD_ROOT] = containerd_root(self.name)
         for name in host_state.KUBELET_SYSCTLS:
             binds[str(host_state.PROC_SYS / name)] = self.state_dir / "sysctl" / name.replace("/", ".")
         lines += [
@@ -311,8 +363,8 @@ class RealNode:
     def _write_files(self) -> None:
         for target in SHADOWED_DIRS:
             self.shadow(target).mkdir(parents=True, exist_ok=True)
-        containerd_root().mkdir(parents=True, exist_ok=True)
-        remove_cri_state()
+        containerd_root(self.name).mkdir(parents=True, exist_ok=True)
+        remove_cri_state(self.name)
         sysctl_dir = self.state_dir / "sysctl"
         sysctl_dir.mkdir(parents=True, exist_ok=True)
         for name, value in host_state.KUBELET_SYSCTLS.items():
@@ -322,9 +374,10 @@ class RealNode:
         files = {
             "containerd.toml": node_config.containerd_toml(),
             "kubelet.json": node_config.kubelet_config(
-                self.addresses, certificates / "ca.crt", self.config_dir / "resolv.conf"
-            ),
-            "kube-proxy.json": node_config.kube_proxy_config(self.addresses, self.kubeconfig),
+                self.addresses, certificates / "ca.crt", self.config_dir / "resolv.conf", self.cgroup_root,
+                self.own_labels,
+            ),  # fmt: skip
+            "kube-proxy.json": node_config.kube_proxy_config(self.addresses, self.kubeconfig, self.name),
             "resolv.conf": node_config.resolv_conf(),
             "kubeconfig": self._kubeconfig_text(),
             "Corefile": node_config.corefile(self.addresses, self.kubeconfig),
@@ -336,8 +389,9 @@ class RealNode:
 
     def _kubeconfig_text(self) -> str:
         config = json.loads(self.plane.kubeconfig.read_text())
+        # Both nodes reach the apiserver at the first node's link address, where the gateway listens.
         config["clusters"][0]["cluster"]["server"] = (
-            f"https://{self.addresses.api_ip}:{self.plane.apiserver_port}"
+            f"https://{self.plane.addresses.api_ip}:{self.plane.apiserver_port}"
         )
         return json.dumps(config, indent=2) + "\n"
 
@@ -363,7 +417,7 @@ class RealNode:
         env: dict[str, str] | None = None,
     ) -> int:
         if cgroups is None:
-            cgroups = tuple(host_state.make_cgroup(DAEMONS_CGROUP))
+            cgroups = tuple(host_state.make_cgroup(self.daemons_cgroup))
         log = self.state_dir / "logs" / f"{name}.log"
         component = Component(name, argv, log, cgroups=cgroups, env=env)
         self.components[name] = component
@@ -391,7 +445,7 @@ class RealNode:
             "control_plane.netns_gateway",
             f"--netns={self.api_netns}",
             f"--listen={self.addresses.api_ip}:{port}",
-            *(f"--allow={subnet}" for subnet in self.addresses.gateway_destinations),
+            *(f"--allow={subnet}" for subnet in self.plane.gateway_destinations),
             f"--upstream=127.0.0.1:{port}",
             f"--egress-socket={self.plane.egress_socket}",
         ]
@@ -415,7 +469,7 @@ class RealNode:
             # forgets them too.
             self.ctr("containers", "rm", *stale, check=False)
             self.components.pop("containerd").stop()
-            remove_cri_state()
+            remove_cri_state(self.name)
             self._launch(
                 "containerd",
                 [*self._nsenter(), "containerd", f"--config={self.config_dir / 'containerd.toml'}"],
@@ -440,7 +494,7 @@ class RealNode:
 
     def _import_images(self) -> None:
         """Import each image archive once; containerd's store is kept in the cache between runs."""
-        index_path = containerd_root() / IMPORTED_INDEX
+        index_path = containerd_root(self.name) / IMPORTED_INDEX
         try:
             imported: dict[str, str] = json.loads(index_path.read_text())
         except (FileNotFoundError, json.JSONDecodeError):
@@ -482,7 +536,7 @@ class RealNode:
                 f"--kubeconfig={self.kubeconfig}",
                 f"--hostname-override={self.name}",
                 f"--node-ip={self.addresses.node_ip}",
-                f"--node-labels={network.REAL_NODE_LABEL}=true",
+                f"--node-labels={self._labels()}",
                 "--v=1",
             ],
         )
@@ -494,12 +548,27 @@ class RealNode:
                 f"--config={self.config_dir / 'kube-proxy.json'}",
             ],
         )
+        if self.gpu:
+            # The plugin watches the kubelet's device-plugin directory for its socket: it must exist first.
+            (self.shadow("/var/lib/kubelet") / "device-plugins").mkdir(parents=True, exist_ok=True)
+            argv = [*self._nsenter(), *gpu_node.plugin_argv()]
+            self._launch("nvidia-device-plugin", argv, env=gpu_node.plugin_env())
+
+    def _labels(self) -> str:
+        labels = {**dict.fromkeys(self.own_labels, "true"), **(gpu_node.node_labels() if self.gpu else {})}
+        return ",".join(f"{key}={value}" for key, value in labels.items())
 
     def wait_ready(self, timeout: float = NODE_READY_TIMEOUT) -> None:
+        """Ready (and, on a GPU node, with its GPUs allocatable)."""
+
         def ready() -> bool:
             self.check_running()
             result = self.plane.kubectl("get", "node", self.name, "-o", "json", check=False)
-            return result.returncode == 0 and node_is_ready(json.loads(result.stdout))
+            if result.returncode != 0:
+                return False
+            node = json.loads(result.stdout)
+            gpus = (node.get("status", {}).get("allocatable") or {}).get(gpu_node.RESOURCE, "0")
+            return node_is_ready(node) and (not self.gpu or int(gpus) > 0)
 
         try:
             wait_for(ready, timeout=timeout, interval=0.1, message=f"node {self.name} Ready")
@@ -509,10 +578,10 @@ class RealNode:
 
     def _stop_daemons_in_order(self) -> None:
         """kube-proxy and kubelet first, then the pods, their containers in containerd, containerd itself."""
-        for name in ("kube-proxy", "kubelet", "coredns"):
+        for name in ("nvidia-device-plugin", "kube-proxy", "kubelet", "coredns"):
             if component := self.components.pop(name, None):
                 component_stop(component)
-        host_state.kill_cgroup_tree(host_state.process_hierarchy() / PODS_CGROUP)
+        host_state.kill_cgroup_tree(host_state.process_hierarchy() / self.cgroup_root / "kubepods")
         if "containerd" in self.components:
             self._remove_all_containers()
         for name in ("containerd", "gateway", "holder", "api-holder"):
@@ -569,9 +638,9 @@ def ensure_mount_points(paths: list[str]) -> list[str]:
     return created
 
 
-def remove_cri_state() -> None:
+def remove_cri_state(node: str) -> None:
     for relative in CRI_STATE_DIRS:
-        shutil.rmtree(containerd_root() / relative, ignore_errors=True)
+        shutil.rmtree(containerd_root(node) / relative, ignore_errors=True)
 
 
 def undo(record: NodeRecord) -> list[str]:
@@ -581,7 +650,7 @@ def undo(record: NodeRecord) -> list[str]:
     # Members of the node's namespaces that escaped its cgroups; only while the holder still pins them, since
     # the inode of a namespace that is gone may be another one's by now.
     holders_alive = record.holder_alive()
-    survivors = host_state.kill_cgroup_tree(hierarchy / node_config.CGROUP_ROOT)
+    survivors = host_state.kill_cgroup_tree(hierarchy / record.name)
     for name, inode in record.namespaces.items() if holders_alive else ():
         for pid in host_state.pids_in_namespace(host_state.namespace_kind(name), inode):
             with contextlib.suppress(ProcessLookupError):
@@ -600,13 +669,13 @@ def undo(record: NodeRecord) -> list[str]:
             interval=0.05,
             message="the node's namespaces to empty",
         )
-    if remaining := host_state.remove_cgroup_tree(node_config.CGROUP_ROOT):
+    if remaining := host_state.remove_cgroup_tree(record.name):
         problems.append(f"cgroups that would not go: {remaining}")
-    remove_cri_state()
+    remove_cri_state(record.name)
     for path in sorted(record.created_dirs, key=len, reverse=True):
         remove_empty_tree(Path(path))
     host_state.restore_sysctls(record.host.sysctls)
-    record_path().unlink(missing_ok=True)
+    record_path(record.name).unlink(missing_ok=True)
     return problems
 
 
@@ -619,9 +688,9 @@ def remove_empty_tree(top: Path) -> None:
             Path(directory).rmdir()
 
 
-def clean_up_stale_node() -> None:
+def clean_up_stale_node(name: str) -> None:
     """Undo a node whose starter died without stopping it; refuse if one is still running."""
-    record = NodeRecord.load()
+    record = NodeRecord.load(name)
     if record is None:
         return
     if record.holder_alive() and record.pids:
@@ -635,21 +704,25 @@ def clean_up_stale_node() -> None:
 
 
 def stop_recorded_node() -> bool:
-    """Stop a node started by a detached `up`; returns whether there was one."""
+    """Stop the nodes recorded (started by a detached `up`, or left by a crash), the second first; returns
+    whether there was one."""
+    stopped = False
     with node_lock():
-        record = NodeRecord.load()
-        if record is None:
-            return False
-        # Only PIDs still in the node's cgroups: a recorded PID may belong to another process by now.
-        ours = host_state.cgroup_pids(host_state.process_hierarchy() / node_config.CGROUP_ROOT)
-        for name in ("kube-proxy", "kubelet", "containerd", "gateway", "holder", "api-holder"):
-            pid = record.pids.get(name)
-            if pid in ours:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, 15)
-        time.sleep(0.5)
-        undo(record)
-    return True
+        for node in (network.SECOND_NODE_NAME, network.NODE_NAME):
+            record = NodeRecord.load(node)
+            if record is None:
+                continue
+            # Only PIDs still in the node's cgroups: a recorded PID may belong to another process by now.
+            ours = host_state.cgroup_pids(host_state.process_hierarchy() / record.name)
+            for name in ("kube-proxy", "kubelet", "containerd", "gateway", "holder", "api-holder"):
+                pid = record.pids.get(name)
+                if pid in ours:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, 15)
+            time.sleep(0.5)
+            undo(record)
+            stopped = True
+    return stopped
 
 
 def node_summary(node: RealNode) -> str:

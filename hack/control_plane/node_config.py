@@ -12,8 +12,16 @@ from pathlib import Path
 from . import network, versions
 
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
-CGROUP_ROOT = "warmstart-node"
+CGROUP_ROOT = "warmstart-node"  # the first node's; each node's cgroup root is its name
 CNI_BIN_DIR = "/usr/lib/cni"
+
+
+def cni_bin_dir() -> str:
+    """Debian's CNI plugins, or those of the node's tools folder (versions.node_tools_root)."""
+    root = versions.node_tools_root()
+    return str(root / "usr/lib/cni") if root is not None else CNI_BIN_DIR
+
+
 CLUSTER_DOMAIN = "cluster.local"
 
 
@@ -55,7 +63,7 @@ disabled_plugins = [
         SystemdCgroup = false
         Root = "/run/containerd/runc"
   [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{CNI_BIN_DIR}"
+    bin_dir = "{cni_bin_dir()}"
     conf_dir = "/etc/cni/net.d"
 """
 
@@ -77,7 +85,13 @@ def cni_conflist(addresses: network.NodeAddresses) -> str:
     return json.dumps({"cniVersion": "1.0.0", "name": "warmstart", "plugins": [bridge]}, indent=2) + "\n"
 
 
-def kubelet_config(addresses: network.NodeAddresses, ca_cert: Path, resolv_conf: Path) -> str:
+def kubelet_config(
+    addresses: network.NodeAddresses,
+    ca_cert: Path,
+    resolv_conf: Path,
+    cgroup_root: str = CGROUP_ROOT,
+    taints: tuple[str, ...] = (network.REAL_NODE_LABEL,),
+) -> str:
     config = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -85,7 +99,7 @@ def kubelet_config(addresses: network.NodeAddresses, ca_cert: Path, resolv_conf:
         "failCgroupV1": False,
         "cgroupDriver": "cgroupfs",
         # Every pod cgroup under one root of ours, so teardown finds and removes them all.
-        "cgroupRoot": f"/{CGROUP_ROOT}",
+        "cgroupRoot": f"/{cgroup_root}",
         "cgroupsPerQOS": True,
         "enforceNodeAllocatable": ["pods"],
         "containerRuntimeEndpoint": f"unix://{CONTAINERD_SOCKET}",
@@ -116,20 +130,22 @@ def kubelet_config(addresses: network.NodeAddresses, ca_cert: Path, resolv_conf:
         "resolvConf": str(resolv_conf),
         "volumePluginDir": "/var/lib/kubelet/volume-plugins",
         "registerNode": True,
-        "registerWithTaints": [{"key": network.REAL_NODE_LABEL, "value": "true", "effect": "NoSchedule"}],
+        "registerWithTaints": [{"key": key, "value": "true", "effect": "NoSchedule"} for key in taints],
         "maxPods": 32,
         "shutdownGracePeriod": "0s",
     }
     return json.dumps(config, indent=2) + "\n"
 
 
-def kube_proxy_config(addresses: network.NodeAddresses, kubeconfig: Path) -> str:
+def kube_proxy_config(
+    addresses: network.NodeAddresses, kubeconfig: Path, hostname: str = network.NODE_NAME
+) -> str:
     zero = "0s"
     config = {
         "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
         "kind": "KubeProxyConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
-        "hostnameOverride": network.NODE_NAME,
+        "hostnameOverride": hostname,
         "mode": "nftables",
         # Masquerading every Service connection lets a pod reach a Service whose endpoint shares its bridge
         # without br_netfilter (a module and sysctls global to the machine).

@@ -40,11 +40,25 @@ NODE_DEBIAN_COMMANDS = {
     "debootstrap": "debootstrap",
 }
 NODE_DEBIAN_PACKAGES = tuple(NODE_DEBIAN_COMMANDS)
+# What a started node runs (the rest only builds): a machine given those as a folder (WARMSTART_NODE_TOOLS)
+# needs no package manager.
+NODE_RUNTIME_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "nftables", "conntrack")
+
+# A GPU node: NVIDIA's device plugin advertises nvidia.com/gpu to the kubelet (built only when asked for).
+NVIDIA_DEVICE_PLUGIN = "0.18.1"
+NVIDIA_DEVICE_PLUGIN_MODULE = "github.com/NVIDIA/k8s-device-plugin"
+GPU_BUILD_RECIPE = 1
 PAUSE_IMAGE = "localhost/warmstart/pause:1"
+
+# The tests' S3-compatible object store: Versity's S3 gateway over a plain directory (Apache-2.0), built
+# from its Go module without cgo (its RDMA and GPU-direct backends need vendor libraries); its own stamp too.
+VERSITYGW = "1.8.0"
+VERSITYGW_MODULE = "github.com/versity/versitygw"
+S3_BUILD_RECIPE = 1
 
 # BuildKit builds the project's images from the Dockerfile; its own stamp, too.
 BUILDKIT = "0.34.2"
-IMAGES_RECIPE = 1
+IMAGES_RECIPE = 2
 
 
 def staging_version(kubernetes: str = KUBERNETES) -> str:
@@ -111,6 +125,21 @@ def wanted_node_stamp(pause_source: str) -> dict[str, object]:
         "binaries": list(NODE_BINARIES),
         "pause": pause_source,
     }
+
+
+def gpu_stamp_path() -> Path:
+    return cache_root() / "gpu-stamp.json"
+
+
+def s3_stamp_path() -> Path:
+    return cache_root() / "s3-stamp.json"
+
+
+def node_tools_root() -> Path | None:
+    """A folder holding the node's runtime packages unpacked (bin/ on PATH, usr/lib/cni), for a machine
+    without Debian's packages (the GPU machine); None: the machine's own."""
+    value = os.environ.get("WARMSTART_NODE_TOOLS")
+    return Path(value) if value else None
 
 
 def images_cache_dir() -> Path:

@@ -15,17 +15,19 @@ import sys
 import threading
 import urllib.request
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support import answers, free_port, recording_criu_command
+from support import answers, find_sandbox_pods, free_port, recording_criu_command
 
 from warmstart.agent.agent import Agent, AgentConfig
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.pods import control_dir_on_host
 from warmstart.api import labels as L
-from warmstart.api.snapshot import Phase, SnapshotStatus, derive_phase
+from warmstart.api.snapshot import MAX_RESTORE_FAILURES, Phase, SnapshotStatus, derive_phase
+from warmstart.checkpoint.restore import FailureCounter
 from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.identity import SnapshotIdentity
 from warmstart.operator.request_key import request_key, request_key_hash
@@ -42,7 +44,7 @@ NODE = "kwok-gpu-0"
 ENDPOINT = "tiny"
 ENDPOINT_SPEC = {
     "model": {"uri": "tiny"}, "engine": {"kind": "builtin", "image": "warmstart:test"},
-    "resources": {"gpus": 0}, "snapshot": {"enabled": True, "storage": {"claimName": "snapshots"}},
+    "resources": {"gpus": 0}, "snapshot": {"enabled": True},
 }  # fmt: skip
 REQUEST_KEY = request_key(parse_spec(ENDPOINT_SPEC))
 TEST_IMAGE_ID = "sha256:" + "7" * 64
@@ -180,9 +182,10 @@ def make_agent(kube: Any, tmp_path: Path) -> Iterator[Callable[[str], Agent]]:
     def make(criu_command: str) -> Agent:
         config = AgentConfig(
             node=NODE, store=store, criu_command=criu_command, kubelet_root=tmp_path / "kubelet",
-            resync_seconds=2, start_timeout=60, ready_timeout=300, criu_timeout=300, pod_lookup="environment",
+            resync_seconds=2, start_timeout=60, ready_timeout=300, criu_timeout=300,
         )  # fmt: skip
         started.append(Agent(config, KubeStatus(kube.api_client(), NODE), signer, verifier))
+        find_sandbox_pods(started[-1])
         return started[-1]
 
     yield make
@@ -313,11 +316,13 @@ def test_agent_captures_restores_and_refuses(
     )  # fmt: skip
 
     # Two more failures make three: the InferenceSnapshot turns Invalid (each worker is stopped before it
-    # finishes its cold start, which the first failure already showed).
+    # finishes its cold start, which the first failure already showed). Same port as the capture's: a worker
+    # serving elsewhere differs from the snapshot and is refused before verification, which counts nothing.
+    sandboxes[-1].stop(grace=3)
     for index in (3, 4):
-        spare, name = free_port(), f"tiny-restore-{index}"
-        failing = cluster.pod(namespace, name, L.ROLE_RESTORE, "tiny-snap", spare, endpoint)
-        sandboxes.append(_container(failing, kubelet_root, "restore", spare))
+        name = f"tiny-restore-{index}"
+        failing = cluster.pod(namespace, name, L.ROLE_RESTORE, "tiny-snap", port, endpoint)
+        sandboxes.append(_container(failing, kubelet_root, "restore", port))
         answer = control_dir_on_host(kubelet_root, failing["metadata"]["uid"]) / RESTORE_FAILED
         kube.wait_for(answer.exists, timeout=120, message=f"restore-failed in {name}")
         sandboxes[-1].stop(grace=1)
@@ -330,11 +335,7 @@ def test_agent_captures_restores_and_refuses(
     assert "Invalid" in [reason for reason, _ in cluster.events(namespace, "tiny-snap")]
     assert criu_calls[1]() == [], "CRIU ran on a snapshot that failed verification"
 
-    # The operator's cleanup mark, then deletion: the agent removes the store files.
-    cluster.custom.patch_namespaced_custom_object(
-        L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, "tiny-snap",
-        {"metadata": {"annotations": {L.STORE_CLEANUP_ANNOTATION: "requested"}}},
-    )  # fmt: skip
+    # Its deletion (the operator's retention, its endpoint's, a person's): the agent removes the store files.
     cluster.custom.delete_namespaced_custom_object(
         L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, "tiny-snap"
     )
@@ -419,13 +420,16 @@ def test_agent_command_serves_grpc_and_metrics_and_stops_on_sigterm(
     import signal
     import subprocess
 
-    from warmstart.agent.grpc_api import AgentClient
+    import grpc
+
+    from warmstart.agent.proto import agent_pb2, agent_pb2_grpc
 
     socket_path, metrics_port = tmp_path / "run" / "agent.sock", free_port()
     env = {
         **os.environ, "WARMSTART_NODE_NAME": NODE, "WARMSTART_STORE": str(tmp_path / "store"),
         "WARMSTART_KUBELET_ROOT": str(tmp_path / "kubelet"), "WARMSTART_AGENT_GRPC_SOCKET": str(socket_path),
-        "WARMSTART_AGENT_METRICS_PORT": str(metrics_port), "WARMSTART_AGENT_LISTEN_ADDRESS": "127.0.0.1",
+        "WARMSTART_AGENT_METRICS_PORT_NUMBER": str(metrics_port),
+        "WARMSTART_AGENT_LISTEN_ADDRESS": "127.0.0.1",
         "KUBECONFIG": str(kube.kubeconfig),
     }  # fmt: skip
     with open(tmp_path / "agent.log", "wb") as log_file:
@@ -435,10 +439,14 @@ def test_agent_command_serves_grpc_and_metrics_and_stops_on_sigterm(
         )  # fmt: skip
     try:
         kube.wait_for(socket_path.exists, timeout=60, message="the agent's gRPC socket")
-        with AgentClient(socket_path, timeout=5) as client:
-            status = kube.wait_for(client.status, timeout=60, message="the agent's gRPC Status")
-            assert status["node"] == NODE and isinstance(status["in_flight"], list)  # other tests' pods
-            assert client.list_snapshots() == []
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:
+            agent = agent_pb2_grpc.AgentStub(channel)
+            status = kube.wait_for(
+                lambda: agent.Status(agent_pb2.StatusRequest(), timeout=5), timeout=60,
+                message="the agent's gRPC Status",
+            )  # fmt: skip
+            assert status.node == NODE  # its in_flight may hold other tests' pods
+            assert list(agent.ListSnapshots(agent_pb2.ListSnapshotsRequest(), timeout=5).snapshots) == []
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read()
         assert b"warmstart_agent_captures_total" in metrics
         process.send_signal(signal.SIGTERM)
@@ -467,6 +475,40 @@ def test_a_vanished_published_snapshot_fails_the_capture_once(
     status = cluster.get_snapshot(namespace, "tiny-snap")["status"]
     assert cluster.phase(namespace, "tiny-snap") == Phase.FAILED
     assert "cannot be read" in status["captureMessage"], status["captureMessage"]
+
+
+def test_restore_failures_on_two_nodes_add_up_to_one_count(
+    kube: Any, namespace: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    """Restores of one snapshot failing at the same moment on two nodes, each node with its own store, add
+    up to one count over the cluster (each agent once wrote its own node's count, the last one winning):
+    the snapshot turns Invalid from the failures of all nodes together. A success starts the count again."""
+    snap = cluster.snapshot(namespace, "tiny-snap")
+    pod = cluster.pod(namespace, "tiny-restore-1", L.ROLE_RESTORE, "tiny-snap", free_port(), owner=None)
+    agents = []
+    for node in ("node-a", "node-b"):
+        store = tmp_path / node
+        store.mkdir()
+        signer, verifier, _ = signing_keys(store, None)
+        config = AgentConfig(node=node, store=store, criu_command=str(tmp_path / "no-criu"))
+        agents.append(Agent(config, KubeStatus(kube.api_client(), node), signer, verifier))
+    snapshot_id, per_node = "deadbeef0000-20260101000000-000000", 3
+
+    def fail_once(agent: Agent) -> None:  # what a failed restore does on that node
+        failures = FailureCounter(agent.node.store.root, max_failures=MAX_RESTORE_FAILURES)
+        failures.record(snapshot_id, "digest mismatch")
+        agent.restore._failed(pod, snap, snapshot_id, "digest mismatch", failures)
+
+    with ThreadPoolExecutor(len(agents) * per_node) as pool:
+        list(pool.map(fail_once, [agent for agent in agents for _ in range(per_node)]))
+
+    status = cluster.get_snapshot(namespace, "tiny-snap")["status"]
+    assert status["restoreFailures"] == len(agents) * per_node, status
+    assert cluster.phase(namespace, "tiny-snap") == Phase.INVALID
+    assert all(FailureCounter(agent.node.store.root).count(snapshot_id) == per_node for agent in agents)
+
+    agents[0].node.kube.clear_restore_failures(cluster.get_snapshot(namespace, "tiny-snap"))
+    assert cluster.get_snapshot(namespace, "tiny-snap")["status"]["restoreFailures"] == 0
 
 
 def test_a_restore_the_previous_agent_left_unanswered_ends_in_a_cold_start(

@@ -15,13 +15,15 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
-from support import wait_until
+from support import processes_by_environment, wait_until
 
-from warmstart.agent.agent import Agent, AgentConfig
+from warmstart.agent import pods
+from warmstart.agent.agent import Agent, AgentConfig, Operation
 from warmstart.agent.capture import request_problem
 from warmstart.agent.cleanup import snapshots_to_remove
-from warmstart.agent.grpc_api import AgentClient, serve
+from warmstart.agent.grpc_api import serve
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
 from warmstart.agent.objects import store_snapshot_id
@@ -34,6 +36,7 @@ from warmstart.agent.pods import (
     read_environ,
     supervisor_of,
 )
+from warmstart.agent.proto import agent_pb2, agent_pb2_grpc
 from warmstart.agent.restore import worker_port
 from warmstart.api import labels as L
 from warmstart.checkpoint.sandbox import namespace_pids
@@ -73,11 +76,11 @@ def test_processes_are_found_by_their_pod_uid_environment(
     plain_process: subprocess.Popen[bytes], pod_uid: str
 ) -> None:
     wait_until(
-        lambda: pod_processes(pod_uid, by_environment=True) == [plain_process.pid],
+        lambda: processes_by_environment(pod_uid) == [plain_process.pid],
         what="the process found by its pod uid",
     )
     assert read_environ(plain_process.pid)[L.POD_UID_ENV] == pod_uid
-    assert pod_processes(str(uuid.uuid4()), by_environment=True) == []
+    assert processes_by_environment(str(uuid.uuid4())) == []
     assert supervisor_of([plain_process.pid]) is None  # not in a PID namespace of its own: no container init
 
 
@@ -112,16 +115,16 @@ def test_processes_are_found_by_the_pod_and_container_cgroups(tmp_path: Path) ->
         pod_processes(uid, proc=proc, container="../x")
 
 
-def test_the_environment_counts_only_when_the_agent_is_told_to_look_there(tmp_path: Path) -> None:
-    """One-machine "pods" (local sandboxes) have no pod cgroups: only `--pod-lookup=environment` reads the
-    variable, and then only the variable."""
+def test_the_environment_never_counts(tmp_path: Path) -> None:
+    """A process that names a pod in its environment (which the tenant sets) is not the pod's: the agent
+    has no lookup by environment at all."""
     uid = "0b3c8f0e-1111-4222-8333-444455556666"
     proc = _fake_proc(tmp_path, {
         13: ("0::/user.slice", f"{L.POD_UID_ENV}={uid}\0".encode()),
         14: (f"4:memory:/kubepods/besteffort/pod{uid}/{CID}", b""),
     })  # fmt: skip
     assert pod_processes(uid, proc=proc) == [14]
-    assert pod_processes(uid, proc=proc, by_environment=True) == [13]
+    assert not hasattr(pods, "POD_LOOKUPS")
     assert pod_processes(str(uuid.uuid4()), proc=proc) == []
 
 
@@ -138,7 +141,7 @@ def namespaced_pod(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
         env={**os.environ, L.POD_UID_ENV: pod_uid}, start_new_session=True,
     )  # fmt: skip
     wait_until(
-        lambda: len(pod_processes(pod_uid, by_environment=True)) == 3,
+        lambda: len(processes_by_environment(pod_uid)) == 3,
         what="unshare, its init and its second process",
     )
     yield process
@@ -150,7 +153,7 @@ def namespaced_pod(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
 def test_supervisor_is_the_process_whose_nspid_ends_in_one(
     namespaced_pod: subprocess.Popen[bytes], pod_uid: str
 ) -> None:
-    found = pod_processes(pod_uid, by_environment=True)
+    found = processes_by_environment(pod_uid)
     init = supervisor_of(found)
     assert init is not None and init != namespaced_pod.pid  # `unshare` itself lives in the host namespace
     assert namespace_pids(init)[-1] == 1
@@ -161,7 +164,7 @@ def test_supervisor_is_the_process_whose_nspid_ends_in_one(
 def test_namespace_pids_translate_to_host_pids(
     namespaced_pod: subprocess.Popen[bytes], pod_uid: str, tmp_path: Path
 ) -> None:
-    init = supervisor_of(pod_processes(pod_uid, by_environment=True))
+    init = supervisor_of(processes_by_environment(pod_uid))
     assert init is not None
     pod = PodSandbox(tmp_path, init)
     (second,) = pod.workers()
@@ -183,9 +186,7 @@ def test_an_engine_in_the_pod_is_recognised(pod_uid: str, tmp_path: Path) -> Non
         env={**os.environ, L.POD_UID_ENV: pod_uid}, start_new_session=True,
     )  # fmt: skip
     try:
-        init = wait_until(
-            lambda: supervisor_of(pod_processes(pod_uid, by_environment=True)), what="the pod's init"
-        )
+        init = wait_until(lambda: supervisor_of(processes_by_environment(pod_uid)), what="the pod's init")
         pod = PodSandbox(tmp_path, init)
         wait_until(pod.engine_running, what="the engine seen")
     finally:
@@ -198,9 +199,9 @@ def test_find_needs_the_control_dir_and_reserve_moves_the_pid_counter(
     namespaced_pod: subprocess.Popen[bytes], pod_uid: str, tmp_path: Path
 ) -> None:
     with pytest.raises(PodProcessError, match="no control directory"):
-        PodSandbox.find(pod_uid, tmp_path, by_environment=True)
+        PodSandbox.find(pod_uid, tmp_path, lookup=processes_by_environment)
     control_dir_on_host(tmp_path, pod_uid).mkdir(parents=True)
-    pod = PodSandbox.find(pod_uid, tmp_path, by_environment=True)
+    pod = PodSandbox.find(pod_uid, tmp_path, lookup=processes_by_environment)
     assert namespace_pids(pod.init_pid)[-1] == 1
     pod.reserve_low_pids()
     probe = subprocess.run(
@@ -231,19 +232,16 @@ def _publish(
         return staging.publish(load_signer(key))
 
 
-def _isnap(snapshot_id: str, marked: bool = False) -> dict:
-    annotations = {L.STORE_CLEANUP_ANNOTATION: "requested"} if marked else {}
-    return {"metadata": {"name": "s", "annotations": annotations}, "status": {"snapshotId": snapshot_id}}
+def _isnap(snapshot_id: str, namespace: str = "default", name: str = "s") -> dict:
+    return {"metadata": {"name": name, "namespace": namespace}, "status": {"snapshotId": snapshot_id}}
 
 
-def test_store_cleanup_takes_marked_and_long_unreferenced_snapshots(tmp_path: Path) -> None:
+def test_store_cleanup_takes_long_unreferenced_snapshots(tmp_path: Path) -> None:
     store, key = SnapshotStore(tmp_path / "store"), generate_hmac_key(tmp_path / "key")
-    kept, marked, orphan = (_publish(store, key, bytes([i]) * 100) for i in range(3))
-    snaps = [_isnap(kept.id), _isnap(marked.id, marked=True)]
+    kept, orphan = (_publish(store, key, bytes([i]) * 100) for i in range(2))
     now = dt.datetime.now(dt.UTC).timestamp()
-    assert snapshots_to_remove(store.list(), snaps, grace=3600, now=now) == [marked.id]
-    later = sorted(snapshots_to_remove(store.list(), snaps, grace=3600, now=now + 7200))
-    assert later == sorted([marked.id, orphan.id])
+    assert snapshots_to_remove(store.list(), [_isnap(kept.id)], grace=3600, now=now) == []
+    assert snapshots_to_remove(store.list(), [_isnap(kept.id)], grace=3600, now=now + 7200) == [orphan.id]
 
 
 def test_store_snapshot_id_and_worker_port() -> None:
@@ -295,16 +293,20 @@ def offline_agent(tmp_path: Path) -> Agent:
     return Agent(config, kube, load_signer(key), load_verifier(key))
 
 
-def test_a_deleted_inference_snapshot_takes_its_store_files_only_when_marked(
+def test_a_deleted_inference_snapshot_takes_the_store_files_captured_for_it_alone(
     offline_agent: Agent, tmp_path: Path
 ) -> None:
-    marked, unmarked = (
-        _publish(offline_agent.node.store, tmp_path / "key", bytes([i]) * 10) for i in range(2)
+    """Its own deletion removes a snapshot at once; a copy of its InferenceSnapshot in another namespace (or
+    under another name) names the same store snapshot, and its deletion removes nothing."""
+    first, second = (
+        _publish(offline_agent.node.store, tmp_path / "key", bytes([i]) * 10, namespace="team-a")
+        for i in range(2)
     )
-    offline_agent.cleanup.forget_deleted(_isnap(marked.id, marked=True))
-    offline_agent.cleanup.forget_deleted(_isnap(unmarked.id))
-    assert [snapshot.id for snapshot in offline_agent.node.store.list()] == [unmarked.id]
-    offline_agent.cleanup.forget_deleted(_isnap(marked.id, marked=True))  # already gone: no error
+    offline_agent.cleanup.forget_deleted(_isnap(second.id, namespace="team-b"))
+    offline_agent.cleanup.forget_deleted(_isnap(second.id, namespace="team-a", name="copy"))
+    offline_agent.cleanup.forget_deleted(_isnap(first.id, namespace="team-a"))
+    assert [snapshot.id for snapshot in offline_agent.node.store.list()] == [second.id]
+    offline_agent.cleanup.forget_deleted(_isnap(first.id, namespace="team-a"))  # already gone: no error
     assert offline_agent.metrics.value("warmstart_agent_store_snapshots_deleted_total") == 1
 
 
@@ -320,18 +322,31 @@ def test_grpc_answers_on_a_root_only_socket_for_this_node_alone(offline_agent: A
     server = serve(offline_agent, socket_path)
     assert stat.S_IMODE(socket_path.lstat().st_mode) == 0o600 and socket_path.stat().st_uid == os.getuid()
     try:
-        with AgentClient(socket_path) as client:
-            status = client.status()
-            listed = client.list_snapshots()
-            assert client.list_snapshots("ff" * 6) == []
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel:  # the client generated from the .proto
+            agent = agent_pb2_grpc.AgentStub(channel)
+            status = agent.Status(agent_pb2.StatusRequest(), timeout=10)
+            listed = agent.ListSnapshots(agent_pb2.ListSnapshotsRequest(), timeout=10).snapshots
+            other = agent.ListSnapshots(agent_pb2.ListSnapshotsRequest(identity_hash="ff" * 6), timeout=10)
     finally:
         server.stop(grace=None)
-    assert status["node"] == "node-a"
-    assert status["criu_version"] == "" and "no-criu" in status["criu_error"]
-    assert isinstance(status["cuda_available"], bool) and status["in_flight"] == []
-    if not status["cuda_available"]:
-        assert status["cuda_reason"]
-    assert [(s["id"], s["namespace"], s["size"]) for s in listed] == [(published.id, "team-a", 1000)]
+    assert status.node == "node-a" and list(other.snapshots) == []
+    assert status.criu_version == "" and "no-criu" in status.criu_error
+    assert list(status.in_flight) == [] and (status.cuda_available or status.cuda_reason)
+    assert [(s.id, s.namespace, s.size) for s in listed] == [(published.id, "team-a", 1000)]
+    assert listed[0].identity_hash == published.identity_hash and listed[0].created
+
+
+def test_the_generated_grpc_code_is_current(tmp_path: Path) -> None:
+    """agent_pb2*.py are what hack/generate-proto makes of agent.proto today."""
+    repo, python_dir = Path(__file__).resolve().parents[2], Path(sys.executable).parent
+    command = [str(repo / "hack" / "generate-proto"), str(tmp_path)]
+    environment = {**os.environ, "PATH": f"{python_dir}:{os.environ['PATH']}"}
+    subprocess.run(command, check=True, timeout=120, env=environment)
+    generated = sorted((tmp_path / "warmstart" / "agent" / "proto").iterdir())
+    assert [path.name for path in generated] == ["agent_pb2.py", "agent_pb2.pyi", "agent_pb2_grpc.py"]
+    checked_in = repo / "warmstart" / "agent" / "proto"
+    stale = [path.name for path in generated if path.read_bytes() != (checked_in / path.name).read_bytes()]
+    assert stale == [], f"run hack/generate-proto: {stale} differ from agent.proto"
 
 
 def test_metrics_endpoint_serves_the_agents_series() -> None:
@@ -355,3 +370,19 @@ def test_agent_cli_is_registered() -> None:
         [sys.executable, "-m", "warmstart", "agent", "--node", ""], capture_output=True, text=True, timeout=60
     )
     assert result.returncode == 2 and "WARMSTART_NODE_NAME" in result.stderr
+
+
+def test_restore_work_directories_of_no_running_restore_are_reclaimed(offline_agent: Agent) -> None:
+    """An agent killed mid-restore leaves its work directory (hard links into the store's blobs); the next
+    agent removes it at start and the cleanup loop removes any other one no restore runs for."""
+    root = offline_agent.config.restore_work_dir
+    for uid in ("interrupted", "running"):
+        (root / uid / "criu").mkdir(parents=True)
+        (root / uid / "criu" / "pages-1.img").write_bytes(b"x" * 4096)
+    (root / "stray-link").symlink_to(root / "running")
+    offline_agent._in_flight["running"] = Operation("restore", "ns/p", "s")
+    assert sorted(offline_agent.cleanup.reclaim_work_dirs()) == ["interrupted", "stray-link"]
+    assert sorted(os.listdir(root)) == ["running"]
+    assert (root / "running" / "criu" / "pages-1.img").exists()  # a link is removed, never followed
+    offline_agent._in_flight.clear()
+    assert offline_agent.cleanup.reclaim_work_dirs() == ["running"]

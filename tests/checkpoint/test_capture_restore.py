@@ -23,7 +23,7 @@ from warmstart.checkpoint.restore import (
     restore,
 )
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
-from warmstart.engines.weight_stager import StagingPlan
+from warmstart.gpu.weight_stager import StagingPlan
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot import verify
@@ -325,26 +325,6 @@ def test_a_bad_ready_payload_is_a_capture_error_and_the_worker_is_resumed(
         )  # fmt: skip
     resumed = control.read(RESTORE_COMPLETE)  # a worker left waiting would never serve
     assert resumed is not None and resumed.payload["port"] == 9000
-
-
-@pytest.fixture
-def small_mount(tmp_path: Path) -> Callable[..., Path]:
-    """A tmpfs of the given size and options (unmounted when the test ends)."""
-    import subprocess
-
-    mounted: list[Path] = []
-
-    def mount(size: str, *options: str) -> Path:
-        target = tmp_path / f"mount-{len(mounted)}"
-        target.mkdir()
-        flags = ",".join((f"size={size}", *options))
-        subprocess.run(["mount", "-t", "tmpfs", "-o", flags, "tmpfs", str(target)], check=True)
-        mounted.append(target)
-        return target
-
-    yield mount
-    for target in mounted:
-        subprocess.run(["umount", "-l", str(target)], check=False)
 
 
 def _capture_fails_and_source_serves(

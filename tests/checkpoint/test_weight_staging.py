@@ -27,8 +27,8 @@ from warmstart.checkpoint.weight_staging import (
     spawn_stager_early,
     staging_plan,
 )
-from warmstart.engines import weight_stager
-from warmstart.engines.weight_stager import (
+from warmstart.gpu import weight_stager
+from warmstart.gpu.weight_stager import (
     STAGING_THREADS,
     StagedWeightsUnavailable,
     StagingPlan,

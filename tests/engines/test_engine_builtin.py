@@ -78,6 +78,20 @@ def test_prefill_and_decode_agree(make_engine) -> None:
     torch.testing.assert_close(stepped_full[0], whole, rtol=1e-4, atol=1e-5)
 
 
+def test_the_training_forward_agrees_with_prefill(make_engine) -> None:
+    """`causal_logits` (what training the demo preset differentiates) computes what serving computes."""
+    engine = make_engine()
+    model = engine._model
+    ids = torch.tensor(engine.tokenizer.encode("abcdefgh"))
+    with torch.no_grad():
+        every = model.causal_logits(torch.stack([ids, ids.flip(0)]))
+        whole = model.prefill(ids, slot=0)
+        shorter = model.prefill(ids[:4], slot=1)
+    assert every.shape == (2, len(ids), engine.config.vocab_size)
+    torch.testing.assert_close(every[0, -1], whole, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(every[0, 3], shorter, rtol=1e-4, atol=1e-5)
+
+
 def test_greedy_is_deterministic_and_streaming_matches(make_engine) -> None:
     engine = make_engine()
     first = engine.generate([greedy(ignore_eos=True)])[0]
@@ -298,7 +312,7 @@ def test_compiled_decode_is_one_graph_for_every_layer_and_batch_above_one(make_e
 
 def test_graphs_keep_torchs_pool_when_torch_has_no_mempool(monkeypatch, caplog) -> None:
     from warmstart.engines.builtin import memory as builtin_memory
-    from warmstart.engines.cuda_scratch import CudaScratchPool
+    from warmstart.gpu.cuda_scratch import CudaScratchPool
 
     monkeypatch.setattr(CudaScratchPool, "supported", staticmethod(lambda: False))
     with caplog.at_level("WARNING"):

@@ -21,14 +21,14 @@ from warmstart.cuda_driver import device_with_uuid  # noqa: E402
 from warmstart.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from warmstart.engines.builtin.engine import BuiltinEngine  # noqa: E402
 from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
-from warmstart.engines.weight_stager import COPY_PATHS  # noqa: E402
+from warmstart.gpu.weight_stager import COPY_PATHS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _vmm_available() -> bool:
     try:
-        from warmstart.engines.arena import create_arena
+        from warmstart.gpu.arena import create_arena
 
         create_arena("cuda-vmm", "cuda")
     except Exception:
@@ -144,7 +144,7 @@ def _start_stager(
     plan = tmp_path / "plan.json"
     plan.write_text(plan_json)
     socket_path = tmp_path / "stager.sock"
-    command = [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan", str(plan), "--copy", copy]
+    command = [sys.executable, "-m", "warmstart.gpu.weight_stager", "--plan", str(plan), "--copy", copy]
     return subprocess.Popen([*command, "--socket", str(socket_path)], cwd=REPO), socket_path
 
 

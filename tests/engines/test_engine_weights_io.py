@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs torch (the `engine` extra)")
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors (the `engine` extra)")
 
-from warmstart.engines.arena import ArenaReleasedError, TorchArena, create_arena  # noqa: E402
-from warmstart.engines.weights_io import (  # noqa: E402
+from warmstart.gpu.arena import ArenaReleasedError, TorchArena, create_arena  # noqa: E402
+from warmstart.gpu.weights_io import (  # noqa: E402
     ARENA_ALIGNMENT,
     TensorSlot,
     dtype_code,

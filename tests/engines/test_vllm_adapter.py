@@ -388,6 +388,7 @@ def test_vllm_release_and_reacquire_keep_greedy_output(loaded_engine: VllmEngine
     loaded_engine.reacquire()
     after = loaded_engine.generate([greedy("Once upon a time", 16)])[0]
     assert after.token_ids == before.token_ids
+    assert before.text and after.text == before.text  # text too: the ids must decode to something
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 """The weight stager's plan, its socket and its conversation with the engine, on any machine.
 
-The stager really runs (`python -m warmstart.engines.weight_stager`); without a GPU it fails at CUDA and
+The stager really runs (`python -m warmstart.gpu.weight_stager`); without a GPU it fails at CUDA and
 says so, which is what the engine must hear then. The GPU path: tests/engines/test_engine_gpu.py.
 """
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.engines.weight_stager import (
+from warmstart.gpu.weight_stager import (
     RANGE_SLACK_BYTES,
     StagedWeightsUnavailable,
     StagingPlan,
@@ -38,7 +38,7 @@ def _stager(plan_text: str, tmp_path: Path, socket_path: Path | None = None) -> 
     plan = tmp_path / "plan.json"
     plan.write_text(plan_text)
     socket_path = socket_path or tmp_path / "stager.sock"
-    command = [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan", str(plan), "--socket"]
+    command = [sys.executable, "-m", "warmstart.gpu.weight_stager", "--plan", str(plan), "--socket"]
     return subprocess.Popen([*command, str(socket_path)], cwd=REPO, stderr=subprocess.PIPE), socket_path
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from warmstart.engines.cuda_arena import CudaVmmArena
-from warmstart.engines.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
+from warmstart.gpu.cuda_arena import CudaVmmArena
+from warmstart.gpu.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir
 
 

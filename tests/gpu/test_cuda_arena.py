@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.engines.arena import ArenaReleasedError
-from warmstart.engines.cuda_arena import CudaVmmArena
-from warmstart.engines.weights_io import Layout, TensorSlot, plan_layout, read_header, refill, views
+from warmstart.gpu.arena import ArenaReleasedError
+from warmstart.gpu.cuda_arena import CudaVmmArena
+from warmstart.gpu.weights_io import Layout, TensorSlot, plan_layout, read_header, refill, views
 
 pytestmark = pytest.mark.gpu
 

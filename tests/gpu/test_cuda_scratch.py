@@ -48,7 +48,7 @@ def _captured_chain(pool_id: object):
 def test_release_gives_memory_back_and_graph_replays_identically(gpu: None) -> None:
     import torch
 
-    from warmstart.engines.cuda_scratch import CudaScratchPool
+    from warmstart.gpu.cuda_scratch import CudaScratchPool
 
     scratch = CudaScratchPool("cuda")
     graph, out = _captured_chain(scratch.id)
@@ -76,7 +76,7 @@ def test_release_gives_memory_back_and_graph_replays_identically(gpu: None) -> N
 def test_graphs_sharing_the_pool_survive_two_cycles(gpu: None) -> None:
     import torch
 
-    from warmstart.engines.cuda_scratch import CudaScratchPool
+    from warmstart.gpu.cuda_scratch import CudaScratchPool
 
     scratch = CudaScratchPool("cuda")
     first, out_first = _captured_chain(scratch.id)

@@ -1,6 +1,6 @@
 """What a weight refill reads (no GPU needed): safetensors offsets, chunk plans, placement errors, O_DIRECT.
 
-The CUDA arena is refilled by `warmstart.engines.weights_io.refill`; these check its plan and its O_DIRECT
+The CUDA arena is refilled by `warmstart.gpu.weights_io.refill`; these check its plan and its O_DIRECT
 reads on CPU, where they run everywhere (the same read path stages chunks for the GPU copy on CUDA).
 """
 
@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="needs torch (the `engine` extra)")
 safetensors_torch = pytest.importorskip("safetensors.torch", reason="needs safetensors (the `engine` extra)")
 
-from warmstart.engines.weights_io import (  # noqa: E402
+from warmstart.gpu.weights_io import (  # noqa: E402
     Chunk,
     TensorSlot,
     index_files,

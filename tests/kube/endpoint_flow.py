@@ -5,16 +5,18 @@ cluster, and what to print when the flow stalls. Used by the end-to-end test and
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from control_plane import gpu_node, host_state
 from control_plane.cluster import ControlPlane, ControlPlaneError, wait_for
 from control_plane.node import RealNode
-from node_plugin import HostPython
-from support import hostpath_claim
+from node_plugin import HostPython, warmstart_source
 
 from warmstart.api import labels as L
+from warmstart.protocol import RESTORE_CLAIM as CLAIM
 from warmstart.snapshot.store import SnapshotStore
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "warmstart"
@@ -69,10 +71,27 @@ def split_image(reference: str) -> tuple[str, str]:
     return repository, tag
 
 
+# Set by the GPU testbed's script: the chart's pods run this tree's warmstart package over the image's, so a
+# fix made while a GPU machine is lent needs no new image carried there (the CPU suite runs the image's own,
+# which test_real_node checks is this tree's).
+SOURCE_OVERLAY_ENV = "WARMSTART_CHART_SOURCE_OVERLAY"
+
+
+def source_overlay() -> dict[str, Any]:
+    """extraEnv/extraVolumes/extraVolumeMounts that put this tree's package first on the pods' path."""
+    source = str(warmstart_source())
+    return {
+        "extraEnv": [{"name": "PYTHONPATH", "value": "/opt/warmstart-source"}],
+        "extraVolumes": [{"name": "source", "hostPath": {"path": source, "type": "Directory"}}],
+        "extraVolumeMounts": [{"name": "source", "mountPath": "/opt/warmstart-source", "readOnly": True}],
+    }
+
+
 def chart_values(chart_image: str, node: RealNode, namespace: str, store: str) -> dict[str, Any]:
     """Operator and agent on the real node, watching `namespace`, the store at `store` on the node."""
     repository, tag = split_image(chart_image)
     placement = node.pod_placement()
+    overlay = source_overlay() if os.environ.get(SOURCE_OVERLAY_ENV) == "1" else {}
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "operator": {
@@ -81,13 +100,17 @@ def chart_values(chart_image: str, node: RealNode, namespace: str, store: str) -
             "tolerations": placement["tolerations"],
             "resyncSeconds": 5,
             "captureBackoffSeconds": 5,
+            **overlay,
         },
         "agent": {
             # null drops the chart's default selector of GPU nodes (Helm merges maps)
-            "nodeSelector": {**placement["nodeSelector"], "nvidia.com/gpu.present": None},
+            "nodeSelector": placement["nodeSelector"],
             "tolerations": placement["tolerations"],
             "store": {"hostPath": store},
             "prestage": {"intervalSeconds": 5},
+            # On a GPU node the agent takes the driver's libraries from the node (no NVIDIA runtime here).
+            **({"cuda": {"driverLibraryHostPath": str(gpu_node.driver_library_dir())}} if node.gpu else {}),
+            **overlay,
         },
     }
 
@@ -116,19 +139,11 @@ def uninstall(kube: ControlPlane, namespace: str) -> None:
     kube.helm("uninstall", RELEASE, "-n", namespace, "--wait", "--timeout=60s", check=False, timeout=90)
 
 
-def snapshot_volume(kube: ControlPlane, namespace: str, store: str) -> str:
-    """A hostPath PersistentVolume on the agent's store directory and its claim, the endpoint's store."""
-    claim = "snapshots"
-    kube.kubectl("apply", "-f", "-", input=json.dumps(hostpath_claim(namespace, claim, store, "10Gi")))
-    return claim
-
-
 def endpoint(
-    name: str, namespace: str, chart_image: str, node: RealNode, host_python: HostPython, claim: str | None
+    name: str, namespace: str, chart_image: str, node: RealNode, host_python: HostPython, snapshots: bool
 ) -> dict[str, Any]:
-    """The builtin engine's tiny model on CPU; `claim` None: snapshots disabled, every replica cold."""
+    """The builtin engine's tiny model on CPU; without `snapshots` every replica starts cold."""
     placement = node.pod_placement()
-    venv_bin = str(Path(host_python.python).parent)
     models = f"/var/lib/warmstart/{namespace}/models"
     return {
         "apiVersion": L.API_VERSION,
@@ -139,12 +154,12 @@ def endpoint(
             "model": {"uri": "tiny"},
             "engine": {"kind": "builtin", "image": chart_image, "imagePullPolicy": "Never"},
             "resources": {"gpus": 0},
-            "snapshot": {"enabled": True, "storage": {"claimName": claim}} if claim else {"enabled": False},
+            "snapshot": {"enabled": snapshots},
             "template": {
                 **placement,
                 "env": [
                     # `warmstart` from the mounted environment (the image's own has no torch).
-                    {"name": "PATH", "value": f"{venv_bin}:/usr/local/bin:/usr/bin:/bin"},
+                    *host_python.env,
                     {"name": "WARMSTART_CACHE", "value": "/cache"},
                     {"name": "OMP_NUM_THREADS", "value": "1"},
                 ],
@@ -168,13 +183,10 @@ def apply_endpoint(
     chart_image: str,
     node: RealNode,
     host_python: HostPython,
-    store: str,
     edit: Callable[[dict[str, Any]], None] | None = None,
 ) -> None:
-    """The endpoint with snapshots, its store claim bound to the agent's store directory; `edit` changes
-    its spec before it is applied."""
-    claim = snapshot_volume(kube, namespace, store)
-    body = endpoint(ENDPOINT, namespace, chart_image, node, host_python, claim)
+    """The endpoint with snapshots; `edit` changes its spec before it is applied."""
+    body = endpoint(ENDPOINT, namespace, chart_image, node, host_python, snapshots=True)
     if edit is not None:
         edit(body["spec"])
     kube.kubectl("apply", "-f", "-", input=json.dumps(body))
@@ -319,3 +331,41 @@ def diagnostics(kube: ControlPlane, namespace: str) -> str:
         result = kube.kubectl(*args, check=False)
         parts.append(f"$ kubectl {' '.join(args)}\n{result.stdout[-4000:]}{result.stderr[-500:]}")
     return "\n".join(parts)
+
+
+def tamper(store: SnapshotStore, snapshot_id: str) -> Path:
+    """Flip one byte in the middle of the snapshot's largest blob, as a disk or a person could."""
+    snapshot = store.get(snapshot_id)
+    path = max((store.blob_path(d) for d in snapshot.manifest.digests()), key=lambda p: p.stat().st_size)
+    path.chmod(0o600)
+    with path.open("r+b") as blob:
+        blob.seek(path.stat().st_size // 2)
+        byte = blob.read(1)
+        blob.seek(-1, 1)
+        blob.write(bytes([byte[0] ^ 0xFF]))
+    return path
+
+
+def restore_claims(node: RealNode) -> set[Path]:
+    """The pods' restore claims on the node: a restore takes its pod's before it touches the pod, and the
+    claim stays (protocol.RESTORE_CLAIM)."""
+    pods = node.shadow("/var/lib/kubelet") / "pods"
+    return set(pods.glob(f"*/volumes/kubernetes.io~empty-dir/control/{CLAIM}"))
+
+
+def agent_cgroups(kube: ControlPlane, namespace: str, node: RealNode) -> list[Path]:
+    """The cgroups of the node's agent container (found ahead, so a kill needs no API call)."""
+    agents = items(kube, "pod", namespace, "app.kubernetes.io/component=agent")
+    pod = next(p for p in agents if p["spec"].get("nodeName") == node.name)
+    container = pod["status"]["containerStatuses"][0]["containerID"].rpartition("//")[2]
+    root = host_state.process_hierarchy() / node.cgroup_root
+    found = [path for path in root.rglob(container) if path.is_dir()]
+    assert found, f"no cgroup of the agent's container {container} under {root}"
+    return found
+
+
+def kill_agent(cgroups: list[Path]) -> None:
+    """SIGKILL every process of the agent's container at once (as the kernel's OOM killer would); the
+    kubelet starts it again."""
+    for directory in cgroups:
+        host_state.kill_cgroup_tree(directory)

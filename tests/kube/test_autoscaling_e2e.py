@@ -35,7 +35,6 @@ from endpoint_flow import (
     ready_snapshot,
     ready_workers,
     routed_host,
-    snapshot_volume,
     timed_completion,
     uninstall,
     waiter,
@@ -104,9 +103,8 @@ def test_a_request_at_zero_replicas_is_held_and_answered_by_a_restored_replica(
     namespace: str,
     release: str,
 ) -> None:
-    claim = snapshot_volume(kube, namespace, release)
-    for name, uses in ((ENDPOINT, claim), (COLD_ENDPOINT, None)):
-        body = autoscaled(endpoint(name, namespace, chart_image, real_node, host_python, uses), 0, 2)
+    for name, snapshots in ((ENDPOINT, True), (COLD_ENDPOINT, False)):
+        body = autoscaled(endpoint(name, namespace, chart_image, real_node, host_python, snapshots), 0, 2)
         kube.kubectl("apply", "-f", "-", input=json.dumps(body))
     wait = waiter(kube, namespace)
     wait(lambda: ready_snapshot(kube, namespace, ENDPOINT), "the snapshot captured at zero replicas")
@@ -143,8 +141,7 @@ def test_load_through_the_interceptor_scales_out_to_a_restored_replica_and_back(
     namespace: str,
     release: str,
 ) -> None:
-    claim = snapshot_volume(kube, namespace, release)
-    body = autoscaled(endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, claim), 1, 2)
+    body = autoscaled(endpoint(ENDPOINT, namespace, chart_image, real_node, host_python, True), 1, 2)
     kube.kubectl("apply", "-f", "-", input=json.dumps(body))
     wait = waiter(kube, namespace)
     wait(lambda: ready_snapshot(kube, namespace, ENDPOINT), "the snapshot")

@@ -39,7 +39,7 @@ from endpoint_flow import (
     ready_snapshot,
     ready_workers,
     service_url,
-    snapshot_volume,
+    tamper,
     uninstall,
     waiter,
     worker_pods,
@@ -50,7 +50,6 @@ from warmstart.api import labels as L
 from warmstart.api.snapshot import MAX_RESTORE_FAILURES
 from warmstart.snapshot import residency
 from warmstart.snapshot.signing import load_verifier
-from warmstart.snapshot.store import SnapshotStore
 
 
 @pytest.fixture
@@ -72,10 +71,9 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
     namespace: str,
     release: str,
 ) -> None:
-    claim = snapshot_volume(kube, namespace, release)
     kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, real_node))
-    for name, uses in ((COLD_ENDPOINT, None), (ENDPOINT, claim)):
-        body = endpoint(name, namespace, chart_image, real_node, host_python, uses)
+    for name, snapshots in ((COLD_ENDPOINT, False), (ENDPOINT, True)):
+        body = endpoint(name, namespace, chart_image, real_node, host_python, snapshots)
         kube.kubectl("apply", "-f", "-", input=json.dumps(body))
 
     wait = waiter(kube, namespace)
@@ -113,19 +111,6 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         assert completion(kube, namespace, url) == cold_answer
 
 
-def tamper(store: SnapshotStore, snapshot_id: str) -> Path:
-    """Flip one byte in the middle of the snapshot's largest blob, as a disk or a person could."""
-    snapshot = store.get(snapshot_id)
-    path = max((store.blob_path(d) for d in snapshot.manifest.digests()), key=lambda p: p.stat().st_size)
-    path.chmod(0o600)
-    with path.open("r+b") as blob:
-        blob.seek(path.stat().st_size // 2)
-        byte = blob.read(1)
-        blob.seek(-1, 1)
-        blob.write(bytes([byte[0] ^ 0xFF]))
-    return path
-
-
 @pytest.mark.integration
 def test_a_tampered_snapshot_is_refused_the_replicas_start_cold_and_it_goes_invalid(
     kube: ControlPlane,
@@ -137,7 +122,7 @@ def test_a_tampered_snapshot_is_refused_the_replicas_start_cold_and_it_goes_inva
 ) -> None:
     wait = waiter(kube, namespace)
     kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, real_node))
-    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python)
     snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     good = wait(lambda: ready_workers(kube, namespace, L.ROLE_RESTORE), "a restored replica")
     reference = completion(kube, namespace, pod_url(good[0]))
@@ -182,7 +167,7 @@ def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
     allowed to write statuses there could) and a restore pod owned by that endpoint (the operator does not
     watch that namespace): the agent restores nothing captured elsewhere, and says so."""
     wait = waiter(kube, namespace)
-    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python)
     snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
 
     def restore_template() -> dict[str, Any] | None:
@@ -260,7 +245,7 @@ def test_the_agent_killed_during_a_capture_leaves_no_half_snapshot_and_the_captu
     (dump, staging, publishing), the store shows only whole, verified snapshots, the attempt ends and the
     DaemonSet's next agent pod captures the endpoint."""
     wait = waiter(kube, namespace)
-    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python)
     wait_for(lambda: agent_log_says(kube, namespace, "capturing pid"), timeout=START_TIMEOUT, interval=0.2,
              message="the agent starting a capture")  # fmt: skip
     kube.kubectl("delete", "pod", "-n", namespace, "-l", "app.kubernetes.io/component=agent",
@@ -291,7 +276,7 @@ def test_a_link_the_tenant_puts_where_the_engine_log_was_brings_nothing_of_its_t
     agent reads the engine's open files through their descriptors, never their paths, so not one byte of
     the key reaches a snapshot."""
     wait = waiter(kube, namespace)
-    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release)
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python)
     capture = wait(
         lambda: next(iter(items(kube, "pod", namespace, f"{L.ROLE_LABEL}={L.ROLE_CAPTURE}")), None),
         "the capture pod",
@@ -330,7 +315,7 @@ def test_prestage_keeps_the_snapshot_and_the_model_in_the_nodes_page_cache(
     def prestaged(spec: dict[str, Any]) -> None:
         spec["snapshot"]["prestage"] = "PageCache"
 
-    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release, prestaged)
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python, prestaged)
     snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     selector = f"{L.ENDPOINT_LABEL}={ENDPOINT},{L.COMPONENT_LABEL}={L.PRESTAGE_COMPONENT}"
     wait(lambda: [p for p in items(kube, "pod", namespace, selector) if ready(p)], "the model stager running")
@@ -368,7 +353,7 @@ def test_a_tensor_parallel_endpoint_is_captured_and_restored_with_all_its_ranks(
     def two_ranks(spec: dict[str, Any]) -> None:
         spec["engine"]["tensorParallelSize"] = 2
 
-    apply_endpoint(kube, namespace, chart_image, real_node, host_python, release, two_ranks)
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python, two_ranks)
     snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
     assert snap["status"]["identity"]["parallelism"] == 2, snap["status"]["identity"]
     url = service_url(kube, namespace, ENDPOINT)

@@ -118,3 +118,32 @@ def test_missing_binary_names_the_build_command(tmp_path: Path):
     plane = ControlPlane(state_dir=tmp_path / "state", bin_dir=tmp_path / "bin")
     with pytest.raises(RuntimeError, match="hack/control-plane build"):
         plane.start()
+
+
+def test_a_gpu_node_is_labelled_as_gpu_feature_discovery_labels_it(tmp_path: Path, monkeypatch):
+    from control_plane import gpu_node
+
+    smi = tmp_path / "nvidia-smi"
+    row = "NVIDIA H200, 580.159.04, 9.0, 143771"
+    smi.write_text(f'#!/bin/sh\necho "{row}"\necho "{row}"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    assert gpu_node.node_labels() == {
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-H200",
+        "nvidia.com/gpu.count": "2",
+        "nvidia.com/gpu.memory": "143771",
+        "nvidia.com/gpu.compute.major": "9",
+        "nvidia.com/gpu.compute.minor": "0",
+        "nvidia.com/cuda.driver.major": "580",
+    }
+
+
+def test_the_node_runs_the_tools_folder_when_one_is_given(tmp_path: Path, monkeypatch):
+    from control_plane import node_config
+
+    monkeypatch.delenv("WARMSTART_NODE_TOOLS", raising=False)
+    assert node_config.cni_bin_dir() == "/usr/lib/cni"
+    monkeypatch.setenv("WARMSTART_NODE_TOOLS", str(tmp_path))
+    assert node_config.cni_bin_dir() == f"{tmp_path}/usr/lib/cni"
+    assert f'bin_dir = "{tmp_path}/usr/lib/cni"' in node_config.containerd_toml()

@@ -8,6 +8,7 @@ import importlib.metadata
 import ipaddress
 import json
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -158,6 +159,18 @@ def exec_python(kube: ControlPlane, namespace: str, pod: str, code: str, *args: 
     return kube.kubectl("exec", "-n", namespace, pod, "--", "python3", "-c", code, *args, timeout=60).stdout
 
 
+def fetch_once_served(kube: ControlPlane, namespace: str, pod: str, url: str) -> str:
+    """kube-proxy programs a Service's endpoints a moment after the pod turns Ready; until then its rules
+    refuse the connection. Retry, bounded, and return the first answer."""
+
+    def fetch() -> str | None:
+        command = ("exec", "-n", namespace, pod, "--", "python3", "-c", FETCH, url)
+        result = kube.kubectl(*command, check=False, timeout=60)
+        return result.stdout if result.returncode == 0 else None
+
+    return wait_for(fetch, timeout=60.0, interval=1.0, message=f"{url} answering from pod {pod}")
+
+
 @pytest.mark.integration
 def test_daemonset_and_deployment_from_the_project_image_run_and_serve(
     kube: ControlPlane, real_node: RealNode, chart_image: str, namespace: str
@@ -196,12 +209,12 @@ def test_daemonset_and_deployment_from_the_project_image_run_and_serve(
 
     # A ClusterIP Service answers from another pod (kube-proxy's nftables rules, inside the node).
     cluster_ip = get_json(kube, "service", "web", "-n", namespace)["spec"]["clusterIP"]
-    answer = exec_python(kube, namespace, agent_name, FETCH, f"http://{cluster_ip}:{SERVICE_PORT}/")
+    answer = fetch_once_served(kube, namespace, agent_name, f"http://{cluster_ip}:{SERVICE_PORT}/")
     assert answer.split() == ["200", web_name]
 
     # The `kubernetes` Service reaches the apiserver through the node's gateway, with a verified certificate.
     kubernetes_ip = get_json(kube, "service", "kubernetes", "-n", "default")["spec"]["clusterIP"]
-    version = exec_python(kube, namespace, web_name, FETCH, f"https://{kubernetes_ip}/version")
+    version = fetch_once_served(kube, namespace, web_name, f"https://{kubernetes_ip}/version")
     assert version.startswith("200 ")
 
     logs = kube.kubectl("logs", "-n", namespace, web_name).stdout
@@ -241,6 +254,45 @@ def test_a_pod_runs_the_engine_from_the_host_python_environment(
     logs = kube.kubectl("logs", "-n", namespace, "host-python").stdout
     assert phase == "Succeeded", logs
     assert logs.strip().startswith(importlib.metadata.version("torch"))
+
+
+# Prints a digest of the warmstart package's Python files, wherever it is installed.
+PACKAGE_DIGEST = """
+import hashlib, pathlib, warmstart
+root = pathlib.Path(warmstart.__file__).parent
+digest = hashlib.sha256()
+for path in sorted(p for p in root.rglob("*.py") if "__pycache__" not in p.parts):
+    digest.update(str(path.relative_to(root)).encode() + b"\\0" + path.read_bytes())
+print(digest.hexdigest())
+"""
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("image", ["chart", "worker-cpu"])
+def test_the_projects_images_carry_the_working_trees_code(
+    kube: ControlPlane, real_node: RealNode, namespace: str, image: str
+) -> None:
+    """What the image build installs is this tree's code, every file (a build step once left an empty
+    `warmstart/__init__.py` from the dependency layer's placeholder in the image)."""
+    specs = images.chart_images() if image == "chart" else images.worker_images()
+    reference = specs[0].reference
+    if reference not in images.current_images():
+        pytest.skip(f"{reference} is not built from this tree: run `hack/control-plane images`")
+    container = {"name": "digest", "image": reference, "imagePullPolicy": "Never",
+                 "command": ["python3", "-c", PACKAGE_DIGEST]}  # fmt: skip
+    spec = {**on_the_real_node(real_node), "restartPolicy": "Never", "containers": [container]}
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "digest"}, "spec": spec}
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+
+    def finished() -> str | None:
+        phase = get_json(kube, "pod", "digest", "-n", namespace)["status"].get("phase")
+        return phase if phase in ("Succeeded", "Failed") else None
+
+    phase = wait_for(finished, timeout=READY_TIMEOUT, interval=0.5, message="the digest pod to finish")
+    logs = kube.kubectl("logs", "-n", namespace, "digest").stdout
+    here = subprocess.run([sys.executable, "-c", PACKAGE_DIGEST], capture_output=True, text=True, check=True)
+    assert phase == "Succeeded", logs
+    assert logs.strip() == here.stdout.strip()
 
 
 def run(*argv: str) -> str:
@@ -290,6 +342,18 @@ def test_node_addresses_avoid_every_network_of_the_machine() -> None:
     assert str(node_network) == "203.0.113.0/24" and not pod_subnet.overlaps(taken[1])
     assert (addresses.api_ip, addresses.node_ip) == ("203.0.113.1", "203.0.113.2")
     assert network.NodeAddresses.from_json(addresses.to_json()) == addresses
+
+
+def test_two_nodes_get_link_networks_and_pod_subnets_of_their_own(tmp_path) -> None:
+    first, second = network.choose(2)
+    ranges = [first.node_network, first.pod_subnet, second.node_network, second.pod_subnet]
+    assert not any(a.overlaps(b) for i, a in enumerate(ranges) for b in ranges[i + 1 :]), ranges
+    taints = (network.REAL_NODE_LABEL, network.SECOND_NODE_LABEL)
+    name = network.SECOND_NODE_NAME
+    text = node_config.kubelet_config(second, tmp_path / "ca", tmp_path / "resolv", name, taints)
+    kubelet = json.loads(text)
+    assert kubelet["cgroupRoot"] == f"/{name}" and kubelet["address"] == second.node_ip
+    assert {taint["key"] for taint in kubelet["registerWithTaints"]} == set(taints)
 
 
 def test_the_node_has_a_stamp_of_its_own() -> None:

@@ -19,7 +19,7 @@ def endpoint_spec(**overrides: Any) -> dict[str, Any]:
             "args": ["--enforce-eager"],
         },
         "resources": {"gpus": 1},
-        "snapshot": {"enabled": True, "storage": {"claimName": "snapshots"}},
+        "snapshot": {"enabled": True},
     }
     spec.update(copy.deepcopy(overrides))
     return spec

@@ -5,6 +5,7 @@ from builders import UID, endpoint_body, snapshot_object
 
 from warmstart.api import labels as L
 from warmstart.operator import children
+from warmstart.operator.placement import preferred_node
 from warmstart.operator.reconcile import unwanted_children
 from warmstart.operator.spec import parse_spec
 
@@ -58,8 +59,21 @@ def test_restore_deployment_names_the_snapshot():
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert labels[L.ROLE_LABEL] == "restore" and labels[L.SNAPSHOT_LABEL] == "qwen-abababab"
     assert labels[L.REQUEST_KEY_LABEL] == HASH[: L.REQUEST_KEY_LABEL_LENGTH]
+    assert "affinity" not in dep["spec"]["template"]["spec"]  # no node named: the scheduler is free
     env = {e["name"]: e.get("value") for e in container_of(dep["spec"]["template"]["spec"])["env"]}
     assert env["WARMSTART_SNAPSHOT"] == "qwen-abababab"
+
+
+def test_restore_pods_prefer_the_node_holding_their_snapshot_beside_the_endpoints_own_scheduling():
+    owner, spec = owner_and_spec(template={"nodeSelector": {"pool": "h200"}})
+    dep = children.deployment(owner, spec, L.ROLE_RESTORE, "qwen-ab", HASH, node="gpu-3")
+    pod = dep["spec"]["template"]["spec"]
+    assert preferred_node(pod) == "gpu-3"
+    node_affinity = pod["affinity"]["nodeAffinity"]
+    assert list(node_affinity) == ["preferredDuringSchedulingIgnoredDuringExecution"]  # never required
+    assert pod["nodeSelector"] == {"pool": "h200"}  # the endpoint's own placement still holds
+    capture = children.capture_pod(owner, "qwen", spec, 1, HASH)["spec"]
+    assert "affinity" not in capture  # a capture may run on any node
 
 
 @pytest.mark.parametrize(
@@ -270,7 +284,7 @@ def test_service_and_monitor_select_the_workers():
     )
 
 
-PRESTAGED = {"enabled": True, "storage": {"claimName": "snapshots"}, "prestage": "PageCache"}
+PRESTAGED = {"enabled": True, "prestage": "PageCache"}
 
 
 def test_the_model_stager_runs_where_the_workers_may_with_their_volumes_and_no_gpu():
@@ -302,7 +316,7 @@ def test_the_model_stager_runs_where_the_workers_may_with_their_volumes_and_no_g
     ("snapshot", "wanted"),
     [
         (PRESTAGED, True),
-        ({"enabled": True, "storage": {"claimName": "snapshots"}}, False),
+        ({"enabled": True}, False),
         ({"enabled": False, "prestage": "PageCache"}, False),
     ],
 )

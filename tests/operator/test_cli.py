@@ -22,11 +22,12 @@ def test_namespaces_from_flags_env_or_all(monkeypatch):
     assert resolve_namespaces(parse("--all-namespaces")) == []
 
 
-def test_ports_and_peering_default_from_env(monkeypatch):
-    monkeypatch.setenv("WARMSTART_OPERATOR_METRICS_PORT", "9100")
-    monkeypatch.setenv("WARMSTART_OPERATOR_PEERING", "warmstart")
+def test_ports_and_leader_election_default_from_env(monkeypatch):
+    monkeypatch.setenv("WARMSTART_OPERATOR_METRICS_PORT_NUMBER", "9100")
+    monkeypatch.setenv("WARMSTART_OPERATOR_LEASE_NAMESPACE", "warmstart")
     args = parse()
-    assert (args.metrics_port, args.liveness_port, args.peering) == (9100, 8081, "warmstart")
+    assert (args.metrics_port, args.liveness_port) == (9100, 8081)
+    assert (args.leader_election_namespace, args.lease_name) == ("warmstart", "warmstart-operator")
 
 
 def test_namespace_and_all_namespaces_exclude_each_other():
@@ -40,6 +41,7 @@ def test_namespace_and_all_namespaces_exclude_each_other():
         ("WARMSTART_OPERATOR_WORKERS", "0"),
         ("WARMSTART_OPERATOR_RESYNC_SECONDS", "0"),
         ("WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS", "-1"),
+        ("WARMSTART_OPERATOR_SNAPSHOT_STORE", "nfs"),
     ],
 )
 def test_unusable_operator_settings_name_the_variable(monkeypatch, variable, value):
@@ -48,3 +50,12 @@ def test_unusable_operator_settings_name_the_variable(monkeypatch, variable, val
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValueError, match=f"^{variable} must be"):
         OperatorSettings.from_env()
+
+
+def test_the_snapshot_store_is_node_local_unless_the_chart_says_otherwise(monkeypatch):
+    from warmstart.operator.handlers import OperatorSettings
+
+    monkeypatch.delenv("WARMSTART_OPERATOR_SNAPSHOT_STORE", raising=False)
+    assert OperatorSettings.from_env().snapshot_store == "node-local"
+    monkeypatch.setenv("WARMSTART_OPERATOR_SNAPSHOT_STORE", "object-store")
+    assert OperatorSettings.from_env().snapshot_store == "object-store"

@@ -14,6 +14,7 @@ import yaml
 from support import helm_binary, helm_template
 
 from warmstart.agent.cli import register
+from warmstart.operator.diagnosis import AgentLookup
 from warmstart.operator.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,10 +53,21 @@ def test_endpoint_crd_contract():
         "labelSelectorPath": ".status.selector",
     }
     assert "status" in version["subresources"]
-    columns = {c["name"].upper() for c in version["additionalPrinterColumns"]}
-    assert {"READY", "REPLICAS", "SNAPSHOT", "AGE", "PHASE"} <= columns
+    assert [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")] == [
+        "Phase", "Ready", "Restored", "Snapshot", "Reason", "Age",
+    ]  # fmt: skip
+    paths = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert (paths["Ready"], paths["Reason"]) == (".status.ready", ".status.reason")
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    assert spec["required"] == ["model", "engine", "snapshot"]
+    assert spec["required"] == ["model", "engine"]
+    snapshot = spec["properties"]["snapshot"]
+    assert snapshot["default"] == {}
+    # Storage is the chart's choice (agent.store, agent.objectStore), not an endpoint's: a stale
+    # snapshot.storage is pruned by the API server, since nothing here keeps unknown fields.
+    assert "storage" not in snapshot["properties"]
+    assert "x-kubernetes-preserve-unknown-fields" not in snapshot
+    assert "x-kubernetes-preserve-unknown-fields" not in spec
+    assert "x-kubernetes-validations" not in snapshot  # no rule asks for a claim any more
     assert spec["properties"]["engine"]["properties"]["kind"]["enum"] == ["vllm", "builtin"]
     assert spec["properties"]["replicas"]["minimum"] == 0
     autoscaling = spec["properties"]["autoscaling"]
@@ -80,7 +92,10 @@ def test_endpoint_crd_contract():
 def test_snapshot_crd_contract():
     crd = load("inferencesnapshots.yaml")
     assert crd["spec"]["names"]["shortNames"] == ["isnap"]
-    status = version_of(crd)["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    schema = version_of(crd)["schema"]["openAPIV3Schema"]["properties"]
+    spec_fields = {"endpoint", "requestKeyHash", "requestKey", "signingKeySecret"}
+    assert set(schema["spec"]["properties"]) == spec_fields
+    status = schema["status"]["properties"]
     assert status["phase"]["enum"] == ["Pending", "Capturing", "Ready", "Failed", "Invalid"]
     assert {"node", "gpu", "storagePath", "sizeBytes", "manifestDigest", "timings", "attempts"} <= set(status)
 
@@ -99,14 +114,13 @@ def test_crd_defaults_agree_with_the_operator_defaults():
     spec_schema = version_of(load("inferenceendpoints.yaml"))["schema"]["openAPIV3Schema"]["properties"][
         "spec"
     ]
-    minimal = {
-        "model": {"uri": "m"},
-        "engine": {"kind": "builtin", "image": "img"},
-        "snapshot": {"storage": {"claimName": "s"}},
-    }
+    minimal = {"model": {"uri": "m"}, "engine": {"kind": "builtin", "image": "img"}}
     defaulted = apply_defaults(spec_schema, copy.deepcopy(minimal))
     assert defaulted["autoscaling"]["mode"] == "none" and defaulted["replicas"] == 1
-    assert defaulted["snapshot"]["prestage"] == "None"
+    assert defaulted["snapshot"] == {
+        "enabled": True, "retention": 2, "maxCaptureAttempts": 5, "captureTimeoutSeconds": 3600,
+        "prestage": "None",
+    }  # fmt: skip
     assert parse_spec(defaulted) == parse_spec(minimal)
     http_mode = {**minimal, "autoscaling": {"mode": "http", "minReplicas": 0, "http": {}}}
     defaulted = apply_defaults(spec_schema, copy.deepcopy(http_mode))
@@ -120,8 +134,8 @@ def test_helm_lint_is_clean():
 
 
 def test_values_schema_rejects_bad_values():
-    bad = helm_template(CHART, "--set", "operator.replicas=2", check=False)
-    assert bad.returncode != 0 and "peering" in bad.stderr
+    bad = helm_template(CHART, "--set", "operator.replicas=6", check=False)
+    assert bad.returncode != 0 and "replicas" in bad.stderr
     typo = helm_template(CHART, "--set", "operator.replica=1", check=False)
     assert typo.returncode != 0 and "replica" in typo.stderr
     negative = helm_template(CHART, "--set", "agent.prestage.maxBytes=-1", check=False)
@@ -170,3 +184,25 @@ def test_agent_is_optional_and_privileged_when_on():
     operator = without["Deployment/t-warmstart-operator"]["spec"]["template"]["spec"]["containers"][0]
     assert "--all-namespaces" in operator["args"]
     assert json.dumps(operator["livenessProbe"]["httpGet"]["path"]) == '"/healthz"'
+
+
+def test_the_operator_is_told_where_the_agents_run():
+    def operator_env(*flags: str) -> dict[str, str]:
+        docs = [d for d in yaml.safe_load_all(helm_template(CHART, *flags).stdout) if d]
+        (deployment,) = [
+            d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator")
+        ]
+        return {
+            e["name"]: e.get("value", "")
+            for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
+        }
+
+    docs = [d for d in yaml.safe_load_all(helm_template(CHART).stdout) if d]
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    lookup = AgentLookup.from_env(operator_env())
+    assert lookup is not None and lookup.namespace == daemonset["metadata"]["namespace"]
+    assert lookup.selector == daemonset["spec"]["selector"]["matchLabels"]
+    assert AgentLookup.from_env(operator_env("--set", "agent.enabled=false")) is None
+    (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-operator")]
+    assert any("pods" in r["resources"] and "list" in r["verbs"] for r in role["rules"])
+    assert any("events" in r["resources"] and "list" in r["verbs"] for r in role["rules"])

@@ -5,9 +5,11 @@ import datetime as dt
 from builders import endpoint_body, snapshot_object
 
 from warmstart.api import labels as L
+from warmstart.clock import format_time
+from warmstart.operator.backoff import Backoff
 from warmstart.operator.children import Owner
 from warmstart.operator.request_key import request_key, request_key_hash
-from warmstart.operator.snapshots import Backoff, format_time, plan_snapshots
+from warmstart.operator.snapshots import plan_snapshots
 from warmstart.operator.spec import parse_spec
 
 NOW = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
@@ -59,8 +61,9 @@ def test_pending_snapshot_keeps_its_capture_pod():
 
 def test_ready_snapshot_switches_to_restore():
     digest = current_hash()
-    result, _ = plan([snapshot_object("qwen-a", digest, "Ready", "2026-01-01T11:00:00Z")])
+    result, _ = plan([snapshot_object("qwen-a", digest, "Ready", "2026-01-01T11:00:00Z", node="gpu-3")])
     assert result.role == L.ROLE_RESTORE and result.ready == "qwen-a"
+    assert result.ready_node == "gpu-3"  # where the agent captured it
     assert result.create is None and not result.capture_attempt
 
 
@@ -115,6 +118,6 @@ def test_retention_deletes_the_oldest_but_never_the_one_in_use():
         snapshot_object("s3", "3" * 64, "Ready", "2026-01-01T03:00:00Z"),
         snapshot_object("current", digest, "Ready", "2026-01-01T00:00:00Z"),
     ]
-    result, _ = plan(snaps, snapshot={"enabled": True, "storage": {"claimName": "s"}, "retention": 2})
+    result, _ = plan(snaps, snapshot={"enabled": True, "retention": 2})
     assert result.ready == "current"
     assert sorted(result.delete) == ["s1", "s2"]

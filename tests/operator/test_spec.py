@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from builders import endpoint_spec
 
-from warmstart.operator.spec import InvalidSpec, parse_spec
+from warmstart.operator.spec import InvalidSpec, SnapshotPolicy, parse_spec
 
 
 def test_defaults_match_the_crd_defaults():
@@ -11,7 +11,6 @@ def test_defaults_match_the_crd_defaults():
         {
             "model": {"uri": "m"},
             "engine": {"kind": "builtin", "image": "img"},
-            "snapshot": {"storage": {"claimName": "s"}},
         }
     )
     assert spec.replicas == 1
@@ -94,15 +93,14 @@ VOLUME_A = {"name": "a"}
             {"autoscaling": {"mode": "http", "http": {"responseTimeoutSeconds": "10m"}}},
             "spec.autoscaling.http.responseTimeoutSeconds",
         ),
-        ({"snapshot": {"enabled": True}}, "spec.snapshot.storage.claimName"),
         ({"resources": {"gpus": 0, "gpuProduct": "NVIDIA-H200"}}, "spec.resources.gpuProduct"),
         (
             {"engine": {"kind": "vllm", "image": "w:1", "tensorParallelSize": 2}, "resources": {"gpus": 1}},
             "spec.engine.tensorParallelSize",
         ),
-        ({"snapshot": {"enabled": "yes", "storage": {"claimName": "s"}}}, "spec.snapshot.enabled"),
-        ({"snapshot": {"storage": {"claimName": "s"}, "prestage": "pagecache"}}, "spec.snapshot.prestage"),
-        ({"snapshot": {"storage": {"claimName": "s"}, "prestage": None}}, "spec.snapshot.prestage"),
+        ({"snapshot": {"enabled": "yes"}}, "spec.snapshot.enabled"),
+        ({"snapshot": {"prestage": "pagecache"}}, "spec.snapshot.prestage"),
+        ({"snapshot": {"prestage": None}}, "spec.snapshot.prestage"),
         ({"monitoring": {"serviceMonitor": "false"}}, "spec.monitoring.serviceMonitor"),
         ({"template": {"volumes": [{"name": "control", "emptyDir": {}}]}}, "spec.template.volumes[0].name"),
         ({"template": {"volumes": [{"name": "a"}, {"name": "a"}]}}, "spec.template.volumes[1].name"),
@@ -148,15 +146,77 @@ def test_missing_model_is_named():
         parse_spec(spec)
 
 
-def test_missing_snapshot_policy_is_named():
+def test_snapshots_need_no_policy():
     spec = endpoint_spec()
     del spec["snapshot"]
-    with pytest.raises(InvalidSpec, match=r"^spec\.snapshot: is required"):
+    assert parse_spec(spec).snapshot == SnapshotPolicy(enabled=True)
+    policy = parse_spec(endpoint_spec(snapshot={"enabled": True, "retention": 3})).snapshot
+    assert policy.enabled and policy.retention == 3
+
+
+def test_a_removed_storage_field_is_ignored_as_the_api_server_prunes_it():
+    """snapshot.storage left the CRD (the chart's agent.store is the one store): an object written before
+    carries it until the API server prunes it, and it changes nothing meanwhile."""
+    stale = endpoint_spec(snapshot={"enabled": True, "storage": {"claimName": "s", "subPath": "x"}})
+    assert parse_spec(stale) == parse_spec(endpoint_spec(snapshot={"enabled": True}))
+
+
+def test_every_section_with_a_problem_is_named_at_once():
+    spec = endpoint_spec(
+        replicas=-1,
+        engine={"kind": "tgi", "image": "i"},
+        autoscaling={"mode": "hpa"},
+        template={"volumes": [{"name": "shm"}]},
+        monitoring={"serviceMonitor": "yes"},
+    )
+    del spec["model"]
+    with pytest.raises(InvalidSpec) as caught:
         parse_spec(spec)
+    paths = [problem.path for problem in caught.value.problems]
+    assert paths == [
+        "model", "engine.kind", "replicas", "autoscaling.metric", "template.volumes[0].name",
+        "monitoring.serviceMonitor",
+    ]  # fmt: skip
+    message = str(caught.value)
+    assert message.startswith("spec.model: is required")
+    assert all(f"spec.{path}: " in message for path in paths)
+
+
+def test_a_flag_the_worker_refuses_hides_no_other_problem():
+    spec = endpoint_spec(
+        model={"uri": "tiny", "revision": "main"},
+        engine={"kind": "builtin", "image": "i", "args": ["--no-such-flag"], "port": 80},
+    )
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(spec)
+    assert [p.path for p in caught.value.problems] == ["engine.port"]  # the section stops at its first
+    spec["engine"]["port"] = 8000
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(spec)
+    assert [p.path for p in caught.value.problems] == ["engine.args", "model.revision"]
+
+
+def test_rules_across_sections_are_checked_beside_the_others():
+    spec = endpoint_spec(
+        model={"uri": "tiny", "revision": "main"},
+        engine={"kind": "builtin", "image": "i", "tensorParallelSize": 2},
+        service={"port": 0},
+    )
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(spec)
+    assert [p.path for p in caught.value.problems] == [
+        "model.revision", "engine.tensorParallelSize", "service.port",
+    ]  # fmt: skip
+
+
+def test_a_spec_that_is_not_an_object_is_one_problem():
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(["model"])  # type: ignore[arg-type]
+    assert [str(p) for p in caught.value.problems] == ["spec: must be an object"]
 
 
 def test_prestage_policy_is_parsed():
-    policy = parse_spec(endpoint_spec(snapshot={"storage": {"claimName": "s"}, "prestage": "PageCache"}))
+    policy = parse_spec(endpoint_spec(snapshot={"prestage": "PageCache"}))
     assert policy.snapshot.prestage == "PageCache"
 
 

@@ -3,15 +3,36 @@ from __future__ import annotations
 import datetime as dt
 import json
 
+import pytest
+
 from warmstart.api import labels as L
+from warmstart.operator.diagnosis import Cause
 from warmstart.operator.snapshots import SnapshotPlan
-from warmstart.operator.status import Workload, endpoint_status, invalid_status, last_timings
+from warmstart.operator.status import (
+    Workload,
+    endpoint_status,
+    invalid_status,
+    last_timings,
+    reported_invalid,
+    restored_replicas,
+)
 
 T0 = dt.datetime(2026, 1, 1, 12, 0, 0, tzinfo=dt.UTC)
 T1 = T0 + dt.timedelta(minutes=5)
 
 
-def status(plan: SnapshotPlan, work: Workload, previous=None, now=T0, enabled=True):
+def status(
+    plan: SnapshotPlan,
+    work: Workload,
+    previous=None,
+    now=T0,
+    enabled=True,
+    causes=(),
+    capture_causes=(),
+    kept="",
+    role="",
+    pods=(),
+):
     return endpoint_status(
         generation=3,
         snapshots_enabled=enabled,
@@ -19,9 +40,13 @@ def status(plan: SnapshotPlan, work: Workload, previous=None, now=T0, enabled=Tr
         work=work,
         selector="a=b",
         request_hash="h",
-        pods=[],
+        pods=list(pods),
         previous=previous or {},
         now=now,
+        worker_causes=causes,
+        capture_causes=capture_causes,
+        kept_snapshot=kept,
+        worker_role=role,
     )
 
 
@@ -29,17 +54,101 @@ def conditions(result) -> dict[str, dict]:
     return {c["type"]: c for c in result["conditions"]}
 
 
+CAPTURING = SnapshotPlan(role=L.ROLE_COLD, active="s", active_phase="Pending", attempts=1, capture_attempt=1)
+
+
 def test_capturing_with_cold_replicas_not_yet_ready():
-    plan = SnapshotPlan(role=L.ROLE_COLD, active="s", active_phase="Pending", attempts=1, capture_attempt=1)
-    result = status(plan, Workload(desired=2, replicas=2, ready=1, updated=2))
+    result = status(CAPTURING, Workload(desired=2, replicas=2, ready=0, updated=2))
     found = conditions(result)
-    assert result["phase"] == "Capturing"
-    assert found["Ready"]["status"] == "False" and found["Ready"]["message"] == "1/2 replicas ready"
+    assert result["phase"] == "Capturing" and result["ready"] == "0/2"
+    assert (result["reason"], result["message"]) == (
+        "Capturing",
+        "capturing s (attempt 1); replicas cold-start",
+    )
+    assert found["Ready"]["status"] == "False" and found["Ready"]["message"] == "0/2 replicas ready: starting"
     assert found["SnapshotReady"]["reason"] == "Capturing"
-    assert found["Progressing"]["status"] == "True"
+    assert (found["Progressing"]["status"], found["Progressing"]["reason"]) == ("True", "ScalingUp")
     assert found["Degraded"]["status"] == "False"
     assert all(c["observedGeneration"] == 3 for c in result["conditions"])
     assert result["observedGeneration"] == 3 and result["captureAttempts"] == 1
+
+
+def test_one_serving_replica_is_ready_while_capturing_and_scaling_up():
+    first = status(CAPTURING, Workload(desired=1, replicas=1, ready=1, updated=1))
+    assert conditions(first)["Ready"]["status"] == "True" and first["phase"] == "Ready"
+    # kubectl scale 1 -> 2: the new replica starts beside the serving one.
+    scaled = status(CAPTURING, Workload(desired=2, replicas=2, ready=1, updated=2), previous=first, now=T1)
+    ready, progressing = conditions(scaled)["Ready"], conditions(scaled)["Progressing"]
+    assert (ready["status"], ready["message"]) == ("True", "1/2 replicas ready")
+    assert ready["lastTransitionTime"] == conditions(first)["Ready"]["lastTransitionTime"]  # no flap
+    assert (progressing["status"], progressing["reason"]) == ("True", "ScalingUp")
+    assert (scaled["phase"], scaled["reason"], scaled["ready"]) == ("Ready", "ScalingUp", "1/2")
+
+
+@pytest.mark.parametrize(
+    ("work", "reason"),
+    [
+        (Workload(desired=1, replicas=2, ready=1, updated=1), "ScalingDown"),
+        (Workload(desired=2, replicas=2, ready=2, updated=1), "RollingOut"),
+        (Workload(desired=2, replicas=1, ready=1, updated=1), "ScalingUp"),
+        (Workload(desired=2, replicas=2, ready=2, updated=2), "Stable"),
+    ],
+)
+def test_progressing_says_what_the_deployment_is_doing(work, reason):
+    found = conditions(status(SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), work))["Progressing"]
+    assert (found["status"], found["reason"]) == ("False" if reason == "Stable" else "True", reason)
+
+
+def worker_cause(reason="Unschedulable", detail="0/3 nodes are available: 3 Insufficient nvidia.com/gpu."):
+    return Cause(reason, detail, "worker", ("llm-abc",))
+
+
+def test_a_worker_that_cannot_start_explains_not_ready_and_degraded():
+    cause = worker_cause()
+    result = status(
+        SnapshotPlan(role=L.ROLE_COLD), Workload(desired=1, replicas=1), enabled=False, causes=[cause]
+    )
+    found = conditions(result)
+    assert (found["Ready"]["status"], found["Ready"]["reason"]) == ("False", "Unschedulable")
+    assert found["Ready"]["message"] == f"worker pod llm-abc: {cause.detail}"
+    assert (found["Degraded"]["status"], found["Degraded"]["reason"]) == ("True", "Unschedulable")
+    assert (result["phase"], result["reason"]) == ("Degraded", "Unschedulable")
+    assert "3 Insufficient nvidia.com/gpu" in result["message"]
+
+
+def test_a_capture_pod_that_cannot_progress_explains_snapshot_ready():
+    cause = Cause("NoNodeAgent", "no Ready node agent on node n1", "capture", ("s-capture-1",))
+    result = status(CAPTURING, Workload(desired=1, replicas=1, ready=1, updated=1), capture_causes=[cause])
+    found = conditions(result)
+    assert (found["SnapshotReady"]["status"], found["SnapshotReady"]["reason"]) == ("False", "NoNodeAgent")
+    assert found["SnapshotReady"]["message"].startswith(
+        "capture pod s-capture-1: no Ready node agent on node n1"
+    )
+    assert (found["Degraded"]["status"], found["Degraded"]["reason"]) == ("True", "NoNodeAgent")
+    assert found["Ready"]["status"] == "True"  # the cold replica serves meanwhile
+    assert result["phase"] == "Degraded"
+
+
+def test_worker_causes_come_before_capture_causes_and_all_are_named():
+    capture = Cause("ImagePullFailed", "container worker: ErrImagePull", "capture", ("s-capture-1",))
+    result = status(
+        CAPTURING, Workload(desired=1, replicas=1), causes=[worker_cause()], capture_causes=[capture]
+    )
+    degraded = conditions(result)["Degraded"]
+    assert degraded["reason"] == "Unschedulable"
+    assert (
+        "worker pod llm-abc: 0/3" in degraded["message"]
+        and "capture pod s-capture-1: " in degraded["message"]
+    )
+
+
+def test_a_kept_template_is_said_while_a_new_snapshot_is_captured():
+    result = status(
+        CAPTURING, Workload(desired=2, replicas=2, ready=2, updated=2), kept="old", role="restore"
+    )
+    message = conditions(result)["SnapshotReady"]["message"]
+    assert message.startswith("capturing s (attempt 1); serving replicas keep their template (it names old")
+    assert result["workerRole"] == "restore" and result["currentSnapshot"] is None
 
 
 def test_restoring_and_ready():
@@ -79,15 +188,48 @@ def test_exhausted_capture_is_degraded():
 
 def test_scaled_to_zero_and_disabled_snapshots():
     result = status(SnapshotPlan(role=L.ROLE_COLD), Workload(desired=0), enabled=False)
-    assert result["phase"] == "ScaledToZero"
-    assert conditions(result)["Ready"]["reason"] == "ScaledToZero"
+    assert (result["phase"], result["reason"]) == ("ScaledToZero", "ScaledToZero")
+    ready = conditions(result)["Ready"]
+    assert (ready["status"], ready["reason"]) == ("False", "ScaledToZero")  # nothing serves at zero
+    assert conditions(result)["Degraded"]["status"] == "False"
     assert conditions(result)["SnapshotReady"]["reason"] == "SnapshotsDisabled"
 
 
-def test_invalid_status_names_the_problem():
-    result = invalid_status(4, "spec.replicas: must be between 0 and 1000, got -1", {}, T0)
-    assert result["phase"] == "Degraded"
+def test_invalid_status_names_the_problem_and_keeps_the_other_conditions():
+    before = status(
+        SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), Workload(desired=1, replicas=1, ready=1, updated=1)
+    )
+    result = invalid_status(4, "spec.replicas: must be between 0 and 1000, got -1", before, T0)
+    assert (result["phase"], result["reason"]) == ("Degraded", "InvalidSpec")
+    assert result["message"].startswith("spec.replicas")
     assert conditions(result)["Degraded"]["message"].startswith("spec.replicas")
+    assert conditions(result)["Degraded"]["observedGeneration"] == 4
+    assert conditions(result)["SnapshotReady"]["status"] == "True"  # what the last reconcile saw
+    assert reported_invalid(result, 4) and not reported_invalid(result, 5) and not reported_invalid(before, 3)
+
+
+def test_restored_replicas_count_ready_pods_the_agent_restored():
+    restored = worker_pod(
+        L.ROLE_RESTORE, "2026-01-01T11:00:00Z", "2026-01-01T11:00:02Z", annotation={"restoreSeconds": 1.5}
+    )
+    refused = worker_pod(
+        L.ROLE_RESTORE,
+        "2026-01-01T11:00:00Z",
+        "2026-01-01T11:00:30Z",
+        annotation={"restoreFailed": "no agent"},
+    )
+    starting = worker_pod(
+        L.ROLE_RESTORE,
+        "2026-01-01T11:00:00Z",
+        "2026-01-01T11:00:02Z",
+        annotation={"restoreSeconds": 1.5},
+        ready="False",
+    )
+    cold = worker_pod(L.ROLE_COLD, "2026-01-01T11:00:00Z", "2026-01-01T11:00:30Z")
+    pods = [restored, refused, starting, cold]  # fmt: skip
+    assert restored_replicas(pods) == 1
+    result = status(SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), Workload(4, 4, 3, 4), pods=pods)
+    assert (result["restoredReplicas"], result["ready"]) == (1, "3/4")
 
 
 def pod(annotation, created="2026-01-01T10:00:00Z"):

@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import threading
 
-from warmstart.operator.workqueue import RetryBackoff, WorkQueue
+from warmstart.operator.backoff import Backoff
+from warmstart.operator.workqueue import Resync, WorkQueue
 
 
 def test_keys_are_deduplicated_and_rerun_when_added_during_work():
@@ -64,14 +65,14 @@ def test_a_returned_delay_requeues_and_crashes_do_not_kill_workers():
 
 
 def test_retry_backoff_doubles_from_the_base_up_to_the_cap():
-    backoff = RetryBackoff(base_seconds=1.0, cap_seconds=8.0)
+    backoff = Backoff(base_seconds=1.0, max_seconds=8.0)
     assert [backoff.delay(n) for n in range(1, 7)] == [1, 2, 4, 8, 8, 8]
     assert backoff.delay(10_000) == 8  # no overflow however long it keeps failing
 
 
 def test_a_failing_key_is_retried_from_one_schedule_and_a_success_resets_it():
     runs = threading.Semaphore(0)
-    queue = WorkQueue(lambda key: runs.release(), workers=1, backoff=RetryBackoff(0.05, 0.05))
+    queue = WorkQueue(lambda key: runs.release(), workers=1, backoff=Backoff(0.05, 0.05))
     queue.start()
     try:
         key = ("ns", "a")
@@ -85,4 +86,33 @@ def test_a_failing_key_is_retried_from_one_schedule_and_a_success_resets_it():
         queue.reset(key)
         assert queue.failures(key) == 0
     finally:
+        queue.stop()
+
+
+def test_resync_queues_every_known_key_but_those_waiting_for_a_retry():
+    queue = WorkQueue(lambda key: None, workers=1, backoff=Backoff(base_seconds=3600))  # not started
+    resync = Resync(queue, interval=3600)
+    for name in ("a", "b", "c"):
+        resync.track(("ns", name))
+    resync.forget(("ns", "c"))
+    queue.retry_later(("ns", "b"))  # its retry is scheduled an hour away: the resync leaves it alone
+    try:
+        assert resync.sweep() == 1
+        assert len(queue) == 1 and queue.backing_off(("ns", "b"))
+        assert resync.keys() == [("ns", "a"), ("ns", "b")]
+    finally:
+        queue.stop()
+
+
+def test_resync_runs_on_its_own_every_interval():
+    swept = threading.Event()
+    queue = WorkQueue(lambda key: swept.set(), workers=1)
+    resync = Resync(queue, interval=0.05)
+    resync.track(("ns", "a"))
+    queue.start()
+    resync.start()
+    try:
+        assert swept.wait(10)
+    finally:
+        resync.stop()
         queue.stop()

@@ -8,11 +8,16 @@ Secrets either.
 
 from __future__ import annotations
 
+import copy
+import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from warmstart.api import labels as L
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -32,13 +37,16 @@ AGENT_MAY_NOT = [
     ("patch", "inferenceendpoints.warmstart.dev/status"), ("patch", "deployments.apps"),
     ("get", "configmaps"), ("create", "serviceaccounts/token"),
 ]  # fmt: skip
+NODE_A, NODE_B = "kwok-gpu-0", "kwok-gpu-1"  # the control plane's two fake nodes
+POLICY_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 OPERATOR_MAY_NOT = [("get", "secrets"), ("list", "secrets"), ("create", "pods/exec"), ("patch", "nodes")]
 
 
 def _rendered(kube: Any, release: str, namespace: str) -> list[dict[str, Any]]:
     result = kube.helm(
         "template", release, str(CHART), "--namespace", namespace, "--kube-version", KUBE_VERSION,
-        "--show-only", "templates/agent-rbac.yaml", "--show-only", "templates/operator-rbac.yaml",
+        "--api-versions", POLICY_API, "--show-only", "templates/agent-rbac.yaml",
+        "--show-only", "templates/operator-rbac.yaml", "--show-only", "templates/agent-pod-policy.yaml",
     )  # fmt: skip
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
@@ -96,3 +104,85 @@ def test_the_operator_cannot_read_secrets_or_exec(kube: Any, namespace: str, cha
     allowed = [(verb, res) for verb, res in OPERATOR_MAY_NOT if _can(kube, namespace, operator, verb, res)]
     assert allowed == []
     assert _can(kube, namespace, operator, "create", "inferencesnapshots.warmstart.dev")
+
+
+def _pod(kube: Any, namespace: str, name: str, node: str, account: str = "default") -> Any:
+    """A pod object bound to `node` (a fake node: the API server's checks are what is tested)."""
+    from kubernetes import client
+
+    body = {
+        "metadata": {"name": name, "labels": {"app": name}, "annotations": {"team": "a"}},
+        "spec": {"nodeName": node, "serviceAccountName": account,
+                 "containers": [{"name": "worker", "image": "warmstart:test"}]},
+    }  # fmt: skip
+    return client.CoreV1Api(kube.api_client()).create_namespaced_pod(namespace, body)
+
+
+def _as_agent(kube: Any, namespace: str, account: str, bound_to: Any | None) -> Any:
+    """The core API as the agent's ServiceAccount, with a token bound to pod `bound_to` (as the kubelet
+    mounts it into the agent's pod), or bound to nothing."""
+    from kubernetes import client
+
+    admin = client.CoreV1Api(kube.api_client())
+    spec: dict[str, Any] = {"audiences": [], "expirationSeconds": 600}
+    if bound_to is not None:
+        meta = bound_to.metadata
+        spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Pod", "name": meta.name, "uid": meta.uid}
+    token = admin.create_namespaced_service_account_token(account, namespace, {"spec": spec}).status.token
+    configuration = copy.copy(kube.api_client().configuration)
+    configuration.cert_file = configuration.key_file = None
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return client.CoreV1Api(client.ApiClient(configuration))
+
+
+def _refused(call: Callable[[], Any]) -> str:
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        call()
+    except ApiException as exc:
+        assert exc.status in (403, 422), exc
+        return str(exc.body)
+    return ""
+
+
+def test_the_agent_may_only_set_its_status_annotation_on_pods_of_its_own_node(
+    kube: Any, namespace: str, chart_rbac
+) -> None:
+    """`patch pods` is cluster-wide in RBAC; the chart's admission policy narrows it to the one annotation,
+    on pods of the node the agent's token was issued for (its pod's node)."""
+    from kubernetes import client
+
+    agent = _service_account(chart_rbac, "agent")
+    agent_pod = _pod(kube, namespace, "agent", NODE_A, account=agent)
+    _pod(kube, namespace, "here", NODE_A), _pod(kube, namespace, "there", NODE_B)
+    api, unbound = _as_agent(kube, namespace, agent, agent_pod), _as_agent(kube, namespace, agent, None)
+    status = {"metadata": {"annotations": {L.STATUS_ANNOTATION: '{"restoreSeconds": 0.5}'}}}
+    # The API server enforces a new policy once its informers have it: until a probe on another node's pod
+    # is refused, a write going through would say nothing about the policy.
+    _pod(kube, namespace, "probe", NODE_B)
+    kube.wait_for(
+        lambda: _refused(lambda: api.patch_namespaced_pod("probe", namespace, status)), timeout=60,
+        message="the chart's admission policy in force",
+    )  # fmt: skip
+
+    api.patch_namespaced_pod("here", namespace, status)  # what the agent's code does
+    assert json.loads(api.read_namespaced_pod("here", namespace).metadata.annotations[L.STATUS_ANNOTATION])
+    refusals = {
+        "a pod of another node": _refused(lambda: api.patch_namespaced_pod("there", namespace, status)),
+        "another annotation": _refused(lambda: api.patch_namespaced_pod(
+            "here", namespace, {"metadata": {"annotations": {"team": "b"}}})),
+        "an annotation removed": _refused(lambda: api.patch_namespaced_pod(
+            "here", namespace, {"metadata": {"annotations": {"team": None}}})),
+        "a label": _refused(lambda: api.patch_namespaced_pod(
+            "here", namespace, {"metadata": {"labels": {"app": "other"}}})),
+        "a token bound to no pod": _refused(lambda: unbound.patch_namespaced_pod("here", namespace, status)),
+    }  # fmt: skip
+    assert all(refusals.values()), {what: bool(why) for what, why in refusals.items()}
+    assert "own node" in refusals["a pod of another node"]
+    assert "warmstart.dev/status" in refusals["another annotation"]
+    admin = client.CoreV1Api(kube.api_client())
+    assert admin.read_namespaced_pod("here", namespace).metadata.labels == {"app": "here"}
+    assert admin.read_namespaced_pod("there", namespace).metadata.annotations == {"team": "a"}
+    # Nobody else is bound by the policy: the cluster's admin still may.
+    admin.patch_namespaced_pod("there", namespace, {"metadata": {"labels": {"app": "x"}}})

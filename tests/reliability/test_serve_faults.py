@@ -120,6 +120,28 @@ def test_sandbox_directories_never_follow_a_planted_link(tmp_path: Path, planted
     REFUSED[f"{planted} link"] += 1
 
 
+@pytest.mark.parametrize("planted", ["file", "link"])
+def test_a_default_work_directory_that_is_no_directory_gives_way_to_a_temporary_one(
+    tmp_path: Path, planted: str
+) -> None:
+    s = make_store(tmp_path)
+    pods = s.root / "pods"
+    if planted == "file":
+        pods.write_bytes(b"junk")
+    else:
+        pods.symlink_to(s.outside)
+    before = tree_state(s.outside)
+    signer, verifier, _ = signing_keys(s.root, None)
+    node = LocalNode(WorkerSpec(), s.store, signer, verifier, None)  # the default work directory
+    made = node._new_sandbox_dir("cold")
+    assert not made.is_relative_to(s.root) and (made / "control" / "logs").is_dir()
+    assert str(made.parent) in node.notes[0]
+    node.stop_all()
+    assert not made.parent.exists()  # a temporary work directory does not outlive its run
+    assert tree_state(s.outside) == before
+    REFUSED[f"work dir {planted}"] += 1
+
+
 def test_a_lost_identity_record_is_recovered_from_the_published_snapshot(tmp_path: Path) -> None:
     s = make_store(tmp_path)
     model_dir = tmp_path / "model"

@@ -122,7 +122,7 @@ def test_signature_documents_of_any_shape(tmp_path_factory: pytest.TempPathFacto
     except SignatureInvalid:
         tally("signature", True)
         return
-    tally("signature", False)
+    pytest.fail(f"a signature document not made with the key was accepted: {document!r}")
 
 
 @FUZZ
@@ -142,7 +142,7 @@ def test_signature_fields_of_any_type(
     except SignatureInvalid:
         tally("signature fields", True)
         return
-    tally("signature fields", False)
+    pytest.fail(f"a signature not made with the key was accepted: {document!r}")
 
 
 _VERIFIERS: dict[str, Any] = {}

@@ -4,8 +4,11 @@ outside the store is written or read, and nothing hangs: GC runs in a child proc
 
 from __future__ import annotations
 
+import errno
+import hashlib
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -20,8 +23,8 @@ from warmstart.checkpoint.restore import FailureCounter
 from warmstart.fileio import UnsafeInput
 from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.keys import signing_keys
-from warmstart.snapshot.manifest import SnapshotError, SnapshotInvalid
-from warmstart.snapshot.signing import Signer, Verifier
+from warmstart.snapshot.manifest import Manifest, SnapshotError, SnapshotInvalid
+from warmstart.snapshot.signing import Signer, Verifier, signature_document
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 pytestmark = pytest.mark.reliability
@@ -194,8 +197,6 @@ def test_publish_replaces_a_blob_that_is_a_link_and_never_touches_its_target(tmp
     target = s.outside / "same-size"
     target.write_bytes(b"x" * len(content))
     before = tree_state(s.outside)
-    import hashlib
-
     blob = s.store.blob_path("sha256:" + hashlib.sha256(content).hexdigest())
     blob.symlink_to(target)
     snapshot = publish(s.store, s.signer, {"w": content})
@@ -317,3 +318,132 @@ def test_snapshot_verify_uses_the_stores_own_key(tmp_path: Path, monkeypatch: py
     monkeypatch.delenv("WARMSTART_SIGNING_KEY", raising=False)
     s = make_store(tmp_path)
     assert main(["snapshot", "verify", s.snapshot.id, "--store", str(s.root), "--json"]) == 0
+
+
+# --- listing: signatures before parsing, the directory's name is the id -----------------------------------
+
+
+JUNK_MANIFEST_BYTES = 15 << 20  # just under the 16 MiB bound: costly to parse, free to hard-link
+
+
+def plant_junk_snapshots(s: Store, count: int, signature: bytes) -> list[Path]:
+    """`count` directories named like newer snapshots of the same identity, each holding a regular
+    `manifest.sig` (`signature`) and a hard link to one near-limit JSON manifest."""
+    junk = s.root / "junk-manifest.json"
+    with open(junk, "wb") as handle:
+        handle.write(b"{")
+        handle.write(b'"k": 0, ' * ((JUNK_MANIFEST_BYTES - 16) // 8))
+        handle.write(b'"k": 0}')
+    planted = []
+    for index in range(count):
+        directory = s.root / "snapshots" / f"{s.snapshot.id[:13]}29991231235959-{index:06x}"
+        directory.mkdir()
+        os.link(junk, directory / "manifest.json")
+        (directory / "manifest.sig").write_bytes(signature)
+        planted.append(directory)
+    return planted
+
+
+def forged_signature(s: Store) -> bytes:
+    """A signature document naming the store's real key (its id is no secret), with a made-up signature."""
+    document = json.loads((s.snapshot.path / "manifest.sig").read_bytes())
+    return json.dumps({**document, "signature": "AAAA" * 11}).encode()
+
+
+@pytest.mark.parametrize("signature", ["junk", "another key", "forged"])
+def test_listing_checks_signatures_before_a_manifest_is_parsed(
+    tmp_path: Path, signature: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = make_store(tmp_path)
+    other_signer, _, _ = signing_keys(tmp_path / "other", None)
+    document = {
+        "junk": b"\x00 not a signature",
+        "another key": signature_document(other_signer, b"anything"),
+        "forged": forged_signature(s),
+    }[signature]
+    plant_junk_snapshots(s, 20, document)
+    parsed: list[bytes] = []
+    real_parse = Manifest.from_bytes
+    monkeypatch.setattr(
+        Manifest, "from_bytes", classmethod(lambda cls, raw: parsed.append(raw) or real_parse(raw))
+    )
+    listed = s.store.list(IDENTITY.digest(), verifier=s.verifier)
+    assert [x.id for x in listed] == [s.snapshot.id]
+    assert len(parsed) == 1  # the real manifest only: no junk parsed, whatever its size
+    with pytest.raises(SnapshotInvalid, match="manifest.sig"):
+        s.store.get(f"{s.snapshot.id[:13]}29991231235959-000000", verifier=s.verifier)
+    REFUSED[f"listed junk, {signature} signature"] += 20
+
+
+def test_a_copied_snapshot_directory_is_not_a_second_snapshot(tmp_path: Path) -> None:
+    s = make_store(tmp_path)
+    copy = s.root / "snapshots" / f"{s.snapshot.id[:13]}29991231235959-c0ffee"
+    shutil.copytree(s.snapshot.path, copy)
+    for verifier in (s.verifier, None):
+        assert [x.id for x in s.store.list(verifier=verifier)] == [s.snapshot.id]
+    with pytest.raises(SnapshotInvalid, match="directory"):
+        s.store.get(copy.name, verifier=s.verifier)
+    REFUSED["copied snapshot directory"] += 1
+
+
+def test_retention_counts_only_verified_snapshots(tmp_path: Path) -> None:
+    s = make_store(tmp_path)
+    plant_junk_snapshots(s, 3, forged_signature(s))
+    assert s.store.apply_retention(1, verifier=s.verifier) == []
+    s.store.verify(s.snapshot.id, s.verifier)
+    REFUSED["forged snapshots at retention"] += 3
+
+
+# --- publish: a blob already there is checked, a failed publish leaves no blob ----------------------------
+
+
+def test_publish_replaces_a_planted_blob_of_the_right_size(tmp_path: Path) -> None:
+    s = make_store(tmp_path)
+    content = b"the real weights " * 100
+    blob = s.store.blob_path("sha256:" + hashlib.sha256(content).hexdigest())
+    blob.write_bytes(b"X" * len(content))  # planted before the capture that needs it
+    blob.chmod(0o444)
+    snapshot = publish(s.store, s.signer, {"w": content})
+    s.store.verify(snapshot.id, s.verifier)  # valid at birth
+    assert blob.read_bytes() == content
+    REFUSED["planted blob of the right size"] += 1
+
+
+class FailingSigner:
+    """A signer that fails as a full disk would, after every blob was ingested."""
+
+    algorithm, key_id = "hmac-sha256", "0" * 16
+
+    def sign(self, data: bytes) -> bytes:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_failed_publish_removes_the_blobs_it_wrote_and_keeps_shared_ones(tmp_path: Path) -> None:
+    s = make_store(tmp_path)
+    shared = s.snapshot.files["criu/pages-1.img"]
+    blobs_before = sorted(p.name for p in s.store.blobs_dir.iterdir())
+    with pytest.raises(OSError, match="No space"):
+        publish(s.store, FailingSigner(), {"criu/pages-1.img": b"pages" * 100, "own": b"only this one"})  # type: ignore[arg-type]
+    assert sorted(p.name for p in s.store.blobs_dir.iterdir()) == blobs_before
+    assert s.store.blob_path(shared.digest).exists()
+    s.store.verify(s.snapshot.id, s.verifier)
+    assert list(s.store.staging_dir.iterdir()) == []
+
+
+def test_a_publish_that_fills_the_disk_frees_it_for_the_next_one(tmp_path: Path, small_mount) -> None:
+    store = SnapshotStore(small_mount("1m") / "store")
+    signer, _, _ = signing_keys(tmp_path / "keys", None)
+    with store.stage(IDENTITY) as staging:
+        fd = os.open(staging.dir / "pages.img", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"p" * 4096)
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+        finally:
+            os.close(fd)
+        with pytest.raises(OSError, match="No space"):
+            staging.publish(signer)  # its manifest finds no room
+    snapshot = publish(store, signer, {"criu/pages-1.img": b"the next capture"})
+    assert [x.id for x in store.list()] == [snapshot.id]
+    REFUSED["full disk at publish"] += 1

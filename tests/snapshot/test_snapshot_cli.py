@@ -24,41 +24,46 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Any]:
     return code, json.loads(out) if out.strip() else None
 
 
-def test_list_and_show(store: SnapshotStore, publish: Publish, capsys: pytest.CaptureFixture[str]) -> None:
+def test_list_and_show(
+    store: SnapshotStore, publish: Publish, hmac_key_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     older = publish({"criu/a.img": b"a" * 100}, meta={"model": "tiny"})
     newer = publish({"criu/a.img": b"b" * 100, "criu/b.img": b"c"}, meta={"model": "tiny"})
 
-    code, listed = run_json(capsys, "list", "--store", str(store.root))
+    code, listed = run_json(capsys, "list", "--store", str(store.root), "--key", str(hmac_key_path))
     assert code == 0
     assert [item["id"] for item in listed] == [newer.id, older.id]
     assert listed[0]["files"] == 2 and listed[0]["size"] == 101
     assert listed[0]["engine"] == "builtin" and listed[0]["model"] == "tiny"
     assert listed[0]["identity_hash"] == newer.identity_hash
 
-    code, shown = run_json(capsys, "show", newer.id, "--store", str(store.root))
+    code, shown = run_json(capsys, "show", newer.id, "--store", str(store.root), "--key", str(hmac_key_path))
     assert code == 0
     assert shown["id"] == newer.id and set(shown["files"]) == {"criu/a.img", "criu/b.img"}
 
 
 def test_tables_name_every_snapshot(
-    store: SnapshotStore, publish: Publish, capsys: pytest.CaptureFixture[str]
+    store: SnapshotStore, publish: Publish, hmac_key_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     snapshot = publish({"criu/a.img": b"a"}, meta={"model": "tiny"})
-    assert main(["snapshot", "list", "--store", str(store.root)]) == 0
+    key = ["--store", str(store.root), "--key", str(hmac_key_path)]
+    assert main(["snapshot", "list", *key]) == 0
     table = capsys.readouterr().out
     assert snapshot.id in table and "tiny" in table and "builtin" in table
-    assert main(["snapshot", "show", snapshot.id, "--store", str(store.root)]) == 0
+    assert main(["snapshot", "show", snapshot.id, *key]) == 0
     assert "criu/a.img" in capsys.readouterr().out
 
 
-def test_store_from_environment(
+def test_store_and_key_from_environment(
     store: SnapshotStore,
     publish: Publish,
+    hmac_key_path: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     snapshot = publish({"a": b"1"})
     monkeypatch.setenv("WARMSTART_STORE", str(store.root))
+    monkeypatch.setenv("WARMSTART_SIGNING_KEY", str(hmac_key_path))
     code, listed = run_json(capsys, "list")
     assert code == 0 and [item["id"] for item in listed] == [snapshot.id]
 
@@ -117,7 +122,9 @@ def test_verify_against_an_expected_identity(
     [
         (["list"], "pass --store DIR or set WARMSTART_STORE"),
         (["list", "--store", "/nonexistent/store"], "/nonexistent/store does not exist"),
-        (["verify", "0123456789ab-20260101000000-abcdef", "--store", "{store}"], "needs a key"),
+        (["verify", "0123456789ab-20260101000000-abcdef", "--store", "{store}"], "no key: pass --key"),
+        (["list", "--store", "{store}"], "no key: pass --key"),
+        (["gc", "--store", "{store}", "--keep", "1"], "no key: pass --key"),
         (["verify", "x", "--store", "{store}", "--key", "/nonexistent/key"], "key file /nonexistent/key"),
         (["gc", "--store", "{store}", "--keep", "0"], "--keep must be at least 1"),
         (
@@ -154,18 +161,28 @@ def test_verify_of_an_unknown_snapshot_reports_json(
     assert code == 1 and result["valid"] is False and f"no snapshot {missing}" in result["reason"]
 
 
-def test_unknown_snapshot_exits_1(store: SnapshotStore, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_snapshot_exits_1(
+    store: SnapshotStore, hmac_key_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     store.root.mkdir(parents=True)
-    assert main(["snapshot", "show", "0123456789ab-20260101000000-abcdef", "--store", str(store.root)]) == 1
+    argv = [
+        "show",
+        "0123456789ab-20260101000000-abcdef",
+        "--store",
+        str(store.root),
+        "--key",
+        str(hmac_key_path),
+    ]
+    assert main(["snapshot", *argv]) == 1
     assert "no snapshot 0123456789ab-20260101000000-abcdef" in capsys.readouterr().err
 
 
 def test_gc_with_retention_dry_run_then_real(
-    store: SnapshotStore, publish: Publish, capsys: pytest.CaptureFixture[str]
+    store: SnapshotStore, publish: Publish, hmac_key_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     snapshots = [publish({"criu/a.img": f"version {i}".encode()}) for i in range(3)]
     orphan = store.stage(make_identity())  # an abandoned staging dir of this (live) process is kept
-    common = ["--store", str(store.root), "--keep", "1", "--blob-grace", "0"]
+    common = ["--store", str(store.root), "--keep", "1", "--blob-grace", "0", "--key", str(hmac_key_path)]
 
     code, report = run_json(capsys, "gc", "--dry-run", *common)
     assert code == 0 and report["dry_run"] is True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -26,6 +27,7 @@ from warmstart.snapshot import (
     generate_hmac_key,
     load_verifier,
 )
+from warmstart.snapshot import gc as gc_module
 from warmstart.snapshot.signing import Signer, Verifier, signature_document
 
 FILES = {
@@ -486,13 +488,36 @@ def test_gc_grace_keeps_recent_unreferenced_blobs(store: SnapshotStore, publish:
     assert store.gc().removed_blobs == [digest]
 
 
-def test_gc_removes_no_blob_when_a_manifest_is_unreadable(store: SnapshotStore, publish: Publish) -> None:
+def test_gc_removes_no_blob_when_a_manifest_cannot_be_read(
+    store: SnapshotStore, publish: Publish, monkeypatch: pytest.MonkeyPatch
+) -> None:
     kept = publish({"a": b"kept"})
     store.delete(publish({"b": b"orphan"}).id)
-    (kept.path / "manifest.json").write_bytes(b"{broken")
+
+    def failing_read(path: object, limit: int, **kwargs: object) -> bytes:
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(gc_module, "read_regular_file", failing_read)
     report = store.gc(blob_grace=0)
     assert report.removed_blobs == []
     assert kept.id in report.errors[0]
+
+
+def test_gc_frees_blobs_whatever_junk_a_manifest_holds(store: SnapshotStore, publish: Publish) -> None:
+    """Junk names no blob (it cannot block gc for ever); a manifest of any shape that names digests in
+    `files` keeps them (a newer schema keeps its blobs)."""
+    junk = publish({"a": b"junk manifest"})
+    newer = publish({"c": b"newer schema"})
+    orphan = publish({"b": b"orphan"})
+    store.delete(orphan.id)
+    (junk.path / "manifest.json").write_bytes(b"{broken")
+    manifest = json.loads((newer.path / "manifest.json").read_bytes())
+    (newer.path / "manifest.json").write_text(json.dumps({**manifest, "schema": "from-the-future"}))
+    report = store.gc(blob_grace=0)
+    assert sorted(report.removed_blobs) == sorted([junk.files["a"].digest, orphan.files["b"].digest])
+    assert report.errors == [] and store.blob_path(newer.files["c"].digest).exists()
+    assert junk.path.exists()  # within the grace period
+    assert junk.id in store.gc(staging_older_than=0).removed_unsigned[0] and not junk.path.exists()
 
 
 def test_gc_keeps_live_staging_and_removes_abandoned(

@@ -58,6 +58,15 @@ def test_completion_response_shape(server: int) -> None:
     assert body["usage"] == {"prompt_tokens": 17, "completion_tokens": 24, "total_tokens": 41}
 
 
+def test_token_ids_come_back_when_asked_as_vllm_returns_them(server: int) -> None:
+    plain = post(server, "/v1/completions", GREEDY).json()["choices"][0]
+    choice = post(server, "/v1/completions", {**GREEDY, "return_token_ids": True}).json()["choices"][0]
+    assert "token_ids" not in plain and choice["text"] == plain["text"]
+    assert len(choice["token_ids"]) == 24 and all(isinstance(token, int) for token in choice["token_ids"])
+    refused = post(server, "/v1/completions", {**GREEDY, "return_token_ids": "yes"})
+    assert refused.status_code == 400 and "return_token_ids" in refused.text
+
+
 def test_chat_completion(server: int) -> None:
     request = {
         "model": "tiny",

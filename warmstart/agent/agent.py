@@ -66,7 +66,7 @@ class Agent:
         self.node = NodeContext.create(config, kube, signer, verifier, metrics or AgentMetrics())
         self.capture = CapturePhase(self.node)
         self.restore = RestorePhase(self.node)
-        self.cleanup = StoreCleanup(self.node)
+        self.cleanup = StoreCleanup(self.node, busy_pods=self.busy_pods)
         self.prestage = PrestagePhase(self.node)
         self._lock = threading.Lock()
         self._in_flight: dict[str, Operation] = {}  # pod uid -> what runs for it
@@ -168,6 +168,11 @@ class Agent:
                 self._in_flight.pop(uid, None)
                 if settled:
                     self._settled.add(uid)
+
+    def busy_pods(self) -> set[str]:
+        """Uids of the pods a capture or restore runs for now."""
+        with self._lock:
+            return set(self._in_flight)
 
     def settled_pods(self) -> set[str]:
         """Uids of the pods that need nothing more from this agent."""

@@ -15,7 +15,6 @@ from typing import Any
 
 from warmstart.agent import objects
 from warmstart.agent.context import NodeContext
-from warmstart.agent.kube_status import utc_now
 from warmstart.agent.pods import PodSandbox
 from warmstart.api import labels as L
 from warmstart.api.snapshot import AGENT, CaptureState, Phase, SnapshotStatus, derive_phase, status_patch
@@ -26,10 +25,12 @@ from warmstart.checkpoint.capture import (
     identity_from_payload,
     wait_ready,
 )
+from warmstart.clock import format_time
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 from warmstart.snapshot.layout import MANIFEST_FILE
 from warmstart.snapshot.manifest import SnapshotError
+from warmstart.snapshot.remote import RemoteError
 from warmstart.snapshot.store import Snapshot
 
 log = logging.getLogger(__name__)
@@ -133,9 +134,11 @@ class CapturePhase:
         started = time.monotonic()
         node.kube.patch_snapshot_status(namespace, snap_name, status_patch(
             AGENT, capture_attempt=SnapshotStatus.of(snap).attempt, capture_state=CaptureState.CAPTURING,
-            capture_message=f"capturing pod {pod_name} on {node_name}", node=node_name, started_at=utc_now(),
+            capture_message=f"capturing pod {pod_name} on {node_name}", node=node_name,
+            started_at=format_time(),
         ))  # fmt: skip
         node.metrics.in_flight.labels(L.ROLE_CAPTURE).inc()
+        published = ""
         try:
             problem = request_problem(payload, (snap.get("spec") or {}).get("requestKey") or {})
             image = objects.worker_image_id(node.kube.get_pod(namespace, pod_name) or pod)
@@ -147,6 +150,7 @@ class CapturePhase:
                 raise CaptureError(problem)
             options = CaptureOptions(
                 keep_serving=False,
+                complete_signal=False,  # sent below once the snapshot is Ready (or its attempt failed)
                 measured_identity={"image": image},
                 ready_timeout=node.config.ready_timeout,
                 meta={
@@ -160,9 +164,13 @@ class CapturePhase:
                 store=node.store, signer=node.signer, sandbox=sandbox, control=control, criu=node.criu,
                 options=options,
             )  # fmt: skip
+            published = result.snapshot.id
+            pushed = self._push(published)
         except CaptureError as exc:
             node.metrics.captures.labels("failed").inc()
             self._mark_failed(snap, pod, str(exc))
+            if published:
+                control.send(SNAPSHOT_COMPLETE, {"snapshot": published})
             return
         finally:
             node.metrics.in_flight.labels(L.ROLE_CAPTURE).dec()
@@ -170,8 +178,25 @@ class CapturePhase:
         node.metrics.captures.labels("succeeded").inc()
         node.metrics.capture_seconds.observe(seconds)
         node.metrics.captured_bytes.inc(result.snapshot.size)
-        self._mark_ready(snap, pod_name, result.snapshot, {**result.timings, "total": round(seconds, 6)})
-        node.kube.event(pod, "Pod", "Normal", "Captured", f"snapshot {result.snapshot.id} in {seconds:.2f}s")
+        timings = {**result.timings, **pushed, "total": round(seconds, 6)}
+        self._mark_ready(snap, pod_name, result.snapshot, timings)
+        # Only now may the capture pod's worker exit: a capture pod that ended while its snapshot was not yet
+        # Ready (pushing takes seconds) reads to the operator as a failed attempt, and it starts another.
+        control.send(SNAPSHOT_COMPLETE, {"snapshot": published})
+        node.kube.event(pod, "Pod", "Normal", "Captured", f"snapshot {published} in {seconds:.2f}s")
+
+    def _push(self, snapshot_id: str) -> dict[str, float]:
+        """Into the cluster's object store, when there is one, before the snapshot is Ready: a snapshot other
+        nodes cannot pull would send their replicas to cold starts. Its timing; CaptureError when it fails."""
+        cluster_store = self.node.cluster_store
+        if cluster_store is None:
+            return {}
+        started = time.monotonic()
+        try:
+            cluster_store.publish(snapshot_id)
+        except (RemoteError, SnapshotError) as exc:
+            raise CaptureError(f"captured, but pushing to the object store failed: {exc}") from exc
+        return {"push": round(time.monotonic() - started, 6)}
 
     def _mark_ready(
         self, snap: dict[str, Any], pod_name: str, snapshot: Snapshot, timings: dict[str, float]
@@ -184,7 +209,7 @@ class CapturePhase:
             identity=snapshot.identity.to_dict(), identity_hash=snapshot.identity_hash,
             gpu=gpu_status(snapshot.identity), snapshot_id=snapshot.id,
             storage_path=str(snapshot.path.relative_to(node.store.root)), size_bytes=snapshot.size,
-            manifest_digest=manifest_digest(snapshot), completed_at=utc_now(),
+            manifest_digest=manifest_digest(snapshot), completed_at=format_time(),
             timings={key: float(value) for key, value in timings.items()},
         )  # fmt: skip
         node.kube.patch_snapshot_status(objects.meta(snap)["namespace"], objects.meta(snap)["name"], patch)
@@ -194,7 +219,7 @@ class CapturePhase:
         log.warning("capture of %s failed: %s", objects.key(pod), reason)
         patch = status_patch(
             AGENT, capture_attempt=SnapshotStatus.of(snap).attempt, capture_state=CaptureState.FAILED,
-            capture_message=reason[:1024], completed_at=utc_now(),
+            capture_message=reason[:1024], completed_at=format_time(),
         )  # fmt: skip
         self.node.kube.patch_snapshot_status(
             objects.meta(snap)["namespace"], objects.meta(snap)["name"], patch

@@ -1,63 +1,91 @@
-"""Store cleanup: store snapshots whose InferenceSnapshot was deleted with the cleanup mark go at once;
-snapshots no InferenceSnapshot references go after a grace period; then the store's GC."""
+"""Store cleanup: a store snapshot goes at once when the InferenceSnapshot its manifest names (namespace and
+name) is deleted, whoever deleted it (the operator's retention, the garbage collector after its endpoint, a
+person); snapshots no InferenceSnapshot references go after a grace period; then the store's GC. A copy of
+an InferenceSnapshot made in another namespace names the same store snapshot, but its deletion removes
+nothing: the manifest names the one it was captured for."""
 
 from __future__ import annotations
 
 import logging
+import os
+import shutil
 import time
+from collections.abc import Callable
 from typing import Any
 
 from warmstart.agent import objects
 from warmstart.agent.context import NodeContext
 from warmstart.api import labels as L
+from warmstart.snapshot.manifest import SnapshotError
+from warmstart.snapshot.remote import RemoteError
 from warmstart.snapshot.store import Snapshot, SnapshotNotFound
 
 log = logging.getLogger(__name__)
 
 
-def cleanup_requested(snap: dict[str, Any]) -> bool:
-    """The operator marked this InferenceSnapshot's store files for removal."""
-    return (objects.meta(snap).get("annotations") or {}).get(L.STORE_CLEANUP_ANNOTATION) == "requested"
-
-
 def snapshots_to_remove(
     store_snapshots: list[Snapshot], inference_snapshots: list[dict[str, Any]], grace: float, now: float
 ) -> list[str]:
-    """Store ids to delete: marked for cleanup, or referenced by no InferenceSnapshot for `grace` seconds."""
-    referenced, marked = set(), set()
-    for snap in inference_snapshots:
-        snapshot_id = objects.store_snapshot_id(snap)
-        if cleanup_requested(snap):
-            marked.add(snapshot_id)
-        elif snapshot_id:
-            referenced.add(snapshot_id)
-    doomed = []
-    for snapshot in store_snapshots:
-        age = now - snapshot.created.timestamp()
-        if snapshot.id in marked or (snapshot.id not in referenced and age >= grace):
-            doomed.append(snapshot.id)
-    return doomed
+    """Store ids referenced by no InferenceSnapshot for `grace` seconds."""
+    referenced = {objects.store_snapshot_id(snap) for snap in inference_snapshots}
+    return [
+        snapshot.id
+        for snapshot in store_snapshots
+        if snapshot.id not in referenced and now - snapshot.created.timestamp() >= grace
+    ]
+
+
+def captured_for(recorded: dict[str, Any], snap: dict[str, Any]) -> bool:
+    """Whether a snapshot's manifest meta (`recorded`) names this InferenceSnapshot (namespace and name)."""
+    meta = objects.meta(snap)
+    wanted = (meta.get("namespace"), meta.get("name"))
+    return wanted[0] is not None and (recorded.get("namespace"), recorded.get("inferenceSnapshot")) == wanted
 
 
 class StoreCleanup:
-    def __init__(self, node: NodeContext) -> None:
+    def __init__(self, node: NodeContext, busy_pods: Callable[[], set[str]] = set) -> None:
         self.node = node
+        self.busy_pods = busy_pods  # uids of the pods a restore runs for now
 
     def loop(self) -> None:
+        self.reclaim_work_dirs()  # an agent killed mid-restore left its work directory: nothing runs yet
         while not self.node.stopping.wait(self.node.config.cleanup_interval):
             try:
+                self.reclaim_work_dirs()
                 self.clean()
             except Exception as exc:
                 log.warning("store cleanup failed: %s", exc)
 
+    def reclaim_work_dirs(self) -> list[str]:
+        """Remove the restore work directories (hard links into the store's blobs) of pods that no restore
+        runs for: an interrupted restore's would otherwise hold store space forever."""
+        root = self.node.config.restore_work_dir
+        try:
+            entries = sorted(os.listdir(root))
+        except FileNotFoundError:
+            return []
+        busy = self.busy_pods()
+        removed = [name for name in entries if name not in busy]
+        for name in removed:
+            path = root / name
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        if removed:
+            log.info("removed %d restore work directories left by interrupted restores", len(removed))
+        return removed
+
     def clean(self) -> list[str]:
-        """Remove store snapshots marked for cleanup or long unreferenced, then garbage-collect blobs."""
+        """Remove store snapshots long unreferenced, then garbage-collect blobs."""
         node = self.node
-        doomed = snapshots_to_remove(
-            node.store.list(), node.kube.list_snapshots(), node.config.cleanup_grace, time.time()
-        )
+        inference_snapshots = node.kube.list_snapshots()
+        doomed = snapshots_to_remove(node.store.list(), inference_snapshots, node.config.cleanup_grace,
+                                     time.time())  # fmt: skip
         removed = [snapshot_id for snapshot_id in doomed if self._delete(snapshot_id)]
         node.store.gc()
+        if node.cluster_store is not None:
+            node.cluster_store.maintain({objects.store_snapshot_id(snap) for snap in inference_snapshots})
         return removed
 
     def _delete(self, snapshot_id: str) -> bool:
@@ -71,7 +99,7 @@ class StoreCleanup:
         return True
 
     def watch_deleted(self) -> None:
-        """Deleted InferenceSnapshots (all namespaces): remove the store files of those marked for cleanup."""
+        """Deleted InferenceSnapshots (all namespaces): remove the store files each was captured into."""
         from kubernetes import watch
 
         node = self.node
@@ -93,7 +121,24 @@ class StoreCleanup:
                 node.stopping.wait(2.0)
 
     def forget_deleted(self, snap: dict[str, Any]) -> None:
-        """A deleted InferenceSnapshot with the cleanup mark: its store files go now."""
+        """A deleted InferenceSnapshot: the store snapshot captured for it goes now."""
         snapshot_id = objects.store_snapshot_id(snap)
-        if cleanup_requested(snap) and snapshot_id:
+        if not snapshot_id:
+            return
+        cluster_store = self.node.cluster_store
+        try:
+            snapshot = self.node.store.get(snapshot_id)
+        except SnapshotError:  # not in this node's store (or unreadable: the grace period and gc take it)
+            snapshot = None
+        if snapshot is not None and captured_for(snapshot.meta, snap):
             self._delete(snapshot_id)
+        if cluster_store is not None and captured_for(self._remote_meta(snapshot_id), snap):
+            cluster_store.forget(snapshot_id)
+
+    def _remote_meta(self, snapshot_id: str) -> dict[str, Any]:
+        """The bucket's manifest's meta of a snapshot, once its signature checks out; {} when unreadable."""
+        assert self.node.cluster_store is not None
+        try:
+            return self.node.cluster_store.remote.manifest(snapshot_id, self.node.verifier).meta
+        except (SnapshotError, RemoteError):
+            return {}

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from warmstart.agent.pods import POD_LOOKUPS
 from warmstart.checkpoint import hugepages
 from warmstart.config import default_criu_command, env_int
 
@@ -44,17 +43,21 @@ def _run(args: argparse.Namespace) -> int:
     from warmstart.agent.kube_status import KubeStatus
     from warmstart.agent.metrics import AgentMetrics
     from warmstart.snapshot.keys import signing_keys
+    from warmstart.snapshot.remote import RemoteConfig
 
     try:
         if args.metrics_port is None:
-            args.metrics_port = env_int("WARMSTART_AGENT_METRICS_PORT", DEFAULT_METRICS_PORT)
+            args.metrics_port = env_int("WARMSTART_AGENT_METRICS_PORT_NUMBER", DEFAULT_METRICS_PORT)
         config = AgentConfig(
             node=args.node, store=Path(args.store).resolve(), criu_command=args.criu,
             kubelet_root=Path(args.kubelet_root), key=args.key, max_captures=args.max_captures,
-            max_restores=args.max_restores, resync_seconds=args.resync, pod_lookup=args.pod_lookup,
+            max_restores=args.max_restores, resync_seconds=args.resync,
             prestage_interval=args.prestage_interval, prestage_max_bytes=args.prestage_max_bytes,
+            remote=RemoteConfig.from_env() if os.environ.get("WARMSTART_S3_BUCKET") else None,
+            pull_timeout=args.pull_timeout, cache_max_bytes=args.cache_max_bytes,
+            cache_max_age=args.cache_max_age,
         )  # fmt: skip
-    except ValueError as exc:
+    except ValueError as exc:  # RemoteConfigError too: a bucket named but unusable
         print(f"warmstart agent: {exc}", file=sys.stderr)
         return 2
     if args.transparent_hugepages:
@@ -103,24 +106,33 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         ),
     )
     env = os.environ.get
-    parser.add_argument("--node", default=env("WARMSTART_NODE_NAME", ""), help="(WARMSTART_NODE_NAME)")
+    parser.add_argument(
+        "--node", default=env("WARMSTART_NODE_NAME", ""),
+        help="this node's name as the API server knows it (WARMSTART_NODE_NAME; the chart sets it from the "
+        "pod's spec.nodeName)",
+    )  # fmt: skip
     parser.add_argument(
         "--store", default=env("WARMSTART_STORE", "/var/lib/warmstart/store"),
         help="snapshot store directory (WARMSTART_STORE)",
     )  # fmt: skip
-    parser.add_argument("--criu", default=default_criu_command(), help="CRIU 4 (WARMSTART_CRIU)")
+    parser.add_argument(
+        "--criu",
+        default=default_criu_command(),
+        help="the CRIU 4 command line (WARMSTART_CRIU; default criu)",
+    )
     parser.add_argument(
         "--kubelet-root", default=env("WARMSTART_KUBELET_ROOT", "/var/lib/kubelet"),
         help="the kubelet's root directory as mounted in the agent (WARMSTART_KUBELET_ROOT)",
     )  # fmt: skip
     parser.add_argument(
         "--key", default=env("WARMSTART_SIGNING_KEY") or None,
-        help="signing key file, e.g. a mounted Secret (WARMSTART_SIGNING_KEY; default <store>/keys/hmac.key)",
+        help="signing key file, e.g. a mounted Secret (WARMSTART_SIGNING_KEY; default: an HMAC key generated "
+        "once for the store in $WARMSTART_KEY_DIR, never inside the store)",
     )  # fmt: skip
     parser.add_argument("--kubeconfig", help="kubeconfig (default: in-cluster, else KUBECONFIG)")
     parser.add_argument(
         "--metrics-port", type=int, default=None,
-        help="Prometheus port, 0 for none (WARMSTART_AGENT_METRICS_PORT)",
+        help="Prometheus port, 0 for none (WARMSTART_AGENT_METRICS_PORT_NUMBER)",
     )  # fmt: skip
     parser.add_argument(
         "--grpc-socket", default=env("WARMSTART_AGENT_GRPC_SOCKET", DEFAULT_GRPC_SOCKET),
@@ -149,8 +161,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "2 MiB pages); it stays after the agent stops; default: leave the node's as it is",
     )  # fmt: skip
     parser.add_argument(
-        "--pod-lookup", choices=POD_LOOKUPS, default="cgroup",
-        help="find a pod's processes by the worker container's cgroups (real nodes) or, for local sandboxes "
-        "standing in for pods, by their WARMSTART_POD_UID variable",
+        "--pull-timeout", type=float, default=120.0,
+        help="seconds a restore may spend pulling its snapshot from the object store (WARMSTART_S3_BUCKET "
+        "and the other WARMSTART_S3_* variables name it) before its worker starts cold",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cache-max-bytes", type=int, default=0,
+        help="bound this node's cache of the object store, least recently used snapshots first (0: none)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cache-max-age", type=float, default=0.0,
+        help="remove cached snapshots unused for this many seconds (0: never)",
     )  # fmt: skip
     parser.set_defaults(func=_run)

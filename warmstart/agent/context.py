@@ -4,22 +4,26 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from warmstart.agent import objects
+from warmstart.agent.cluster_store import ClusterStore
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
+from warmstart.agent.node_facts import node_gpus
 from warmstart.agent.pods import (
     DEFAULT_KUBELET_ROOT,
-    POD_LOOKUPS,
     PodProcessError,
     PodSandbox,
     control_dir_on_host,
 )
 from warmstart.checkpoint.criu import Criu
+from warmstart.cuda_driver import GpuDevice
 from warmstart.protocol import ControlDir
+from warmstart.snapshot.remote import RemoteConfig, RemoteStore
 from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.store import SnapshotStore
 
@@ -44,9 +48,12 @@ class AgentConfig:
     cleanup_grace: float = 3600.0  # unreferenced store snapshots younger than this stay
     prestage_interval: float = 30.0
     prestage_max_bytes: int = DEFAULT_PRESTAGE_MAX_BYTES  # of snapshots kept in the page cache; 0: none
-    # "cgroup": a pod's processes by the cgroups of the worker container the kubelet reports (real nodes);
-    # "environment": by the WARMSTART_POD_UID variable (local sandboxes standing in for pods, no kubelet).
-    pod_lookup: str = "cgroup"
+    # The cluster's store, an S3-compatible bucket with the local store as this node's cache; None: the local
+    # store is the store (a hostPath on each node, or a shared volume).
+    remote: RemoteConfig | None = None
+    pull_timeout: float = 120.0  # for a restore's pull; past it the worker starts cold
+    cache_max_bytes: int = 0  # the node cache's bound when there is a bucket; 0: none
+    cache_max_age: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.node:
@@ -55,8 +62,8 @@ class AgentConfig:
             raise ValueError("--max-captures and --max-restores must be at least 1")
         if self.prestage_interval <= 0 or self.prestage_max_bytes < 0:
             raise ValueError("--prestage-interval must be positive and --prestage-max-bytes at least 0")
-        if self.pod_lookup not in POD_LOOKUPS:
-            raise ValueError(f"--pod-lookup must be one of {', '.join(POD_LOOKUPS)}, not {self.pod_lookup!r}")
+        if self.pull_timeout <= 0 or self.cache_max_bytes < 0 or self.cache_max_age < 0:
+            raise ValueError("--pull-timeout must be positive; --cache-max-bytes, --cache-max-age at least 0")
 
     @property
     def restore_work_dir(self) -> Path:
@@ -72,15 +79,26 @@ class NodeContext:
     metrics: AgentMetrics
     store: SnapshotStore
     criu: Criu
+    cluster_store: ClusterStore | None = None  # the bucket behind the local store, when there is one
     stopping: threading.Event = field(default_factory=threading.Event)
+    # The node's GPUs and driver major version (FactsUnavailable without CUDA); replaceable in tests.
+    gpus: Callable[[], tuple[list[GpuDevice], int]] = node_gpus
 
     @classmethod
     def create(
         cls, config: AgentConfig, kube: KubeStatus, signer: Signer, verifier: Verifier, metrics: AgentMetrics
     ) -> NodeContext:
+        store = SnapshotStore(config.store)
+        cluster_store = None
+        if config.remote is not None:
+            cluster_store = ClusterStore(
+                local=store, remote=RemoteStore(store, config.remote), verifier=verifier, metrics=metrics,
+                pull_timeout=config.pull_timeout, cache_max_bytes=config.cache_max_bytes,
+                cache_max_age=config.cache_max_age, gc_grace=config.cleanup_grace,
+            )  # fmt: skip
         return cls(
-            config=config, kube=kube, signer=signer, verifier=verifier, metrics=metrics,
-            store=SnapshotStore(config.store), criu=Criu(config.criu_command, timeout=config.criu_timeout),
+            config=config, kube=kube, signer=signer, verifier=verifier, metrics=metrics, store=store,
+            criu=Criu(config.criu_command, timeout=config.criu_timeout), cluster_store=cluster_store,
         )  # fmt: skip
 
     def control_dir(self, pod_uid: str) -> ControlDir:
@@ -90,9 +108,6 @@ class NodeContext:
         """The pod's worker container on this node: its id from the kubelet's pod status (waited for while
         the container starts), then its processes by cgroup."""
         meta, root = objects.meta(pod), self.config.kubelet_root
-        if self.config.pod_lookup == "environment":
-            return PodSandbox.find(meta["uid"], root, self.config.start_timeout, self.stopping.is_set,
-                                   by_environment=True)  # fmt: skip
         deadline = time.monotonic() + self.config.start_timeout
         container = objects.worker_container_id(pod)
         while not container:

@@ -6,22 +6,19 @@ touches the fields it owns and never races the operator's own writes on other fi
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import logging
 import uuid
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.snapshot import AGENT, SnapshotStatus, status_patch
+from warmstart.clock import format_time, utc_now
 
 log = logging.getLogger(__name__)
 
 API_TIMEOUT = 15.0
 EVENT_SOURCE = "warmstart-agent"
-
-
-def utc_now() -> str:
-    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class KubeStatus:
@@ -111,9 +108,58 @@ class KubeStatus:
             _request_timeout=self.timeout,
         )  # fmt: skip
 
+    def add_restore_failure(self, namespace: str, name: str, reason: str, attempts: int = 20) -> int | None:
+        """Add one failure to the snapshot's cluster-wide count (`status.restoreFailures`) and return the
+        new count (None when the snapshot is gone).
+
+        Agents on every node add to the one count: each write carries the resourceVersion it read as a
+        precondition, so a concurrent writer makes the API server answer 409 and the count is read again.
+        """
+        for _ in range(attempts):
+            snap = self.get_snapshot(namespace, name)
+            if snap is None:
+                return None
+            count = int(SnapshotStatus.of(snap).restore_failures or 0) + 1
+            patch = status_patch(AGENT, restore_failures=count, restore_failure_message=reason[:1024])
+            if self._patch_status_unless_changed(snap, patch):
+                return count
+        raise RuntimeError(f"{namespace}/{name}: restore failure not counted ({attempts} writes conflicted)")
+
+    def clear_restore_failures(self, snap: dict[str, Any]) -> None:
+        """A restore of `snap` succeeded: its failures were not consecutive, their count starts again
+        (unless a failure is counted at the same moment: that one is never wiped out). Nothing is asked of
+        the API server when `snap` shows none, as it does after almost every restore. Best effort: the
+        restore is done whatever the API server answers."""
+        if not SnapshotStatus.of(snap).restore_failures:
+            return
+        meta = snap["metadata"]
+        try:
+            fresh = self.get_snapshot(meta["namespace"], meta["name"])
+            if fresh is not None and SnapshotStatus.of(fresh).restore_failures:
+                self._patch_status_unless_changed(fresh, status_patch(AGENT, restore_failures=0))
+        except Exception as exc:  # any client or transport error
+            log.warning("%s/%s: restore failures not reset: %s", meta["namespace"], meta["name"], exc)
+
+    def _patch_status_unless_changed(self, snap: dict[str, Any], status: dict[str, Any]) -> bool:
+        """Merge `status` into the snapshot's status if it is still at `snap`'s resourceVersion."""
+        from kubernetes.client.exceptions import ApiException
+
+        meta = snap["metadata"]
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": status}
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                L.GROUP, L.VERSION, meta["namespace"], L.SNAPSHOT_PLURAL, meta["name"], body,
+                _request_timeout=self.timeout,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status in (404, 409):  # gone, or changed since it was read
+                return False
+            raise
+        return True
+
     def annotate_pod(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Set the pod's `warmstart.dev/status` annotation to `status` (JSON) with the time it was written."""
-        value = json.dumps({**status, "at": utc_now()}, sort_keys=True)
+        value = json.dumps({**status, "at": format_time()}, sort_keys=True)
         body = {"metadata": {"annotations": {L.STATUS_ANNOTATION: value}}}
         self.core.patch_namespaced_pod(name, namespace, body, _request_timeout=self.timeout)
 
@@ -123,7 +169,7 @@ class KubeStatus:
         from kubernetes.client.exceptions import ApiException
 
         meta = involved["metadata"]
-        now = dt.datetime.now(dt.UTC)
+        now = utc_now()
         body = client.CoreV1Event(
             metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}"),
             involved_object=client.V1ObjectReference(

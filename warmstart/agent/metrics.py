@@ -43,6 +43,16 @@ class AgentMetrics:
         self.prestage_read_bytes = Counter(
             "warmstart_agent_prestage_read_bytes_total", "Bytes read to pre-stage snapshots", registry=r
         )
+        self.remote_bytes = Counter(
+            "warmstart_agent_object_store_bytes_total",
+            "Bytes moved between this node's cache and the object store (direction: push or pull; reason: "
+            "capture, restore or prestage)",
+            ["direction", "reason"], registry=r,
+        )  # fmt: skip
+        self.remote_failures = Counter(
+            "warmstart_agent_object_store_failures_total", "Transfers with the object store that failed",
+            ["direction", "reason"], registry=r,
+        )  # fmt: skip
         self.prestage_seconds = Histogram(
             "warmstart_agent_prestage_seconds", "Duration of a pre-staging pass", buckets=DURATION_BUCKETS,
             registry=r,

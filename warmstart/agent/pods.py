@@ -4,9 +4,8 @@ The agent runs with the host's PID namespace. A pod's processes are found by the
 kubelet and the container runtime choose and the tenant cannot: a path component names the pod uid
 (`pod<uid>`, or `kubepods-...-pod<uid with _>.slice` with the systemd driver) and, given the container id
 the runtime reports (`status.containerStatuses[].containerID`), the next one names the container
-(`<id>`, or `cri-containerd-<id>.scope` / `crio-<id>.scope` / `docker-<id>.scope`). Only an agent
-started with `--pod-lookup=environment` (one-machine setups whose "pods" are local sandboxes, never a
-real node) finds processes by the `WARMSTART_POD_UID` environment variable instead. The container's PID 1,
+(`<id>`, or `cri-containerd-<id>.scope` / `crio-<id>.scope` / `docker-<id>.scope`). Nothing a tenant sets
+(its environment, its command line) ever decides which processes are a pod's. The container's PID 1,
 the worker supervisor, is the process whose NSpid ends in 1; PIDs the worker reports (e.g. in
 `ready-for-snapshot`) are in-namespace PIDs and are translated to host PIDs through NSpid. The control
 directory is the pod's `control` emptyDir as the kubelet lays it out on the host.
@@ -28,10 +27,9 @@ from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids,
 
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 CONTROL_VOLUME = "control"
-POD_UID_ENV = L.POD_UID_ENV
 PROC = Path("/proc")
 ENGINE_MODULE = "warmstart.worker.engine_process"  # what the worker supervisor runs as its engine
-POD_LOOKUPS = ("cgroup", "environment")  # how the agent finds a pod's processes: see above
+ProcessLookup = Callable[..., list[int]]  # (pod uid, container=id or None) -> the pod's host PIDs
 
 
 class PodProcessError(RuntimeError):
@@ -45,7 +43,7 @@ def control_dir_on_host(kubelet_root: Path, pod_uid: str) -> Path:
     return Path(kubelet_root) / "pods" / pod_uid / "volumes" / "kubernetes.io~empty-dir" / CONTROL_VOLUME
 
 
-def _process_ids(proc: Path) -> list[int]:
+def host_process_ids(proc: Path = PROC) -> list[int]:
     return [int(entry.name) for entry in os.scandir(proc) if entry.name.isdigit()]
 
 
@@ -116,15 +114,11 @@ def _in_cgroup_of(pid: int, pod_uid: str, container: str | None, proc: Path) -> 
     return cgroup_belongs(text, pod_uid, container)
 
 
-def pod_processes(
-    pod_uid: str, proc: Path = PROC, container: str | None = None, *, by_environment: bool = False
-) -> list[int]:
+def pod_processes(pod_uid: str, proc: Path = PROC, container: str | None = None) -> list[int]:
     """Host PIDs of the pod's processes (of its container `container`, a bare or runtime-prefixed id, when
-    given) by cgroup path; with `by_environment`, by the environment variable instead (local sandboxes)."""
-    if by_environment:
-        return sorted(p for p in _process_ids(proc) if read_environ(p, proc).get(POD_UID_ENV) == pod_uid)
+    given) by cgroup path."""
     wanted = container_id(container) if container else None
-    return sorted(pid for pid in _process_ids(proc) if _in_cgroup_of(pid, pod_uid, wanted, proc))
+    return sorted(pid for pid in host_process_ids(proc) if _in_cgroup_of(pid, pod_uid, wanted, proc))
 
 
 def supervisor_of(host_pids: Iterable[int]) -> int | None:
@@ -171,18 +165,19 @@ class PodSandbox(Sandbox):
         *,
         container: str | None = None,
         in_pod: bool | None = None,
-        by_environment: bool = False,
+        lookup: ProcessLookup = pod_processes,
     ) -> PodSandbox:
         """The pod's supervisor (PID 1 of its container `container`, an id as the pod status reports it)
         and control directory; waits up to `timeout` s for the container to start (or until `cancelled()`).
 
         `in_pod` (default: when a container id is given) makes CRIU run in all of the container's
-        namespaces and restores join its cgroups (`Criu.in_pod`), as a real container needs."""
+        namespaces and restores join its cgroups (`Criu.in_pod`), as a real container needs. `lookup` finds
+        the pod's processes (by cgroup; tests whose "pods" are local sandboxes pass their own)."""
         host_dir = control_dir_on_host(kubelet_root, pod_uid)
         deadline = time.monotonic() + timeout
         whole = container is not None if in_pod is None else in_pod
         while True:
-            found = pod_processes(pod_uid, container=container, by_environment=by_environment)
+            found = lookup(pod_uid, container=container)
             init_pid = supervisor_of(found)
             if init_pid is not None and host_dir.is_dir():
                 return cls(host_dir, init_pid, whole_container=whole)

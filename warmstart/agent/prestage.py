@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmstart.agent import objects
+from warmstart.agent.cluster_store import PullFailed
 from warmstart.agent.context import NodeContext
 from warmstart.api.snapshot import Phase, SnapshotStatus, derive_phase
 from warmstart.snapshot import residency
@@ -106,9 +107,13 @@ class PrestagePhase:
     def _stored(self, snap: dict[str, Any]) -> Snapshot | None:
         """The store's snapshot of an InferenceSnapshot, when it holds one captured in the same namespace."""
         snapshot_id = objects.store_snapshot_id(snap)
+        cluster_store = self.node.cluster_store
         try:
-            stored = self.node.store.get(snapshot_id)
-        except (SnapshotError, ValueError) as exc:
+            if cluster_store is not None:  # the bucket's snapshot into this node's cache, ahead of a replica
+                stored = cluster_store.local_copy(snapshot_id, "prestage")
+            else:
+                stored = self.node.store.get(snapshot_id)
+        except (SnapshotError, ValueError, PullFailed) as exc:
             log.debug("InferenceSnapshot %s: nothing to pre-stage (%s)", objects.key(snap), exc)
             return None
         if stored.meta.get("namespace") != objects.meta(snap).get("namespace"):

@@ -21,16 +21,16 @@ from typing import Any
 
 from warmstart import procinfo
 from warmstart.agent import objects
+from warmstart.agent.cluster_store import PullFailed
 from warmstart.agent.context import NodeContext
+from warmstart.agent.node_facts import FactsUnavailable, pod_gpu_facts, pod_restore_facts, visible_devices
 from warmstart.agent.pods import PodProcessError, PodSandbox
 from warmstart.api import labels as L
 from warmstart.api.snapshot import (
-    AGENT,
     MAX_RESTORE_FAILURES,
     Phase,
     SnapshotStatus,
     derive_phase,
-    status_patch,
 )
 from warmstart.checkpoint.restore import (
     FailureCounter,
@@ -41,10 +41,13 @@ from warmstart.checkpoint.restore import (
 )
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import CLAIM_RESTORE, RESTORE_CLAIM, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
+from warmstart.restore_facts import FactsInvalid, RestoreFacts
 from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.store import Snapshot
 
 log = logging.getLogger(__name__)
+
+FACTS_TIMEOUT = 30.0  # for a restore pod's worker to write its restore facts once its container runs
 
 
 class PodBusy(RuntimeError):
@@ -96,28 +99,41 @@ class RestorePhase:
         if self._interrupted_earlier(control):
             self._answer_interrupted(pod, control)
             return
+        with contextlib.ExitStack() as held:  # the snapshot stays in the node cache until the restore ends
+            self._restore_if_restorable(pod, control, held)
+
+    def _restore_if_restorable(
+        self, pod: dict[str, Any], control: ControlDir, held: contextlib.ExitStack
+    ) -> None:
         try:
-            snap, snapshot = self.restorable(pod)
+            snap, snapshot = self.restorable(pod, held)
         except Refused as exc:
             self._wait_control_dir(control)
             self._refuse(pod, control, str(exc))
+            return
+        except Exception as exc:  # a defect of ours: nothing touched the pod yet; it starts cold, not stuck
+            log.exception("restore into %s: looking its snapshot up failed", objects.key(pod))
+            self._wait_control_dir(control)
+            self._refuse(pod, control, f"the node agent failed looking the snapshot up: {exc!r}")
             return
         sandbox = self.node.find_pod(pod)
         if answered(control):  # answered while the pod's container was awaited
             return
         try:
-            expected = self.expected_identity(snapshot.identity, pod)
+            expected = self.expected_identity(snapshot.identity, pod, sandbox)
+            self.check_restore_facts(snapshot, control)
         except Refused as exc:
             self._refuse(pod, control, str(exc))
             return
         with self._slots:
             self._restore(pod, snap, snapshot.id, expected, sandbox, control)
 
-    def restorable(self, pod: dict[str, Any]) -> tuple[dict[str, Any], Snapshot]:
-        """The pod's InferenceSnapshot and the store snapshot it names; Refused with the reason otherwise.
-
-        The store's manifest is read here only to compare; `restore()` verifies it before CRIU runs.
-        """
+    def restorable(
+        self, pod: dict[str, Any], held: contextlib.ExitStack | None = None
+    ) -> tuple[dict[str, Any], Snapshot]:
+        """The pod's InferenceSnapshot and the store snapshot it names (pulled from the object store when this
+        node's cache lacks it, and kept from the cache's trim while `held` lasts); Refused with the reason
+        otherwise. The store's manifest is read here only to compare; `restore()` verifies it before CRIU."""
         namespace, name = objects.meta(pod)["namespace"], objects.labels(pod).get(L.SNAPSHOT_LABEL, "")
         snap = self.node.kube.get_snapshot(namespace, name) if name else None
         if snap is None:
@@ -133,7 +149,7 @@ class RestorePhase:
             )
         snapshot_id = objects.store_snapshot_id(snap)
         try:
-            snapshot = self.node.store.get(snapshot_id)
+            snapshot = self._local_copy(snapshot_id, held)
         except SnapshotError as exc:
             raise Refused(f"InferenceSnapshot {name}: {exc}") from exc
         if snapshot.identity_hash != status.identity_hash:
@@ -148,18 +164,57 @@ class RestorePhase:
             )
         return snap, snapshot
 
-    def expected_identity(self, recorded: SnapshotIdentity, pod: dict[str, Any]) -> SnapshotIdentity:
+    def _local_copy(self, snapshot_id: str, held: contextlib.ExitStack | None) -> Snapshot:
+        cluster_store = self.node.cluster_store
+        if cluster_store is None:
+            return self.node.store.get(snapshot_id)
+        if held is not None:
+            held.enter_context(cluster_store.in_use(snapshot_id))
+        try:
+            return cluster_store.local_copy(snapshot_id, "restore")
+        except PullFailed as exc:
+            raise Refused(str(exc)) from exc
+
+    def expected_identity(
+        self, recorded: SnapshotIdentity, pod: dict[str, Any], sandbox: PodSandbox
+    ) -> SnapshotIdentity:
         """The identity this pod on this node can take: the recorded one with what the agent measures here
-        (the image the container runtime runs); Refused, naming each difference, when they differ."""
+        (the image the container runtime runs; for a GPU snapshot, the product and compute capability of the
+        pod's GPUs and the node's driver); Refused, naming each difference, when they differ."""
         meta = objects.meta(pod)
         image = objects.worker_image_id(self.node.kube.get_pod(meta["namespace"], meta["name"]) or pod)
         if not image:
             raise Refused("the kubelet reports no image digest for the worker container")
         here = dataclasses.replace(recorded, image=image)
+        if recorded.device == "cuda":
+            try:
+                devices, driver = self.node.gpus()
+                gpu = pod_gpu_facts(devices, driver, visible_devices(sandbox.init_pid))
+            except FactsUnavailable as exc:
+                raise Refused(f"a GPU snapshot cannot be checked here: {exc}") from exc
+            here = dataclasses.replace(
+                here, gpu_product=gpu.product, compute_capability=gpu.compute_capability,
+                driver_major=gpu.driver_major,
+            )  # fmt: skip
         differences = recorded.mismatches(here)
         if differences:
             raise Refused("the snapshot was captured for another pod or node: " + "; ".join(differences))
         return here
+
+    def check_restore_facts(self, snapshot: Snapshot, control: ControlDir) -> None:
+        """Refused unless the pod's worker shows the capture's restore facts: engine, its version, its flags,
+        the model's files (`warmstart.restore_facts`). Snapshots taken before they were recorded pass."""
+        recorded = (snapshot.meta.get("worker") or {}).get("restore_facts")
+        if recorded is None:
+            log.info("snapshot %s records no restore facts: the pod's model is not compared", snapshot.id)
+            return
+        try:
+            captured = RestoreFacts.from_dict(recorded)
+            pod = pod_restore_facts(control, FACTS_TIMEOUT, self.node.stopping.is_set)
+        except (FactsInvalid, FactsUnavailable) as exc:
+            raise Refused(str(exc)) from exc
+        if problems := captured.mismatches(pod):
+            raise Refused("the pod differs from the snapshot's capture: " + "; ".join(problems))
 
     def _wait_control_dir(self, control: ControlDir) -> None:
         """The kubelet makes the emptyDir before the container starts; a refusal needs only the directory."""
@@ -251,10 +306,12 @@ class RestorePhase:
         report = {
             "restoreSeconds": round(seconds, 3),
             "restoreStartedAt": began,
+            "restorePhases": {phase: round(took, 3) for phase, took in result.timings.items()},
             "snapshot": objects.meta(snap)["name"],
         }
         node.kube.annotate_pod(namespace, name, report)
         node.kube.event(pod, "Pod", "Normal", "Restored", f"from snapshot {snapshot_id} in {seconds:.2f}s")
+        node.kube.clear_restore_failures(snap)
 
     def _failed(
         self,
@@ -264,15 +321,15 @@ class RestorePhase:
         reason: str,
         failures: FailureCounter,
     ) -> None:
-        """Report a failed restore (already counted in `failures`); Invalid once it failed too often."""
-        node, count = self.node, failures.count(snapshot_id)
+        """Report a failed restore (already counted in this store's `failures`, which stops this node
+        trying it) and add it to the snapshot's count over all nodes: Invalid once that reaches the limit."""
+        node, meta = self.node, objects.meta(snap)
         node.metrics.restores.labels("failed").inc()
+        count = node.kube.add_restore_failure(meta["namespace"], meta["name"], reason)
         message = f"{reason} (failure {count} of {failures.max_failures}); the worker starts cold"
         node.kube.event(pod, "Pod", "Warning", "RestoreFailed", message)
         node.kube.annotate_pod(
             objects.meta(pod)["namespace"], objects.meta(pod)["name"], {"restoreFailed": reason}
         )
-        if count >= failures.max_failures:  # the operator turns it Invalid: never restored again
+        if count is not None and count >= failures.max_failures:  # the operator turns it Invalid
             node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "Invalid", f"{count} restores failed: {reason}")
-        patch = status_patch(AGENT, restore_failures=count, restore_failure_message=reason[:1024])
-        node.kube.patch_snapshot_status(objects.meta(snap)["namespace"], objects.meta(snap)["name"], patch)

@@ -17,7 +17,6 @@ ROLE_LABEL = f"{GROUP}/role"
 SNAPSHOT_LABEL = f"{GROUP}/snapshot"
 REQUEST_KEY_LABEL = f"{GROUP}/request-key"
 STATUS_ANNOTATION = f"{GROUP}/status"
-STORE_CLEANUP_ANNOTATION = f"{GROUP}/store-cleanup"
 
 ROLE_CAPTURE = "capture"
 ROLE_RESTORE = "restore"

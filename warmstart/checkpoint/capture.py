@@ -62,6 +62,9 @@ class CaptureResult:
 @dataclass
 class CaptureOptions:
     keep_serving: bool = True  # source resumes after the dump (restore in place) instead of exiting
+    # Without keep_serving: False leaves `snapshot-complete` (the source's word to exit) to the caller, who
+    # sends it once the snapshot is recorded (the node agent: pushed and Ready), not merely published.
+    complete_signal: bool = True
     resume_payload: dict[str, Any] = field(default_factory=dict)  # e.g. {"port": 8000} for the source
     ready_timeout: float = 600.0
     cuda_lock_timeout_ms: int = cuda.DEFAULT_LOCK_TIMEOUT_MS
@@ -300,7 +303,7 @@ def capture(
         raise
     if options.keep_serving:
         _resume_source(control, suspended, options.resume_payload, timer)
-    else:
+    elif options.complete_signal:
         control.send(SNAPSHOT_COMPLETE, {"snapshot": published.id})
     return CaptureResult(published, timer.timings)
 

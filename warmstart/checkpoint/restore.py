@@ -17,6 +17,7 @@ cold-starts) and the failure is counted so the caller can mark a snapshot that k
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import logging
 import os
@@ -80,6 +81,11 @@ class RestoreClaimed(RestoreRefused):
     pod and nothing was sent; the pod is a cold start and the snapshot is not at fault."""
 
 
+class SnapshotVanished(RestoreRefused):
+    """The snapshot was unpublished (deleted) while it was being restored: the pod is answered
+    `restore-failed` and cold-starts, and the failure is not counted against a snapshot that is gone."""
+
+
 class RestoreFailed(RuntimeError):
     """CRIU or the CUDA restore failed; what was restored has been killed."""
 
@@ -114,27 +120,39 @@ class FailureCounter:
 
     def _record(self, snapshot_id: str) -> dict[str, Any]:
         """The stored record, or {} when there is none or it cannot be trusted as one."""
-        name = self._name(snapshot_id)
         try:
             with directory_fd(self.store_root, FAILURES_DIR) as fd:
-                record = read_json_file(name, self.MAX_RECORD_BYTES, dir_fd=fd)
+                return self._read(fd, snapshot_id)
+        except (OSError, UnsafeInput):
+            return {}
+
+    def _read(self, fd: int, snapshot_id: str) -> dict[str, Any]:
+        try:
+            record = read_json_file(self._name(snapshot_id), self.MAX_RECORD_BYTES, dir_fd=fd)
         except (OSError, UnsafeInput):
             return {}
         return record if isinstance(record, dict) else {}
 
-    def count(self, snapshot_id: str) -> int:
-        count = self._record(snapshot_id).get("count")
+    @staticmethod
+    def _count_in(record: dict[str, Any]) -> int:
+        count = record.get("count")
         return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
+
+    def count(self, snapshot_id: str) -> int:
+        return self._count_in(self._record(snapshot_id))
 
     def last_reason(self, snapshot_id: str) -> str:
         reason = self._record(snapshot_id).get("reason")
         return reason if isinstance(reason, str) else ""
 
     def record(self, snapshot_id: str, reason: str) -> int:
-        count = self.count(snapshot_id) + 1
-        content = json.dumps({"count": count, "reason": reason, "time": time.time()}).encode()
+        """Count one more failure; concurrent restores (threads or processes) each count, none is lost."""
+        name = Path(self._name(snapshot_id))
         with directory_fd(self.store_root, FAILURES_DIR, create=True) as fd:
-            write_atomic(Path(self._name(snapshot_id)), content, dir_fd=fd)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # read-add-write under the directory's lock; closing releases it
+            count = self._count_in(self._read(fd, snapshot_id)) + 1
+            content = json.dumps({"count": count, "reason": reason, "time": time.time()}).encode()
+            write_atomic(name, content, dir_fd=fd)
         return count
 
     def invalid(self, snapshot_id: str) -> bool:
@@ -146,7 +164,7 @@ class FailureCounter:
         try:
             with directory_fd(self.store_root, FAILURES_DIR) as fd:
                 os.unlink(name, dir_fd=fd)
-        except (FileNotFoundError, UnsafeInput):
+        except (OSError, UnsafeInput):  # nothing to clear, or nothing that could be a record
             pass
 
 
@@ -290,12 +308,13 @@ def restore(
         raise  # the pod is its worker's: nothing to undo, nothing to say
     except (RestoreRefused, RestoreFailed) as exc:
         _stop(stager)
-        _fail(control, failures, snapshot_id, str(exc))
+        _vanished_or_counted(store, control, failures, snapshot_id, exc)
         raise
     except (CriuError, cuda.CudaCheckpointError, cuda.CudaUnavailable, OSError) as exc:
         _undo(stager, sandbox, claimed)
-        _fail(control, failures, snapshot_id, str(exc))
-        raise RestoreFailed(f"restore of {snapshot_id} failed: {exc}") from exc
+        failed = RestoreFailed(f"restore of {snapshot_id} failed: {exc}")
+        _vanished_or_counted(store, control, failures, snapshot_id, failed)
+        raise failed from exc
     except BaseException:  # interrupted: leave nothing half-restored behind
         _undo(stager, sandbox, claimed)
         _fail(control, failures, snapshot_id, "restore interrupted")
@@ -418,12 +437,38 @@ def _hand_over_restore_log(work_dir: Path, sandbox: Sandbox) -> None:
         log.warning("CRIU's restore log stays in %s: %s", source, exc)
 
 
+def _vanished_or_counted(
+    store: SnapshotStore, control: ControlDir, failures: FailureCounter, snapshot_id: str, exc: Exception
+) -> None:
+    """Answer `restore-failed`; count the failure against the snapshot unless it is no longer published
+    (then SnapshotVanished, saying so, instead of a digest or an errno that reads like corruption)."""
+    if store.is_published(snapshot_id):
+        _fail(control, failures, snapshot_id, str(exc))
+        return
+    vanished = SnapshotVanished(
+        f"snapshot {snapshot_id} was deleted while it was being restored (not counted against it): {exc}"
+    )
+    with contextlib.suppress(ValueError):  # not even a snapshot's name: there is no record to clear
+        failures.clear(snapshot_id)
+    _answer_failed(control, snapshot_id, str(vanished), None)
+    raise vanished from exc
+
+
 def _fail(control: ControlDir, failures: FailureCounter, snapshot_id: str, reason: str) -> None:
     """Count the failure and answer `restore-failed` (the answer goes out even when counting fails)."""
     count: int | None = None
     try:
         count = failures.record(snapshot_id, reason)
-    except OSError as exc:
+    except (OSError, UnsafeInput) as exc:  # e.g. restore-failures is no directory, or the disk is full
         log.error("could not count the failed restore of %s: %s", snapshot_id, exc)
     log.warning("restore of %s failed (%s time(s)): %s", snapshot_id, count, reason)
-    control.send(RESTORE_FAILED, {"reason": reason, "snapshot": snapshot_id, "failures": count})
+    _answer_failed(control, snapshot_id, reason, count)
+
+
+def _answer_failed(control: ControlDir, snapshot_id: str, reason: str, count: int | None) -> None:
+    """Send `restore-failed`; when even that cannot be written (a full disk), say so: the worker then
+    cold-starts after its restore timeout."""
+    try:
+        control.send(RESTORE_FAILED, {"reason": reason, "snapshot": snapshot_id, "failures": count})
+    except (OSError, UnsafeInput, SignalError) as exc:
+        log.error("could not answer restore-failed to %s: %s", control.path, exc)

@@ -3,7 +3,7 @@
 The engine's staging plan travels in the signed snapshot (`meta.worker.weight_staging`, written by the
 engine process at capture). When the stored manifest has one, the restoring side binds a socket in the
 sandbox's control directory (so it exists before the engine resumes) and starts
-`warmstart.engines.weight_stager` with it, a pipe for the plan and the sandbox's root directory as inherited
+`warmstart.gpu.weight_stager` with it, a pipe for the plan and the sandbox's root directory as inherited
 descriptors, as the user the sandbox runs as, before the snapshot is verified: the stager's Python and CUDA
 start meanwhile. It gets the plan through the pipe once the manifest's signature and identity check out (the
 plan's authority is the signature), and copies while the blobs are hashed and CRIU runs; a snapshot that
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.config import env_flag, env_int, env_str
-from warmstart.engines.weight_stager import (
+from warmstart.gpu.weight_stager import (
     COPY_PATHS,
     MAX_STAGING_THREADS,
     STAGING_THREADS,
@@ -169,7 +169,7 @@ class StagerProcess:
             root_fd = os.open(f"/proc/{sandbox_init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
             opened.append(root_fd)
             process = subprocess.Popen(
-                [sys.executable, "-m", "warmstart.engines.weight_stager", "--plan-fd", str(plan_read),
+                [sys.executable, "-m", "warmstart.gpu.weight_stager", "--plan-fd", str(plan_read),
                  "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd), "--copy", copy,
                  "--threads", str(threads)],
                 stdin=subprocess.DEVNULL,

@@ -90,3 +90,34 @@ def write_sidecar(
         write_atomic(model_dir / DIGEST_SIDECAR, (body + "\n").encode())
     except OSError as exc:  # a read-only model directory: the digest is simply not cached
         log.warning("cannot cache the weights digest in %s: %s", model_dir, exc)
+
+
+# A file's sampled digest reads its first MiB (a safetensors header and the first tensors), its last window
+# and evenly spaced windows between: a few MiB whatever the file's size (restore_facts.py says the rule).
+SAMPLE_HEAD_BYTES = 1 << 20
+SAMPLE_WINDOW_BYTES = 64 << 10
+SAMPLE_WINDOWS = 16
+
+
+def sampled_digest(path: Path) -> tuple[int, str]:
+    """(size, hex SHA-256 over the size and the sampled regions) of one file."""
+    hasher = hashlib.sha256()
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        hasher.update(size.to_bytes(8, "little"))
+        for offset, length in _sample_regions(size):
+            hasher.update(os.pread(file.fileno(), length, offset))
+    return size, hasher.hexdigest()
+
+
+def _sample_regions(size: int) -> list[tuple[int, int]]:
+    if size <= SAMPLE_HEAD_BYTES + SAMPLE_WINDOWS * SAMPLE_WINDOW_BYTES:
+        return [(0, size)]
+    span = size - SAMPLE_HEAD_BYTES - SAMPLE_WINDOW_BYTES
+    windows = [SAMPLE_HEAD_BYTES + span * index // (SAMPLE_WINDOWS - 1) for index in range(SAMPLE_WINDOWS)]
+    return [(0, SAMPLE_HEAD_BYTES)] + [(offset, SAMPLE_WINDOW_BYTES) for offset in windows]
+
+
+def sampled_digests(files: Iterable[Path]) -> dict[str, tuple[int, str]]:
+    """File name -> sampled digest, for the files of one model directory."""
+    return {path.name: sampled_digest(path) for path in files}

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import logging
 import os
+import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 from warmstart.config import env_int, env_str
@@ -32,21 +35,26 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--metrics-port",
         type=int,
-        default=env_int("WARMSTART_OPERATOR_METRICS_PORT", 8080),
-        help="Prometheus metrics port, 0 to disable [WARMSTART_OPERATOR_METRICS_PORT, default 8080]",
+        default=env_int("WARMSTART_OPERATOR_METRICS_PORT_NUMBER", 8080),
+        help="Prometheus metrics port, 0 to disable [WARMSTART_OPERATOR_METRICS_PORT_NUMBER, default 8080]",
     )
     parser.add_argument(
         "--liveness-port",
         type=int,
-        default=env_int("WARMSTART_OPERATOR_LIVENESS_PORT", 8081),
+        default=env_int("WARMSTART_OPERATOR_LIVENESS_PORT_NUMBER", 8081),
         help="liveness endpoint port (/healthz), 0 to disable "
-        "[WARMSTART_OPERATOR_LIVENESS_PORT, default 8081]",
+        "[WARMSTART_OPERATOR_LIVENESS_PORT_NUMBER, default 8081]",
     )
     parser.add_argument(
-        "--peering",
-        default=env_str("WARMSTART_OPERATOR_PEERING", ""),
-        help="kopf peering object name, for several operator replicas (default standalone) "
-        "[WARMSTART_OPERATOR_PEERING]",
+        "--leader-election-namespace",
+        default=env_str("WARMSTART_OPERATOR_LEASE_NAMESPACE", ""),
+        help="act only while holding a Lease in this namespace, so that one of several replicas acts; "
+        "empty: act alone [WARMSTART_OPERATOR_LEASE_NAMESPACE]",
+    )
+    parser.add_argument(
+        "--lease-name",
+        default=env_str("WARMSTART_OPERATOR_LEASE_NAME", "warmstart-operator"),
+        help="the Lease's name [WARMSTART_OPERATOR_LEASE_NAME, default warmstart-operator]",
     )
     parser.set_defaults(func=run_operator)
 
@@ -85,6 +93,44 @@ def name_objects_in_logs() -> None:
         handler.setFormatter(ObjectNamingFormatter(fmt))
 
 
+@contextlib.contextmanager
+def _follower_liveness(port: int) -> Iterator[None]:
+    """/healthz answered while this replica waits for the Lease (kopf serves it once it runs)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Healthy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(200 if self.path == "/healthz" else 404)
+            self.end_headers()
+
+        def log_message(self, *_: Any) -> None:  # the kubelet asks every few seconds
+            pass
+
+    server = ThreadingHTTPServer(("0.0.0.0", port), Healthy)
+    threading.Thread(target=server.serve_forever, name="follower-liveness", daemon=True).start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _wait_to_lead(args: argparse.Namespace) -> bool:
+    """Campaign for the Lease; True once this replica holds it, False if it was told to stop first. The
+    liveness endpoint answers meanwhile: a follower is healthy."""
+    from warmstart.operator.kube import Kube
+    from warmstart.operator.leadership import Leadership, LeaseSettings, exit_now
+
+    stopping = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopping.set())
+    settings = LeaseSettings(namespace=args.leader_election_namespace, name=args.lease_name)
+    leadership = Leadership(settings, Kube.from_environment().api, on_lost=exit_now)
+    leadership.start()
+    with _follower_liveness(args.liveness_port) if args.liveness_port else contextlib.nullcontext():
+        return leadership.wait_to_lead(stopping)
+
+
 def run_operator(args: argparse.Namespace) -> int:
     import asyncio
 
@@ -103,14 +149,15 @@ def run_operator(args: argparse.Namespace) -> int:
         METRICS.serve(args.metrics_port)
     liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
     name_objects_in_logs()
+    if args.leader_election_namespace and not _wait_to_lead(args):
+        return 0  # stopped before it ever acted
     while True:
         # A handler sets this when one of our CRDs appeared after kopf's scan of the API, which kopf may
         # never notice: kopf then stops and starts again here, scanning afresh.
         handlers.Runtime.restart = restart = threading.Event()
         asyncio.run(
             kopf.operator(
-                standalone=not args.peering,
-                peering_name=args.peering or None,
+                standalone=True,  # one replica acts: the Lease's holder (kopf's peering would pause all)
                 clusterwide=not namespaces,
                 namespaces=namespaces,
                 liveness_endpoint=liveness,

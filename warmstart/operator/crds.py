@@ -1,22 +1,19 @@
 """The operator's own CRDs coming and going while it runs.
 
-kopf stops serving a resource whose CRD is terminating (discovery no longer lists `patch` for it), so it
-never removes its finalizer from the endpoints the API server is deleting, and the CRD deletion would wait
-forever: the operator lets go of them itself. And kopf's view of which resources exist can miss a CRD
-created after it started (its rescans race the API server's discovery): a CRD whose uid differs from the
-one kopf started with means kopf has to be started again to serve it.
+kopf's view of which resources exist can miss a CRD created after it started (its rescans race the API
+server's discovery): a CRD whose uid differs from the one kopf started with means kopf has to be started
+again to serve it. (Endpoints hold no finalizer, so a CRD deletion needs nothing from the operator.)
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.operator.kube import CRD_KIND, Kube, KubeError
-from warmstart.operator.reconcile import finalize
 
 log = logging.getLogger(__name__)
 
@@ -67,59 +64,3 @@ def wait_until_served(kube: Kube, name: str, timeout: float = 60.0, interval: fl
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
-
-
-def remove_finalizer(kube: Kube, body: Mapping[str, Any], finalizer: str) -> bool:
-    """Drop `finalizer` from the endpoint; the resourceVersion makes a concurrent change a 409, not a loss.
-    False when the object is already gone."""
-    meta = body["metadata"]
-    remaining = [f for f in meta.get("finalizers") or [] if f != finalizer]
-    patch = {"metadata": {"finalizers": remaining, "resourceVersion": meta["resourceVersion"]}}
-    try:
-        kube.patch(L.ENDPOINT_KIND, meta["namespace"], meta["name"], patch)
-    except KubeError as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
-
-
-def release_endpoints(kube: Kube, finalizer: str, lock_of: Callable[[tuple[str, str]], Any]) -> int:
-    """Clean up after and let go of every endpoint holding `finalizer`; returns how many were released.
-
-    The snapshots are marked and deleted as on an ordinary deletion when that works; when it does not, the
-    endpoint is let go anyway: the snapshots' owner references still collect them, and the agent's store
-    collection removes files whose InferenceSnapshot is gone.
-    """
-    released = 0
-    for body in kube.list(L.ENDPOINT_KIND, "", {}):
-        meta = body["metadata"]
-        if finalizer not in (meta.get("finalizers") or []):
-            continue
-        key = (meta["namespace"], meta["name"])
-        with lock_of(key):
-            try:
-                finalize(kube, body)
-            except KubeError as exc:
-                log.warning("%s/%s: snapshots not marked before its CRD goes: %s", *key, exc)
-            if remove_finalizer(kube, body, finalizer):
-                released += 1
-                log.info("%s/%s: released (its CRD is being deleted)", *key)
-    return released
-
-
-def release_while_terminating(
-    kube: Kube, finalizer: str, lock_of: Callable[[tuple[str, str]], Any], max_delay: float = 30.0
-) -> int:
-    """Release endpoints until the endpoint CRD is gone (or no longer terminating); retries with backoff."""
-    released, delay = 0, 1.0
-    while True:
-        try:
-            crd = read_crd(kube, ENDPOINT_CRD)
-            if crd is None or not terminating(crd):
-                return released
-            released += release_endpoints(kube, finalizer, lock_of)
-        except KubeError as exc:
-            log.warning("CRD %s: releasing endpoints failed, retry in %.0f s: %s", ENDPOINT_CRD, delay, exc)
-        time.sleep(delay)
-        delay = min(max_delay, delay * 2)

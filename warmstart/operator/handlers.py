@@ -17,14 +17,16 @@ import kopf
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
-from warmstart.config import env_float, env_int
+from warmstart.config import env_float, env_int, env_str
 from warmstart.operator import crds
+from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
+from warmstart.operator.diagnosis import AgentLookup
 from warmstart.operator.kube import Kube, KubeError
 from warmstart.operator.metrics import METRICS
-from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, finalize, reconcile
-from warmstart.operator.snapshots import Backoff
+from warmstart.operator.placement import NODE_LOCAL, check_snapshot_store
+from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, reconcile
 from warmstart.operator.spec import InvalidSpec
-from warmstart.operator.workqueue import Key, KeyLocks, RetryBackoff, WorkQueue
+from warmstart.operator.workqueue import Key, KeyLocks, Resync, WorkQueue
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +40,8 @@ class OperatorSettings:
     workers: int
     retry_base_seconds: float = 1.0
     retry_max_seconds: float = 120.0
+    # The node agents' kind of snapshot store, as the chart chose it (operator.placement).
+    snapshot_store: str = NODE_LOCAL
 
     def __post_init__(self) -> None:
         # Zero workers would leave every queued event unprocessed; a zero interval spins kopf's timer.
@@ -50,6 +54,7 @@ class OperatorSettings:
         ):
             if value <= 0:
                 raise ValueError(f"{variable} must be above 0, got {value}")
+        check_snapshot_store(self.snapshot_store, "WARMSTART_OPERATOR_SNAPSHOT_STORE")
 
     @classmethod
     def from_env(cls) -> OperatorSettings:
@@ -59,11 +64,15 @@ class OperatorSettings:
             workers=env_int("WARMSTART_OPERATOR_WORKERS", 4),
             retry_base_seconds=env_float("WARMSTART_OPERATOR_RETRY_BASE_SECONDS", 1.0),
             retry_max_seconds=env_float("WARMSTART_OPERATOR_RETRY_MAX_SECONDS", 120.0),
+            snapshot_store=env_str("WARMSTART_OPERATOR_SNAPSHOT_STORE", NODE_LOCAL),
         )
 
 
 SETTINGS = OperatorSettings.from_env()
-FINALIZER = f"{L.GROUP}/finalizer"
+AGENTS = AgentLookup.from_env()
+# What earlier versions made kopf put on every endpoint. No handler needs a finalizer now, so kopf removes
+# this one from each endpoint it sees that still has it (it must know the name to do so).
+LEGACY_FINALIZER = f"{L.GROUP}/finalizer"
 
 
 class Runtime:
@@ -71,13 +80,13 @@ class Runtime:
 
     kube: Kube | None = None
     queue: WorkQueue | None = None
+    resync: Resync | None = None
     locks = KeyLocks()
-    backoff = Backoff(base_seconds=SETTINGS.capture_backoff_seconds)
+    backoff = Backoff(SETTINGS.capture_backoff_seconds, CAPTURE_BACKOFF.max_seconds)
     # uid of each of our CRDs as kopf found it when it started; another uid is a CRD kopf may not serve.
     served_crds: dict[str, str] = {}
     # Set to have `warmstart operator` start kopf again in this process (None: nobody would).
     restart: threading.Event | None = None
-    releasing = threading.Lock()  # one release of endpoints at a time, however many CRD events come
 
 
 def plain(value: Any) -> Any:
@@ -96,7 +105,7 @@ def _kube() -> Kube:
 
 
 def _requeue_delay(outcome: Outcome) -> float | None:
-    """Come back for a Failed snapshot awaiting its retry; the resync timer covers everything else."""
+    """Come back for a Failed snapshot awaiting its retry; the periodic resync covers everything else."""
     plan = outcome.plan
     if plan is not None and plan.active_phase == Phase.FAILED and not plan.exhausted:
         return max(1.0, Runtime.backoff.base_seconds / 4)
@@ -107,7 +116,7 @@ def run_reconcile(handler: str, key: Key) -> Outcome | None:
     """Reconcile one endpoint under its lock, from a fresh read (so status transitions are never computed
     from a stale copy), and count it. None: the endpoint is gone, or the reconcile failed and its retry is
     scheduled on the work queue (the one path that retries, with backoff). Raises InvalidSpec, already
-    reported in status: retrying cannot help until the spec changes."""
+    reported in status (once per generation): retrying cannot help until the spec changes."""
     started = time.perf_counter()
     result = "error"
     try:
@@ -117,7 +126,7 @@ def run_reconcile(handler: str, key: Key) -> Outcome | None:
                 result = "gone"
                 _reset_retries(key)
                 return None
-            outcome = reconcile(_kube(), body, Runtime.backoff)
+            outcome = reconcile(_kube(), body, Runtime.backoff, AGENTS, SETTINGS.snapshot_store)
         METRICS.endpoints.set(*key, outcome.status["phase"])
         result = "success"
         _reset_retries(key)
@@ -174,7 +183,7 @@ def reconcile_key(key: Key) -> float | None:
 
 @kopf.on.startup()
 def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
-    settings.persistence.finalizer = FINALIZER
+    settings.persistence.finalizer = LEGACY_FINALIZER
     settings.posting.level = logging.WARNING  # handler logs stay in logs; our own Events carry the story
     settings.execution.max_workers = max(8, SETTINGS.workers * 2)
     settings.watching.server_timeout = 300
@@ -186,13 +195,18 @@ def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         Runtime.served_crds = crds.served_uids(Runtime.kube)
     except KubeError as exc:
         raise kopf.TemporaryError(f"reading the operator's CRDs: {exc}", delay=5) from exc
-    backoff = RetryBackoff(SETTINGS.retry_base_seconds, SETTINGS.retry_max_seconds)
+    backoff = Backoff(SETTINGS.retry_base_seconds, SETTINGS.retry_max_seconds)
     Runtime.queue = WorkQueue(reconcile_key, workers=SETTINGS.workers, backoff=backoff)
+    Runtime.resync = Resync(Runtime.queue, SETTINGS.resync_seconds)
     Runtime.queue.start()
+    Runtime.resync.start()
 
 
 @kopf.on.cleanup()
 def on_cleanup(**_: Any) -> None:
+    if Runtime.resync is not None:
+        Runtime.resync.stop()
+        Runtime.resync = None
     if Runtime.queue is not None:
         Runtime.queue.stop()
         Runtime.queue = None
@@ -202,42 +216,30 @@ def on_cleanup(**_: Any) -> None:
 @kopf.on.create(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
 @kopf.on.update(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
 def on_endpoint_change(namespace: str, name: str, reason: str, **_: Any) -> None:
-    try:
+    """A new or changed spec (or the operator starting). An invalid spec returns quietly, as kopf's
+    PermanentError would stop retries, without kopf's own error line and Event: reconcile has reported it
+    once for this generation, and the next spec change runs this again."""
+    with contextlib.suppress(InvalidSpec):
         run_reconcile(str(reason), (namespace, name))
-    except InvalidSpec as exc:
-        raise kopf.PermanentError(str(exc)) from exc
 
 
-@kopf.timer(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL, interval=SETTINGS.resync_seconds, initial_delay=5.0)
-def resync(namespace: str, name: str, **_: Any) -> None:
-    """Drift repair: a child edited or deleted by hand comes back; status catches up. An endpoint whose
-    last reconcile failed is left to its scheduled retry, so that the backoff holds."""
-    key = (namespace, name)
-    if Runtime.queue is not None and Runtime.queue.backing_off(key):
+@kopf.on.event(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
+def on_endpoint_event(event: Mapping[str, Any], namespace: str | None, name: str | None, **_: Any) -> None:
+    """Keep the resync's list of endpoints; forget what the operator kept about a deleted one. Nothing is
+    left to clean up in the cluster: its children and snapshots have it as owner, so the garbage collector
+    removes them (and the node agents then remove the snapshots' files from the store)."""
+    if not namespace or not name:
         return
-    try:
-        run_reconcile("timer", key)
-    except InvalidSpec as exc:
-        raise kopf.PermanentError(str(exc)) from exc
-
-
-@kopf.on.delete(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
-def on_endpoint_delete(body: kopf.Body, namespace: str, name: str, retry: int, **_: Any) -> None:
-    started = time.perf_counter()
-    try:
-        # Under the endpoint's lock: a reconcile in flight must not add a snapshot after finalize lists them.
-        with Runtime.locks.lock((namespace, name)):
-            names = finalize(_kube(), plain(body))
-    except KubeError as exc:
-        METRICS.observe("delete", "error", time.perf_counter() - started)
-        delay = Runtime.queue.backoff.delay(retry + 1) if Runtime.queue is not None else 5
-        raise kopf.TemporaryError(f"cleaning up snapshots: {exc}", delay=delay) from exc
-    METRICS.observe("delete", "success", time.perf_counter() - started)
+    key = (namespace, name)
+    if event.get("type") != "DELETED":
+        if Runtime.resync is not None:
+            Runtime.resync.track(key)
+        return
+    if Runtime.resync is not None:
+        Runtime.resync.forget(key)
     METRICS.endpoints.forget(namespace, name)
-    Runtime.locks.forget((namespace, name))
-    _reset_retries((namespace, name))
-    if names:
-        log.info("%s/%s deleted: snapshots %s marked for store cleanup", namespace, name, ", ".join(names))
+    Runtime.locks.forget(key)
+    _reset_retries(key)
 
 
 def _is_our_crd(name: str, **_: Any) -> bool:
@@ -246,30 +248,12 @@ def _is_our_crd(name: str, **_: Any) -> bool:
 
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_is_our_crd)
 def on_crd_event(event: Mapping[str, Any], body: kopf.Body, name: str, uid: str, **_: Any) -> None:
-    """Our CRDs: let go of the endpoints when theirs is deleted; serve a CRD that (re)appeared."""
+    """Our CRDs: serve one that (re)appeared after kopf started."""
     if event.get("type") == "DELETED":
         return
     crd = plain(body)
-    if crds.terminating(crd):
-        if name == crds.ENDPOINT_CRD:
-            _release_endpoints_in_background()
-        return
-    if crds.established(crd) and Runtime.served_crds.get(name) != uid:
+    if crds.established(crd) and not crds.terminating(crd) and Runtime.served_crds.get(name) != uid:
         _serve_new_crd(name)
-
-
-def _release_endpoints_in_background() -> None:
-    if not Runtime.releasing.acquire(blocking=False):
-        return  # a release is running; it keeps going until the CRD is gone
-
-    def release() -> None:
-        try:
-            released = crds.release_while_terminating(_kube(), FINALIZER, Runtime.locks.lock)
-            log.info("CRD %s deleted: %d endpoints released", crds.ENDPOINT_CRD, released)
-        finally:
-            Runtime.releasing.release()
-
-    threading.Thread(target=release, name="release-endpoints", daemon=True).start()
 
 
 def _serve_new_crd(name: str) -> None:

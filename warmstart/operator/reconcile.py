@@ -14,24 +14,25 @@ from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import OPERATOR, SnapshotStatus, status_patch
-from warmstart.operator import children
+from warmstart.clock import format_time, parse_time, utc_now
+from warmstart.operator import children, diagnosis
+from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
+from warmstart.operator.diagnosis import AgentLookup
 from warmstart.operator.kube import Kube, KubeError, TransientKubeError
+from warmstart.operator.observe import observe_pods
+from warmstart.operator.placement import NODE_LOCAL, preferred_node, restore_node
 from warmstart.operator.request_key import request_key, request_key_hash
-from warmstart.operator.snapshots import (
-    CAPTURE_STARTED,
-    Backoff,
-    SnapshotPlan,
-    format_time,
-    parse_time,
-    plan_snapshots,
-)
+from warmstart.operator.snapshots import CAPTURE_STARTED, SnapshotPlan, plan_snapshots
 from warmstart.operator.spec import EndpointSpec, InvalidSpec, parse_spec
 from warmstart.operator.status import (
     DEGRADED,
+    INVALID_SPEC,
+    SNAPSHOT_READY,
     Workload,
     endpoint_status,
     failure_status,
     invalid_status,
+    reported_invalid,
     reports,
 )
 
@@ -80,14 +81,10 @@ class Outcome:
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
 
-def utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
 def post_event(kube: Kube, involved: dict[str, Any], kind: str, reason: str, message: str) -> None:
     """A core/v1 Event on `involved`; failures are logged, never raised (events are best effort)."""
     meta = involved["metadata"]
-    now = format_time(utcnow())
+    now = format_time()
     event = {
         "apiVersion": "v1",
         "kind": "Event",
@@ -263,40 +260,53 @@ def sync_snapshots(
         kube.patch_status(L.SNAPSHOT_KIND, ns, plan.active, status_patch(OPERATOR, capture_pod=wanted))
 
 
-def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) -> Outcome:
-    """Reconcile one endpoint; raises InvalidSpec (permanent), MissingAPI, ChildApplyFailed (a child the
-    API server refused, reported in status and by a Warning Event) or KubeError."""
+def reconcile(
+    kube: Kube,
+    body: dict[str, Any],
+    backoff: Backoff = CAPTURE_BACKOFF,
+    agents: AgentLookup | None = None,
+    snapshot_store: str = NODE_LOCAL,
+) -> Outcome:
+    """Reconcile one endpoint; raises InvalidSpec (permanent, reported once per generation), MissingAPI,
+    ChildApplyFailed (a child the API server refused, reported in status and by a Warning Event) or
+    KubeError. `agents`: where the node agents run, to check that capture and restore pods have one;
+    `snapshot_store`: the kind of store they keep snapshots in (placement)."""
     meta = body["metadata"]
     owner = children.Owner.from_body(body)
     generation = int(meta.get("generation") or 0)
     previous = body.get("status") or {}
-    now = utcnow()
+    now = utc_now()
     try:
         spec = parse_spec(body.get("spec") or {})
     except InvalidSpec as exc:
-        kube.patch_status(
-            L.ENDPOINT_KIND, owner.namespace, owner.name, invalid_status(generation, str(exc), previous, now)
-        )
+        report_invalid_spec(kube, body, exc, now)
         raise
     key = request_key(spec)
     request_hash = request_key_hash(key)
+    # Capture pods before snapshots: the agent reports a snapshot captured before its pod ends, so a pod seen
+    # ended is never judged against a snapshot read before that report (an attempt wrongly counted failed).
+    capture_pods = _capture_pods(kube, owner) if spec.snapshot.enabled else []
     snapshots = (
         kube.list(L.SNAPSHOT_KIND, owner.namespace, {L.ENDPOINT_LABEL: owner.name})
         if spec.snapshot.enabled
         else []
     )
     timeout = spec.snapshot.capture_timeout_seconds
-    pods = _capture_pods(kube, owner) if snapshots else []
-    pod_failures = capture_pod_failures(snapshots, pods, timeout, now) if pods else {}
+    pod_failures = capture_pod_failures(snapshots, capture_pods, timeout, now) if capture_pods else {}
     plan = plan_snapshots(owner, spec, request_hash, key, snapshots, now, backoff, pod_failures)
+    current = kube.get("Deployment", owner.namespace, owner.name)
+    role, snapshot = worker_template(spec, plan, current, request_hash)
+    node = worker_node((role, snapshot), plan, current, snapshot_store)
     try:
-        deployment, existing, missing = _write_children(kube, owner, spec, plan, request_hash, previous)
+        deployment, existing, missing = _write_children(
+            kube, owner, spec, plan, (role, snapshot, node), request_hash, previous
+        )
     except TransientKubeError:
         raise  # the API server is away: nothing to report to, the caller retries
     except KubeError as exc:
         report_failure(kube, body, APPLY_FAILED, _failure_message(exc), now)
         raise ChildApplyFailed(exc.status, _failure_message(exc)) from exc
-    pods = kube.list("Pod", owner.namespace, children.worker_selector(owner.name))
+    report = observe_pods(kube, owner, current_capture_pods(plan, capture_pods), agents)
     status = endpoint_status(
         generation=generation,
         snapshots_enabled=spec.snapshot.enabled,
@@ -304,10 +314,14 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
         work=Workload.from_deployment(spec.replicas, deployment),
         selector=children.selector_string(owner.name),
         request_hash=request_hash,
-        pods=pods,
+        pods=report.workers,
         previous=previous,
         now=now,
         missing_api=str(missing or ""),
+        worker_causes=[*report.worker_causes, *diagnosis.deployment_causes(deployment)],
+        capture_causes=report.capture_causes,
+        worker_role=role,
+        kept_snapshot=snapshot if snapshot != plan.ready else "",
     )
     status["children"] = existing
     events = transition_events(plan, previous, status, missing)
@@ -320,20 +334,64 @@ def reconcile(kube: Kube, body: dict[str, Any], backoff: Backoff = Backoff()) ->
     return Outcome(status=status, plan=plan, events=events)
 
 
+def worker_template(
+    spec: EndpointSpec, plan: SnapshotPlan, deployment: dict[str, Any] | None, request_hash: str
+) -> tuple[str, str]:
+    """(role, snapshot) of the worker pods' template. A Ready snapshot: restore from it. None Ready (the
+    one in use was deleted or went Invalid) while the template restores from a snapshot of this very
+    request key: keep that template until another snapshot is Ready, so serving replicas are rolled once
+    (onto the new snapshot) and not twice (cold, then restore); new pods meanwhile are refused by the
+    agent and cold-start. Anything else: cold."""
+    if plan.role == L.ROLE_RESTORE:
+        return L.ROLE_RESTORE, plan.ready
+    template = ((deployment or {}).get("spec") or {}).get("template") or {}
+    labels = (template.get("metadata") or {}).get("labels") or {}
+    kept = labels.get(L.SNAPSHOT_LABEL, "")
+    same_key = labels.get(L.REQUEST_KEY_LABEL) == L.request_key_label(request_hash)
+    if spec.snapshot.enabled and kept and same_key and labels.get(L.ROLE_LABEL) == L.ROLE_RESTORE:
+        return L.ROLE_RESTORE, kept
+    return L.ROLE_COLD, ""
+
+
+def worker_node(
+    template: tuple[str, str], plan: SnapshotPlan, deployment: dict[str, Any] | None, snapshot_store: str
+) -> str:
+    """The node the worker pods of `template` (role, snapshot) prefer: the one holding their snapshot,
+    where only it does (`placement`). A kept template (see `worker_template`) keeps the node it prefers,
+    so that keeping it rolls no pod."""
+    role, snapshot = template
+    if role != L.ROLE_RESTORE:
+        return ""
+    if snapshot == plan.ready:
+        return restore_node(snapshot_store, plan.ready_node)
+    pod = (((deployment or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    return restore_node(snapshot_store, preferred_node(pod))
+
+
+def current_capture_pods(plan: SnapshotPlan, pods: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The capture pod of the attempt under way (older attempts' pods are being deleted)."""
+    if not plan.capture_attempt:
+        return []
+    wanted = children.capture_pod_name(plan.active, plan.capture_attempt)
+    return [pod for pod in pods if pod["metadata"]["name"] == wanted]
+
+
 def _write_children(
     kube: Kube,
     owner: children.Owner,
     spec: EndpointSpec,
     plan: SnapshotPlan,
+    template: tuple[str, str, str],
     request_hash: str,
     previous: dict[str, Any],
 ) -> tuple[dict[str, Any], list[str], MissingAPI | None]:
-    """Snapshots, Deployment, Service, autoscaler, ServiceMonitor: (the Deployment as applied, the kinds
-    that exist now, a kind the cluster does not serve)."""
+    """Snapshots, Deployment (its workers' (role, snapshot, preferred node) is `template`), Service,
+    autoscaler, ServiceMonitor: (the Deployment as applied, the kinds that exist now, a kind the cluster
+    does not serve)."""
     if spec.snapshot.enabled:
         sync_snapshots(kube, owner, spec, plan, request_hash)
-    snapshot = plan.ready if plan.role == L.ROLE_RESTORE else ""
-    deployment = apply_child(kube, children.deployment(owner, spec, plan.role, snapshot, request_hash))
+    role, snapshot, node = template
+    deployment = apply_child(kube, children.deployment(owner, spec, role, snapshot, request_hash, node))
     apply_child(kube, children.service(owner, spec))
     # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.
     recorded = previous.get("children") if previous else []
@@ -345,6 +403,24 @@ def _write_children(
 
 def _failure_message(exc: KubeError) -> str:
     return exc.message if isinstance(exc, ChildApplyFailed) else str(exc)
+
+
+def report_invalid_spec(kube: Kube, body: dict[str, Any], error: InvalidSpec, now: dt.datetime) -> None:
+    """Degraded/InvalidSpec naming every problem, one Warning Event and one log line per generation of the
+    spec: the resync finds it reported and stays quiet until the spec changes."""
+    meta = body["metadata"]
+    generation = int(meta.get("generation") or 0)
+    previous = body.get("status") or {}
+    if reported_invalid(previous, generation):
+        return
+    count = len(error.problems)
+    message = f"{count} problem{'s' if count > 1 else ''} in the spec: {error}"
+    status = invalid_status(generation, message, previous, now)
+    kube.patch_status(L.ENDPOINT_KIND, meta["namespace"], meta["name"], status)
+    post_event(kube, body, "Warning", INVALID_SPEC, message)
+    log.warning(
+        "%s/%s: generation %d not reconciled: %s", meta["namespace"], meta["name"], generation, message
+    )
 
 
 def report_failure(kube: Kube, body: dict[str, Any], reason: str, message: str, now: dt.datetime) -> None:
@@ -367,36 +443,31 @@ def transition_events(
 ) -> list[tuple[str, str, str]]:
     """Events worth a line in `kubectl describe`: snapshot steps, the switch to restores, phase changes."""
     events = list(plan.events)
-    if previous.get("workerRole") != plan.role and plan.role == L.ROLE_RESTORE:
+    if plan.ready and previous.get("currentSnapshot") != plan.ready:
         events.append(("Normal", "RestoreEnabled", f"new replicas restore from snapshot {plan.ready}"))
     if previous.get("phase") != status["phase"]:
         before = previous.get("phase") or "None"
         events.append(("Normal", "PhaseChanged", f"phase {before} -> {status['phase']}"))
         if missing is not None:
             events.append(("Warning", "MissingAPI", str(missing)))
+    return events + cause_events(previous, status)
+
+
+def cause_events(previous: dict[str, Any], status: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """A Warning Event for each cause that is news: Degraded or SnapshotReady newly explained by one (a
+    cause that stays, however its message changes, is not reported again)."""
+    before = {c.get("type"): c for c in previous.get("conditions") or []}
+    events: list[tuple[str, str, str]] = []
+    for cond in status["conditions"]:
+        if cond["type"] not in (DEGRADED, SNAPSHOT_READY) or cond["reason"] not in diagnosis.REASONS:
+            continue
+        was = before.get(cond["type"]) or {}
+        if (was.get("status"), was.get("reason")) == (cond["status"], cond["reason"]):
+            continue
+        if not any(event[1] == cond["reason"] and cond["message"] in event[2] for event in events):
+            events.append(("Warning", cond["reason"], cond["message"]))
     return events
 
 
 def _status_changed(previous: dict[str, Any], status: dict[str, Any]) -> bool:
     return any(previous.get(key) != value for key, value in status.items())
-
-
-def finalize(kube: Kube, body: dict[str, Any]) -> list[str]:
-    """On endpoint deletion: mark this endpoint's snapshots for store cleanup, then delete them.
-
-    The node agent's store garbage collection removes store files whose InferenceSnapshot is gone or marked.
-    """
-    meta = body["metadata"]
-    names = []
-    for snap in kube.list(L.SNAPSHOT_KIND, meta["namespace"], {L.ENDPOINT_LABEL: meta["name"]}):
-        name = snap["metadata"]["name"]
-        mark = {"metadata": {"annotations": {L.STORE_CLEANUP_ANNOTATION: "requested"}}}
-        try:
-            kube.patch(L.SNAPSHOT_KIND, meta["namespace"], name, mark)
-        except KubeError as exc:
-            if exc.status == 404:  # already gone (e.g. its namespace is being deleted)
-                continue
-            raise
-        kube.delete(L.SNAPSHOT_KIND, meta["namespace"], name)
-        names.append(name)
-    return names

@@ -13,6 +13,8 @@ from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import IN_PROGRESS, OPERATOR, Phase, SnapshotStatus, derive_phase, status_patch
+from warmstart.clock import format_time, parse_time
+from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.children import Owner, common_labels
 from warmstart.operator.spec import EndpointSpec
 
@@ -20,20 +22,11 @@ NAME_HASH_CHARS = 10
 CAPTURE_STARTED = "CaptureStarted"  # the event reason of a planned snapshot create
 
 
-@dataclass(frozen=True)
-class Backoff:
-    base_seconds: float = 30.0
-    max_seconds: float = 900.0
-
-    def delay(self, attempts: int) -> float:
-        """Delay before attempt `attempts + 1`: base, 2x base, 4x base, ... capped."""
-        return min(self.max_seconds, self.base_seconds * 2 ** max(0, attempts - 1))
-
-
 @dataclass
 class SnapshotPlan:
     role: str  # cold | restore: what the Deployment's workers do
     ready: str = ""  # the Ready snapshot restores use
+    ready_node: str = ""  # the node that captured it (its store holds it)
     active: str = ""  # the snapshot being captured (or retried) for the current request key
     active_phase: str = ""
     attempts: int = 0
@@ -60,14 +53,6 @@ def _name(snapshot: dict[str, Any]) -> str:
 
 def _created(snapshot: dict[str, Any]) -> str:
     return snapshot["metadata"].get("creationTimestamp") or ""
-
-
-def format_time(moment: dt.datetime) -> str:
-    return moment.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(text: str) -> dt.datetime:
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def snapshot_name(endpoint: str, request_hash: str, taken: set[str]) -> str:
@@ -97,11 +82,6 @@ def snapshot_body(
         },
         "spec": {"endpoint": endpoint.name, "requestKeyHash": request_hash, "requestKey": key},
     }
-    if spec.snapshot.claim_name:
-        storage = {"claimName": spec.snapshot.claim_name}
-        if spec.snapshot.sub_path:
-            storage["subPath"] = spec.snapshot.sub_path
-        body["spec"]["storage"] = storage
     if spec.snapshot.signing_key_secret:
         body["spec"]["signingKeySecret"] = spec.snapshot.signing_key_secret
     return body
@@ -156,7 +136,7 @@ def plan_snapshots(
     key: dict[str, Any],
     snapshots: list[dict[str, Any]],
     now: dt.datetime,
-    backoff: Backoff = Backoff(),
+    backoff: Backoff = CAPTURE_BACKOFF,
     capture_pod_failures: dict[str, str] | None = None,
 ) -> SnapshotPlan:
     """Decide what to create, retry and delete, and which role the workers run.
@@ -174,6 +154,7 @@ def plan_snapshots(
     ready = next((s for s in mine if phase_of(s) == Phase.READY), None)
     if ready is not None:
         plan.role, plan.ready = L.ROLE_RESTORE, _name(ready)
+        plan.ready_node = SnapshotStatus.of(ready).node or ""
     else:
         _plan_capture(plan, endpoint, spec, request_hash, key, mine, ordered, now, backoff)
     plan.delete = _retention(ordered, spec.snapshot.retention, keep={plan.ready, plan.active})

@@ -7,8 +7,9 @@ operator depends on, so a spec from an older CRD version fails with a message th
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from warmstart.api import labels as L
 from warmstart.worker_flags import worker_flags_problem
@@ -35,14 +36,47 @@ OPERATOR_FLAGS = {
 METRIC_SOURCES = ("Pods", "External")
 PRESTAGE_POLICIES = ("None", "PageCache")  # PageCache: node agents keep the snapshot in their page cache
 DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SpecProblem:
+    """One thing wrong with a spec, at the path of its field (relative to `spec`)."""
+
+    path: str
+    problem: str
+
+    def __str__(self) -> str:
+        return f"spec.{self.path}: {self.problem}" if self.path else f"spec: {self.problem}"
 
 
 class InvalidSpec(ValueError):
-    """The spec cannot be reconciled; the message starts with the offending field's path."""
+    """The spec cannot be reconciled. It carries every problem found (at least one), each with its field's
+    path; the message names them all, the first problem's path first."""
 
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"spec.{path}: {problem}")
-        self.path = path
+    def __init__(self, path: str = "", problem: str = "", problems: Sequence[SpecProblem] = ()) -> None:
+        self.problems = tuple(problems) or (SpecProblem(path, problem),)
+        super().__init__("; ".join(str(found) for found in self.problems))
+        self.path = self.problems[0].path
+
+
+class Problems:
+    """Collects the problems of the sections of one spec, so that one bad section does not hide another."""
+
+    def __init__(self) -> None:
+        self.found: list[SpecProblem] = []
+
+    def check(self, parse: Callable[[], T], fallback: T) -> T:
+        """`parse()`, or `fallback` with its problems recorded when it raises InvalidSpec."""
+        try:
+            return parse()
+        except InvalidSpec as exc:
+            self.found.extend(exc.problems)
+            return fallback
+
+    def raise_if_any(self) -> None:
+        if self.found:
+            raise InvalidSpec(problems=self.found)
 
 
 @dataclass(frozen=True)
@@ -110,8 +144,6 @@ class AutoscalingSpec:
 @dataclass(frozen=True)
 class SnapshotPolicy:
     enabled: bool = True
-    claim_name: str = ""
-    sub_path: str = ""
     signing_key_secret: str = ""
     retention: int = 2
     max_capture_attempts: int = 5
@@ -219,13 +251,14 @@ def parse_model(spec: dict[str, Any]) -> ModelSpec:
 
 
 def parse_engine(spec: dict[str, Any]) -> EngineSpec:
+    """The engine section; its args are checked against the worker's flags apart (`check_worker_flags`),
+    so that a bad flag does not hide the section's other problems."""
     if "engine" not in spec:
         raise InvalidSpec("engine", "is required (engine.kind and engine.image)")
     data = _section(spec, "engine", "")
     args = data.get("args") or []
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
         raise InvalidSpec("engine.args", "must be a list of strings")
-    _check_worker_flags(args)
     return EngineSpec(
         kind=_choice(data, "kind", "", "engine.", ENGINES),
         image=_text(data, "image", "engine.", required=True),
@@ -240,7 +273,7 @@ def parse_engine(spec: dict[str, Any]) -> EngineSpec:
     )
 
 
-def _check_worker_flags(args: list[str]) -> None:
+def check_worker_flags(args: Sequence[str]) -> None:
     """engine.args are `warmstart worker` flags: refuse those it would reject and those the spec sets."""
     for arg in args:
         flag = arg.split("=", 1)[0]
@@ -331,22 +364,15 @@ def _check_autoscaling(scaling: AutoscalingSpec, data: dict[str, Any]) -> None:
 
 
 def parse_snapshot(spec: dict[str, Any]) -> SnapshotPolicy:
-    if "snapshot" not in spec:
-        raise InvalidSpec("snapshot", "is required: give snapshot.storage.claimName or enabled false")
     data = _section(spec, "snapshot", "")
-    storage = _section(data, "storage", "snapshot.")
     policy = SnapshotPolicy(
         enabled=_flag(data, "enabled", True, "snapshot."),
-        claim_name=_text(storage, "claimName", "snapshot.storage."),
-        sub_path=_text(storage, "subPath", "snapshot.storage."),
         signing_key_secret=_text(data, "signingKeySecret", "snapshot."),
         retention=_int(data, "retention", 2, "snapshot.", 1, 20),
         max_capture_attempts=_int(data, "maxCaptureAttempts", 5, "snapshot.", 1, 20),
         capture_timeout_seconds=_int(data, "captureTimeoutSeconds", 3600, "snapshot.", 30, 86400),
         prestage=_choice(data, "prestage", "None", "snapshot.", PRESTAGE_POLICIES),
     )
-    if policy.enabled and not policy.claim_name:
-        raise InvalidSpec("snapshot.storage.claimName", "is required when snapshot.enabled is true")
     return policy
 
 
@@ -403,35 +429,63 @@ def _extra_mounts(data: dict[str, Any], path: str, names: set[str]) -> tuple[dic
     return mounts
 
 
+def parse_service(spec: dict[str, Any]) -> ServiceSpec:
+    data = _section(spec, "service", "")
+    return ServiceSpec(
+        type=_choice(data, "type", "ClusterIP", "service.", ("ClusterIP", "NodePort", "LoadBalancer")),
+        port=_int(data, "port", 80, "service.", 1, 65535),
+    )
+
+
+def parse_monitoring(spec: dict[str, Any]) -> MonitoringSpec:
+    data = _section(spec, "monitoring", "")
+    return MonitoringSpec(
+        service_monitor=_flag(data, "serviceMonitor", False, "monitoring."),
+        interval=_text(data, "interval", "monitoring.") or "15s",
+    )
+
+
+def _check_across(model: ModelSpec, engine: EngineSpec, resources: ResourceSpec) -> list[SpecProblem]:
+    """The rules that tie the model, engine and resources sections together."""
+    problems = []
+    if model.revision and engine.kind != "vllm":
+        problems.append(
+            SpecProblem("model.revision", "is a Hugging Face revision: it needs engine.kind vllm")
+        )
+    if resources.gpus and engine.tensor_parallel_size > resources.gpus:
+        problems.append(
+            SpecProblem(
+                "engine.tensorParallelSize",
+                f"runs one process per GPU: {engine.tensor_parallel_size} needs resources.gpus of at least "
+                f"that (it is {resources.gpus})",
+            )
+        )
+    return problems
+
+
 def parse_spec(spec: dict[str, Any]) -> EndpointSpec:
-    """Parse and default an InferenceEndpoint spec; raises InvalidSpec naming the field."""
+    """Parse and default an InferenceEndpoint spec. Raises InvalidSpec naming every problem found: each
+    section is checked whatever the others hold (within a section, up to its first problem)."""
     if not isinstance(spec, dict):
         raise InvalidSpec("", "must be an object")
-    service = _section(spec, "service", "")
-    monitoring = _section(spec, "monitoring", "")
-    model, engine, resources = parse_model(spec), parse_engine(spec), parse_resources(spec)
-    if model.revision and engine.kind != "vllm":
-        raise InvalidSpec("model.revision", "is a Hugging Face revision: it needs engine.kind vllm")
-    if resources.gpus and engine.tensor_parallel_size > resources.gpus:
-        raise InvalidSpec(
-            "engine.tensorParallelSize",
-            f"runs one process per GPU: {engine.tensor_parallel_size} needs resources.gpus of at least that "
-            f"(it is {resources.gpus})",
-        )
-    return EndpointSpec(
-        model=model,
-        engine=engine,
-        resources=resources,
-        replicas=_int(spec, "replicas", 1, "", 0, 1000),
-        autoscaling=parse_autoscaling(spec),
-        snapshot=parse_snapshot(spec),
-        template=parse_template(spec),
-        service=ServiceSpec(
-            type=_choice(service, "type", "ClusterIP", "service.", ("ClusterIP", "NodePort", "LoadBalancer")),
-            port=_int(service, "port", 80, "service.", 1, 65535),
-        ),
-        monitoring=MonitoringSpec(
-            service_monitor=_flag(monitoring, "serviceMonitor", False, "monitoring."),
-            interval=_text(monitoring, "interval", "monitoring.") or "15s",
-        ),
+    problems = Problems()
+    model = problems.check(lambda: parse_model(spec), None)
+    engine = problems.check(lambda: parse_engine(spec), None)
+    if engine is not None:
+        problems.check(lambda: check_worker_flags(engine.args), None)
+    resources = problems.check(lambda: parse_resources(spec), None)
+    if model is not None and engine is not None and resources is not None:
+        problems.found.extend(_check_across(model, engine, resources))
+    parsed = EndpointSpec(
+        model=model or ModelSpec(uri=""),
+        engine=engine or EngineSpec(kind="", image=""),
+        resources=resources or ResourceSpec(),
+        replicas=problems.check(lambda: _int(spec, "replicas", 1, "", 0, 1000), 0),
+        autoscaling=problems.check(lambda: parse_autoscaling(spec), AutoscalingSpec()),
+        snapshot=problems.check(lambda: parse_snapshot(spec), SnapshotPolicy()),
+        template=problems.check(lambda: parse_template(spec), PodOverrides()),
+        service=problems.check(lambda: parse_service(spec), ServiceSpec()),
+        monitoring=problems.check(lambda: parse_monitoring(spec), MonitoringSpec()),
     )
+    problems.raise_if_any()
+    return parsed

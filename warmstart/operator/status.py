@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
+from warmstart.clock import format_time, parse_time
 from warmstart.operator.children import STARTUP_PROBE_SECONDS
-from warmstart.operator.snapshots import SnapshotPlan, format_time, parse_time
+from warmstart.operator.diagnosis import Cause, is_ready, is_terminating
+from warmstart.operator.snapshots import SnapshotPlan
 
 READY, SNAPSHOT_READY, PROGRESSING, DEGRADED = "Ready", "SnapshotReady", "Progressing", "Degraded"
+INVALID_SPEC = "InvalidSpec"
 UNDATED = dt.datetime.min.replace(tzinfo=dt.UTC)  # a report without a readable time: older than any other
 REPORTED_TIMINGS = (("restoreSeconds", "lastRestoreSeconds"), ("coldStartSeconds", "lastColdStartSeconds"))
 COLD_START = "lastColdStartSeconds"
@@ -64,46 +68,78 @@ def condition(
     }
 
 
-def _ready(work: Workload) -> tuple[bool, str, str]:
+MESSAGE_LIMIT = 1024
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MESSAGE_LIMIT else text[: MESSAGE_LIMIT - 3] + "..."
+
+
+def _joined(causes: Sequence[Cause]) -> str:
+    return _bounded("; ".join(cause.message for cause in causes))
+
+
+def _ready(work: Workload, worker_causes: Sequence[Cause]) -> tuple[bool, str, str]:
+    """True while at least one replica serves: a scale-up or a rollout beside serving replicas keeps it."""
+    summary = f"{work.ready}/{work.desired} replicas ready"
     if work.desired == 0:
-        return True, "ScaledToZero", "0 replicas requested"
-    if work.ready >= work.desired:
-        return True, "ReplicasReady", f"{work.ready}/{work.desired} replicas ready"
-    return False, "ReplicasNotReady", f"{work.ready}/{work.desired} replicas ready"
+        return False, "ScaledToZero", "0 replicas requested: nothing serves until the endpoint scales up"
+    if work.ready > 0:
+        return True, "ReplicasReady", summary
+    if worker_causes:
+        return False, worker_causes[0].reason, _joined(worker_causes)
+    return False, "ReplicasNotReady", f"{summary}: starting"
 
 
-def _snapshot_ready(enabled: bool, plan: SnapshotPlan) -> tuple[bool, str, str]:
+def _snapshot_ready(
+    enabled: bool, plan: SnapshotPlan, capture_causes: Sequence[Cause], kept: str
+) -> tuple[bool, str, str]:
     if not enabled:
         return False, "SnapshotsDisabled", "snapshot.enabled is false: every replica cold-starts"
     if plan.ready:
         return True, "SnapshotReady", f"replicas restore from {plan.ready}"
+    meanwhile = (
+        f"; serving replicas keep their template (it names {kept}, no longer Ready), new ones cold-start"
+        if kept
+        else "; replicas cold-start"
+    )
     if plan.exhausted:
         return (
             False,
             "CaptureFailed",
-            (f"{plan.active} failed {plan.attempts} times ({plan.failure_message}); replicas cold-start"),
+            f"{plan.active} failed {plan.attempts} times ({plan.failure_message}){meanwhile}",
         )
     if plan.active_phase == Phase.FAILED:
         return False, "CaptureRetryPending", f"{plan.active} failed ({plan.failure_message}); retry scheduled"
-    return False, "Capturing", f"capturing {plan.active} (attempt {plan.attempts}); replicas cold-start"
+    if capture_causes:
+        return False, capture_causes[0].reason, _bounded(_joined(capture_causes) + meanwhile)
+    return False, "Capturing", f"capturing {plan.active} (attempt {plan.attempts}){meanwhile}"
 
 
 def _progressing(work: Workload, plan: SnapshotPlan) -> tuple[bool, str, str]:
-    if work.updated < work.desired or work.replicas > work.desired:
+    if work.replicas > work.desired:
+        return True, "ScalingDown", f"{work.replicas} -> {work.desired} replicas"
+    if work.updated < work.replicas:
         return True, "RollingOut", f"{work.updated}/{work.desired} replicas updated"
+    if work.ready < work.desired:
+        return True, "ScalingUp", f"{work.ready}/{work.desired} replicas ready"
     if plan.capture_attempt:
-        return True, "Capturing", f"capturing {plan.active}"
-    return False, "Stable", "nothing to do"
+        return True, "Capturing", f"capturing {plan.active} (attempt {plan.attempts})"
+    return False, "Stable", f"{work.ready}/{work.desired} replicas ready and up to date"
 
 
-def _degraded(plan: SnapshotPlan, invalid_spec: str, missing_api: str) -> tuple[bool, str, str]:
+def _degraded(
+    plan: SnapshotPlan, invalid_spec: str, missing_api: str, causes: Sequence[Cause]
+) -> tuple[bool, str, str]:
     if invalid_spec:
-        return True, "InvalidSpec", invalid_spec
+        return True, INVALID_SPEC, invalid_spec
     if missing_api:
         return True, "MissingAPI", missing_api
+    if causes:
+        return True, causes[0].reason, _joined(causes)
     if plan.exhausted:
         return True, "CaptureFailed", f"snapshot capture gave up after {plan.attempts} attempts"
-    return False, "AsExpected", "no problems"
+    return False, "AsExpected", "no problem found in the endpoint's pods, snapshots and children"
 
 
 def phase(conditions: dict[str, bool], desired: int, capturing: bool) -> str:
@@ -114,6 +150,25 @@ def phase(conditions: dict[str, bool], desired: int, capturing: bool) -> str:
     if conditions[READY]:
         return "Ready"
     return "Capturing" if capturing else "Pending"
+
+
+# The condition whose reason and message explain each phase (status.reason and status.message).
+EXPLAINED_BY = {
+    "Degraded": DEGRADED,
+    "ScaledToZero": READY,
+    "Capturing": SNAPSHOT_READY,
+    "Pending": READY,
+}
+
+
+def explanation(phase_name: str, conditions: list[dict[str, Any]]) -> tuple[str, str]:
+    """(reason, message) of the condition that explains the phase; a Ready endpoint that is still scaling
+    or rolling out is explained by Progressing."""
+    by_type = {c["type"]: c for c in conditions}
+    kind = EXPLAINED_BY.get(phase_name, READY)
+    if phase_name == "Ready" and by_type[PROGRESSING]["status"] == "True":
+        kind = PROGRESSING
+    return by_type[kind]["reason"], by_type[kind]["message"]
 
 
 def last_timings(pods: list[dict[str, Any]]) -> dict[str, float]:
@@ -193,6 +248,18 @@ def _report_time(*candidates: Any) -> dt.datetime:
     return UNDATED
 
 
+def restored_replicas(pods: list[dict[str, Any]]) -> int:
+    """Ready worker pods a node agent restored (it reported the restore's seconds, no refusal)."""
+    count = 0
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        report = _status_report(meta)
+        role = (meta.get("labels") or {}).get(L.ROLE_LABEL)
+        restored = role == L.ROLE_RESTORE and "restoreSeconds" in report and "restoreFailed" not in report
+        count += int(restored and is_ready(pod) and not is_terminating(pod))
+    return count
+
+
 def endpoint_status(
     *,
     generation: int,
@@ -206,24 +273,37 @@ def endpoint_status(
     now: dt.datetime,
     invalid_spec: str = "",
     missing_api: str = "",
+    worker_causes: Sequence[Cause] = (),
+    capture_causes: Sequence[Cause] = (),
+    worker_role: str = "",
+    kept_snapshot: str = "",
 ) -> dict[str, Any]:
+    """The endpoint's status from what the reconcile saw. `worker_causes`/`capture_causes`: why worker or
+    capture pods do not progress; `worker_role`: the role the Deployment's template runs (default the
+    plan's); `kept_snapshot`: the snapshot the template still names while no snapshot is Ready."""
     before = previous.get("conditions") or []
     verdicts = {
-        READY: _ready(work),
-        SNAPSHOT_READY: _snapshot_ready(snapshots_enabled, plan),
+        READY: _ready(work, worker_causes),
+        SNAPSHOT_READY: _snapshot_ready(snapshots_enabled, plan, capture_causes, kept_snapshot),
         PROGRESSING: _progressing(work, plan),
-        DEGRADED: _degraded(plan, invalid_spec, missing_api),
+        DEGRADED: _degraded(plan, invalid_spec, missing_api, [*worker_causes, *capture_causes]),
     }
     conditions = [condition(kind, *verdict, generation, before, now) for kind, verdict in verdicts.items()]
+    phase_name = phase({k: v[0] for k, v in verdicts.items()}, work.desired, bool(plan.capture_attempt))
+    reason, message = explanation(phase_name, conditions)
     status: dict[str, Any] = {
-        "phase": phase({k: v[0] for k, v in verdicts.items()}, work.desired, bool(plan.capture_attempt)),
+        "phase": phase_name,
+        "reason": reason,
+        "message": message,
         "observedGeneration": generation,
         "replicas": work.replicas,
         "readyReplicas": work.ready,
+        "ready": f"{work.ready}/{work.desired}",
+        "restoredReplicas": restored_replicas(pods),
         "selector": selector,
         "requestKeyHash": request_hash,
         "currentSnapshot": plan.ready or None,
-        "workerRole": plan.role,
+        "workerRole": worker_role or plan.role,
         "captureAttempts": plan.attempts if plan.active else None,
         "conditions": conditions,
     }
@@ -236,11 +316,11 @@ def invalid_status(
 ) -> dict[str, Any]:
     """Status for a spec the operator cannot reconcile: Degraded with the field named."""
     before = previous.get("conditions") or []
-    conditions = [
-        condition(DEGRADED, True, "InvalidSpec", message, generation, before, now),
-        condition(READY, False, "InvalidSpec", message, generation, before, now),
-    ]
-    return {"phase": "Degraded", "observedGeneration": generation, "conditions": conditions}
+    replaced = {
+        DEGRADED: condition(DEGRADED, True, INVALID_SPEC, message, generation, before, now),
+        READY: condition(READY, False, INVALID_SPEC, message, generation, before, now),
+    }
+    return _with_conditions(replaced, before, generation, INVALID_SPEC, message)
 
 
 def failure_status(
@@ -253,9 +333,40 @@ def failure_status(
         DEGRADED: condition(DEGRADED, True, reason, message, generation, before, now),
         PROGRESSING: condition(PROGRESSING, False, reason, message, generation, before, now),
     }
+    return _with_conditions(replaced, before, generation, reason, message)
+
+
+def _with_conditions(
+    replaced: dict[str, dict[str, Any]],
+    before: list[dict[str, Any]],
+    generation: int,
+    reason: str,
+    message: str,
+) -> dict[str, Any]:
+    """A Degraded status: the conditions in `replaced` put in place of (or beside) those `before`; the
+    other conditions and fields keep what the last reconcile saw."""
+    replaced = dict(replaced)
     conditions = [replaced.pop(c.get("type"), c) for c in before]
     conditions += replaced.values()
-    return {"phase": "Degraded", "observedGeneration": generation, "conditions": conditions}
+    return {
+        "phase": "Degraded",
+        "reason": reason,
+        "message": message,
+        "observedGeneration": generation,
+        "conditions": conditions,
+    }
+
+
+def reported_invalid(status: dict[str, Any], generation: int) -> bool:
+    """Whether `status` already says that this generation of the spec is invalid."""
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == DEGRADED:
+            return (cond.get("status"), cond.get("reason"), cond.get("observedGeneration")) == (
+                "True",
+                INVALID_SPEC,
+                generation,
+            )
+    return False
 
 
 def reports(status: dict[str, Any], kind: str, reason: str, message: str) -> bool:

@@ -12,7 +12,8 @@ import logging
 import threading
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+
+from warmstart.operator.backoff import Backoff
 
 Key = tuple[str, str]  # (namespace, name)
 log = logging.getLogger(__name__)
@@ -32,26 +33,14 @@ class KeyLocks:
             self._locks.pop(key, None)
 
 
-@dataclass(frozen=True)
-class RetryBackoff:
-    """base, 2 x base, 4 x base, ... up to cap seconds after the 1st, 2nd, 3rd, ... failure in a row."""
-
-    base_seconds: float = 1.0
-    cap_seconds: float = 120.0
-
-    def delay(self, failures: int) -> float:
-        exponent = min(max(failures - 1, 0), 32)  # 2**32 x base is past any cap; keeps the float finite
-        return min(self.cap_seconds, self.base_seconds * 2**exponent)
-
-
 class WorkQueue:
     """FIFO of unique keys. `work(key)` returns a delay in seconds to requeue after, or None when done."""
 
     def __init__(
-        self, work: Callable[[Key], float | None], workers: int = 4, backoff: RetryBackoff | None = None
+        self, work: Callable[[Key], float | None], workers: int = 4, backoff: Backoff | None = None
     ) -> None:
         self._work = work
-        self.backoff = backoff or RetryBackoff()
+        self.backoff = backoff or Backoff()
         self._failures: dict[Key, int] = {}
         self._retrying: set[Key] = set()  # a retry is scheduled: other periodic paths leave the key alone
         self._pending: list[Key] = []
@@ -171,3 +160,50 @@ class WorkQueue:
                 self._finish(key)
             if delay is not None:
                 self.add_after(key, delay)
+
+
+class Resync:
+    """Drift repair: every `interval` seconds, each known key not waiting for a retry goes on the queue (a
+    child edited by hand comes back, status catches up with pods that changed without an event to us).
+
+    The operator's own loop rather than a kopf timer: kopf puts a finalizer on every object a timer
+    serves, and an endpoint with a finalizer cannot be deleted once the operator is gone."""
+
+    def __init__(self, queue: WorkQueue, interval: float) -> None:
+        self.queue = queue
+        self.interval = interval
+        self._keys: set[Key] = set()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="resync", daemon=True)
+
+    def track(self, key: Key) -> None:
+        with self._lock:
+            self._keys.add(key)
+
+    def forget(self, key: Key) -> None:
+        with self._lock:
+            self._keys.discard(key)
+
+    def keys(self) -> list[Key]:
+        with self._lock:
+            return sorted(self._keys)
+
+    def sweep(self) -> int:
+        """Queue every known key not backing off; returns how many were queued."""
+        due = [key for key in self.keys() if not self.queue.backing_off(key)]
+        for key in due:
+            self.queue.add(key)
+        return len(due)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sweep()

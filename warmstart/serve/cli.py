@@ -17,11 +17,15 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from warmstart.checkpoint import hugepages
 from warmstart.serve.local_node import LocalNode, usable_criu
 from warmstart.serve.worker_spec import ServeError, StartReport, WorkerSpec
 from warmstart.snapshot.keys import signing_keys
+
+if TYPE_CHECKING:
+    from warmstart.snapshot.signing import Signer, Verifier
 
 
 def print_report(report: StartReport, spec: WorkerSpec) -> None:
@@ -42,19 +46,17 @@ def print_report(report: StartReport, spec: WorkerSpec) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
+    from warmstart.checkpoint.sandbox import SandboxError
     from warmstart.config import default_criu_command
     from warmstart.snapshot.store import SnapshotStore
 
     store_root = Path(args.store).resolve()
-    store_root.mkdir(parents=True, exist_ok=True)
     spec = WorkerSpec(args.engine, args.model, args.device, args.host, args.port, list(args.worker_arg))
-    signer, verifier, note = signing_keys(store_root, args.key)
-    if note:
-        print(note)
+    signer, verifier = _store_and_keys(store_root, args.key)
     criu, why_not = usable_criu(args.criu or default_criu_command())
     if criu is None:
         print(f"snapshots are off: {why_not}")
-    work_dir = Path(args.work_dir).resolve() if args.work_dir else store_root / "pods"
+    work_dir = Path(args.work_dir).resolve() if args.work_dir else None
     node = LocalNode(spec, SnapshotStore(store_root), signer, verifier, criu, work_dir, args.ready_timeout)
     _stop_on_signals()
     try:
@@ -63,13 +65,29 @@ def _serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("stopping", flush=True)
         return 0
-    except (OSError, ServeError) as exc:
+    except (OSError, ServeError, SandboxError) as exc:
         print(f"warmstart serve: {exc}", file=sys.stderr)
         return 1
     finally:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)  # let the clean-up finish
         node.stop_all()
+
+
+def _store_and_keys(store_root: Path, key: str | None) -> tuple[Signer | None, Verifier | None]:
+    """The store's directory (made where missing) and its keys; none, saying why, when either cannot be
+    had: the worker then cold-starts."""
+    from warmstart.snapshot.signing import SigningKeyError
+
+    try:
+        store_root.mkdir(parents=True, exist_ok=True)
+        signer, verifier, note = signing_keys(store_root, key)
+    except (OSError, SigningKeyError) as exc:
+        print(f"snapshots are off: the store {store_root} or its signing key cannot be used: {exc}")
+        return None, None
+    if note:
+        print(note)
+    return signer, verifier
 
 
 def _serve_until_stopped(node: LocalNode, spec: WorkerSpec, once: bool) -> int:
@@ -101,7 +119,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="model preset or directory (default tiny)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu or cuda (default cpu)")
     parser.add_argument("--store", required=True, help="snapshot store directory (created if missing)")
-    parser.add_argument("--key", help="signing key file (default: <store>/keys/hmac.key, generated once)")
+    parser.add_argument(
+        "--key",
+        help="signing key file (default: an HMAC key generated once for this store in $WARMSTART_KEY_DIR, "
+        "else ~/.config/warmstart/keys: never inside the store)",
+    )
     parser.add_argument("--criu", help="CRIU 4 command line (default: WARMSTART_CRIU or criu)")
     parser.add_argument("--host", default="127.0.0.1", help="address the worker listens on")
     parser.add_argument("--work-dir", help="where sandboxes keep their files (default <store>/pods)")

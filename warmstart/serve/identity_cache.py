@@ -102,7 +102,9 @@ class IdentityCache:
                 signature = read_regular_file(f"{key}.sig", MAX_SIGNATURE_BYTES, dir_fd=fd)
             verify_document(self.verifier, data, signature)
             entry = loads_json(data, "the identity record")
-        except (UnsafeInput, SignatureInvalid) as exc:
+        except FileNotFoundError:
+            raise
+        except (OSError, UnsafeInput, SignatureInvalid) as exc:
             raise RecordRefused(str(exc)) from exc
         if not isinstance(entry, dict) or entry.get("key") != key:
             raise RecordRefused("it was recorded for another worker (its signed key differs from its name)")
@@ -116,21 +118,21 @@ class IdentityCache:
 
         key = self.key(spec)
         try:
-            snapshots = store.list()
-        except SnapshotError:
+            snapshots = store.list(verifier=self.verifier)  # signed with this key, checked before parsing
+        except (SnapshotError, OSError):
             return None, ""
         for snapshot in snapshots:
             if snapshot.meta.get(CACHE_KEY_META) != key:
                 continue
+            model_dir = _model_dir_of(snapshot.meta)
+            if model_dir is None or _changed_since(model_dir, snapshot.created.timestamp()):
+                continue
+            note = f"identity recovered from snapshot {snapshot.id} (its record was missing)"
             try:
-                checked = store.check_signature(snapshot.id, self.verifier)
-            except SnapshotError:
-                continue
-            model_dir = _model_dir_of(checked.meta)
-            if model_dir is None or _changed_since(model_dir, checked.created.timestamp()):
-                continue
-            self._write(key, checked.identity, model_dir)
-            return checked.identity, f"identity recovered from snapshot {checked.id} (its record was missing)"
+                self._write(key, snapshot.identity, model_dir)
+            except (OSError, UnsafeInput) as exc:
+                note += f"; it could not be recorded again ({exc})"
+            return snapshot.identity, note
         return None, ""
 
 

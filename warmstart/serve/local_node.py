@@ -2,65 +2,99 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
+import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmstart.fileio import UnsafeInput
 from warmstart.serve.identity_cache import CACHE_KEY_META, IdentityCache
-from warmstart.serve.worker_spec import CONTROL_SUBDIR, ServeError, StartReport, WorkerSpec
+from warmstart.serve.worker_spec import CONTROL_SUBDIR, ServeError, StartReport, WorkerExited, WorkerSpec
 from warmstart.serve.workers import PlainWorker, wait_http_ready
 
 if TYPE_CHECKING:
     from warmstart.checkpoint.criu import Criu
     from warmstart.checkpoint.sandbox import Sandbox
     from warmstart.identity import SnapshotIdentity
+    from warmstart.protocol import ControlDir
     from warmstart.snapshot.signing import Signer, Verifier
     from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 
 class LocalNode:
-    """Starts workers on this machine: cold, cold + capture, or restored from the store."""
+    """Starts workers on this machine: cold, cold + capture, or restored from the store.
+
+    Whatever the store holds, a start ends serving: an oddity in the store's tree (a file or a link where
+    a directory goes, junk, a full disk) is a refusal with its reason and a cold start, never an exit.
+    """
 
     def __init__(
         self,
         spec: WorkerSpec,
         store: SnapshotStore,
-        signer: Signer,
-        verifier: Verifier,
+        signer: Signer | None,
+        verifier: Verifier | None,
         criu: Criu | None,
-        work_dir: Path,
+        work_dir: Path | None = None,
         ready_timeout: float = 900.0,
     ) -> None:
+        """Without CRIU or keys, snapshots are off (the caller said why). `work_dir` None: `<store>/pods`,
+        or a fresh temporary directory when that is not a usable directory."""
         self.spec = spec
         self.store = store
         self.signer = signer
         self.verifier = verifier
         self.criu = criu
-        self.work_dir = work_dir
+        self.work_dir = work_dir or store.root / "pods"
         self.ready_timeout = ready_timeout
         self.sandboxes: list[Sandbox | PlainWorker] = []
-        self.identities = IdentityCache(store.root, signer, verifier)
+        self.notes: list[str] = []  # said with the next start's report
+        self._default_work_dir = None if work_dir else self.work_dir
+        self._work_dir_checked = False
+        self._temporary_work_dir: Path | None = None
         self._started = 0
+
+    @functools.cached_property
+    def identities(self) -> IdentityCache:
+        assert self.signer is not None and self.verifier is not None, "snapshots are off"
+        return IdentityCache(self.store.root, self.signer, self.verifier)
 
     def _new_sandbox_dir(self, role: str) -> Path:
         """A fresh, real directory for one sandbox (anything planted under its name is removed first)."""
-        if self._started == 0:
-            prune_work_dir(self.work_dir)
+        work_dir = self._checked_work_dir()
         self._started += 1
-        self.work_dir.mkdir(parents=True, exist_ok=True)
-        if self.work_dir.is_symlink():
-            raise ServeError(f"the work directory {self.work_dir} is a symbolic link; refusing to use it")
-        path = self.work_dir / f"{role}-{self._started}-{os.getpid()}"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        if work_dir.is_symlink():
+            raise ServeError(f"the work directory {work_dir} is a symbolic link; refusing to use it")
+        path = work_dir / f"{role}-{self._started}-{os.getpid()}"
         for stale in (path, _images_dir(path)):
             _remove_without_following(stale)
         os.mkdir(path, 0o755)  # fails rather than follow anything that appeared meanwhile
         os.mkdir(path / CONTROL_SUBDIR, 0o755)
         os.mkdir(path / CONTROL_SUBDIR / "logs", 0o755)
         return path
+
+    def _checked_work_dir(self) -> Path:
+        """The work directory, made where missing and pruned of dead runs, once; the default one inside the
+        store is replaced by a fresh temporary directory (with a note) when it is not a real directory."""
+        if self._work_dir_checked:
+            return self.work_dir
+        try:
+            self.work_dir.mkdir(parents=True, exist_ok=True)
+            if self.work_dir.is_symlink() or not self.work_dir.is_dir():
+                raise ServeError(f"the work directory {self.work_dir} is a symbolic link or no directory")
+            prune_work_dir(self.work_dir)
+        except (OSError, ServeError) as exc:
+            if self._default_work_dir is None:
+                raise ServeError(f"{exc}; refusing to use it") from exc
+            self.work_dir = self._temporary_work_dir = Path(tempfile.mkdtemp(prefix="warmstart-pods-"))
+            self.notes.append(f"{exc}: this run's sandboxes are in {self.work_dir} (removed at exit)")
+        self._work_dir_checked = True
+        return self.work_dir
 
     def _start_worker_sandbox(self, mode: str) -> Sandbox:
         from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
@@ -85,7 +119,7 @@ class LocalNode:
         from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
         from warmstart.protocol import ControlDir
 
-        assert self.criu is not None
+        assert self.criu is not None and self.signer is not None
         started = time.monotonic()
         sandbox = self._start_worker_sandbox("capture")
         options = CaptureOptions(
@@ -101,8 +135,7 @@ class LocalNode:
                 options=options,
             )  # fmt: skip
         except CaptureError as exc:  # the source was resumed: it serves as a plain cold start
-            wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
-            return StartReport("cold", time.monotonic() - started, reason=f"capture failed: {exc}")
+            return self._serving_cold(sandbox, started, f"capture failed: {exc}")
         snapshot = result.snapshot
         note = self._record_identity(snapshot)
         wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
@@ -125,7 +158,7 @@ class LocalNode:
         from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
         from warmstart.protocol import ControlDir
 
-        assert self.criu is not None
+        assert self.criu is not None and self.verifier is not None
         started, began_at = time.monotonic(), time.time()
         host_dir = self._new_sandbox_dir("restore")
         # PID 1 is the worker supervisor in restore mode: it adopts the restored engine, or cold-starts one
@@ -133,32 +166,63 @@ class LocalNode:
         command = self.spec.command("restore", MOUNTPOINT / CONTROL_SUBDIR)
         sandbox = Sandbox.start(host_dir, command, reserve_pids=True)
         self.sandboxes.append(sandbox)
+        control = ControlDir(host_dir / CONTROL_SUBDIR)
         try:
             result = restore(
                 store=self.store, verifier=self.verifier, snapshot_id=snapshot_id, expected_identity=identity,
-                sandbox=sandbox, control=ControlDir(host_dir / CONTROL_SUBDIR), criu=self.criu,
-                work_dir=_images_dir(host_dir),
+                sandbox=sandbox, control=control, criu=self.criu, work_dir=_images_dir(host_dir),
                 resume_payload=self._resume_payload(restore_started_at=began_at),
             )  # fmt: skip
         except (RestoreRefused, RestoreFailed) as exc:
-            # restore-failed was sent: the sandbox's supervisor cold-starts the engine itself.
-            wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
-            return StartReport("cold", time.monotonic() - started, reason=f"{exc}; the worker cold-started")
+            if not _worker_goes_cold(control):
+                # neither restore-failed nor the claim could be written (a full disk): the supervisor would
+                # wait for its restore timeout, so a fresh worker cold-starts instead
+                self._discard(sandbox)
+                return self.start_cold(f"{exc}; a fresh worker cold-started")
+            return self._serving_cold(sandbox, started, f"{exc}; the worker cold-started")
         wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
         return StartReport(
             "restore", time.monotonic() - started, snapshot_id, result.snapshot.size, timings=result.timings
         )
+
+    def _serving_cold(self, sandbox: Sandbox, started: float, reason: str) -> StartReport:
+        """The report once a worker whose capture or restore failed serves cold; when it died instead (it
+        could not even signal, on a full disk), a fresh worker cold-starts."""
+        try:
+            wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
+        except WorkerExited as exc:
+            self._discard(sandbox)
+            return self.start_cold(f"{reason}; {exc}; a fresh worker cold-started")
+        return StartReport("cold", time.monotonic() - started, reason=reason)
 
     def _resume_payload(self, **extra: Any) -> dict[str, Any]:
         return {"port": self.spec.port, "host": self.spec.host, **extra}
 
     def start(self) -> StartReport:
         """Restore when a valid snapshot exists, else cold start (and capture when CRIU is usable)."""
-        from warmstart.checkpoint.restore import FailureCounter
+        report = self._start()
+        report.reason = "; ".join(filter(None, [*self.notes, report.reason]))
+        self.notes.clear()
+        return report
+
+    def _start(self) -> StartReport:
         from warmstart.snapshot.manifest import SnapshotError
 
         if self.criu is None:
             return self.start_cold("CRIU 4 is not usable here (see above); snapshots are off")
+        if self.signer is None or self.verifier is None:
+            return self.start_cold("no signing key (see above); snapshots are off")
+        started = len(self.sandboxes)
+        try:
+            return self._start_from_store()
+        except (SnapshotError, UnsafeInput, OSError) as exc:  # an oddity of the store not refused earlier
+            for worker in self.sandboxes[started:]:
+                self._discard(worker)
+            return self.start_cold(f"the snapshot store cannot be used ({exc}); snapshots are skipped")
+
+    def _start_from_store(self) -> StartReport:
+        from warmstart.checkpoint.restore import FailureCounter
+
         identity, unknown = self.identities.lookup(self.spec)
         recovered = ""
         if identity is None:
@@ -167,10 +231,7 @@ class LocalNode:
             report = self.start_cold_and_capture()
             report.reason = "; ".join(filter(None, [unknown, report.reason]))
             return report
-        try:
-            candidates = self.store.list(identity.digest())
-        except SnapshotError as exc:
-            return self.start_cold(f"the snapshot store cannot be used: {exc}")
+        candidates = self.store.list(identity.digest(), verifier=self.verifier)
         failures = FailureCounter(self.store.root)
         skipped: list[str] = []
         for snapshot in candidates:
@@ -187,12 +248,34 @@ class LocalNode:
             )
         return report
 
+    def _discard(self, worker: Sandbox | PlainWorker) -> None:
+        self.sandboxes.remove(worker)
+        worker.stop()
+        shutil.rmtree(_images_dir(worker.host_dir), ignore_errors=True)
+
     def stop_all(self) -> None:
-        """Stop every sandbox; drop the restored image links (the logs stay until the next run)."""
+        """Stop every sandbox; drop the restored image links (the logs stay until the next run, unless they
+        are in a temporary work directory, which goes)."""
         while self.sandboxes:
-            sandbox = self.sandboxes.pop()
-            sandbox.stop()
-            shutil.rmtree(_images_dir(sandbox.host_dir), ignore_errors=True)
+            self._discard(self.sandboxes[-1])
+        if self._temporary_work_dir is not None:
+            shutil.rmtree(self._temporary_work_dir, ignore_errors=True)
+            self.work_dir, self._temporary_work_dir = self._default_work_dir or self.work_dir, None
+            self._work_dir_checked = False
+
+
+def _worker_goes_cold(control: ControlDir) -> bool:
+    """Whether the restore sandbox's supervisor cold-starts the engine itself: it was answered
+    restore-failed, or it claimed the pod for a cold start (anything unreadable there counts as such)."""
+    from warmstart.protocol import CLAIM_COLD, RESTORE_CLAIM, RESTORE_FAILED, SignalError
+
+    try:
+        claim = control.read(RESTORE_CLAIM)
+        return control.read(RESTORE_FAILED) is not None or (
+            claim is not None and claim.payload.get("holder") == CLAIM_COLD
+        )
+    except (SignalError, OSError):
+        return True
 
 
 def _images_dir(sandbox_dir: Path) -> Path:

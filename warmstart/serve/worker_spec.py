@@ -14,6 +14,10 @@ class ServeError(RuntimeError):
     """The worker could not be brought up at all (not even by a cold start)."""
 
 
+class WorkerExited(ServeError):
+    """The worker's process tree ended before it served."""
+
+
 @dataclass
 class WorkerSpec:
     """What to run: the same engine, model and device for cold starts, captures and restores."""

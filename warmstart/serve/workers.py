@@ -1,4 +1,4 @@
-"""Waiting for a worker to serve, and cold workers as plain child processes (no sandbox)."""
+"""Waiting for the worker serve started to serve, and cold workers as plain child processes (no sandbox)."""
 
 from __future__ import annotations
 
@@ -7,29 +7,33 @@ import os
 import signal
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmstart.serve.worker_spec import CONTROL_SUBDIR, READY_PATH, ServeError, WorkerSpec
+from warmstart.serve.readiness import holds_socket, ready_probe, socket_holder
+from warmstart.serve.worker_spec import CONTROL_SUBDIR, READY_PATH, ServeError, WorkerExited, WorkerSpec
 
 if TYPE_CHECKING:
     from warmstart.checkpoint.sandbox import Sandbox
 
 
 def wait_http_ready(spec: WorkerSpec, deadline: float, worker: Sandbox | PlainWorker) -> None:
-    """Poll the worker until it answers HTTP; fails naming its logs when it dies first or takes too long."""
+    """Poll the worker until it answers HTTP, through a connection one of its own processes accepted (see
+    `readiness`); fails naming its logs when it dies first or takes too long, and at once, naming the
+    process, when another process answers on its port."""
     logs = f"see {worker.host_dir / 'init.log'} and {worker.host_dir / CONTROL_SUBDIR / 'logs'}/"
     while True:
-        try:
-            with urllib.request.urlopen(spec.base_url + READY_PATH, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, OSError):
-            pass
+        with ready_probe(spec.host, spec.port, READY_PATH) as inode:
+            if inode and holds_socket(worker.host_pids(), inode):
+                return
+            holder = socket_holder(inode) if inode else ""
+        if holder:
+            raise ServeError(
+                f"{spec.base_url} is answered by another process ({holder}), not by the worker serve "
+                f"started: the port is in use; {logs}"
+            )
         if not worker.alive():
-            raise ServeError(f"the worker exited before it served; {logs}")
+            raise WorkerExited(f"the worker exited before it served; {logs}")
         if time.monotonic() >= deadline:
             raise ServeError(f"the worker did not answer on {spec.base_url} within --ready-timeout; {logs}")
         time.sleep(0.02)
@@ -53,6 +57,17 @@ class PlainWorker:
 
     def alive(self) -> bool:
         return self.process.poll() is None
+
+    def host_pids(self) -> list[int]:
+        """The worker's process and its descendants."""
+        from warmstart.checkpoint.sandbox import children_of
+
+        found, pending = [], [self.process.pid]
+        while pending:
+            pid = pending.pop()
+            found.append(pid)
+            pending += children_of(pid)
+        return found
 
     def stop(self, grace: float = 5.0) -> None:
         if not self.alive():

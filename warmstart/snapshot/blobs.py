@@ -1,7 +1,8 @@
 """Blob files: ingesting a hashed file as the blob of its digest, and placing a blob at a target path.
 
 A name in `blobs/sha256/` that is not a regular file (a planted symbolic link, FIFO or device) is never
-followed: publishing replaces it with the right bytes, placing refuses it.
+followed: publishing replaces it with the right bytes, placing refuses it. A regular file there is kept by
+publishing only once its content was checked against the digest it is named by.
 """
 
 from __future__ import annotations
@@ -38,34 +39,48 @@ def copy_file(source: Path, target: Path, mode: int) -> None:
             os.fchmod(writer.fileno(), mode)
 
 
-def ingest(layout: StoreLayout, source: Path, digest: str, size: int, mode: int) -> None:
-    """Make `source` (already hashed, on disk) the blob for `digest`; drop it when the blob exists."""
-    target = layout.blob_path(digest)
+def existing_blob_of_size(layout: StoreLayout, digest: str, size: int) -> bool:
+    """Whether the blob of `digest` is a regular file of `size` bytes (its content still unchecked)."""
+    try:
+        info = layout.blob_path(digest).lstat()
+    except FileNotFoundError:
+        return False
+    return stat.S_ISREG(info.st_mode) and info.st_size == size
+
+
+def ingest(layout: StoreLayout, source: Path, entry: FileEntry, *, keep_existing: bool) -> bool:
+    """Make `source` (already hashed, on disk) the blob of `entry`; True when this wrote the blob.
+
+    An existing blob of the right size is kept when `keep_existing` (the caller checked its content);
+    anything else at the blob's name (damaged bytes, a link, a FIFO) is replaced with `source`.
+    """
+    target = layout.blob_path(entry.digest)
     try:
         existing = target.lstat()
     except FileNotFoundError:
         existing = None
-    if existing is not None and stat.S_ISREG(existing.st_mode) and existing.st_size == size:
+    if existing is not None and keep_existing and stat.S_ISREG(existing.st_mode):
         touch(target)
-        return
-    os.chmod(source, mode & 0o555)
-    if existing is not None:  # damaged (wrong size) or not a file at all: replace it with good bytes
+        return False
+    os.chmod(source, entry.mode & 0o555)
+    if existing is not None:  # damaged or not a file at all: replace it with good bytes
         if stat.S_ISDIR(existing.st_mode):
-            raise SnapshotError(f"blob {digest} in the store is a directory; remove {target}")
+            raise SnapshotError(f"blob {entry.digest} in the store is a directory; remove {target}")
         log.warning(
-            "replacing damaged blob %s (mode %o, %d bytes)", digest, existing.st_mode, existing.st_size
+            "replacing damaged blob %s (mode %o, %d bytes)", entry.digest, existing.st_mode, existing.st_size
         )
         os.replace(source, target)
     else:
         try:
             os.link(source, target, follow_symlinks=False)
         except FileExistsError:  # a concurrent publisher stored the same bytes first
-            pass
+            return False
         except OSError as exc:
             if exc.errno != errno.EXDEV:
                 raise
-            copy_file(source, target, mode & 0o555)
+            copy_file(source, target, entry.mode & 0o555)
     touch(target)  # a linked file keeps its old mtime; the GC grace period starts now
+    return True
 
 
 def place(layout: StoreLayout, target: Path, entry: FileEntry, use_link: list[bool]) -> None:

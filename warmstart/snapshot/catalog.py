@@ -2,7 +2,10 @@
 
 A snapshot is listed only when `snapshots/<id>` is a real directory holding a regular `manifest.sig`: an
 unsigned directory there was not made by publish (which renames a directory already holding both files)
-and is left for GC.
+and is left for GC. Given a verifier, reading and listing check the signature before a manifest is parsed:
+the small `manifest.sig` first (one made with another key, or junk, costs no read of the manifest), then
+the manifest's bytes against it, then the parse. Whatever the key, a manifest must name the directory it
+is in (a copied directory is no second snapshot) and its identity must hash to its identity hash.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from warmstart.snapshot.manifest import (
     SnapshotError,
     SnapshotInvalid,
 )
+from warmstart.snapshot.signing import SignatureInvalid, Verifier, check_signature, signature_of
 
 log = logging.getLogger(__name__)
 
@@ -145,36 +149,80 @@ def is_signed_snapshot_dir(entry: Path) -> bool:
 
 
 def parse_manifest(raw: bytes, snapshot_id: str) -> Manifest:
+    """The manifest in `raw`, which must name `snapshot_id` and whose identity must hash to its identity
+    hash; SnapshotInvalid saying why not."""
     try:
-        return Manifest.from_bytes(raw)
+        manifest = Manifest.from_bytes(raw)
     except SnapshotInvalid as exc:
         raise SnapshotInvalid(exc.reason, snapshot_id=snapshot_id) from exc
+    if manifest.id != snapshot_id:
+        raise SnapshotInvalid(
+            f"manifest field 'id' is {manifest.id!r} but the snapshot directory is {snapshot_id!r}",
+            snapshot_id=snapshot_id,
+        )
+    try:
+        actual_hash = manifest.identity.digest()
+    except (TypeError, ValueError) as exc:
+        raise SnapshotInvalid(
+            f"manifest field 'identity' cannot be hashed: {exc}", snapshot_id=snapshot_id
+        ) from exc
+    if manifest.identity_hash != actual_hash:
+        raise SnapshotInvalid(
+            f"manifest field 'identity_hash' is {manifest.identity_hash} but the identity hashes to "
+            f"{actual_hash}",
+            snapshot_id=snapshot_id,
+        )
+    return manifest
 
 
-def get_snapshot(layout: StoreLayout, snapshot_id: str) -> Snapshot:
-    """The snapshot's manifest as stored (not verified)."""
-    manifest = parse_manifest(read_manifest_bytes(layout, snapshot_id), snapshot_id)
+def signed_manifest(layout: StoreLayout, snapshot_id: str, verifier: Verifier) -> Manifest:
+    """The manifest of `snapshot_id` once its signature checks out (see the module's docstring)."""
+    try:
+        signature = signature_of(verifier, read_signature_bytes(layout, snapshot_id))
+        raw = read_manifest_bytes(layout, snapshot_id)
+        check_signature(verifier, raw, signature)
+    except SignatureInvalid as exc:
+        raise SnapshotInvalid(f"{SIGNATURE_FILE}: {exc}", snapshot_id=snapshot_id) from exc
+    return parse_manifest(raw, snapshot_id)
+
+
+def get_snapshot(layout: StoreLayout, snapshot_id: str, verifier: Verifier | None = None) -> Snapshot:
+    """The snapshot, its signature checked when a verifier is given (its blobs are not hashed)."""
+    if verifier is not None:
+        manifest = signed_manifest(layout, snapshot_id, verifier)
+    else:
+        manifest = parse_manifest(read_manifest_bytes(layout, snapshot_id), snapshot_id)
     return Snapshot(layout.snapshots_dir / snapshot_id, manifest)
 
 
-def list_snapshots(layout: StoreLayout, identity_hash: str | None = None) -> list[Snapshot]:
-    """Published snapshots, newest first; `identity_hash` may be a full hash or a prefix of one."""
+def list_snapshots(
+    layout: StoreLayout, identity_hash: str | None = None, verifier: Verifier | None = None
+) -> list[Snapshot]:
+    """Published snapshots, newest first; `identity_hash` may be a full hash or a prefix of one.
+
+    With a verifier only the snapshots it verifies are listed; what is skipped is logged once, counted.
+    """
     layout.require_root()
     if not layout.snapshots_dir.is_dir():
         return []
     found: list[Snapshot] = []
+    skipped: list[str] = []
     for entry in layout.snapshots_dir.iterdir():
-        if not is_signed_snapshot_dir(entry):
-            continue
         if identity_hash and not entry.name.startswith(identity_hash[:12]):
             continue
+        if not is_signed_snapshot_dir(entry):
+            continue
         try:
-            snapshot = get_snapshot(layout, entry.name)
+            snapshot = get_snapshot(layout, entry.name, verifier)
         except SnapshotError as exc:
-            log.warning("skipping unreadable snapshot %s: %s", entry.name, exc)
+            skipped.append(str(exc))
             continue
         if identity_hash is None or snapshot.identity_hash.startswith(identity_hash):
             found.append(snapshot)
+    if skipped:
+        log.warning(
+            "listing %s skipped %d snapshot directories, e.g. %s", layout.root, len(skipped), skipped[0]
+        )
     found.sort(key=lambda s: (s.manifest.created, s.id), reverse=True)
     return found
 

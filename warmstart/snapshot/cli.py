@@ -20,13 +20,22 @@ class UsageError(Exception):
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("snapshot", help="list, show, verify and garbage-collect snapshots")
+    parser = subparsers.add_parser(
+        "snapshot",
+        help="list, show, verify and garbage-collect snapshots",
+        description=(
+            "Inspect and maintain a snapshot store (a directory; WARMSTART_STORE) with its signing key "
+            "(WARMSTART_SIGNING_KEY, else the key `warmstart serve` generated for that store)."
+        ),
+    )
     commands = parser.add_subparsers(dest="snapshot_command", metavar="ACTION", required=True)
 
     def add(
         name: str, help_text: str, handler: Callable[[argparse.Namespace], int]
     ) -> argparse.ArgumentParser:
-        sub = commands.add_parser(name, help=help_text)
+        sub = commands.add_parser(
+            name, help=help_text, description=help_text[:1].upper() + help_text[1:] + "."
+        )
         sub.set_defaults(func=lambda args: _run(handler, args))
         if name != "keygen":
             sub.add_argument(
@@ -35,11 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sub.add_argument("--json", action="store_true", help="print JSON instead of tables")
         return sub
 
-    listing = add("list", "list snapshots, newest first", _cmd_list)
+    listing = add("list", "list the snapshots the key verifies, newest first", _cmd_list)
     listing.add_argument("--identity", help="only snapshots of this identity hash (or a prefix of it)")
+    _add_key_argument(listing)
 
-    show = add("show", "show one snapshot's manifest", _cmd_show)
+    show = add("show", "show one snapshot's manifest (once its signature checks out)", _cmd_show)
     show.add_argument("id", help="snapshot id")
+    _add_key_argument(show)
 
     verify = add("verify", "check signature, identity and every blob's digest", _cmd_verify)
     verify.add_argument("id", help="snapshot id")
@@ -53,6 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gc.add_argument("--dry-run", action="store_true", help="report what would be removed, remove nothing")
     gc.add_argument("--keep", type=int, help="first delete all but the N newest snapshots of each identity")
     gc.add_argument("--identity", help="with --keep: apply retention to this identity hash only")
+    _add_key_argument(gc, "with --keep: ")
     gc.add_argument(
         "--staging-older-than", type=float, default=3600.0, help="seconds before orphan staging is stale"
     )
@@ -71,12 +83,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     kind.add_argument("--ed25519", type=Path, metavar="DIR", help="write an Ed25519 key pair into DIR")
 
 
-def _add_key_argument(parser: argparse.ArgumentParser) -> None:
+def _add_key_argument(parser: argparse.ArgumentParser, when: str = "") -> None:
     parser.add_argument(
         "--key",
         default=os.environ.get("WARMSTART_SIGNING_KEY"),
-        help="verification key: HMAC secret or Ed25519 public key PEM "
-        "(default $WARMSTART_SIGNING_KEY, else <store>/keys/hmac.key)",
+        help=f"{when}verification key: HMAC secret or Ed25519 public key PEM "
+        "(default $WARMSTART_SIGNING_KEY, else the key generated for this store, outside it)",
     )
 
 
@@ -128,7 +140,8 @@ def _console() -> Any:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    snapshots = _store(args).list(args.identity)
+    store = _store(args)
+    snapshots = store.list(args.identity, verifier=_verifier(args, store))
     if args.json:
         _print_json([snapshot.summary() for snapshot in snapshots])
         return 0
@@ -156,7 +169,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    snapshot = _store(args).get(args.id)
+    store = _store(args)
+    snapshot = store.get(args.id, verifier=_verifier(args, store))
     if args.json:
         _print_json(snapshot.manifest.to_dict())
         return 0
@@ -210,10 +224,10 @@ def _check_prefix_flag(prefix: str | None) -> None:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from warmstart.snapshot import SnapshotError, load_verifier
+    from warmstart.snapshot import SnapshotError
 
     store = _store(args)
-    verifier = load_verifier(_verification_key(args.key, store.root))
+    verifier = _verifier(args, store)
     expected = _load_expected_identity(args.expect_identity)
     _check_prefix_flag(args.prefix)
     try:
@@ -235,19 +249,11 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 0
 
 
-def _verification_key(given: str | None, store_root: Path) -> Path | str:
-    """The key given, else the store's own key (the one `serve` and the agent generate there)."""
-    from warmstart.snapshot.keys import store_key_path
+def _verifier(args: argparse.Namespace, store: Any) -> Any:
+    """The verifier of --key, else of the key generated for this store (never one inside it)."""
+    from warmstart.snapshot.keys import verification_key
 
-    if given:
-        return given
-    default = store_key_path(store_root)
-    if not default.is_file():
-        raise UsageError(
-            "verify needs a key: pass --key PATH, set WARMSTART_SIGNING_KEY, "
-            f"or keep the store's key at {default}"
-        )
-    return default
+    return verification_key(store.root, args.key)
 
 
 def _cmd_gc(args: argparse.Namespace) -> int:
@@ -256,7 +262,8 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         raise UsageError(f"--keep must be at least 1, got {args.keep} (use `snapshot delete` to remove all)")
     deleted = []
     if args.keep is not None:
-        deleted = store.apply_retention(args.keep, args.identity, dry_run=args.dry_run)
+        verifier = _verifier(args, store)
+        deleted = store.apply_retention(args.keep, args.identity, verifier=verifier, dry_run=args.dry_run)
     report = store.gc(
         staging_older_than=args.staging_older_than, blob_grace=args.blob_grace, dry_run=args.dry_run
     )

@@ -3,8 +3,14 @@
 GC holds the store's lock exclusively while it reads every manifest and removes blobs none references.
 Unreferenced blobs younger than `blob_grace` seconds are kept (ingesting a blob refreshes its mtime).
 An entry of `snapshots/` that is not a signed snapshot directory (no `manifest.sig`, or not a directory at
-all) is never listed; once nothing in it changed for `staging_older_than` seconds GC removes it. Publish
-renames a directory that already holds both files, so the grace period is only a margin.
+all), or whose manifest is junk (not a bounded regular file of JSON listing files), is never listed; once
+nothing in it changed for `staging_older_than` seconds GC removes it. Publish renames a directory that
+already holds both files, so the grace period is only a margin.
+
+GC has no key, so it reads references leniently: every digest a manifest's `files` names keeps its blob,
+whether the rest of the manifest is valid or not (a snapshot of a newer schema keeps its blobs), and junk
+references nothing, so no junk can stop GC from freeing what nothing references. Only a manifest that cannot
+be read at all (an I/O error) makes GC keep every blob, this once.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmstart.fileio import UnsafeInput, read_regular_file
+from warmstart.fileio import UnsafeInput, loads_json, read_regular_file
 from warmstart.snapshot.catalog import is_signed_snapshot_dir, list_snapshots, unpublish
 from warmstart.snapshot.layout import (
     DELETING_SUFFIX,
@@ -29,8 +35,9 @@ from warmstart.snapshot.layout import (
     SnapshotNotFound,
     StoreLayout,
 )
-from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN, Manifest, SnapshotInvalid
-from warmstart.snapshot.staging import newest_mtime, staging_is_stale, this_host
+from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN, digest_hex
+from warmstart.snapshot.signing import Verifier
+from warmstart.snapshot.staging_owner import newest_mtime, staging_is_stale, this_host
 
 
 @dataclass
@@ -53,7 +60,8 @@ class GcReport:
 def collect_garbage(
     layout: StoreLayout, *, staging_older_than: float, blob_grace: float | None, dry_run: bool
 ) -> GcReport:
-    """Remove stale staging directories and unreferenced blobs older than `blob_grace` seconds.
+    """Remove stale staging directories, junk in `snapshots/` and unreferenced blobs older than
+    `blob_grace` seconds.
 
     A staging directory is stale when its owner process (same host) is gone, or, when the owner cannot
     be checked from here, when nothing in it changed for `staging_older_than` seconds. `blob_grace`
@@ -64,9 +72,10 @@ def collect_garbage(
     report = GcReport(dry_run=dry_run)
     with layout.lock(exclusive=True):
         _gc_staging(layout, staging_older_than, report)
-        _gc_unsigned(layout, staging_older_than, report)
-        referenced = _referenced_digests(layout, report)
+        referenced, junk = _scan_snapshots(layout, report)
+        _gc_junk(layout, junk, staging_older_than, report)
         if referenced is not None:
+            report.referenced_blobs = len(referenced)
             _gc_blobs(layout, referenced, grace, report)
     return report
 
@@ -89,19 +98,69 @@ def _gc_staging(layout: StoreLayout, older_than: float, report: GcReport) -> Non
                 entry.unlink(missing_ok=True)
 
 
-def _gc_unsigned(layout: StoreLayout, older_than: float, report: GcReport) -> None:
-    """Remove what sits in `snapshots/` under a snapshot's name but is no signed snapshot directory."""
-    now = time.time()
+def referenced_digests(layout: StoreLayout) -> set[str] | None:
+    """Every digest a manifest in `snapshots/` names (junk names none); None when one cannot be read."""
+    return _scan_snapshots(layout, GcReport())[0]
+
+
+def _scan_snapshots(layout: StoreLayout, report: GcReport) -> tuple[set[str] | None, list[Path]]:
+    """(every digest a manifest names, or None when a manifest could not be read; the junk entries)."""
+    referenced: set[str] = set()
+    junk: list[Path] = []
+    unreadable = False
     for entry in sorted(layout.snapshots_dir.iterdir()):
-        if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name) or is_signed_snapshot_dir(entry):
+        if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name):
+            continue  # not a snapshot (listing ignores it too)
+        try:
+            digests = _entry_digests(entry)
+        except FileNotFoundError:  # unpublished meanwhile
             continue
+        except OSError as exc:
+            report.errors.append(f"snapshot {entry.name}: unreadable manifest ({exc}); no blob removed")
+            unreadable = True
+            continue
+        if digests is None or not is_signed_snapshot_dir(entry):
+            junk.append(entry)
+        referenced |= digests or set()  # an unsigned directory still in its grace period counts
+    return (None if unreadable else referenced), junk
+
+
+def _entry_digests(entry: Path) -> set[str] | None:
+    """The digests the manifest of a `snapshots/` entry names; None when the entry is junk (not a real
+    directory, no manifest, or one that is no bounded regular file of JSON with `files`)."""
+    if not stat.S_ISDIR(entry.lstat().st_mode):
+        return None
+    try:
+        data = loads_json(read_regular_file(entry / MANIFEST_FILE, MAX_MANIFEST_BYTES), MANIFEST_FILE)
+    except (FileNotFoundError, UnsafeInput):
+        return None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict):
+        return None
+    digests = {item.get("digest") for item in files.values() if isinstance(item, dict)}
+    return {digest for digest in digests if isinstance(digest, str) and _is_digest(digest)}
+
+
+def _is_digest(value: str) -> bool:
+    try:
+        digest_hex(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _gc_junk(layout: StoreLayout, junk: list[Path], older_than: float, report: GcReport) -> None:
+    """Remove what sits in `snapshots/` under a snapshot's name but is no readable signed snapshot, once
+    nothing in it changed for `older_than` seconds."""
+    now = time.time()
+    for entry in junk:
         try:
             age = now - _age_clock(entry)
         except FileNotFoundError:
             continue
         if age <= older_than:
             continue
-        report.removed_unsigned.append(f"{entry.name} (unsigned, untouched for {age:.0f}s)")
+        report.removed_unsigned.append(f"{entry.name} (no signed manifest; untouched for {age:.0f}s)")
         if not report.dry_run:
             _remove_entry(layout, entry)
 
@@ -123,37 +182,16 @@ def _remove_entry(layout: StoreLayout, entry: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def _referenced_digests(layout: StoreLayout, report: GcReport) -> set[str] | None:
-    """Every digest a manifest in `snapshots/` names; None (remove no blob) when a manifest is unreadable.
-
-    An unsigned directory still in its grace period counts when its manifest can be read, and is skipped
-    when not (it will be removed, it cannot block GC).
-    """
-    referenced: set[str] = set()
-    for entry in layout.snapshots_dir.iterdir():
-        if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name):
-            continue  # not a snapshot (listing ignores it too)
-        signed = is_signed_snapshot_dir(entry)
-        try:
-            if not signed and not stat.S_ISDIR(entry.lstat().st_mode):
-                continue
-            raw = read_regular_file(entry / MANIFEST_FILE, MAX_MANIFEST_BYTES)
-            referenced |= Manifest.from_bytes(raw).digests()
-        except (OSError, UnsafeInput, SnapshotInvalid) as exc:
-            if signed:
-                report.errors.append(f"snapshot {entry.name}: unreadable manifest ({exc}); no blob removed")
-                return None
-    report.referenced_blobs = len(referenced)
-    return referenced
-
-
 def _gc_blobs(layout: StoreLayout, referenced: set[str], grace: float, report: GcReport) -> None:
     now = time.time()
     for blob in sorted(layout.blobs_dir.iterdir()):
         digest = f"sha256:{blob.name}"
         if digest in referenced:
             continue
-        info = blob.lstat()
+        try:
+            info = blob.lstat()
+        except FileNotFoundError:
+            continue
         if now - info.st_mtime < grace:
             report.young_blobs.append(digest)
             continue
@@ -167,14 +205,19 @@ def _gc_blobs(layout: StoreLayout, referenced: set[str], grace: float, report: G
 
 
 def apply_retention(
-    layout: StoreLayout, keep: int, identity_hash: str | None = None, *, dry_run: bool = False
+    layout: StoreLayout,
+    keep: int,
+    identity_hash: str | None = None,
+    *,
+    verifier: Verifier | None = None,
+    dry_run: bool = False,
 ) -> list[str]:
     """Delete all but the `keep` newest snapshots of each identity; return the deleted ids."""
     if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
         raise ValueError(f"keep must be a non-negative integer, got {keep!r}")
     seen: dict[str, int] = {}
     doomed: list[str] = []
-    for snapshot in list_snapshots(layout, identity_hash):  # newest first
+    for snapshot in list_snapshots(layout, identity_hash, verifier):  # newest first
         seen[snapshot.identity_hash] = seen.get(snapshot.identity_hash, 0) + 1
         if seen[snapshot.identity_hash] > keep:
             doomed.append(snapshot.id)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from warmstart.fileio import UnsafeInput, loads_json, read_regular_file, write_new_file
+from warmstart.fileio import UnsafeInput, loads_json, read_regular_file, write_exclusive
 
 SIGNING_KEY_ENV = "WARMSTART_SIGNING_KEY"
 HMAC_SHA256 = "hmac-sha256"
@@ -150,6 +150,13 @@ def signature_document(signer: Signer, data: bytes) -> bytes:
 
 def verify_document(verifier: Verifier, data: bytes, document: bytes) -> None:
     """Raise SignatureInvalid with the precise reason unless `document` is a valid signature of `data`."""
+    check_signature(verifier, data, signature_of(verifier, document))
+
+
+def signature_of(verifier: Verifier, document: bytes) -> bytes:
+    """The raw signature in `document` once it names the verifier's algorithm and key; SignatureInvalid
+    otherwise. Cheap: it reads none of the signed data, so a document made with another key (or none) is
+    refused before the data is even read."""
     try:
         parsed = loads_json(document, "signature")
     except UnsafeInput as exc:
@@ -168,10 +175,14 @@ def verify_document(verifier: Verifier, data: bytes, document: bytes) -> None:
             f"signed with key {parsed['key_id']} but the verification key is {verifier.key_id}: wrong key"
         )
     try:
-        raw = base64.b64decode(parsed["signature"], validate=True)
+        return base64.b64decode(parsed["signature"], validate=True)
     except (binascii.Error, ValueError) as exc:
         raise SignatureInvalid(f"signature field 'signature' is not valid base64 ({exc})") from exc
-    if not verifier.check(data, raw):
+
+
+def check_signature(verifier: Verifier, data: bytes, signature: bytes) -> None:
+    """SignatureInvalid unless `signature` (raw, from `signature_of`) signs `data`."""
+    if not verifier.check(data, signature):
         raise SignatureInvalid("signature does not match the signed bytes: the manifest was modified")
 
 
@@ -223,13 +234,25 @@ def _load_pem(path: Path, content: bytes) -> Ed25519Signer | Ed25519Verifier:
 def _load_key(path: str | os.PathLike[str] | None) -> tuple[Path, HmacKey | Ed25519Signer | Ed25519Verifier]:
     """The key file's path and the key it holds (the file named by WARMSTART_SIGNING_KEY without `path`)."""
     key_path = _key_path(path)
-    content = _read_key_file(key_path)
+    return key_path, _parse_key(key_path, _read_key_file(key_path))
+
+
+def _parse_key(key_path: Path, content: bytes) -> HmacKey | Ed25519Signer | Ed25519Verifier:
     if content.lstrip().startswith(_PEM_MARKER):
-        return key_path, _load_pem(key_path, content)
+        return _load_pem(key_path, content)
     try:
-        return key_path, HmacKey(content)
+        return HmacKey(content)
     except SigningKeyError as exc:
         raise SigningKeyError(f"key file {key_path}: {exc}") from exc
+
+
+def keys_from_content(key_path: Path, content: bytes) -> tuple[Signer, Verifier]:
+    """Signer and verifier of a private key file's content (read by the caller, e.g. after checking who
+    may have written it)."""
+    key = _parse_key(key_path, content)
+    if isinstance(key, Ed25519Verifier):
+        raise SigningKeyError(f"key file {key_path} is a public key; signing needs the private key")
+    return key, key.verifier() if isinstance(key, Ed25519Signer) else key
 
 
 def load_signer(path: str | os.PathLike[str] | None = None) -> Signer:
@@ -246,16 +269,26 @@ def load_verifier(path: str | os.PathLike[str] | None = None) -> Verifier:
     return key.verifier() if isinstance(key, Ed25519Signer) else key
 
 
+class KeyExists(SigningKeyError):
+    """A key file is where a new one was to be written (perhaps by a concurrent writer: it is complete)."""
+
+
 def _write_secret(path: Path, content: bytes, mode: int) -> None:
+    """Create `path` with `content`, whole or not at all: a concurrent reader never sees it half written,
+    and of two concurrent writers one wins and the other gets KeyExists."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_new_file(path, content, mode)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        write_exclusive(path.name, content, dir_fd=fd, mode=mode)
+    except FileExistsError as exc:
+        raise KeyExists(f"{path} exists already; remove it or choose another path") from exc
+    finally:
+        os.close(fd)
 
 
 def generate_hmac_key(path: str | os.PathLike[str]) -> Path:
-    """Write a new random HMAC secret (64 hex characters, mode 0600); refuses to overwrite a file."""
+    """Write a new random HMAC secret (64 hex characters, mode 0600); KeyExists rather than overwrite."""
     target = Path(path)
-    if target.exists():
-        raise SigningKeyError(f"{target} exists already; remove it or choose another path")
     _write_secret(target, secrets.token_hex(32).encode(), 0o600)
     return target
 
@@ -268,8 +301,8 @@ def generate_ed25519_keypair(directory: str | os.PathLike[str]) -> tuple[Path, P
     folder = Path(directory)
     private_path, public_path = folder / "signing-key.pem", folder / "signing-key.pub.pem"
     for existing in (private_path, public_path):
-        if existing.exists():
-            raise SigningKeyError(f"{existing} exists already; remove it or choose another directory")
+        if os.path.lexists(existing):
+            raise KeyExists(f"{existing} exists already; remove it or choose another directory")
     key = Ed25519PrivateKey.generate()
     private_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()

@@ -25,7 +25,8 @@ from warmstart.snapshot.gc import GcReport
 from warmstart.snapshot.layout import SnapshotNotFound, StoreLayout
 from warmstart.snapshot.manifest import MIN_CHUNK_SIZE
 from warmstart.snapshot.signing import Verifier
-from warmstart.snapshot.staging import Staging, create_staging_root
+from warmstart.snapshot.staging import Staging
+from warmstart.snapshot.staging_owner import create_staging_root
 
 DEFAULT_CHUNK_SIZE = 64 << 20  # files above this also get per-chunk digests, verified in parallel
 
@@ -89,13 +90,22 @@ class SnapshotStore:
             chunk_size=self.chunk_size,
         )
 
-    def get(self, snapshot_id: str) -> Snapshot:
-        """The snapshot's manifest as stored (not verified: use `verify` before trusting it)."""
-        return catalog.get_snapshot(self.layout, snapshot_id)
+    def get(self, snapshot_id: str, *, verifier: Verifier | None = None) -> Snapshot:
+        """The snapshot's manifest, its signature checked first when `verifier` is given (without one it
+        is as stored: use `verify` before trusting it)."""
+        return catalog.get_snapshot(self.layout, snapshot_id, verifier)
 
-    def list(self, identity_hash: str | None = None) -> list[Snapshot]:
-        """Published snapshots, newest first; `identity_hash` may be a full hash or a prefix of one."""
-        return catalog.list_snapshots(self.layout, identity_hash)
+    def list(self, identity_hash: str | None = None, *, verifier: Verifier | None = None) -> list[Snapshot]:
+        """Published snapshots, newest first; `identity_hash` may be a full hash or a prefix of one. With
+        `verifier`, only those whose signature it verifies (checked before their manifest is parsed)."""
+        return catalog.list_snapshots(self.layout, identity_hash, verifier)
+
+    def is_published(self, snapshot_id: str) -> bool:
+        """Whether `snapshot_id` is a signed snapshot directory here now (not whether it is valid)."""
+        try:
+            return catalog.is_signed_snapshot_dir(self.layout.snapshot_dir(snapshot_id))
+        except SnapshotNotFound:
+            return False
 
     def delete(self, snapshot_id: str) -> None:
         """Unpublish a snapshot at once; its blobs stay until GC finds them unreferenced."""
@@ -148,7 +158,13 @@ class SnapshotStore:
         )
 
     def apply_retention(
-        self, keep: int, identity_hash: str | None = None, *, dry_run: bool = False
+        self,
+        keep: int,
+        identity_hash: str | None = None,
+        *,
+        verifier: Verifier | None = None,
+        dry_run: bool = False,
     ) -> list[str]:
-        """Delete all but the `keep` newest snapshots of each identity; return the deleted ids."""
-        return gc.apply_retention(self.layout, keep, identity_hash, dry_run=dry_run)
+        """Delete all but the `keep` newest snapshots of each identity (with `verifier`: of those it
+        verifies, so a forged newer directory never pushes a real snapshot out); return the deleted ids."""
+        return gc.apply_retention(self.layout, keep, identity_hash, verifier=verifier, dry_run=dry_run)

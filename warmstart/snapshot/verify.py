@@ -9,15 +9,15 @@ import dataclasses
 import functools
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from warmstart.identity import SnapshotIdentity
 from warmstart.parallel import parallel_map, run_heaviest_first
 from warmstart.snapshot.blobs import place
-from warmstart.snapshot.catalog import Snapshot, parse_manifest, read_manifest_bytes, read_signature_bytes
+from warmstart.snapshot.catalog import Snapshot, signed_manifest
 from warmstart.snapshot.hashing import chunk_ranges, hash_file, hash_range
-from warmstart.snapshot.layout import SIGNATURE_FILE, StoreLayout
+from warmstart.snapshot.layout import StoreLayout
 from warmstart.snapshot.manifest import (
     FileEntry,
     IdentityMismatch,
@@ -26,7 +26,7 @@ from warmstart.snapshot.manifest import (
     SnapshotInvalid,
     check_prefix,
 )
-from warmstart.snapshot.signing import SignatureInvalid, Verifier, verify_document
+from warmstart.snapshot.signing import Verifier
 
 MAX_REPORTED_PROBLEMS = 5
 ContentCheck = tuple[int, Callable[[], str], tuple[FileEntry, str, str]]
@@ -58,30 +58,7 @@ def verified_manifest(
 ) -> Manifest:
     """The manifest once its signature, schema, id and identity hash check out (and the identity is
     `expected_identity`, when given)."""
-    raw = read_manifest_bytes(layout, snapshot_id)
-    signature = read_signature_bytes(layout, snapshot_id)
-    try:
-        verify_document(verifier, raw, signature)
-    except SignatureInvalid as exc:
-        raise SnapshotInvalid(f"{SIGNATURE_FILE}: {exc}", snapshot_id=snapshot_id) from exc
-    manifest = parse_manifest(raw, snapshot_id)
-    if manifest.id != snapshot_id:
-        raise SnapshotInvalid(
-            f"manifest field 'id' is {manifest.id!r} but the snapshot directory is {snapshot_id!r}",
-            snapshot_id=snapshot_id,
-        )
-    try:
-        actual_hash = manifest.identity.digest()
-    except (TypeError, ValueError) as exc:
-        raise SnapshotInvalid(
-            f"manifest field 'identity' cannot be hashed: {exc}", snapshot_id=snapshot_id
-        ) from exc
-    if manifest.identity_hash != actual_hash:
-        raise SnapshotInvalid(
-            f"manifest field 'identity_hash' is {manifest.identity_hash} but the identity hashes to "
-            f"{actual_hash}",
-            snapshot_id=snapshot_id,
-        )
+    manifest = signed_manifest(layout, snapshot_id, verifier)
     if expected_identity is not None and expected_identity.digest() != manifest.identity_hash:
         raise IdentityMismatch(manifest.identity.mismatches(expected_identity), snapshot_id=snapshot_id)
     return manifest
@@ -108,16 +85,33 @@ def verify_blobs(
             problems.append(problem)
         else:
             by_blob.setdefault(dataclasses.replace(entry, mode=0), []).append(path)
-    checks = [check for entry in by_blob for check in _content_checks(layout, entry)]
-    outcomes = run_heaviest_first([(weight, job) for weight, job, _ in checks], workers=workers)
-    for (_, _, (entry, expected, what)), actual in zip(checks, outcomes, strict=True):
-        if actual != expected:
-            names = ", ".join(repr(p) for p in by_blob[entry])
-            problems.append(f"file {names}: blob {entry.digest} {what} does not match (corrupted)")
+    for entry, what in _content_mismatches(layout, by_blob, workers):
+        names = ", ".join(repr(p) for p in by_blob[entry])
+        problems.append(f"file {names}: blob {entry.digest} {what} does not match (corrupted)")
     if problems:
         extra = len(problems) - MAX_REPORTED_PROBLEMS
         reason = "; ".join(problems[:MAX_REPORTED_PROBLEMS]) + (f"; and {extra} more" if extra > 0 else "")
         raise SnapshotInvalid(reason, snapshot_id=snapshot_id)
+
+
+def blobs_not_matching(layout: StoreLayout, entries: Iterable[FileEntry], workers: int | None) -> set[str]:
+    """The digests of those blobs (regular files of the right size) whose content is not what their entry
+    says; each distinct blob is hashed once, its chunks in parallel."""
+    unique = {dataclasses.replace(entry, mode=0) for entry in entries}
+    return {entry.digest for entry, _ in _content_mismatches(layout, unique, workers)}
+
+
+def _content_mismatches(
+    layout: StoreLayout, entries: Iterable[FileEntry], workers: int | None
+) -> list[tuple[FileEntry, str]]:
+    """(entry, what does not match) for every blob or chunk of `entries` that is not what it should be."""
+    checks = [check for entry in entries for check in _content_checks(layout, entry)]
+    outcomes = run_heaviest_first([(weight, job) for weight, job, _ in checks], workers=workers)
+    return [
+        (entry, what)
+        for (_, _, (entry, expected, what)), actual in zip(checks, outcomes, strict=True)
+        if actual != expected
+    ]
 
 
 def _content_checks(layout: StoreLayout, entry: FileEntry) -> list[ContentCheck]:

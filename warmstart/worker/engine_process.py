@@ -31,6 +31,7 @@ from warmstart.protocol import (
     Signal,
 )
 from warmstart.worker.connections import ConnectionLimits, quiet_connection_logs, uvicorn_options
+from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.openai_requests import RequestLimits
 from warmstart.worker.options import engine_options, http_limits
 from warmstart.worker_flags import add_worker_arguments
@@ -87,6 +88,7 @@ def capture(engine: Any, runner: _HttpRunner, args: argparse.Namespace, started_
         "model_dir": str(getattr(engine, "model_dir", "")),
         "weights_released": weights_released,
         "engine": engine.describe(),
+        "restore_facts": measure_restore_facts(args).to_dict(),
         "host": args.host,
         "port": args.port,
         **({"weight_staging": plan.to_dict()} if plan is not None else {}),

@@ -21,7 +21,7 @@ DEFAULT_CHAT_TOKENS = 256
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 SHARED_PARAMS = frozenset(
     {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
-     "ignore_eos", "user"}
+     "ignore_eos", "user", "return_token_ids"}
 )  # fmt: skip
 COMPLETION_PARAMS = SHARED_PARAMS | {"prompt"}
 CHAT_PARAMS = SHARED_PARAMS | {"messages", "max_completion_tokens"}
@@ -41,7 +41,6 @@ class RequestLimits:
     max_stop_strings: int = 4
     max_stop_chars: int = 256
     max_tokens: int | None = None  # output tokens per choice; None: whatever the context leaves
-    body_timeout_seconds: float = 30.0
 
 
 class ApiError(Exception):
@@ -64,6 +63,7 @@ class ParsedRequest:
     n: int
     stream: bool
     include_usage: bool
+    return_token_ids: bool = False  # vLLM's extension: each choice carries the generated token ids
 
 
 def _none_or(*values: Any) -> Callable[[Any], bool]:
@@ -194,6 +194,7 @@ def parse_request(body: dict[str, Any], chat: bool, limits: RequestLimits) -> Pa
         n=n,
         stream=stream,
         include_usage=_include_usage(body, stream),
+        return_token_ids=_field(body, "return_token_ids", bool, default=False),
     )
 
 

@@ -54,6 +54,7 @@ def _sampling_properties(limits: RequestLimits, max_tokens: int) -> dict[str, An
         "top_p": {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1, "nullable": True},
         "n": {"type": "integer", "minimum": 1, "maximum": limits.max_n, "nullable": True},
         "stream": {"type": "boolean", "nullable": True},
+        "return_token_ids": {"type": "boolean", "nullable": True},
         "stream_options": {
             "type": "object",
             "nullable": True,

@@ -65,6 +65,8 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
         ("--control-dir", args.control_dir),
         ("--http-keep-alive-seconds", args.http_keep_alive_seconds),
         ("--http-max-connections", args.http_max_connections),
+        ("--http-max-connections-per-client", args.http_max_connections_per_client),
+        ("--http-body-timeout-seconds", args.http_body_timeout_seconds),
         ("--max-request-bytes", args.max_request_bytes),
         ("--max-n", args.max_n),
         ("--max-output-tokens", args.max_output_tokens),
@@ -91,7 +93,10 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
 def http_limits(args: argparse.Namespace) -> tuple[ConnectionLimits, RequestLimits]:
     """The server's bounds on connections and on each request, from the flags."""
     connections = ConnectionLimits(
-        max_connections=args.http_max_connections, keep_alive_seconds=args.http_keep_alive_seconds
+        max_connections=args.http_max_connections,
+        max_connections_per_client=args.http_max_connections_per_client,
+        keep_alive_seconds=args.http_keep_alive_seconds,
+        body_timeout_seconds=args.http_body_timeout_seconds,
     )
     requests = RequestLimits(
         max_body_bytes=args.max_request_bytes, max_n=args.max_n, max_tokens=args.max_output_tokens

@@ -1,11 +1,12 @@
 """The worker's OpenAI-compatible HTTP API (FastAPI), started only after the engine is resumed.
 
-Routes: /v1/models, /v1/completions, /v1/chat/completions (both with `stream: true` as server-sent events,
-`stream_options.include_usage` honoured), /health (process alive), /ready (engine serving), /metrics
-(Prometheus), /openapi.json (the request schema). Bad requests get 400 with an OpenAI-style error body
-naming the field (413 for an oversized body), a parameter the engine does not honour included; an unknown
-model gets 404; /v1/responses gets a 400 saying it is not implemented. Every response, errors included, is
-counted in the metrics. A client that disconnects stops its generation: the engine stream is closed.
+Routes: /v1/models and /v1/models/{id}, /v1/completions, /v1/chat/completions (both with `stream: true` as
+server-sent events, `stream_options.include_usage` honoured), /health (process alive), /ready (engine
+serving), /metrics (Prometheus), /openapi.json (the request schema). Bad requests get 400 with an
+OpenAI-style error body naming the field (413 for an oversized body), a parameter the engine does not honour
+included; an unknown model gets 404; /v1/responses gets a 400 saying it is not implemented. Every response,
+errors included, is counted in the metrics. A client that disconnects stops its generation: the engine
+stream is closed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from warmstart.engines.base import (
@@ -148,16 +150,24 @@ def build_app(
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = {
+    def model_card() -> dict[str, Any]:
+        return {
             "id": engine.served_model_name,
             "object": "model",
             "created": api.created,
             "owned_by": "warmstart",
             "max_model_len": engine.max_model_len,
         }
-        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict[str, Any]:
+        if model != engine.served_model_name:
+            raise _model_not_found(model, engine.served_model_name)
+        return model_card()
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -183,24 +193,24 @@ def build_app(
 
 async def _read_body(request: Request, limits: RequestLimits) -> bytes:
     """The body, refused with a 413 as soon as it is known to exceed the limit (before reading it, when its
-    Content-Length says so) and with a 408 when it does not arrive within the body timeout."""
+    Content-Length says so). The connection bounds how long it may take to arrive (`connections`)."""
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise body_too_large(limits)
     chunks: list[bytes] = []
     size = 0
-    try:
-        async with asyncio.timeout(limits.body_timeout_seconds):
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limits.max_body_bytes:
-                    raise body_too_large(limits)
-                chunks.append(chunk)
-    except TimeoutError:
-        raise ApiError(
-            408, f"the request body did not arrive within {limits.body_timeout_seconds} s"
-        ) from None
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limits.max_body_bytes:
+            raise body_too_large(limits)
+        chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _model_not_found(model: str, served: str) -> ApiError:
+    return ApiError(
+        404, f"The model `{model}` does not exist; this worker serves `{served}`.", "model", "model_not_found"
+    )
 
 
 async def _client_gone(request: Request) -> None:
@@ -221,16 +231,14 @@ class _Api:
         self.created = int(time.time())
 
     async def complete(self, http_request: Request, chat: bool) -> Response:
-        body = parse_json_body(await _read_body(http_request, self.limits), self.limits)
+        try:
+            raw = await _read_body(http_request, self.limits)
+        except ClientDisconnect:  # the client left, or its body was too slow and the connection was closed
+            return Response(status_code=CLIENT_GONE)
+        body = parse_json_body(raw, self.limits)
         parsed = parse_request(body, chat, self.limits)
         if parsed.model != self.engine.served_model_name:
-            raise ApiError(
-                404,
-                f"The model `{parsed.model}` does not exist; this worker serves "
-                f"`{self.engine.served_model_name}`.",
-                "model",
-                "model_not_found",
-            )
+            raise _model_not_found(parsed.model, self.engine.served_model_name)
         requests, prompt_tokens = self._requests(parsed, chat)
         reply = _Reply(chat, self.engine.served_model_name)
         if parsed.stream:
@@ -248,7 +256,7 @@ class _Api:
             results = await work
         except _Cancelled:
             return Response(status_code=CLIENT_GONE)
-        return JSONResponse(reply.full(results, prompt_tokens))
+        return JSONResponse(reply.full(results, prompt_tokens, parsed.return_token_ids))
 
     def _requests(self, parsed: ParsedRequest, chat: bool) -> tuple[list[GenerationRequest], int]:
         prompts = (
@@ -395,11 +403,16 @@ class _Reply:
         self.created = int(time.time())
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
 
-    def full(self, results: list[GenerationResult], prompt_tokens: int) -> dict[str, Any]:
+    def full(
+        self, results: list[GenerationResult], prompt_tokens: int, token_ids: bool = False
+    ) -> dict[str, Any]:
         completion_tokens = sum(len(result.token_ids) for result in results)
         choices = [
             self._choice(index, result.text, result.finish_reason) for index, result in enumerate(results)
         ]
+        if token_ids:
+            for choice, result in zip(choices, results, strict=True):
+                choice["token_ids"] = list(result.token_ids)
         return {
             **self._head("chat.completion" if self.chat else "text_completion"),
             "choices": choices,

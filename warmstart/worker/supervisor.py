@@ -32,12 +32,14 @@ from warmstart.protocol import (
     CLAIM_COLD,
     RESTORE_CLAIM,
     RESTORE_COMPLETE,
+    RESTORE_FACTS,
     RESTORE_FAILED,
     SIGNALS,
     ControlDir,
     Signal,
 )
 from warmstart.worker.engine_process import process_start_time
+from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.options import engine_argv, log_dir, restore_timeout
 
 log = logging.getLogger("warmstart.worker")
@@ -74,6 +76,7 @@ class Supervisor:
 
     def _restore(self, started: float) -> int:
         control = ControlDir(self.args.control_dir)
+        _show_restore_facts(self.args, control)
         timeout = restore_timeout(self.args)
         answer_timeout = env_float(RESTORE_ANSWER_TIMEOUT_ENV, DEFAULT_RESTORE_ANSWER_TIMEOUT)
         waiting_since = time.monotonic()
@@ -196,6 +199,16 @@ class Supervisor:
         except (ProcessLookupError, PermissionError):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.engine_pid, signum)
+
+
+def _show_restore_facts(args: argparse.Namespace, control: ControlDir) -> None:
+    """What the restorer checks before it gives this pod a snapshot (`warmstart.restore_facts`)."""
+    measured = time.monotonic()
+    facts = measure_restore_facts(args)
+    control.send(RESTORE_FACTS, facts.to_dict())
+    if facts.error:
+        log.warning("restore facts: %s (a restore will be refused; the engine starts cold)", facts.error)
+    log.info("restore facts written in %.3f s", time.monotonic() - measured)
 
 
 def _restore_answer(control: ControlDir) -> Signal | None:

@@ -1,7 +1,8 @@
 """Model shapes for the builtin engine, in Hugging Face `config.json` terms (Qwen3 architecture).
 
-Presets: `tiny` (a few MB, for CPU tests) and the public shapes of Qwen3-0.6B and Qwen3-8B (for GPU
-benchmarks). Any field can be overridden.
+Presets: `tiny` (a few MB, for CPU tests), `demo` (smaller still, its weights trained rather than drawn at
+random: `make demo`) and the public shapes of Qwen3-0.6B and Qwen3-8B (for GPU benchmarks). Any field can be
+overridden.
 """
 
 from __future__ import annotations
@@ -97,6 +98,13 @@ PRESETS: dict[str, ModelConfig] = {
         intermediate_size=384, vocab_size=260, max_position_embeddings=512, rope_theta=10_000.0,
         tie_word_embeddings=False, torch_dtype="float32",
     ),
+    # Trained once on the text in demo_text.txt (train.py), so that it answers in words: a demo can show at a
+    # glance that a restored worker answers as the original did. Small, to train in about half a minute.
+    "demo": ModelConfig(
+        hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+        intermediate_size=256, vocab_size=260, max_position_embeddings=512, rope_theta=10_000.0,
+        tie_word_embeddings=False, torch_dtype="float32",
+    ),
     # Shapes from the public Qwen/Qwen3-0.6B and Qwen/Qwen3-8B config.json files.
     "qwen3-0.6b": ModelConfig(
         hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
@@ -109,6 +117,9 @@ PRESETS: dict[str, ModelConfig] = {
         torch_dtype="bfloat16",
     ),
 }  # fmt: skip
+
+# Presets whose weights are trained (train.py) where the others' are drawn from the seed.
+TRAINED_PRESETS = frozenset({"demo"})
 
 
 def preset(name: str, **overrides: Any) -> ModelConfig:

@@ -1,7 +1,7 @@
 """The builtin engine: the Qwen3-shaped transformer of `model.py` behind the `Engine` interface.
 
 Memory is arranged for checkpointing (`memory.EngineMemory`): all weights are views of one weight arena and
-the KV cache is views of one KV arena (see `warmstart.engines.arena`). `release()` unbinds the model and
+the KV cache is views of one KV arena (see `warmstart.gpu.arena`). `release()` unbinds the model and
 gives the memory back, `reacquire()` takes it again (weights from a weight stager or the files) and binds
 the model to it. On CUDA the KV cache is sized to fit the GPU's memory (`gpu_memory_utilization`).
 Requests are batched continuously by a scheduler thread: each new sequence is prefilled into a free KV slot
@@ -22,7 +22,6 @@ from typing import Any
 import torch
 
 import warmstart
-from warmstart.engines.arena import Arena
 from warmstart.engines.base import (
     Engine,
     EngineError,
@@ -47,8 +46,9 @@ from warmstart.engines.builtin.parallel import ParallelModel, RankSpec, all_redu
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
 from warmstart.engines.host import gpu_facts, runtime_image
-from warmstart.engines.weight_stager import StagingPlan
-from warmstart.engines.weights_io import views
+from warmstart.gpu.arena import Arena
+from warmstart.gpu.weight_stager import StagingPlan
+from warmstart.gpu.weights_io import views
 from warmstart.identity import SnapshotIdentity
 
 log = logging.getLogger(__name__)

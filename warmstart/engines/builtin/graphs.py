@@ -19,7 +19,7 @@ import torch
 from warmstart.engines.builtin.model import Transformer
 
 if TYPE_CHECKING:
-    from warmstart.engines.cuda_scratch import CudaScratchPool
+    from warmstart.gpu.cuda_scratch import CudaScratchPool
 
 WARMUP_RUNS = 2
 

@@ -26,14 +26,14 @@ import torch
 
 from warmstart.config import env_flag
 from warmstart.cuda_driver import device_uuid
-from warmstart.engines.arena import Arena, create_arena
-from warmstart.engines.cuda_arena import CudaVmmArena
-from warmstart.engines.weight_stager import StagingPlan, acknowledge, receive_staged_weights
-from warmstart.engines.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache
+from warmstart.gpu.arena import Arena, create_arena
+from warmstart.gpu.cuda_arena import CudaVmmArena
+from warmstart.gpu.weight_stager import StagingPlan, acknowledge, receive_staged_weights
+from warmstart.gpu.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache
 from warmstart.procinfo import anonymous_memory_by_mapping
 
 if TYPE_CHECKING:
-    from warmstart.engines.cuda_scratch import CudaScratchPool
+    from warmstart.gpu.cuda_scratch import CudaScratchPool
 
 log = logging.getLogger(__name__)
 
@@ -305,7 +305,7 @@ def _timed(work: Callable[[], None]) -> float:
 
 def _scratch_pool(device: torch.device) -> CudaScratchPool | None:
     """A releasable pool for the CUDA graphs' intermediates, or None (torch's own pool) on an older torch."""
-    from warmstart.engines.cuda_scratch import CudaScratchPool
+    from warmstart.gpu.cuda_scratch import CudaScratchPool
 
     if not CudaScratchPool.supported():
         log.warning("torch %s has no MemPool: CUDA graph scratch stays in checkpoints", torch.__version__)

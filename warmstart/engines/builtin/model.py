@@ -103,6 +103,20 @@ class Transformer:
                 x = self._finish_layer(w, x, attended.transpose(1, 2).reshape(1, count, -1))
         return self._logits(x[0, -1:])[0]
 
+    def causal_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """Logits at every position of a batch of whole sequences (ids [B, T]) without the KV cache: what
+        training the `demo` preset differentiates (`train.py`), with the layers' own code."""
+        batch, count = token_ids.shape
+        x = F.embedding(token_ids, self.weights["model.embed_tokens.weight"])
+        cos, sin = self.cos[:count], self.sin[:count]
+        for w in self._layers:
+            q, k, v = self._qkv(w, x, cos, sin)
+            k = k.repeat_interleave(self.group, dim=1)
+            v = v.repeat_interleave(self.group, dim=1)
+            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            x = self._finish_layer(w, x, attended.transpose(1, 2).reshape(batch, count, -1))
+        return self._logits(x)
+
     def decode(
         self,
         token_ids: torch.Tensor,

@@ -1,8 +1,9 @@
 """Model directories: `config.json` plus safetensors weight files, and a digest of the weights.
 
 `ensure_model()` generates a preset's weights deterministically from a seed (no download needed) and writes
-them once. `model_digest()` and `weight_files()` live in `warmstart.engines.digest` (shared with the other
-engines) and are re-exported here.
+them once; the `demo` preset's are trained instead (`train.py`), once, on text shipped with the package.
+`model_digest()` and `weight_files()` live in `warmstart.engines.digest` (shared with the other engines) and
+are re-exported here.
 """
 
 from __future__ import annotations
@@ -12,14 +13,18 @@ import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import time
+import uuid
 import zlib
 from pathlib import Path
 from typing import Any
 
 from warmstart.config import cache_dir
-from warmstart.engines.builtin.config import ModelConfig, preset, tensor_shapes
+from warmstart.engines.builtin.config import TRAINED_PRESETS, ModelConfig, preset, tensor_shapes
 from warmstart.engines.digest import model_digest, weight_files, write_sidecar
-from warmstart.engines.weights_io import dtype_code, torch_dtype, write_safetensors
+from warmstart.gpu.weights_io import dtype_code, torch_dtype, write_safetensors
 
 __all__ = ["default_model_dir", "ensure_model", "model_digest", "weight_files"]
 
@@ -51,25 +56,31 @@ def ensure_model(
     last, so a crash never leaves a model that looks whole. Staging inside (not beside) the directory lets
     `model_dir` be a mount point, as a volume in a pod is. `device` is where random numbers are drawn (a GPU
     draws 8B weights much faster); the files, not the device, define the model, and the digest follows the
-    files.
+    files. A trained preset (`TRAINED_PRESETS`) is trained on the CPU whatever `device` says.
     """
     model_dir = Path(model_dir)
     if (model_dir / WEIGHTS_FILE).exists() and (model_dir / "config.json").exists():
         return model_dir
     config = preset(preset_name, **(overrides or {}))
-    staging = model_dir / f".partial-{os.getpid()}"
+    # Pods sharing the directory can run their engines under the same PID: a random part keeps them apart.
+    staging = model_dir / f".partial-{os.getpid()}-{uuid.uuid4().hex[:12]}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
+        trained = preset_name in TRAINED_PRESETS
         log.info(
-            "generating %s weights (seed %d, %.1f M parameters) in %s",
+            "%s %s weights (seed %d, %.1f M parameters) in %s",
+            "training" if trained else "generating",
             preset_name,
             seed,
             config.parameter_count / 1e6,
             model_dir,
         )
         config.save(staging)
-        digest = _write_random_weights(staging / WEIGHTS_FILE, config, seed, device)
+        if trained:
+            digest = _write_trained_weights(staging, seed)
+        else:
+            digest = _write_random_weights(staging / WEIGHTS_FILE, config, seed, device)
         write_sidecar(staging, {WEIGHTS_FILE: digest})
         # A concurrent writer's identical files are replaced atomically; config.json marks completion.
         for name in sorted(os.listdir(staging), key=lambda entry: entry == "config.json"):
@@ -79,20 +90,23 @@ def ensure_model(
     return model_dir
 
 
-def _write_random_weights(path: Path, config: ModelConfig, seed: int, device: str) -> str:
+def initial_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: Any, device: str = "cpu") -> Any:
+    """A weight as generated for `seed`: norms are ones, every other tensor N(0, INIT_STD) from its own
+    generator (a tensor's values depend on the seed and its name only)."""
     import torch
 
+    if name.endswith("norm.weight"):
+        return torch.ones(shape, dtype=dtype)
+    generator = torch.Generator(device=device).manual_seed(_tensor_seed(seed, name))
+    values = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
+    return (values * INIT_STD).to(dtype)
+
+
+def _write_random_weights(path: Path, config: ModelConfig, seed: int, device: str) -> str:
     dtype = torch_dtype(_code_for(config.torch_dtype))
 
     def producer(name: str, shape: tuple[int, ...]) -> Any:
-        def produce() -> torch.Tensor:
-            if name.endswith("norm.weight"):
-                return torch.ones(shape, dtype=dtype)
-            generator = torch.Generator(device=device).manual_seed(_tensor_seed(seed, name))
-            values = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
-            return (values * INIT_STD).to(dtype)
-
-        return produce
+        return lambda: initial_tensor(name, shape, seed, dtype, device)
 
     code = dtype_code(dtype)
     sources = [(name, code, shape, producer(name, shape)) for name, shape in tensor_shapes(config)]
@@ -107,3 +121,19 @@ def _tensor_seed(seed: int, name: str) -> int:
 
 def _code_for(torch_dtype_name: str) -> str:
     return {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[torch_dtype_name]
+
+
+def _write_trained_weights(model_dir: Path, seed: int) -> str:
+    """Train the weights for `model_dir`'s config.json in a child process, which writes them there: its
+    threads, memory and autograd state stay out of this process (a worker, checkpointed later). Returns the
+    weights file's SHA-256."""
+    started = time.monotonic()
+    command = [sys.executable, "-m", "warmstart.engines.builtin.train", str(model_dir), str(seed)]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"training the model in {model_dir} failed:\n{result.stderr[-4000:]}")
+    with open(model_dir / WEIGHTS_FILE, "rb") as handle:
+        digest = hashlib.file_digest(handle, "sha256").hexdigest()
+    summary = result.stdout.strip().splitlines()
+    log.info("trained in %.1f s (%s)", time.monotonic() - started, summary[-1] if summary else "no summary")
+    return digest

@@ -47,7 +47,12 @@ from warmstart.engines.host import gpu_facts
 from warmstart.engines.vllm import memory
 from warmstart.engines.vllm.driver import _Driver, _Submission
 from warmstart.engines.vllm.frontend import ServingApp, VllmFrontend
-from warmstart.engines.vllm.identity import ENGINE_KIND, model_files_digest, snapshot_identity
+from warmstart.engines.vllm.identity import (
+    ENGINE_KIND,
+    model_files_digest,
+    resolve_model_dir,
+    snapshot_identity,
+)
 from warmstart.engines.vllm.options import VllmOptions, import_vllm, sampling_kwargs
 from warmstart.engines.vllm.quiesce import apply_env_defaults, open_resources, undumpable, use_file_rendezvous
 from warmstart.identity import SnapshotIdentity
@@ -424,7 +429,7 @@ class VllmEngine(Engine):
 
     def _resolve_model_dir(self) -> Path:
         if self._model_dir is None:
-            self._model_dir = _hub_snapshot_dir(self.options.model, self.options.extra.get("revision"))
+            self._model_dir = resolve_model_dir(self.options.model, self.options.extra.get("revision"))
         return self._model_dir
 
     def _gpu_facts(self) -> tuple[str, str, int]:
@@ -492,15 +497,3 @@ def _refill_choice(directory: Path) -> RefillChoice:
         return RefillChoice.parse((directory / REFILL_CHOICE_FILE).read_text())
     except OSError:
         return RefillChoice()
-
-
-def _hub_snapshot_dir(model: str, revision: str | None) -> Path:
-    """The local copy vLLM downloaded for a Hugging Face model id."""
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(model, revision=revision, local_files_only=True))
-    except Exception as exc:  # noqa: BLE001 (any failure means the same: no local copy to digest)
-        raise EngineError(
-            f"cannot find the local files of {model!r} to digest them ({exc}); pass a model directory"
-        ) from exc

@@ -49,10 +49,28 @@ def snapshot_identity(
     )
 
 
-def model_files_digest(model_dir: Path) -> str:
-    """The digest over a model directory's weights plus its config and tokenizer files."""
+def model_files(model_dir: Path) -> list[Path]:
+    """A model directory's weights plus its config and tokenizer files: what its digest covers."""
     weights = sorted(model_dir.glob("*.safetensors")) or sorted(model_dir.glob("*.bin"))
     if not weights:
         raise EngineError(f"{model_dir} holds no *.safetensors or *.bin weight files to digest")
-    side = [model_dir / name for name in DIGESTED_SIDE_FILES if (model_dir / name).is_file()]
-    return files_digest(model_dir, weights + side)
+    return weights + [model_dir / name for name in DIGESTED_SIDE_FILES if (model_dir / name).is_file()]
+
+
+def model_files_digest(model_dir: Path) -> str:
+    """The digest over a model directory's weights plus its config and tokenizer files."""
+    return files_digest(model_dir, model_files(model_dir))
+
+
+def resolve_model_dir(source: str, revision: str | None) -> Path:
+    """A model directory, or the local copy of a Hugging Face model id (never downloaded here)."""
+    if Path(source).is_dir():
+        return Path(source)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(source, revision=revision, local_files_only=True))
+    except Exception as exc:  # noqa: BLE001 (any failure means the same: no local copy to digest)
+        raise EngineError(
+            f"cannot find the local files of {source!r} to digest them ({exc}); pass a model directory"
+        ) from exc

@@ -37,6 +37,10 @@ ENV_DEFAULTS = {
     # torch.distributed's TCPStore without libuv (libuv uses io_uring on new kernels).
     "USE_LIBUV": "0",
     "VLLM_NO_USAGE_STATS": "1",  # the usage reporter starts a thread that tries the network
+    # The gloo group's (and NCCL's bootstrap) listening sockets on loopback, not on the pod's address: a
+    # restore into another pod, which has another address, must bind them again (all ranks share one host).
+    "GLOO_SOCKET_IFNAME": "lo",
+    "NCCL_SOCKET_IFNAME": "lo",
 }
 
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from warmstart.cuda_driver import check, driver
-from warmstart.engines.cuda_arena import VmmRange, cuda_ordinal, primary_context
+from warmstart.gpu.cuda_arena import VmmRange, cuda_ordinal, primary_context
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ memory (`cuMemCreate` + `cuMemMap` + `cuMemSetAccess`). Torch tensors are views 
 `release()` unmaps and frees the physical memory but keeps the virtual range: the process then holds no weight
 bytes on the GPU, so a CUDA checkpoint copies almost nothing and the CRIU image stays small. `reacquire()`
 maps fresh physical memory at the *same* addresses; once the owner refills the bytes (for weights:
-`warmstart.engines.weights_io.refill` into `arena.tensor`), the old views and graphs are valid again.
+`warmstart.gpu.weights_io.refill` into `arena.tensor`), the old views and graphs are valid again.
 
 cuda-python is imported lazily (`warmstart.cuda_driver`): importing this module needs neither a GPU nor the
 CUDA driver.
@@ -164,7 +164,7 @@ class VmmRange:
 class CudaVmmArena:
     """One contiguous range of device memory whose physical backing can be released and re-mapped in place.
 
-    Implements `warmstart.engines.arena.Arena`. Usage: `allocate(nbytes)` once; carve tensor views out of the
+    Implements `warmstart.gpu.arena.Arena`. Usage: `allocate(nbytes)` once; carve tensor views out of the
     returned flat tensor; `release()` before a checkpoint; `reacquire()` and refill after a restore. Views
     must not be touched while the arena is released (the addresses are unmapped: a kernel reading them
     faults).
@@ -200,7 +200,7 @@ class CudaVmmArena:
         if self._tensor is None:
             raise RuntimeError("the CUDA arena has no memory yet: call allocate(nbytes) first")
         if self.released:
-            from warmstart.engines.arena import ArenaReleasedError
+            from warmstart.gpu.arena import ArenaReleasedError
 
             raise ArenaReleasedError("the CUDA arena is released; call reacquire() first")
         return self._tensor

@@ -1,70 +1,18 @@
-"""Pure builders for the objects an InferenceEndpoint owns. No API calls: dict in, dict out."""
+"""The pods that run workers: the Deployment's pod template, the capture pod, the weight stagers.
+
+The weight stagers run as a DaemonSet of the worker's image."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.operator.children.owner import Owner, common_labels, object_metadata, worker_selector
+from warmstart.operator.placement import prefer_node
 from warmstart.operator.spec import EndpointSpec
 from warmstart.protocol import CONTROL_DIR_ENV
 
 STARTUP_PROBE_SECONDS = 1800  # cold starts of large models take minutes; restores are much shorter
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Enough of an object's metadata to own children."""
-
-    api_version: str
-    kind: str
-    name: str
-    namespace: str
-    uid: str
-
-    @classmethod
-    def from_body(cls, body: dict[str, Any]) -> Owner:
-        meta = body["metadata"]
-        return cls(body["apiVersion"], body["kind"], meta["name"], meta["namespace"], meta["uid"])
-
-    def reference(self) -> dict[str, Any]:
-        return {
-            "apiVersion": self.api_version,
-            "kind": self.kind,
-            "name": self.name,
-            "uid": self.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-
-
-def common_labels(endpoint: str, component: str) -> dict[str, str]:
-    return {
-        "app.kubernetes.io/name": "warmstart",
-        "app.kubernetes.io/instance": endpoint,
-        "app.kubernetes.io/managed-by": L.FIELD_MANAGER,
-        "app.kubernetes.io/part-of": "warmstart",
-        L.COMPONENT_LABEL: component,
-        L.ENDPOINT_LABEL: endpoint,
-    }
-
-
-def worker_selector(endpoint: str) -> dict[str, str]:
-    """Selects the serving pods (never the capture pod): Deployment, Service and scale subresource."""
-    return {L.ENDPOINT_LABEL: endpoint, L.COMPONENT_LABEL: L.WORKER_COMPONENT}
-
-
-def selector_string(endpoint: str) -> str:
-    return L.label_selector(worker_selector(endpoint))
-
-
-def _metadata(owner: Owner, name: str, component: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "namespace": owner.namespace,
-        "labels": common_labels(owner.name, component),
-        "ownerReferences": [owner.reference()],
-    }
 
 
 def _worker_args(spec: EndpointSpec, role: str) -> list[str]:
@@ -203,16 +151,22 @@ def pod_spec(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, reques
     }
 
 
-def deployment(owner: Owner, spec: EndpointSpec, role: str, snapshot: str, request_hash: str) -> dict:
-    """The serving workers: role `cold` until a snapshot is Ready, then `restore` from it."""
+def deployment(
+    owner: Owner, spec: EndpointSpec, role: str, snapshot: str, request_hash: str, node: str = ""
+) -> dict[str, Any]:
+    """The serving workers: role `cold` until a snapshot is Ready, then `restore` from it, preferring `node`
+    (the one holding the snapshot, when only it does; "" for no preference)."""
     labels = {
         **spec.template.labels,
         **pod_labels(owner.name, L.WORKER_COMPONENT, role, snapshot, request_hash),
     }
+    pod = pod_spec(owner.name, spec, role, snapshot, request_hash)
+    if node:
+        prefer_node(pod, node)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": _metadata(owner, owner.name, L.WORKER_COMPONENT),
+        "metadata": object_metadata(owner, owner.name, L.WORKER_COMPONENT),
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": worker_selector(owner.name)},
@@ -220,7 +174,7 @@ def deployment(owner: Owner, spec: EndpointSpec, role: str, snapshot: str, reque
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
             "template": {
                 "metadata": {"labels": labels, "annotations": dict(spec.template.annotations)},
-                "spec": pod_spec(owner.name, spec, role, snapshot, request_hash),
+                "spec": pod,
             },
         },
     }
@@ -228,6 +182,7 @@ def deployment(owner: Owner, spec: EndpointSpec, role: str, snapshot: str, reque
 
 # The stager only reads files: a sliver of CPU and a little memory of its own; the page cache it fills is
 # charged to it but reclaimable, so it gets no memory limit that would evict its own pages.
+
 PRESTAGE_REQUESTS = {"cpu": "10m", "memory": "64Mi"}
 
 
@@ -249,7 +204,7 @@ def prestage_daemonset(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
-        "metadata": _metadata(owner, owner.name, L.PRESTAGE_COMPONENT),
+        "metadata": object_metadata(owner, owner.name, L.PRESTAGE_COMPONENT),
         "spec": {
             "selector": {"matchLabels": {key: labels[key] for key in (L.ENDPOINT_LABEL, L.COMPONENT_LABEL)}},
             "template": {
@@ -293,131 +248,3 @@ def capture_pod(
 
 def capture_pod_name(snapshot: str, attempt: int) -> str:
     return f"{snapshot}-capture-{attempt}"
-
-
-def service(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(owner, owner.name, L.WORKER_COMPONENT),
-        "spec": {
-            "type": spec.service.type,
-            "selector": worker_selector(owner.name),
-            "ports": [{"name": "http", "port": spec.service.port, "targetPort": "http", "protocol": "TCP"}],
-        },
-    }
-
-
-def _scale_target(owner: Owner) -> dict[str, str]:
-    return {"apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name}
-
-
-def horizontal_pod_autoscaler(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
-    """autoscaling/v2 HPA on the endpoint's scale subresource, from a per-pod or an external metric."""
-    scaling = spec.autoscaling
-    if scaling.metric is None:
-        raise ValueError("hpa needs autoscaling.metric")
-    target = {"type": "AverageValue", "averageValue": scaling.metric.target}
-    if scaling.metric.source == "External":
-        metric = {
-            "type": "External",
-            "external": {
-                "metric": {
-                    "name": scaling.metric.name,
-                    "selector": {"matchLabels": {L.ENDPOINT_LABEL: owner.name}},
-                },
-                "target": target,
-            },
-        }
-    else:
-        metric = {"type": "Pods", "pods": {"metric": {"name": scaling.metric.name}, "target": target}}
-    return {
-        "apiVersion": "autoscaling/v2",
-        "kind": "HorizontalPodAutoscaler",
-        "metadata": _metadata(owner, owner.name, "autoscaler"),
-        "spec": {
-            "scaleTargetRef": _scale_target(owner),
-            "minReplicas": scaling.min_replicas,
-            "maxReplicas": scaling.max_replicas,
-            "metrics": [metric],
-        },
-    }
-
-
-def default_prometheus_query(owner: Owner, metric: str) -> str:
-    return f'sum({metric}{{namespace="{owner.namespace}",service="{owner.name}"}})'
-
-
-def scaled_object(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
-    """KEDA ScaledObject with a Prometheus trigger; minReplicaCount 0 scales the endpoint to zero."""
-    scaling = spec.autoscaling
-    if scaling.metric is None:
-        raise ValueError("keda needs autoscaling.metric")
-    query = scaling.metric.query or default_prometheus_query(owner, scaling.metric.name)
-    return {
-        "apiVersion": "keda.sh/v1alpha1",
-        "kind": "ScaledObject",
-        "metadata": _metadata(owner, owner.name, "autoscaler"),
-        "spec": {
-            "scaleTargetRef": _scale_target(owner),
-            "minReplicaCount": scaling.min_replicas,
-            "maxReplicaCount": scaling.max_replicas,
-            "pollingInterval": scaling.polling_interval_seconds,
-            "cooldownPeriod": scaling.cooldown_seconds,
-            "triggers": [
-                {
-                    "type": "prometheus",
-                    "metricType": "AverageValue",
-                    "metadata": {
-                        "serverAddress": scaling.prometheus_address,
-                        "query": query,
-                        "threshold": str(scaling.metric.target),
-                    },
-                }
-            ],
-        },
-    }
-
-
-def default_http_host(owner: Owner) -> str:
-    """The Host header routed to an endpoint when autoscaling.http.hosts is empty. The interceptor's routing
-    table spans the cluster, so the namespace is part of it."""
-    return f"{owner.name}.{owner.namespace}"
-
-
-def http_scaled_object(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
-    """KEDA HTTP add-on HTTPScaledObject: its interceptor holds a request while the endpoint is at zero,
-    KEDA scales the endpoint up, and the request goes on to the endpoint's Service once a replica is Ready."""
-    scaling = spec.autoscaling
-    http = scaling.http
-    routing: dict[str, Any] = {"hosts": list(http.hosts) or [default_http_host(owner)]}
-    if http.path_prefixes:
-        routing["pathPrefixes"] = list(http.path_prefixes)
-    return {
-        "apiVersion": "http.keda.sh/v1alpha1",
-        "kind": "HTTPScaledObject",
-        "metadata": _metadata(owner, owner.name, "autoscaler"),
-        "spec": {
-            **routing,
-            "scaleTargetRef": {**_scale_target(owner), "service": owner.name, "port": spec.service.port},
-            "replicas": {"min": scaling.min_replicas, "max": scaling.max_replicas},
-            "scaledownPeriod": scaling.cooldown_seconds,
-            "scalingMetric": {"concurrency": {"targetValue": http.target_concurrency}},
-            "timeouts": {
-                "conditionWait": f"{http.cold_start_timeout_seconds}s",
-                "responseHeader": f"{http.response_timeout_seconds}s",
-            },
-        },
-    }
-
-
-def service_monitor(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": _metadata(owner, owner.name, "monitoring"),
-        "spec": {
-            "selector": {"matchLabels": worker_selector(owner.name)},
-            "endpoints": [{"port": "http", "path": "/metrics", "interval": spec.monitoring.interval}],
-        },
-    }

@@ -17,7 +17,7 @@ every file before it allocates anything, inside the root it is given (`--root-fd
 range (`StagingPlan.check`). Whoever starts it can also bind the socket (`--listen-fd`) and drop its
 privileges to the engine's user.
 
-    python -m warmstart.engines.weight_stager (--plan FILE | --plan-fd N) (--socket PATH | --listen-fd N)
+    python -m warmstart.gpu.weight_stager (--plan FILE | --plan-fd N) (--socket PATH | --listen-fd N)
         [--root-fd N] [--threads N] [--copy mapped|buffered]
 
 It may be started before its plan exists: it imports cuda-python and initialises the driver while it waits
@@ -44,8 +44,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from warmstart.engines.weights_io import pread_exact
 from warmstart.fileio import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, mapped_readonly, openat2
+from warmstart.gpu.weights_io import pread_exact
 from warmstart.parallel import share_among_threads
 
 log = logging.getLogger(__name__)
@@ -519,7 +519,7 @@ class _MappedCopier(_Copier):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m warmstart.engines.weight_stager", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m warmstart.gpu.weight_stager", description=__doc__)
     plan = parser.add_mutually_exclusive_group(required=True)
     plan.add_argument("--plan", help="the engine's staging plan (a JSON file)")
     plan.add_argument("--plan-fd", type=int, help="... or an inherited descriptor to read it from")

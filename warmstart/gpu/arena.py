@@ -6,7 +6,7 @@ memory before a checkpoint and get it back after a resume without rebuilding its
 captured CUDA graphs stay valid), and the owner refills them.
 
 Backends: `TorchArena` (CPU and plain CUDA through torch's allocator; a reacquire may move the buffer) and,
-on CUDA, a virtual-memory arena in `warmstart.engines.cuda_arena` that keeps its virtual address.
+on CUDA, a virtual-memory arena in `warmstart.gpu.cuda_arena` that keeps its virtual address.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ class TorchArena:
 
 # kind -> "module:class"; the class takes the device. "cuda-vmm" keeps its virtual address across cycles.
 ARENA_BACKENDS: dict[str, str] = {
-    "torch": "warmstart.engines.arena:TorchArena",
-    "cuda-vmm": "warmstart.engines.cuda_arena:CudaVmmArena",
+    "torch": "warmstart.gpu.arena:TorchArena",
+    "cuda-vmm": "warmstart.gpu.cuda_arena:CudaVmmArena",
 }
 
 

@@ -1,0 +1,182 @@
+"""The agent's cluster store against a real S3 server (Versity's gateway on loopback): node A's capture is
+pushed, node B pulls it into its cache for a restore or ahead of one, a stopped server or a tampered object is
+a refusal that leaves B's cache clean, the cache trim spares what is being restored, and a deleted
+InferenceSnapshot is unpublished from the bucket only when the bucket's manifest names it."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from control_plane.s3 import S3Server
+from kubernetes import client
+from s3_plugin import BUCKET
+
+from warmstart.agent.agent import Agent, AgentConfig
+from warmstart.agent.cluster_store import ClusterStore, PullFailed
+from warmstart.agent.kube_status import KubeStatus
+from warmstart.agent.metrics import AgentMetrics
+from warmstart.identity import SnapshotIdentity
+from warmstart.snapshot import SnapshotStore, generate_hmac_key, load_signer, load_verifier
+from warmstart.snapshot.remote import Credentials, RemoteConfig, RemoteStore
+from warmstart.snapshot.remote.keys import Keys
+from warmstart.snapshot.store import Snapshot
+
+MIB = 1 << 20
+PREFIX = "cluster/"
+PAGES = os.urandom(3 * MIB + 17)
+
+
+def remote_config(server: S3Server) -> RemoteConfig:
+    return RemoteConfig(
+        bucket=BUCKET, endpoint=server.endpoint, prefix=PREFIX,
+        credentials=Credentials(server.access_key_id, server.secret_access_key), concurrency=4,
+    )  # fmt: skip
+
+
+def capture(store: SnapshotStore, key: Path, pages: bytes = PAGES, name: str = "snap") -> Snapshot:
+    identity = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="1")
+    meta = {"namespace": "ml", "inferenceSnapshot": name, "node": "node-a"}
+    with store.stage(identity, meta=meta) as staging:
+        (staging.dir / "criu").mkdir()
+        (staging.dir / "criu" / "pages-1.img").write_bytes(pages)
+        (staging.dir / "criu" / "core-1.img").write_bytes(b"core" * 100)
+        return staging.publish(load_signer(key))
+
+
+def node(tmp_path: Path, name: str, server: S3Server, key: Path, **bounds: float) -> ClusterStore:
+    local = SnapshotStore(tmp_path / name, chunk_size=MIB)
+    return ClusterStore(
+        local=local, remote=RemoteStore(local, remote_config(server)), verifier=load_verifier(key),
+        metrics=AgentMetrics(), **bounds,  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def pulled_bytes(cluster_store: ClusterStore, reason: str) -> float:
+    labels = {"direction": "pull", "reason": reason}
+    return cluster_store.metrics.value("warmstart_agent_object_store_bytes_total", labels)
+
+
+def assert_cache_clean(store: SnapshotStore) -> None:
+    """Nothing listed, nothing half-written: no snapshot, no staging directory left."""
+    assert store.list() == []
+    for directory in (store.snapshots_dir, store.staging_dir):
+        assert not directory.exists() or list(directory.iterdir()) == []
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    return generate_hmac_key(tmp_path / "key")
+
+
+def test_a_capture_on_node_a_restores_from_node_bs_cache_after_one_pull(
+    s3_server: S3Server, tmp_path: Path, key: Path
+) -> None:
+    node_a, node_b = node(tmp_path, "a", s3_server, key), node(tmp_path, "b", s3_server, key)
+    snapshot = capture(node_a.local, key)
+
+    node_a.publish(snapshot.id)
+    pushed = node_a.metrics.value("warmstart_agent_object_store_bytes_total",
+                                  {"direction": "push", "reason": "capture"})  # fmt: skip
+    assert pushed == len(PAGES) + 400
+
+    restored = node_b.local_copy(snapshot.id, "restore")
+    assert restored.id == snapshot.id and pulled_bytes(node_b, "restore") == pushed
+    node_b.local.verify(snapshot.id, node_b.verifier, snapshot.identity)
+    assert node_b.local.blob_path(snapshot.files["criu/pages-1.img"].digest).read_bytes() == PAGES
+
+    node_b.local_copy(snapshot.id, "restore")  # the cache has it: nothing more read
+    assert pulled_bytes(node_b, "restore") == pushed
+
+
+def test_prestaging_pulls_ahead_so_the_restore_reads_nothing_remote(
+    s3_server: S3Server, tmp_path: Path, key: Path
+) -> None:
+    node_a, node_b = node(tmp_path, "a", s3_server, key), node(tmp_path, "b", s3_server, key)
+    snapshot = capture(node_a.local, key)
+    node_a.publish(snapshot.id)
+
+    node_b.local_copy(snapshot.id, "prestage")
+    node_b.local_copy(snapshot.id, "restore")
+
+    assert pulled_bytes(node_b, "prestage") == len(PAGES) + 400
+    assert pulled_bytes(node_b, "restore") == 0
+
+
+def test_a_stopped_server_is_a_bounded_refusal_and_a_clean_cache_then_the_next_pull_works(
+    s3_server: S3Server, tmp_path: Path, key: Path
+) -> None:
+    node_a = node(tmp_path, "a", s3_server, key)
+    node_b = node(tmp_path, "b", s3_server, key, pull_timeout=5.0)
+    snapshot = capture(node_a.local, key)
+    node_a.publish(snapshot.id)
+    s3_server.stop()
+
+    started = time.monotonic()
+    with pytest.raises(PullFailed, match=f"pulling snapshot {snapshot.id} from the object store failed"):
+        node_b.local_copy(snapshot.id, "restore")
+    assert time.monotonic() - started < 60  # bounded by the pull timeout and the client's own deadlines
+    failures = node_b.metrics.value("warmstart_agent_object_store_failures_total",
+                                    {"direction": "pull", "reason": "restore"})  # fmt: skip
+    assert failures == 1
+    assert_cache_clean(node_b.local)
+
+    s3_server.start()
+    assert node_b.local_copy(snapshot.id, "restore").id == snapshot.id
+
+
+def test_a_tampered_object_is_refused_and_nothing_reaches_the_cache(
+    s3_server: S3Server, tmp_path: Path, key: Path
+) -> None:
+    node_a, node_b = node(tmp_path, "a", s3_server, key), node(tmp_path, "b", s3_server, key)
+    snapshot = capture(node_a.local, key)
+    node_a.publish(snapshot.id)
+    blob = s3_server.data_dir / BUCKET / Keys(PREFIX).blob(snapshot.files["criu/pages-1.img"].digest)
+    tampered = bytearray(blob.read_bytes())
+    tampered[MIB] ^= 0xFF
+    blob.write_bytes(bytes(tampered))
+
+    with pytest.raises(PullFailed, match="pulling snapshot"):
+        node_b.local_copy(snapshot.id, "restore")
+    assert_cache_clean(node_b.local)
+
+
+def test_the_cache_trim_spares_a_snapshot_being_restored_and_the_bucket_keeps_what_is_named(
+    s3_server: S3Server, tmp_path: Path, key: Path
+) -> None:
+    node_a = node(tmp_path, "a", s3_server, key)
+    node_b = node(tmp_path, "b", s3_server, key, cache_max_bytes=1.0, gc_grace=0.0)
+    first, second = (capture(node_a.local, key, os.urandom(MIB), name=f"s{i}") for i in range(2))
+    for snapshot in (first, second):
+        node_a.publish(snapshot.id)
+        node_b.local_copy(snapshot.id, "restore")
+
+    with node_b.in_use(second.id):
+        node_b.maintain(referenced=[second.id])
+
+    assert [snapshot.id for snapshot in node_b.local.list()] == [second.id]
+    assert [listed.id for listed in node_b.remote.list()] == [second.id]  # the unnamed one collected
+
+
+def test_a_deleted_inference_snapshot_unpublishes_only_the_snapshot_captured_for_it(
+    s3_server: S3Server, tmp_path: Path, key: Path
+) -> None:
+    config = AgentConfig(node="node-b", store=tmp_path / "b", criu_command=str(tmp_path / "no-criu"),
+                         remote=remote_config(s3_server))  # fmt: skip
+    kube = KubeStatus(client.ApiClient(client.Configuration()), "node-b")
+    agent = Agent(config, kube, load_signer(key), load_verifier(key))
+    node_a = node(tmp_path, "a", s3_server, key)
+    snapshot = capture(node_a.local, key)
+    node_a.publish(snapshot.id)
+    assert agent.node.cluster_store is not None
+
+    def isnap(namespace: str, name: str) -> dict:
+        return {"metadata": {"namespace": namespace, "name": name}, "status": {"snapshotId": snapshot.id}}
+
+    agent.cleanup.forget_deleted(isnap("other", "snap"))  # a copy elsewhere names the same snapshot
+    agent.cleanup.forget_deleted(isnap("ml", "copy"))
+    assert [listed.id for listed in agent.node.cluster_store.remote.list()] == [snapshot.id]
+    agent.cleanup.forget_deleted(isnap("ml", "snap"))
+    assert agent.node.cluster_store.remote.list() == []

@@ -1,0 +1,180 @@
+"""The vLLM benchmark's oracle, on CPU: the random-weight model's tokenizer gives every token id text of its
+own, and outputs are compared by token ids and logprobs (where they part, by how much), never by text alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(REPO / "benchmarks"))
+        return importlib.import_module("vllm_bench")
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    pytest.importorskip("tokenizers", reason="the benchmark's tokenizer needs `tokenizers` (the dev extra)")
+    pytest.importorskip(
+        "transformers", reason="the benchmark's tokenizer needs `transformers` (the dev extra)"
+    )
+    directory = tmp_path_factory.mktemp("qwen3-8b-tokenizer")
+    bench.write_tokenizer(directory, bench.QWEN3_8B["vocab_size"])
+    return directory
+
+
+def test_every_token_id_of_the_model_decodes_to_non_empty_text(
+    bench: ModuleType, tokenizer_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # as vLLM loads it
+    vocab_size = bench.QWEN3_8B["vocab_size"]
+    assert len(tokenizer) == vocab_size
+    texts = tokenizer.batch_decode([[token] for token in range(vocab_size)], skip_special_tokens=False)
+    empty = [token for token, text in enumerate(texts) if not text]
+    assert empty == [], f"{len(empty)} token ids decode to no text, the first {empty[:10]}"
+    # Skipped only where special tokens are skipped (vLLM's default; the benchmark asks not to):
+    assert sorted(tokenizer.all_special_ids) == [0, 1]
+    # After the special tokens and the 256 byte-level characters (128 of which alone are no UTF-8 and
+    # decode to U+FFFD), every token's text is its own.
+    beyond_bytes = texts[len(bench.SPECIAL_TOKENS) + 256 :]
+    assert len(set(beyond_bytes)) == len(beyond_bytes)
+    assert texts[-1].startswith(" w") and texts[-1][2:].isdigit()  # the last filler word
+
+
+def test_the_prompts_and_the_chat_template_still_tokenize_as_text(
+    bench: ModuleType, tokenizer_dir: Path
+) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    for prompt in bench.PROMPTS:
+        ids = tokenizer.encode(prompt)
+        assert max(ids) < 1000, "a prompt encoded to filler tokens: the trained merges were lost"
+        assert tokenizer.decode(ids) == prompt
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+    )
+    assert chat.endswith("<|im_start|>assistant\n")
+
+
+def test_a_model_written_with_a_partial_tokenizer_gets_a_full_one(bench: ModuleType, tmp_path: Path) -> None:
+    pytest.importorskip(
+        "transformers", reason="the benchmark's tokenizer needs `transformers` (the dev extra)"
+    )
+    (tmp_path / "complete").write_text("1")
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
+    assert not bench.tokenizer_covers(tmp_path, bench.QWEN3_8B["vocab_size"])
+    bench.write_model(tmp_path)  # the weights are there ("complete"): only the tokenizer is rewritten
+    assert bench.tokenizer_covers(tmp_path, bench.QWEN3_8B["vocab_size"])
+
+
+# --- comparing outputs ------------------------------------------------------------------------------------
+
+
+def record(ids: list[int], logprobs: list[float], text: str = " w1 w2") -> dict[str, Any]:
+    """A completion as the benchmark records it; the runner-up of each token 0.5 below it."""
+    top = [
+        {str(token): value, str(token + 1): value - 0.5} for token, value in zip(ids, logprobs, strict=True)
+    ]
+    return {"text": text, "token_ids": ids, "logprobs": logprobs, "top": top}
+
+
+REFERENCE = [record([5, 6, 7, 8], [-1.0, -2.0, -3.0, -4.0]), record([9, 10], [-0.5, -0.25])]
+
+
+def test_the_same_ids_and_logprobs_with_text_are_identical(bench: ModuleType) -> None:
+    found = bench.compare(REFERENCE, copy.deepcopy(REFERENCE))
+    assert found["identical"] and found["token_ids_identical"]
+    assert found["first_diff"] == [None, None] and found["max_logprob_diff"] == 0.0
+
+
+def test_a_differing_token_is_located_with_the_logprob_drift_before_it_and_the_margin(
+    bench: ModuleType,
+) -> None:
+    other = copy.deepcopy(REFERENCE)
+    other[0] = record([5, 6, 8, 1], [-1.0, -2.03, -3.1, -9.0])  # token 2 is the reference's runner-up
+    found = bench.compare(REFERENCE, other)
+    assert not found["identical"] and not found["token_ids_identical"]
+    assert found["first_diff"] == [2, None]
+    assert found["max_logprob_diff"] == pytest.approx(0.03)  # before the divergence only
+    assert found["margin_at_diff"] == [0.5, None]
+
+
+def test_a_token_outside_the_reference_top_has_no_margin(bench: ModuleType) -> None:
+    other = copy.deepcopy(REFERENCE)
+    other[1] = record([42, 10], [-0.5, -0.25])
+    assert bench.compare(REFERENCE, other)["margin_at_diff"] == [None, None]
+    assert bench.compare(REFERENCE, other)["first_diff"] == [None, 0]
+
+
+def test_logprobs_that_drift_under_the_same_ids_are_not_identical(bench: ModuleType) -> None:
+    other = copy.deepcopy(REFERENCE)
+    other[1]["logprobs"] = [-0.5, -0.2501]
+    found = bench.compare(REFERENCE, other)
+    assert found["token_ids_identical"] and not found["identical"]
+    assert found["max_logprob_diff"] == pytest.approx(1e-4)
+
+
+def test_empty_texts_are_never_identical(bench: ModuleType) -> None:
+    empty = [dict(row, text="") for row in REFERENCE]
+    found = bench.compare(empty, copy.deepcopy(empty))
+    assert found["token_ids_identical"] and not found["identical"] and found["empty_texts"] == 2
+
+
+def test_a_completion_is_read_by_token_ids_and_its_logprobs_must_name_the_same_tokens(
+    bench: ModuleType,
+) -> None:
+    choice = {
+        "text": " w7 w8",
+        "token_ids": [7, 8],
+        "logprobs": {
+            "tokens": ["token_id:7", "token_id:8"],
+            "token_logprobs": [-1.5, -0.25],
+            "top_logprobs": [{"token_id:7": -1.5, "token_id:3": -1.75}, {"token_id:8": -0.25}],
+        },
+    }
+    got = bench.completion_record(choice)
+    assert got == {
+        "text": " w7 w8",
+        "token_ids": [7, 8],
+        "logprobs": [-1.5, -0.25],
+        "top": [{"7": -1.5, "3": -1.75}, {"8": -0.25}],
+    }
+    with pytest.raises(ValueError, match="differ"):
+        bench.completion_record(dict(choice, token_ids=[7, 9]))
+    with pytest.raises(ValueError, match="no token ids"):
+        bench.completion_record({k: v for k, v in choice.items() if k != "token_ids"})
+    with pytest.raises(ValueError, match="not a token named by its id"):
+        bench.token_id("w7")
+
+
+def test_every_start_is_compared_with_the_capture_and_the_first_cold_start(bench: ModuleType) -> None:
+    drifted = copy.deepcopy(REFERENCE)
+    drifted[0] = record([5, 6, 7, 3], [-1.0, -2.0, -3.0, -4.2])
+    results = [
+        {"run": "capture", "outputs": REFERENCE},
+        {"run": "restore-image", "outputs": copy.deepcopy(REFERENCE)},
+        {"run": "cold-1", "outputs": drifted},
+        {"run": "cold-2", "outputs": copy.deepcopy(drifted)},
+        {"run": "vllm-serve", "error": "no outputs"},
+    ]
+    lines = bench.agreement(results)
+    capture, restore, cold_1, cold_2, failed = results
+    assert "vs_capture" not in capture and capture["vs_cold"]["first_diff"] == [3, None]
+    assert restore["vs_capture"]["identical"] and not restore["vs_cold"]["identical"]
+    assert "vs_cold" not in cold_1 and cold_2["vs_cold"]["identical"]
+    assert "vs_capture" not in failed
+    assert len(lines) == 4 and lines[2].startswith("cold-1: vs capture: token ids identical False")

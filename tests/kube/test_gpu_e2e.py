@@ -1,0 +1,448 @@
+"""GPU replicas on Kubernetes: the chart on a GPU node (NVIDIA's device plugin hands pods their GPU, the agent
+reaches the driver for the CUDA checkpoint API), endpoints at Qwen3-8B shapes of both engines captured by the
+agent and restored into new pods, answering through their Service with the token ids of a cold pod of the
+same spec; and on the GPU node, a tampered blob, a snapshot signed for another GPU and the agent killed
+mid-restore, each ending in a Ready replica and no GPU memory held by a dead restore.
+
+It runs where the real node is a GPU node: `hack/device-kube-gpu.sh run` on a GPU machine. Elsewhere it skips,
+saying why, unless WARMSTART_GPU_E2E_DRY_RUN=1 rehearses the builtin engine's flow on CPU (the tiny model, no
+GPU facts checked): what the GPU machine's few minutes should not be spent finding. Each endpoint's figures
+(scale request -> first token through the Service, restored and cold, the agent's phases) go to
+$WARMSTART_GPU_RESULTS (`kube-gpu.json` and `kube-gpu.md`).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from control_plane import gpu_node
+from control_plane.cluster import ControlPlane, wait_for
+from control_plane.node import RealNode
+from endpoint_flow import (
+    RELEASE,
+    agent_cgroups,
+    agent_store,
+    client_pod,
+    diagnostics,
+    endpoint,
+    events_of,
+    get,
+    install,
+    items,
+    kill_agent,
+    ready,
+    ready_snapshot,
+    restore_claims,
+    tamper,
+    uninstall,
+    waiter,
+    worker_pods,
+)
+from node_plugin import HostPython
+
+from warmstart.api import labels as L
+from warmstart.identity import SnapshotIdentity
+from warmstart.snapshot.signing import load_signer, signature_document
+
+pytestmark = [pytest.mark.gpu, pytest.mark.integration]
+
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS_ENV = "WARMSTART_GPU_RESULTS"
+DRY_RUN = os.environ.get("WARMSTART_GPU_E2E_DRY_RUN") == "1"
+PROMPT = "The first snapshot of a warm worker"
+ANSWER_TOKENS = 16
+CAPTURE_TIMEOUT = 900.0  # the capture pod writes 16 GiB of weights (first start), loads and warms them
+START_TIMEOUT = 600.0  # a cold vLLM at 8B shapes compiles and captures graphs
+# Run by the client pod's python3: POST the completion until one succeeds (the replica is starting), then once
+# more for the answer; prints the wall-clock time of the first token and the answer's JSON.
+FIRST_TOKEN = """
+import json, sys, time, urllib.error, urllib.request
+url, model, prompt = sys.argv[1], sys.argv[2], sys.argv[3]
+tokens, deadline = int(sys.argv[4]), float(sys.argv[5])
+def complete(max_tokens, timeout):
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True}
+    headers = {"Content-Type": "application/json"}
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return json.loads(response.read())
+while True:
+    try:
+        complete(1, 5)
+        first = time.time()
+        break
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        if time.time() > deadline:
+            sys.exit("no answer before the deadline")
+        time.sleep(0.02)
+print(json.dumps({"first_token_at": first, "answer": complete(tokens, 120)}))
+"""
+
+
+@dataclasses.dataclass
+class Start:
+    """One replica's start: from the scale request to its first token through the Service."""
+
+    endpoint: str
+    kind: str  # restore | cold
+    seconds: float
+    token_ids: list[int]
+    text: str
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def gpu(real_node: RealNode) -> RealNode:
+    if not real_node.gpu and not DRY_RUN:
+        pytest.skip("the real node is no GPU node: " + "; ".join(gpu_node.missing_parts()))
+    return real_node
+
+
+@pytest.fixture(scope="module")
+def report() -> Iterator[list[dict[str, Any]]]:
+    rows: list[dict[str, Any]] = []
+    yield rows
+    directory = Path(os.environ.get(RESULTS_ENV) or ROOT / "benchmarks" / "results" / "local")
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "kube-gpu.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (directory / "kube-gpu.md").write_text(markdown(rows))
+    print("\n" + markdown(rows))
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| engine | start | scale -> first token (s) | agent's phases (s) |", "|---|---|---|---|"]
+    for row in rows:
+        phases = ", ".join(f"{name} {seconds:.2f}" for name, seconds in row.get("phases", {}).items())
+        lines.append(f"| {row['engine']} | {row['kind']} | {row['seconds']:.2f} | {phases} |")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture
+def release(kube: ControlPlane, gpu: RealNode, chart_image: str, namespace: str) -> Iterator[str]:
+    store = install(kube, chart_image, gpu, namespace)
+    try:
+        yield store
+    finally:
+        uninstall(kube, namespace)
+        shutil.rmtree(gpu.shadow("/var/lib/warmstart") / namespace, ignore_errors=True)  # 16 GiB of weights
+
+
+def gpu_endpoint(
+    name: str, namespace: str, chart_image: str, node: RealNode, host_python: HostPython, snapshots: bool,
+    engine: str, model: str, args: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    """An endpoint of `engine` on one GPU of the node, at zero replicas."""
+    body = endpoint(name, namespace, chart_image, node, host_python, snapshots)
+    spec = body["spec"]
+    spec["replicas"] = 0
+    spec["model"] = {"uri": model, "servedName": "model"}
+    spec["engine"].update(kind=engine, args=args)
+    spec["resources"] = {"gpus": 1 if node.gpu else 0}
+    spec["template"]["env"] += [
+        {"name": "VLLM_CACHE_ROOT", "value": "/cache/models/vllm-cache"},  # compiled graphs, shared by pods
+        {"name": "HF_HUB_OFFLINE", "value": "1"},
+        {"name": "TRANSFORMERS_OFFLINE", "value": "1"},
+        {"name": "VLLM_NO_USAGE_STATS", "value": "1"},
+        {"name": "VLLM_USE_FLASHINFER_SAMPLER", "value": "0"},  # FlashInfer is not carried to the machine
+    ]
+    if node.gpu:
+        library = str(gpu_node.driver_library_dir())
+        spec["template"]["env"].append({"name": "LD_LIBRARY_PATH", "value": library})
+    return body
+
+
+def scale(kube: ControlPlane, namespace: str, name: str, replicas: int) -> None:
+    kube.kubectl("scale", f"iep/{name}", "-n", namespace, f"--replicas={replicas}")
+
+
+def timed_start(kube: ControlPlane, namespace: str, name: str, kind: str) -> Start:
+    """Scale `name` from zero to one and time the first token through its Service from the client pod."""
+    wait = waiter(kube, namespace)
+    wait(lambda: not serving_pods(kube, namespace, name) or None, f"{name} at zero", START_TIMEOUT)
+    service = get(kube, "service", namespace, name)
+    url = f"http://{service['spec']['clusterIP']}/v1/completions"
+    requested = time.time()
+    deadline = requested + START_TIMEOUT
+    argv = [str(kube.binary("kubectl")), "exec", "-n", namespace, "client", "--", "python3", "-c",
+            FIRST_TOKEN, url, "model", PROMPT, str(ANSWER_TOKENS), str(deadline)]  # fmt: skip
+    client = subprocess.Popen(argv, env=kube.tool_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True)  # fmt: skip
+    scale(kube, namespace, name, 1)
+    out, err = client.communicate(timeout=START_TIMEOUT + 60)
+    assert client.returncode == 0, f"{err}\n{out}"
+    reply = json.loads(out.strip().splitlines()[-1])
+    choice = reply["answer"]["choices"][0]
+    pods = [pod for pod in worker_pods(kube, namespace, kind, name) if ready(pod)]
+    assert len(pods) == 1, f"one {kind} replica of {name}, Ready: {pods}\n{diagnostics(kube, namespace)}"
+    status = json.loads((pods[0]["metadata"].get("annotations") or {}).get(L.STATUS_ANNOTATION) or "{}")
+    if kind == L.ROLE_RESTORE:  # a restore pod the agent refused starts cold: no figure of a restore
+        events = events_of(kube, namespace, pods[0]["metadata"]["name"])
+        reasons = {event["reason"]: event["message"] for event in events}
+        assert "Restored" in reasons and "restoreSeconds" in status, f"{name} was not restored: {reasons}"
+    phases = {**status.get("restorePhases", {})}
+    if "restoreSeconds" in status:
+        phases["restore"] = status["restoreSeconds"]
+    return Start(name, kind, reply["first_token_at"] - requested, choice["token_ids"], choice["text"], phases)
+
+
+def serving_pods(kube: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:
+    """The endpoint's worker pods, terminating ones included (they can still answer through the Service)."""
+    selector = f"{L.ENDPOINT_LABEL}={name},{L.COMPONENT_LABEL}={L.WORKER_COMPONENT}"
+    return items(kube, "pod", namespace, selector)
+
+
+def stop(kube: ControlPlane, namespace: str, name: str) -> None:
+    scale(kube, namespace, name, 0)
+    gone = waiter(kube, namespace)
+    gone(lambda: not serving_pods(kube, namespace, name) or None, f"{name}'s replicas gone", START_TIMEOUT)
+
+
+def gpu_processes() -> list[tuple[int, int]]:
+    """(pid, MiB) of every process holding GPU memory, as nvidia-smi sees them."""
+    result = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True, text=True, check=True, timeout=30,
+    )  # fmt: skip
+    rows = [line.split(",") for line in result.stdout.splitlines() if line.strip()]
+    return [(int(pid), int(mib)) for pid, mib in rows]
+
+
+def capture(
+    kube: ControlPlane, gpu: RealNode, namespace: str, body: dict[str, Any], report: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """Apply the endpoint; its capture pod is checkpointed by the agent: the InferenceSnapshot, once Ready."""
+    name = body["metadata"]["name"]
+    kube.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+    def captured() -> dict[str, Any] | None:
+        for found in items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}={name}"):
+            status = found.get("status") or {}
+            assert status.get("phase") != "Failed", f"capture failed: {status.get('captureMessage')}"
+        return ready_snapshot(kube, namespace, name)
+
+    snap = waiter(kube, namespace)(captured, f"{name}'s snapshot Ready", CAPTURE_TIMEOUT)
+    identity = snap["status"]["identity"]
+    if gpu.gpu:
+        facts = gpu_node.node_labels()
+        assert identity["device"] == "cuda", identity
+        assert identity["gpu_product"].replace(" ", "-") == facts["nvidia.com/gpu.product"], identity
+        assert str(identity["driver_major"]) == facts["nvidia.com/cuda.driver.major"], identity
+    timings = snap["status"].get("timings") or {}
+    report.append({"engine": body["spec"]["engine"]["kind"], "kind": "capture",
+                   "seconds": timings.get("total", 0), "phases": timings,
+                   "snapshot_bytes": snap["status"].get("sizeBytes")})  # fmt: skip
+    return snap
+
+
+def compare(restored: Start, cold: Start) -> None:
+    assert restored.text.strip() and restored.token_ids, restored
+    assert restored.token_ids == cold.token_ids, (restored, cold)
+
+
+def engine_flow(
+    kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
+    engine: str, model: str, args: list[str], report: list[dict[str, Any]],
+) -> tuple[dict[str, Any], list[Start]]:  # fmt: skip
+    """Capture, two restores from zero, one cold start of the same spec; token ids compared."""
+    kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, gpu))
+    body = gpu_endpoint(engine, namespace, chart_image, gpu, host_python, True, engine, model, args)
+    snap = capture(kube, gpu, namespace, body, report)
+
+    def restore_pods() -> bool:
+        template = get(kube, "deployment", namespace, engine)["spec"]["template"]
+        return template["metadata"]["labels"][L.ROLE_LABEL] == L.ROLE_RESTORE
+
+    waiter(kube, namespace)(lambda: restore_pods() or None, "the Deployment's pods turned to restores")
+    starts = []
+    for _ in range(2):  # `kubectl scale` to 1 from zero, twice
+        starts.append(timed_start(kube, namespace, engine, L.ROLE_RESTORE))
+        stop(kube, namespace, engine)
+    cold_name = f"{engine}-cold"
+    kube.kubectl("apply", "-f", "-", input=json.dumps(gpu_endpoint(cold_name, namespace, chart_image, gpu,
+                 host_python, False, engine, model, args)))  # fmt: skip
+    starts.append(timed_start(kube, namespace, cold_name, L.ROLE_COLD))
+    stop(kube, namespace, cold_name)
+    for start in starts:
+        report.append({"engine": engine, **dataclasses.asdict(start)})
+    for restored in starts[:2]:
+        compare(restored, starts[2])
+    return snap, starts
+
+
+GPU_CHECK = """
+import torch
+print(torch.cuda.get_device_name(0), torch.cuda.mem_get_info()[1] >> 30, "GiB")
+"""
+AGENT_CUDA_CHECK = """
+from warmstart.cuda_driver import gpu_devices
+print([(device.name, device.compute_capability) for device in gpu_devices()])
+"""
+
+
+def test_a_pod_is_given_its_gpu_and_the_agent_reaches_the_driver(
+    kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
+    release: str,
+) -> None:  # fmt: skip
+    """What every later step needs, seen first: a pod asking for one GPU gets one through the device plugin
+    (and sees it with the machine's torch), and the agent's CUDA driver sees the node's GPUs."""
+    if not gpu.gpu:
+        pytest.skip("no GPU on this node (a rehearsal on CPU)")
+    env = [*host_python.env, {"name": "LD_LIBRARY_PATH", "value": str(gpu_node.driver_library_dir())}]
+    container = {
+        "name": "gpu",
+        "image": chart_image,
+        "imagePullPolicy": "Never",
+        "command": [host_python.python, "-c", GPU_CHECK],
+        "env": env,
+        "volumeMounts": host_python.volume_mounts,
+        "resources": {"limits": {gpu_node.RESOURCE: 1}},
+    }
+    spec = {**gpu.pod_placement(), "restartPolicy": "Never", "containers": [container],
+            "volumes": host_python.volumes}  # fmt: skip
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "gpu"}, "spec": spec}
+    kube.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+
+    def finished() -> dict[str, Any] | None:
+        found = get(kube, "pod", namespace, "gpu")
+        return found if found and found["status"].get("phase") in ("Succeeded", "Failed") else None
+
+    done = waiter(kube, namespace)(finished, "the GPU pod to finish", START_TIMEOUT)
+    logs = kube.kubectl("logs", "-n", namespace, "gpu").stdout
+    assert done["status"]["phase"] == "Succeeded" and "NVIDIA" in logs, logs
+    agent = next(p for p in items(kube, "pod", namespace, "app.kubernetes.io/component=agent")
+                 if p["spec"].get("nodeName") == gpu.name)  # fmt: skip
+    seen = kube.kubectl("exec", "-n", namespace, agent["metadata"]["name"], "--", "python3", "-c",
+                        AGENT_CUDA_CHECK, check=False)  # fmt: skip
+    assert seen.returncode == 0 and "NVIDIA" in seen.stdout, seen.stdout + seen.stderr
+
+
+def test_builtin_engine_gpu_replicas_restore_and_answer_like_a_cold_pod(
+    kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
+    release: str,
+    report: list[dict[str, Any]], tmp_path: Path,
+) -> None:  # fmt: skip
+    model, args = ("qwen3-8b", ["--max-model-len=1024", "--max-num-seqs=16"]) if gpu.gpu else ("tiny", [])
+    snap, _ = engine_flow(kube, gpu, chart_image, host_python, namespace, "builtin", model, args, report)
+    refusals_on_the_gpu_node(kube, gpu, namespace, snap, tmp_path)
+
+
+def test_vllm_gpu_replicas_restore_and_answer_like_a_cold_pod(
+    kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
+    release: str,
+    report: list[dict[str, Any]],
+) -> None:  # fmt: skip
+    if importlib.util.find_spec("vllm") is None or not gpu.gpu:
+        pytest.skip("vLLM is not installed here (hack/device-vllm-prepare.sh carries it to the GPU machine)")
+    model_dir = gpu.shadow("/var/lib/warmstart") / namespace / "models" / "qwen3-8b-vllm"
+    vllm_model(model_dir)
+    args = ["--max-model-len=1024", "--gpu-memory-utilization=0.85"]
+    engine_flow(kube, gpu, chart_image, host_python, namespace, "vllm", "/cache/models/qwen3-8b-vllm", args,
+                report)  # fmt: skip
+
+
+def vllm_model(directory: Path) -> None:
+    """Qwen3-8B's shapes, seeded random weights and a small tokenizer, as the vLLM benchmark writes them."""
+    spec = importlib.util.spec_from_file_location("vllm_bench", ROOT / "benchmarks" / "vllm_bench.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.write_model(directory)
+
+
+# --- refusals on the GPU node ----------------------------------------------------------------------------
+
+
+def refusals_on_the_gpu_node(
+    kube: ControlPlane, gpu: RealNode, namespace: str, snap: dict[str, Any], tmp_path: Path
+) -> None:
+    """Each ends in a Ready replica, started cold, with an Event saying why, and no GPU memory held by what
+    did not finish."""
+    store = agent_store(gpu, namespace)
+    snapshot_id = snap["status"]["snapshotId"]
+    if gpu.gpu:  # a CPU snapshot records no GPU to differ
+        with signed_for_another_gpu(kube, namespace, snap, store.root / "snapshots" / snapshot_id, tmp_path):
+            pod = cold_after_refusal(kube, namespace, "RestoreRefused")
+            assert "gpu_product" in pod["event"] and "NVIDIA H100" in pod["event"], pod["event"]
+    killed_mid_restore(kube, gpu, namespace)
+    tamper(store, snapshot_id)
+    pod = cold_after_refusal(kube, namespace, "RestoreFailed")
+    assert "digest" in pod["event"].lower() or "sha256" in pod["event"].lower(), pod["event"]
+    stop(kube, namespace, "builtin")
+    assert not gpu.gpu or gpu_processes() == [], "no process holds GPU memory once every replica is gone"
+
+
+def cold_after_refusal(kube: ControlPlane, namespace: str, reason: str) -> dict[str, Any]:
+    """Scale the builtin endpoint to one: its restore pod is refused (`reason`), starts cold, turns Ready."""
+    scale(kube, namespace, "builtin", 1)
+    wait = waiter(kube, namespace)
+    pod = wait(lambda: next((p for p in worker_pods(kube, namespace, L.ROLE_RESTORE, "builtin") if ready(p)),
+                            None), f"a replica Ready after {reason}", START_TIMEOUT)  # fmt: skip
+    name = pod["metadata"]["name"]
+    events = [e for e in events_of(kube, namespace, name) if e["reason"] == reason]
+    assert events, [e["reason"] for e in events_of(kube, namespace, name)]
+    assert all(s["restartCount"] == 0 for s in pod["status"]["containerStatuses"]), "no crash loop"
+    stop(kube, namespace, "builtin")
+    return {"pod": name, "event": events[0]["message"]}
+
+
+@contextlib.contextmanager
+def signed_for_another_gpu(
+    kube: ControlPlane, namespace: str, snap: dict[str, Any], directory: Path, tmp_path: Path
+) -> Iterator[None]:
+    """The snapshot's manifest and InferenceSnapshot re-made, signed with the cluster's key, naming another
+    GPU product: what a snapshot captured on another node type would be. Put back afterwards."""
+    secret = get(kube, "secret", namespace, f"{RELEASE}-warmstart-signing-key")
+    key = tmp_path / "key"
+    key.write_bytes(base64.b64decode(secret["data"]["key"]))
+    originals = {name: (directory / name).read_bytes() for name in ("manifest.json", "manifest.sig")}
+    manifest = json.loads(originals["manifest.json"])
+    identity = SnapshotIdentity.from_dict({**manifest["identity"], "gpu_product": "NVIDIA H100 80GB HBM3"})
+    manifest.update(identity=identity.to_dict(), identity_hash=identity.digest())
+    forged = json.dumps(manifest, sort_keys=True).encode()
+    name, status = snap["metadata"]["name"], snap["status"]
+
+    def put(files: dict[str, bytes], patch: dict[str, Any]) -> None:
+        for file, content in files.items():
+            (directory / file).chmod(0o600)
+            (directory / file).write_bytes(content)
+        kube.kubectl("patch", "isnap", name, "-n", namespace, "--subresource=status", "--type=merge",
+                     "-p", json.dumps({"status": patch}))  # fmt: skip
+
+    put({"manifest.json": forged, "manifest.sig": signature_document(load_signer(key), forged)},
+        {"identity": identity.to_dict(), "identityHash": identity.digest()})  # fmt: skip
+    try:
+        yield
+    finally:
+        put(originals, {"identity": status["identity"], "identityHash": status["identityHash"]})
+
+
+def killed_mid_restore(kube: ControlPlane, gpu: RealNode, namespace: str) -> None:
+    """The agent's processes are killed once a restore holds the pod's claim: the restarted agent answers the
+    pod, which starts cold and turns Ready; nothing of the interrupted restore keeps GPU memory."""
+    cgroups = agent_cgroups(kube, namespace, gpu)
+    earlier = restore_claims(gpu)
+    scale(kube, namespace, "builtin", 1)
+    wait_for(lambda: restore_claims(gpu) - earlier, timeout=START_TIMEOUT, interval=0.002,
+             message="a new restore holding its pod's claim")  # fmt: skip
+    kill_agent(cgroups)
+    pod = waiter(kube, namespace)(
+        lambda: next((p for p in worker_pods(kube, namespace, L.ROLE_RESTORE, "builtin") if ready(p)), None),
+        "the replica Ready after the agent was killed", START_TIMEOUT,
+    )  # fmt: skip
+    reasons = {e["reason"] for e in events_of(kube, namespace, pod["metadata"]["name"])}
+    assert "RestoreInterrupted" in reasons and "Restored" not in reasons, reasons
+    held = gpu_processes() if gpu.gpu else [(0, 0)]
+    assert len(held) == 1, f"one process holds GPU memory, the Ready replica's engine: {held}"
+    stop(kube, namespace, "builtin")

@@ -1,0 +1,139 @@
+"""The reconcile's pure decisions: which template the workers run, which causes are news."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from builders import endpoint_body, endpoint_spec
+
+from warmstart.api import labels as L
+from warmstart.operator import children
+from warmstart.operator.diagnosis import Cause
+from warmstart.operator.placement import NODE_LOCAL, OBJECT_STORE, SHARED_VOLUME
+from warmstart.operator.reconcile import cause_events, current_capture_pods, worker_node, worker_template
+from warmstart.operator.snapshots import SnapshotPlan
+from warmstart.operator.spec import parse_spec
+from warmstart.operator.status import Workload, endpoint_status
+
+HASH = "ab" * 32
+OTHER_HASH = "cd" * 32
+SPEC = parse_spec(endpoint_spec())
+OWNER = children.Owner.from_body(endpoint_body())
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def deployment(role: str, snapshot: str, request_hash: str = HASH, node: str = "") -> dict[str, Any]:
+    return children.deployment(OWNER, SPEC, role, snapshot, request_hash, node)
+
+
+def test_a_ready_snapshot_is_restored_from():
+    plan = SnapshotPlan(role=L.ROLE_RESTORE, ready="new")
+    assert worker_template(SPEC, plan, deployment(L.ROLE_RESTORE, "old"), HASH) == (L.ROLE_RESTORE, "new")
+
+
+def test_while_no_snapshot_is_ready_the_restore_template_of_the_same_key_is_kept():
+    capturing = SnapshotPlan(role=L.ROLE_COLD, active="again", capture_attempt=1)
+    kept = worker_template(SPEC, capturing, deployment(L.ROLE_RESTORE, "deleted"), HASH)
+    assert kept == (L.ROLE_RESTORE, "deleted")
+    # The pod template is the same object as before: the Deployment controller rolls nothing.
+    before = deployment(L.ROLE_RESTORE, "deleted")["spec"]["template"]
+    assert children.deployment(OWNER, SPEC, *kept, HASH)["spec"]["template"] == before
+
+
+def test_a_template_of_another_key_a_cold_one_or_disabled_snapshots_go_cold():
+    capturing = SnapshotPlan(role=L.ROLE_COLD, active="again", capture_attempt=1)
+    cold = (L.ROLE_COLD, "")
+    assert worker_template(SPEC, capturing, deployment(L.ROLE_RESTORE, "old", OTHER_HASH), HASH) == cold
+    assert worker_template(SPEC, capturing, deployment(L.ROLE_COLD, ""), HASH) == cold
+    assert worker_template(SPEC, capturing, None, HASH) == cold
+    disabled = parse_spec(endpoint_spec(snapshot={"enabled": False}))
+    assert (
+        worker_template(disabled, SnapshotPlan(role=L.ROLE_COLD), deployment(L.ROLE_RESTORE, "old"), HASH)
+        == cold
+    )
+
+
+def test_restores_prefer_the_ready_snapshots_node_only_with_a_node_local_store():
+    plan = SnapshotPlan(role=L.ROLE_RESTORE, ready="new", ready_node="gpu-2")
+    restore = (L.ROLE_RESTORE, "new")
+    assert worker_node(restore, plan, deployment(L.ROLE_COLD, ""), NODE_LOCAL) == "gpu-2"
+    assert worker_node(restore, plan, None, SHARED_VOLUME) == ""
+    assert worker_node(restore, plan, None, OBJECT_STORE) == ""
+    assert worker_node((L.ROLE_COLD, ""), SnapshotPlan(role=L.ROLE_COLD), None, NODE_LOCAL) == ""
+
+
+def test_a_kept_restore_template_keeps_its_node_so_nothing_rolls():
+    capturing = SnapshotPlan(role=L.ROLE_COLD, active="again", capture_attempt=1)
+    before = deployment(L.ROLE_RESTORE, "deleted", node="gpu-2")
+    kept = worker_template(SPEC, capturing, before, HASH)
+    node = worker_node(kept, capturing, before, NODE_LOCAL)
+    assert node == "gpu-2"
+    assert (
+        children.deployment(OWNER, SPEC, *kept, HASH, node)["spec"]["template"] == before["spec"]["template"]
+    )
+    assert worker_node(kept, capturing, before, OBJECT_STORE) == ""  # the store changed kind since
+
+
+def test_only_the_current_attempts_capture_pod_is_diagnosed():
+    pods = [{"metadata": {"name": children.capture_pod_name("s", n)}} for n in (1, 2)]
+    assert current_capture_pods(SnapshotPlan(role=L.ROLE_COLD, active="s", capture_attempt=2), pods) == [
+        pods[1]
+    ]
+    assert current_capture_pods(SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), pods) == []
+
+
+def status_with(previous: dict[str, Any], **causes: Any) -> dict[str, Any]:
+    return endpoint_status(
+        generation=1,
+        snapshots_enabled=True,
+        plan=SnapshotPlan(
+            role=L.ROLE_COLD, active="s", active_phase="Pending", attempts=1, capture_attempt=1
+        ),
+        work=Workload(desired=1, replicas=1),
+        selector="a=b",
+        request_hash=HASH,
+        pods=[],
+        previous=previous,
+        now=T0,
+        **causes,
+    )
+
+
+def cause(reason: str, kind: str, detail: str) -> Cause:
+    return Cause(reason, detail, kind, (f"{kind}-pod",))
+
+
+def test_a_cause_is_an_event_once_and_again_only_when_it_changes():
+    unschedulable = cause(
+        "Unschedulable", "worker", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    )
+    first = status_with({}, worker_causes=[unschedulable])
+    assert cause_events({}, first) == [
+        ("Warning", "Unschedulable", f"worker pod worker-pod: {unschedulable.detail}")
+    ]
+    # The same reason with another message (the scheduler counts nodes again): not news.
+    reworded = cause("Unschedulable", "worker", "0/4 nodes are available: 4 Insufficient nvidia.com/gpu.")
+    assert cause_events(first, status_with(first, worker_causes=[reworded])) == []
+    pulled = cause("ImagePullFailed", "worker", "container worker: ErrImagePull: not found")
+    assert [e[1] for e in cause_events(first, status_with(first, worker_causes=[pulled]))] == [
+        "ImagePullFailed"
+    ]
+    cleared = status_with(first)
+    assert cause_events(first, cleared) == []
+
+
+def test_a_capture_cause_beside_a_worker_cause_is_its_own_event():
+    worker = cause("Unschedulable", "worker", "0/3 nodes are available")
+    capture = cause("NoNodeAgent", "capture", "no Ready node agent on node n1")
+    events = cause_events({}, status_with({}, worker_causes=[worker], capture_causes=[capture]))
+    assert [(kind, reason) for kind, reason, _ in events] == [
+        ("Warning", "NoNodeAgent"),
+        ("Warning", "Unschedulable"),
+    ]
+
+
+def test_the_same_cause_in_two_conditions_is_one_event():
+    capture = cause("NoNodeAgent", "capture", "no Ready node agent on node n1")
+    events = cause_events({}, status_with({}, capture_causes=[capture]))
+    assert [reason for _, reason, _ in events] == ["NoNodeAgent"]

@@ -1,0 +1,127 @@
+"""The cluster's snapshot store as this node's agent uses it: an S3-compatible bucket (`snapshot.remote`) with
+the node's local store as its cache. A capture is pushed before its InferenceSnapshot turns Ready, so every
+node can restore it; a restore pulls what this node lacks before anything is restored (signature first,
+every byte against its signed digest), within a bound, and a failed pull is a refusal and a cold start;
+pre-staging pulls ahead of the replicas. The cleanup loop trims the cache and collects the bucket's garbage.
+
+Without a bucket (the chart's hostPath or shared-volume store) there is no ClusterStore: the local store is
+the store, and a snapshot restores only where that store is seen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from warmstart.agent.metrics import AgentMetrics
+from warmstart.snapshot.manifest import SnapshotError
+from warmstart.snapshot.remote import RemoteError, RemoteStore
+from warmstart.snapshot.signing import Verifier
+from warmstart.snapshot.store import Snapshot, SnapshotNotFound, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+PUSH_ATTEMPTS = 3
+
+
+class PullFailed(RuntimeError):
+    """This node could not get the snapshot from the bucket; the message says why."""
+
+
+@dataclass
+class ClusterStore:
+    local: SnapshotStore
+    remote: RemoteStore
+    verifier: Verifier
+    metrics: AgentMetrics
+    pull_timeout: float = 120.0
+    cache_max_bytes: int = 0  # 0: the node cache is not bounded by size
+    cache_max_age: float = 0.0  # 0: nor by age
+    gc_grace: float = 3600.0
+    _locks: dict[str, threading.Lock] = field(default_factory=dict)
+    _busy: Counter[str] = field(default_factory=Counter)  # snapshots being restored: the trim keeps them
+    _guard: threading.Lock = field(default_factory=threading.Lock)
+
+    @contextlib.contextmanager
+    def in_use(self, snapshot_id: str) -> Iterator[None]:
+        """While held, the cache trim never removes the snapshot."""
+        with self._guard:
+            self._busy[snapshot_id] += 1
+        try:
+            yield
+        finally:
+            with self._guard:
+                self._busy[snapshot_id] -= 1
+                if self._busy[snapshot_id] <= 0:
+                    del self._busy[snapshot_id]
+
+    def busy(self) -> set[str]:
+        with self._guard:
+            return set(self._busy)
+
+    def _lock(self, snapshot_id: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(snapshot_id, threading.Lock())
+
+    def publish(self, snapshot_id: str) -> None:
+        """Push a snapshot this node captured; RemoteError (or SnapshotError) after PUSH_ATTEMPTS."""
+        for attempt in range(1, PUSH_ATTEMPTS + 1):
+            try:
+                started = time.monotonic()
+                result = self.remote.push(snapshot_id)
+            except (RemoteError, SnapshotError) as exc:
+                if attempt == PUSH_ATTEMPTS:
+                    raise
+                log.warning("pushing snapshot %s failed (attempt %d): %s; again", snapshot_id, attempt, exc)
+                continue
+            self.metrics.remote_bytes.labels("push", "capture").inc(result.stats.bytes_transferred)
+            log.info("pushed snapshot %s in %.2f s: %d blobs uploaded, %d already there", snapshot_id,
+                     time.monotonic() - started, len(result.uploaded), len(result.skipped))  # fmt: skip
+            return
+
+    def local_copy(self, snapshot_id: str, reason: str) -> Snapshot:
+        """The snapshot from this node's cache, pulled from the bucket first when the cache lacks it.
+        PullFailed saying why (unreachable, not there, refused); SnapshotError for a local problem."""
+        with self._lock(snapshot_id):
+            try:
+                snapshot = self.local.get(snapshot_id)
+            except SnapshotNotFound:
+                snapshot = self._pull(snapshot_id, reason)
+            self.remote.mark_used(snapshot_id)
+            return snapshot
+
+    def _pull(self, snapshot_id: str, reason: str) -> Snapshot:
+        started = time.monotonic()
+        try:
+            result = self.remote.pull(snapshot_id, self.verifier, timeout=self.pull_timeout)
+        except (RemoteError, SnapshotError) as exc:
+            self.metrics.remote_failures.labels("pull", reason).inc()
+            raise PullFailed(f"pulling snapshot {snapshot_id} from the object store failed: {exc}") from exc
+        self.metrics.remote_bytes.labels("pull", reason).inc(result.stats.bytes_transferred)
+        log.info("pulled snapshot %s for a %s in %.2f s: %d blobs fetched, %d cached", snapshot_id, reason,
+                 time.monotonic() - started, len(result.fetched), len(result.cached))  # fmt: skip
+        return result.snapshot
+
+    def maintain(self, referenced: Iterable[str]) -> None:
+        """Bound this node's cache (never a snapshot in use), then collect the bucket's unreferenced
+        snapshots and blobs older than the grace period (every agent may; the bucket's GC tolerates it)."""
+        if self.cache_max_bytes or self.cache_max_age:
+            report = self.remote.trim_cache(max_bytes=self.cache_max_bytes or None,
+                                            max_age=self.cache_max_age or None, busy=self.busy())  # fmt: skip
+            if report.removed:
+                log.info("node cache trimmed: %s", report)
+        self.remote.gc(referenced, grace=self.gc_grace)
+
+    def forget(self, snapshot_id: str) -> None:
+        """Unpublish a snapshot from the bucket (its InferenceSnapshot is gone); its blobs go with the GC."""
+        try:
+            self.remote.delete(snapshot_id)
+        except SnapshotNotFound:
+            return
+        except RemoteError as exc:  # the GC's grace period takes it later
+            log.warning("snapshot %s stays in the object store for now: %s", snapshot_id, exc)

@@ -1,0 +1,71 @@
+"""What the reconcile reads to say why an endpoint does not progress: its pods, the kubelet's mount
+failures for pods stuck before their containers start, and where the node agents run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from warmstart.operator import children
+from warmstart.operator.diagnosis import (
+    MOUNT_EVENT_REASONS,
+    AgentLookup,
+    Cause,
+    causes,
+    creating_pods,
+    needs_agent,
+    ready_agent_nodes,
+)
+from warmstart.operator.kube import Kube
+
+
+@dataclass(frozen=True)
+class PodReport:
+    workers: list[dict[str, Any]]  # the endpoint's worker pods, for timings and counts
+    worker_causes: list[Cause]
+    capture_causes: list[Cause]
+
+
+def mount_failures(kube: Kube, namespace: str, pods: list[Mapping[str, Any]]) -> dict[str, str]:
+    """Pod name -> the newest FailedMount (or FailedAttachVolume) message the kubelet posted for it, for
+    the pods given. One list per reason, and none when no pod is given."""
+    if not pods:
+        return {}
+    uids = {str(pod["metadata"].get("uid")): pod["metadata"]["name"] for pod in pods}
+    newest: dict[str, tuple[str, str]] = {}
+    for reason in MOUNT_EVENT_REASONS:
+        for event in kube.list("Event", namespace, {}, fields={"reason": reason}):
+            involved = event.get("involvedObject") or {}
+            name = uids.get(str(involved.get("uid")))
+            stamp = str(event.get("lastTimestamp") or event.get("eventTime") or "")
+            if name is not None and stamp >= newest.get(name, ("", ""))[0]:
+                newest[name] = (stamp, str(event.get("message") or reason))
+    return {name: message for name, (_, message) in newest.items()}
+
+
+def agent_nodes(kube: Kube, lookup: AgentLookup | None, pods: list[Mapping[str, Any]]) -> set[str] | None:
+    """Nodes with a Ready node agent; None when the agents are not looked up (no lookup configured, or no
+    pod here needs an agent)."""
+    if lookup is None or not any(needs_agent(pod) for pod in pods):
+        return None
+    return ready_agent_nodes(kube.list("Pod", lookup.namespace, lookup.selector))
+
+
+def observe_pods(
+    kube: Kube,
+    endpoint: children.Owner,
+    capture_pods: list[dict[str, Any]],
+    agents: AgentLookup | None,
+) -> PodReport:
+    """The endpoint's worker pods and why they, or `capture_pods` (the current attempt's), do not
+    progress."""
+    workers = kube.list("Pod", endpoint.namespace, children.worker_selector(endpoint.name))
+    everything = [*workers, *capture_pods]
+    mounts = mount_failures(kube, endpoint.namespace, creating_pods(everything))
+    nodes = agent_nodes(kube, agents, everything)
+    return PodReport(
+        workers=workers,
+        worker_causes=causes(workers, "worker", mounts, nodes, agents),
+        capture_causes=causes(capture_pods, "capture", mounts, nodes, agents),
+    )

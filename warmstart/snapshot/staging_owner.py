@@ -1,0 +1,73 @@
+"""A staging directory's owner record: written under the store's shared lock when the directory is made,
+read by GC to decide whether the directory is abandoned (its owner process gone, or untouched for long)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import stat
+import uuid
+from pathlib import Path
+
+from warmstart import procinfo
+from warmstart.clock import utc_now
+from warmstart.fileio import UnsafeInput, read_json_file, write_new_file
+from warmstart.snapshot.layout import DELETING_SUFFIX, MAX_OWNER_BYTES, OWNER_FILE, StoreLayout
+from warmstart.snapshot.manifest import CREATED_FORMAT
+
+
+def this_host() -> str:
+    """Hostname plus boot id: a pid means something only on the same host since the same boot."""
+    try:
+        boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot_id = ""
+    return f"{socket.gethostname()}/{boot_id}"
+
+
+def create_staging_root(layout: StoreLayout) -> Path:
+    """A staging directory and its owner record, made under the shared lock: GC never sees it bare."""
+    owner = {
+        "pid": os.getpid(),
+        "pid_start": procinfo.start_ticks(os.getpid()),
+        "host": this_host(),
+        "created": utc_now().strftime(CREATED_FORMAT),
+    }
+    with layout.lock(exclusive=False):
+        root = layout.staging_dir / uuid.uuid4().hex
+        root.mkdir()
+        write_new_file(root / OWNER_FILE, json.dumps(owner).encode())
+        (root / "files").mkdir()
+    return root
+
+
+def newest_mtime(path: Path) -> float:
+    """The latest mtime of `path` and everything under it (a capture writing anywhere keeps it fresh)."""
+    newest = path.lstat().st_mtime
+    for directory, _, names in os.walk(path):
+        for name in [*names, "."]:
+            with contextlib.suppress(FileNotFoundError):
+                newest = max(newest, os.lstat(os.path.join(directory, name)).st_mtime)
+    return newest
+
+
+def staging_is_stale(entry: Path, here: str, now: float, older_than: float) -> tuple[bool, str]:
+    """Whether GC may remove the staging entry, and why."""
+    if entry.name.endswith(DELETING_SUFFIX):
+        return True, "interrupted delete"
+    if not stat.S_ISDIR(entry.lstat().st_mode):
+        return True, "not a directory"
+    try:
+        owner = read_json_file(entry / OWNER_FILE, MAX_OWNER_BYTES)
+    except (OSError, UnsafeInput):
+        owner = None
+    if isinstance(owner, dict) and owner.get("host") == here and isinstance(owner.get("pid"), int):
+        if procinfo.same_process(owner["pid"], owner.get("pid_start")):
+            return False, f"owner pid {owner['pid']} is running"
+        return True, f"owner pid {owner['pid']} is gone"
+    age = now - newest_mtime(entry)
+    if age > older_than:
+        return True, f"untouched for {age:.0f}s"
+    return False, f"touched {age:.0f}s ago"
