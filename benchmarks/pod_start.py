@@ -21,7 +21,6 @@ import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +47,7 @@ from endpoint_flow import (  # noqa: E402
     worker_pods,
 )
 from node_plugin import host_python_mounts  # noqa: E402
+from pod_timeline import PodTimeline  # noqa: E402
 
 from warmstart.api import labels as L  # noqa: E402
 from warmstart.snapshot.store import SnapshotStore  # noqa: E402
@@ -56,41 +56,9 @@ NAMESPACE = "bench"
 TIMEOUT = 300.0
 
 
-class PodClock:
-    """Watches the namespace's pods: when each was first seen and when it first turned Ready (wall clock, to
-    line up with the agent's restore timestamps)."""
-
-    def __init__(self, kube: ControlPlane) -> None:
-        from kubernetes import client
-
-        self._api = client.CoreV1Api(kube.api_client())
-        self.seen: dict[str, float] = {}
-        self.ready: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        from kubernetes import watch
-
-        while not self._stop.is_set():
-            for event in watch.Watch().stream(self._api.list_namespaced_pod, NAMESPACE, timeout_seconds=5):
-                now = time.time()
-                pod = event["object"]
-                name = pod.metadata.name
-                self.seen.setdefault(name, now)
-                conditions = pod.status.conditions or []
-                if any(c.type == "Ready" and c.status == "True" for c in conditions):
-                    self.ready.setdefault(name, now)
-
-    def start_seconds(self, name: str) -> float:
-        wait_for(lambda: name in self.ready, timeout=TIMEOUT, message=f"pod {name} Ready")
-        return self.ready[name] - self.seen[name]
+def start_seconds(clock: PodTimeline, name: str) -> float:
+    """Pod `name` first seen -> Ready."""
+    return clock.wait_ready(name, TIMEOUT) - clock.at["seen"][name]
 
 
 def bare_pod(name: str, chart_image: str, node: RealNode) -> dict[str, Any]:
@@ -99,7 +67,7 @@ def bare_pod(name: str, chart_image: str, node: RealNode) -> dict[str, Any]:
     return body
 
 
-def scale_out(kube: ControlPlane, clock: PodClock, name: str, role: str) -> dict[str, Any]:
+def scale_out(kube: ControlPlane, clock: PodTimeline, name: str, role: str) -> dict[str, Any]:
     """1 -> 2 replicas; the new pod's start time, then back to 1 replica."""
     before = {p["metadata"]["name"] for p in worker_pods(kube, NAMESPACE, role, name)}
 
@@ -111,28 +79,14 @@ def scale_out(kube: ControlPlane, clock: PodClock, name: str, role: str) -> dict
     kube.kubectl("scale", f"iep/{name}", "-n", NAMESPACE, "--replicas=2")
     new = wait_for(new_pod, timeout=TIMEOUT, message=f"a new {role} pod of {name}")
     pod_name = new["metadata"]["name"]
-    seconds = clock.start_seconds(pod_name)
+    seconds = start_seconds(clock, pod_name)
     pod = get(kube, "pod", NAMESPACE, pod_name)
     assert pod is not None and ready(pod)
     answer = completion(kube, NAMESPACE, pod_url(pod))
-    phases = restore_phases(pod, clock.seen[pod_name], clock.ready[pod_name])
+    phases = clock.start_phases(pod, since=clock.at["seen"][pod_name])
     kube.kubectl("scale", f"iep/{name}", "-n", NAMESPACE, "--replicas=1")
     wait_for(lambda: len(worker_pods(kube, NAMESPACE, role, name)) == 1, timeout=TIMEOUT, message="scaled in")
     return {"pod": pod_name, "seconds": seconds, "answer": answer, **phases}
-
-
-def restore_phases(pod: dict[str, Any], seen: float, became_ready: float) -> dict[str, float]:
-    """From the agent's report on the pod: until its restore began, the restore, and from then to Ready."""
-    report = json.loads(pod["metadata"].get("annotations", {}).get(L.STATUS_ANNOTATION, "{}"))
-    if "restoreStartedAt" not in report:
-        return {}
-    began = dt.datetime.fromisoformat(report["restoreStartedAt"]).timestamp()
-    restore = float(report["restoreSeconds"])
-    return {
-        "until_restore": began - seen,
-        "agent_restore": restore,
-        "resume_to_ready": became_ready - began - restore,
-    }
 
 
 def serial_read(store: SnapshotStore, snapshot_id: str) -> tuple[int, float]:
@@ -145,12 +99,11 @@ def serial_read(store: SnapshotStore, snapshot_id: str) -> tuple[int, float]:
     return total, time.monotonic() - started
 
 
-def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> tuple[PodClock, str, SnapshotStore]:
+def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> tuple[PodTimeline, str, SnapshotStore]:
     kube.kubectl("create", "namespace", NAMESPACE)
     kube.wait_default_service_account(NAMESPACE)
     install(kube, chart_image, node, NAMESPACE)
-    clock = PodClock(kube)
-    clock.start()
+    clock = PodTimeline(kube, NAMESPACE).start()
     kube.kubectl("apply", "-f", "-", input=client_pod(NAMESPACE, chart_image, node))
     python = host_python_mounts(node.state_dir / "launcher")
     for name, snapshots in ((COLD_ENDPOINT, False), (ENDPOINT, True)):
@@ -180,7 +133,7 @@ def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
         for index in range(rounds):
             name = f"bare-{index}"
             kube.kubectl("apply", "-f", "-", input=json.dumps(bare_pod(name, chart, node)))
-            rows["bare"].append({"pod": name, "seconds": clock.start_seconds(name)})
+            rows["bare"].append({"pod": name, "seconds": start_seconds(clock, name)})
             kube.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
             rows["cold"].append(scale_out(kube, clock, COLD_ENDPOINT, L.ROLE_COLD))
             rows["restore"].append(scale_out(kube, clock, ENDPOINT, L.ROLE_RESTORE))
@@ -208,7 +161,7 @@ def table(result: dict[str, Any]) -> str:
     floor = median["bare"] + read
     phases = {
         key: statistics.median(r[key] for r in rows["restore"])
-        for key in ("until_restore", "agent_restore", "resume_to_ready")
+        for key in ("scheduling", "container_start", "to_agent", "agent_restore", "resume_to_ready")
         if all(key in r for r in rows["restore"])
     }
     same = all(r["answer"] == rows["cold"][0]["answer"] for r in rows["restore"] + rows["cold"])

@@ -51,6 +51,7 @@ from endpoint_flow import (
     worker_pods,
 )
 from node_plugin import HostPython
+from pod_timeline import PodTimeline
 
 from warmstart.api import labels as L
 from warmstart.identity import SnapshotIdentity
@@ -168,32 +169,37 @@ def scale(kube: ControlPlane, namespace: str, name: str, replicas: int) -> None:
 
 
 def timed_start(kube: ControlPlane, namespace: str, name: str, kind: str) -> Start:
-    """Scale `name` from zero to one and time the first token through its Service from the client pod."""
+    """Scale `name` from zero to one and time the first token through its Service from the client pod, with
+    the steps of the replica's start on the way (`PodTimeline.start_phases`, the agent's own phases, and
+    Ready -> first token)."""
     wait = waiter(kube, namespace)
     wait(lambda: not serving_pods(kube, namespace, name) or None, f"{name} at zero", START_TIMEOUT)
     service = get(kube, "service", namespace, name)
     url = f"http://{service['spec']['clusterIP']}/v1/completions"
-    requested = time.time()
-    deadline = requested + START_TIMEOUT
-    argv = [str(kube.binary("kubectl")), "exec", "-n", namespace, "client", "--", "python3", "-c",
-            FIRST_TOKEN, url, "model", PROMPT, str(ANSWER_TOKENS), str(deadline)]  # fmt: skip
-    client = subprocess.Popen(argv, env=kube.tool_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)  # fmt: skip
-    scale(kube, namespace, name, 1)
-    out, err = client.communicate(timeout=START_TIMEOUT + 60)
-    assert client.returncode == 0, f"{err}\n{out}"
-    reply = json.loads(out.strip().splitlines()[-1])
-    choice = reply["answer"]["choices"][0]
-    pods = [pod for pod in worker_pods(kube, namespace, kind, name) if ready(pod)]
-    assert len(pods) == 1, f"one {kind} replica of {name}, Ready: {pods}\n{diagnostics(kube, namespace)}"
+    with PodTimeline(kube, namespace) as timeline:
+        requested = time.time()
+        deadline = requested + START_TIMEOUT
+        argv = [str(kube.binary("kubectl")), "exec", "-n", namespace, "client", "--", "python3", "-c",
+                FIRST_TOKEN, url, "model", PROMPT, str(ANSWER_TOKENS), str(deadline)]  # fmt: skip
+        client = subprocess.Popen(argv, env=kube.tool_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True)  # fmt: skip
+        scale(kube, namespace, name, 1)
+        out, err = client.communicate(timeout=START_TIMEOUT + 60)
+        assert client.returncode == 0, f"{err}\n{out}"
+        reply = json.loads(out.strip().splitlines()[-1])
+        choice = reply["answer"]["choices"][0]
+        pods = [pod for pod in worker_pods(kube, namespace, kind, name) if ready(pod)]
+        assert len(pods) == 1, f"one {kind} replica of {name}, Ready: {pods}\n{diagnostics(kube, namespace)}"
+        pod_name = pods[0]["metadata"]["name"]
+        became_ready = timeline.wait_ready(pod_name, START_TIMEOUT)
+        phases = timeline.start_phases(pods[0], since=requested)
     status = json.loads((pods[0]["metadata"].get("annotations") or {}).get(L.STATUS_ANNOTATION) or "{}")
     if kind == L.ROLE_RESTORE:  # a restore pod the agent refused starts cold: no figure of a restore
-        events = events_of(kube, namespace, pods[0]["metadata"]["name"])
+        events = events_of(kube, namespace, pod_name)
         reasons = {event["reason"]: event["message"] for event in events}
         assert "Restored" in reasons and "restoreSeconds" in status, f"{name} was not restored: {reasons}"
-    phases = {**status.get("restorePhases", {})}
-    if "restoreSeconds" in status:
-        phases["restore"] = status["restoreSeconds"]
+    phases.update(status.get("restorePhases", {}))
+    phases["ready_to_first_token"] = reply["first_token_at"] - became_ready
     return Start(name, kind, reply["first_token_at"] - requested, choice["token_ids"], choice["text"], phases)
 
 
