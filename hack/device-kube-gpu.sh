@@ -181,8 +181,8 @@ run() {
     # The control plane's and the node's logs of the last session (a failed test's are kept).
     local last
     last=$(ls -td /tmp/pytest-of-*/pytest-* 2>/dev/null | head -1)
-    [[ -n "$last" ]] && tar -C "$last" -czf "$OUT/logs.tgz" --wildcards --ignore-failed-read \
-        'kube*/logs' 'node*/logs' 2>/dev/null || true
+    [[ -n "$last" ]] && (cd "$last" && tar -czf "$OUT/logs.tgz" --ignore-failed-read kube*/logs node*/logs) \
+        2>/dev/null || true
     return "$status"
 }
 

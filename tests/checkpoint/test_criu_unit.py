@@ -55,6 +55,7 @@ def test_first_error_line_skips_benign_lines(tmp_path: Path) -> None:
     log.write_text(
         "(00.000100) Version: 4.1.1\n"
         "(00.000200) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self: EPERM\n"
+        "(00.000250) Error (criu/tun.c:85): tun: Unable to create tun: No such file or directory\n"
         "(00.000300) Error (criu/files-reg.c:10): Can't lookup mount=42 for fd=1 path=/x\n"
         "(00.000400) Error (criu/cr-dump.c:20): Dumping FAILED.\n"
     )

@@ -211,3 +211,23 @@ def test_a_fifo_as_ready_for_snapshot_fails_the_capture_clearly(
         os.close(os.open(control.path / READY_FOR_SNAPSHOT, os.O_WRONLY | os.O_NONBLOCK))
     assert outcome, "the capture hung on a FIFO planted as ready-for-snapshot"
     assert isinstance(outcome[0], CaptureError) and "FIFO" in str(outcome[0])
+
+
+@pytest.mark.integration
+def test_a_file_the_worker_only_maps_travels_and_the_restore_maps_it_again(
+    tmp_path: Path, store: SnapshotStore, key: Path, criu: Criu, sandboxes: list[Sandbox]
+) -> None:
+    """A JIT's shared object, loaded and its descriptor closed, lives in the worker's own files: a restore
+    into a new sandbox (a new pod) finds it there only because the capture carried it."""
+    source = _start_in_sandbox(tmp_path / "capture", "mapping_target.py", "", sandboxes)
+    result = capture(
+        store=store, signer=load_signer(key), sandbox=source,
+        control=ControlDir(source.host_dir / "control"), criu=criu,
+    )  # fmt: skip
+    assert "sandbox/control/cache/launcher.so" in result.snapshot.files
+    target = Sandbox.start(tmp_path / "restored", waiting_init_command(), reserve_pids=True)
+    sandboxes.append(target)
+    assert not (target.host_dir / "control" / "cache").exists()
+    _restore(tmp_path, target, store, key, result.snapshot.id, criu)
+    answer = wait_for_line(target.host_dir / "control" / "answer")
+    assert answer == "loaded True\n"

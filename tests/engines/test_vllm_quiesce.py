@@ -200,6 +200,17 @@ def test_the_file_rendezvous_directory_is_removed_when_the_process_exits(tmp_pat
     assert not store.parent.exists(), f"{store.parent} outlived its process"
 
 
+def test_jit_caches_go_under_the_control_directory_unless_the_user_set_them(tmp_path: Path) -> None:
+    """The shared objects Triton and Inductor build are mapped by the engine: under the control directory
+    they travel with the snapshot to a new pod (a pod's own files do not)."""
+    environ = {"WARMSTART_CONTROL_DIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": "/mine"}
+    applied = quiesce.apply_env_defaults(environ)
+    triton = str(tmp_path / "jit-cache" / "triton")
+    assert applied["TRITON_CACHE_DIR"] == environ["TRITON_CACHE_DIR"] == triton
+    assert "TORCHINDUCTOR_CACHE_DIR" not in applied and environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
+    assert "TRITON_CACHE_DIR" not in quiesce.apply_env_defaults({})  # no control directory: no agent
+
+
 def test_a_user_setting_is_kept(fake_vllm: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("USE_LIBUV", "1")
     loaded(model_dir)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import subprocess
 import threading
 import time
 from typing import Any
@@ -15,6 +16,11 @@ from control_plane.cluster import ControlPlane, wait_for
 from warmstart.api import labels as L
 
 STEPS = ("seen", "scheduled", "running", "ready")
+# One line per event: name|node|the running containers' start times|the Ready condition's status.
+WATCH_FORMAT = (
+    "jsonpath={.metadata.name}|{.spec.nodeName}|{.status.containerStatuses[*].state.running.startedAt}|"
+    '{.status.conditions[?(@.type=="Ready")].status}{"\\n"}'
+)
 
 
 class PodTimeline:
@@ -23,20 +29,23 @@ class PodTimeline:
     condition)."""
 
     def __init__(self, kube: ControlPlane, namespace: str) -> None:
-        from kubernetes import client
-
-        self._api = client.CoreV1Api(kube.api_client())
-        self._namespace = namespace
+        # kubectl's watch, not the Python client: the GPU machine's python has no `kubernetes` package.
+        kubectl = str(kube.binary("kubectl"))
+        self._argv = [kubectl, "get", "pods", "-n", namespace, "--watch", "-o", WATCH_FORMAT]
+        self._env = kube.tool_env()
         self.at: dict[str, dict[str, float]] = {step: {} for step in STEPS}
-        self._stop = threading.Event()
+        self._watch: subprocess.Popen[str] | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def start(self) -> PodTimeline:
+        self._watch = subprocess.Popen(self._argv, env=self._env, stdout=subprocess.PIPE, text=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._stop.set()
+        if self._watch is not None:
+            self._watch.kill()
+            self._watch.wait()
 
     def __enter__(self) -> PodTimeline:
         return self.start()
@@ -45,24 +54,15 @@ class PodTimeline:
         self.stop()
 
     def _run(self) -> None:
-        from kubernetes import watch
-
-        while not self._stop.is_set():
-            stream = watch.Watch().stream(self._api.list_namespaced_pod, self._namespace, timeout_seconds=5)
-            for event in stream:
-                self._record(event["object"], time.time())
-
-    def _record(self, pod: Any, now: float) -> None:
-        name = pod.metadata.name
-        reached = {
-            "seen": True,
-            "scheduled": bool(pod.spec.node_name),
-            "running": any(s.state and s.state.running for s in pod.status.container_statuses or []),
-            "ready": any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or []),
-        }
-        for step, done in reached.items():
-            if done:
-                self.at[step].setdefault(name, now)
+        assert self._watch is not None and self._watch.stdout is not None
+        for line in self._watch.stdout:
+            name, node, running, ready = (line.rstrip("\n").split("|") + ["", "", "", ""])[:4]
+            now = time.time()
+            reached = {"seen": bool(name), "scheduled": bool(node), "running": bool(running.strip()),
+                       "ready": ready == "True"}  # fmt: skip
+            for step, done in reached.items():
+                if done:
+                    self.at[step].setdefault(name, now)
 
     def wait_ready(self, name: str, timeout: float) -> float:
         """When pod `name` turned Ready; waits for it."""

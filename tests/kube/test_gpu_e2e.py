@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import subprocess
+import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -111,11 +112,15 @@ def gpu(real_node: RealNode) -> RealNode:
     return real_node
 
 
+def results_dir() -> Path:
+    return Path(os.environ.get(RESULTS_ENV) or ROOT / "benchmarks" / "results" / "local")
+
+
 @pytest.fixture(scope="module")
 def report() -> Iterator[list[dict[str, Any]]]:
     rows: list[dict[str, Any]] = []
     yield rows
-    directory = Path(os.environ.get(RESULTS_ENV) or ROOT / "benchmarks" / "results" / "local")
+    directory = results_dir()
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "kube-gpu.json").write_text(json.dumps(rows, indent=2) + "\n")
     (directory / "kube-gpu.md").write_text(markdown(rows))
@@ -137,7 +142,18 @@ def release(kube: ControlPlane, gpu: RealNode, chart_image: str, namespace: str)
         yield store
     finally:
         uninstall(kube, namespace)
+        keep_criu_logs(gpu.shadow("/var/lib/warmstart") / namespace, results_dir() / "criu-logs.tgz")
         shutil.rmtree(gpu.shadow("/var/lib/warmstart") / namespace, ignore_errors=True)  # 16 GiB of weights
+
+
+def keep_criu_logs(root: Path, archive: Path) -> None:
+    """CRIU's logs of the agents' dumps and restores, which the store's removal would take with it."""
+    logs = [path for path in root.glob("**/agent-work/**/*.log") if path.is_file()]
+    if logs:
+        archive.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(archive, "w:gz") as tar:
+            for path in logs:
+                tar.add(path, arcname=str(path.relative_to(root)))
 
 
 def gpu_endpoint(
@@ -191,7 +207,7 @@ def timed_start(kube: ControlPlane, namespace: str, name: str, kind: str) -> Sta
         pods = [pod for pod in worker_pods(kube, namespace, kind, name) if ready(pod)]
         assert len(pods) == 1, f"one {kind} replica of {name}, Ready: {pods}\n{diagnostics(kube, namespace)}"
         pod_name = pods[0]["metadata"]["name"]
-        became_ready = timeline.wait_ready(pod_name, START_TIMEOUT)
+        became_ready = timeline.wait_ready(pod_name, 30.0)  # Ready already: it answered
         phases = timeline.start_phases(pods[0], since=requested)
     status = json.loads((pods[0]["metadata"].get("annotations") or {}).get(L.STATUS_ANNOTATION) or "{}")
     if kind == L.ROLE_RESTORE:  # a restore pod the agent refused starts cold: no figure of a restore

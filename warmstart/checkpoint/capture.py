@@ -145,18 +145,19 @@ class SandboxFile:
 
 
 def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> list[SandboxFile]:
-    """Regular files on the sandbox mount that `host_pid` holds open; close them with `close_sandbox_files`.
+    """Regular files on the sandbox mount that `host_pid` holds open or has mapped (a JIT compiler's shared
+    object, loaded and its descriptor closed); close them with `close_sandbox_files`.
 
-    Each is opened through `/proc/<pid>/fd/N`, which leads to the engine's open file itself: its path is
-    never resolved again, so nothing the tenant put at that path (a link to a file only root may read, a
-    FIFO) is ever opened. Descriptors of links (O_PATH), devices, FIFOs, deleted files and files on any
-    other mount are left out.
+    Each is opened through `/proc/<pid>/fd/N` or `/proc/<pid>/map_files/RANGE`, which lead to the engine's
+    file itself: its path is never resolved again, so nothing the tenant put at that path (a link to a file
+    only root may read, a FIFO) is ever opened. Descriptors of links (O_PATH), devices, FIFOs, deleted files
+    and files on any other mount are left out.
     """
     mount_id = _mount_id_at(host_pid, sandbox.mountpoint)
     found: dict[Path, SandboxFile] = {}
     try:
-        for fd in os.listdir(f"/proc/{host_pid}/fd"):
-            opened = _open_engine_file(host_pid, fd, sandbox.mountpoint, mount_id)
+        for magic in _engine_files(host_pid):
+            opened = _open_engine_file(magic, sandbox.mountpoint, mount_id)
             if opened is None or opened.inside in found:
                 close_sandbox_files([opened] if opened else [])
             else:
@@ -172,8 +173,17 @@ def close_sandbox_files(files: list[SandboxFile]) -> None:
         os.close(opened.fd)
 
 
-def _open_engine_file(host_pid: int, fd: str, mountpoint: Path, mount_id: int) -> SandboxFile | None:
-    magic = f"/proc/{host_pid}/fd/{fd}"
+def _engine_files(host_pid: int) -> Iterator[str]:
+    """The magic links to every file `host_pid` holds open, then to every file it has mapped."""
+    for folder in (f"/proc/{host_pid}/fd", f"/proc/{host_pid}/map_files"):
+        try:
+            names = os.listdir(folder)
+        except OSError:  # map_files: absent on old kernels
+            continue
+        yield from (f"{folder}/{name}" for name in names)
+
+
+def _open_engine_file(magic: str, mountpoint: Path, mount_id: int) -> SandboxFile | None:
     try:
         inside = Path(os.readlink(magic))  # only a name for the snapshot, never opened
         if inside == mountpoint or not inside.is_relative_to(mountpoint):

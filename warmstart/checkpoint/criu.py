@@ -39,8 +39,9 @@ PARALLEL_READS_BUILD = "warmstart-parallel-page-reads"  # the GitID `criu --vers
 SETUP_HINT = "run hack/criu-setup (it provides CRIU 4) and pass its command with --criu or WARMSTART_CRIU"
 _VERSION_LINE = re.compile(r"^Version:\s*(\d+)\.(\d+)(?:\.(\d+))?", re.MULTILINE)
 _ERROR_LINE = re.compile(r"\bError\b")
-# CRIU logs these as "Error" and carries on (e.g. it could not raise its own descriptor limit).
-_BENIGN_ERRORS = (re.compile(r"rlimit: Can't setup RLIMIT_NOFILE"),)
+# CRIU logs these as "Error" and carries on: it could not raise its own descriptor limit; its probe of the
+# kernel's features found no /dev/net/tun (none in the agent's container, nor in a pod's mount namespace).
+_BENIGN_ERRORS = (re.compile(r"rlimit: Can't setup RLIMIT_NOFILE"), re.compile(r"tun: Unable to create tun"))
 
 
 class CriuError(RuntimeError):

@@ -28,6 +28,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from warmstart.protocol import CONTROL_DIR_ENV
+
 log = logging.getLogger(__name__)
 
 UNDUMPABLE = ("anon_inode:[io_uring]",)
@@ -44,11 +46,22 @@ ENV_DEFAULTS = {
 }
 
 
+# Where Triton and Inductor build the shared objects the engine loads (kernel launchers, Triton's CUDA
+# helpers): the restored process maps them again, so they must be there in the new pod, as they were.
+# Under the control directory they travel with the snapshot (the agent carries what the engine maps there);
+# in the container's own files (their default, under $HOME and /tmp) a new pod has none of them.
+JIT_CACHE_DIRS = {"TRITON_CACHE_DIR": "jit-cache/triton", "TORCHINDUCTOR_CACHE_DIR": "jit-cache/inductor"}
+
+
 def apply_env_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
     """Set the variables above where the user did not; returns those set."""
     environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    defaults = dict(ENV_DEFAULTS)
+    control = environ.get(CONTROL_DIR_ENV)
+    if control:
+        defaults.update({key: str(Path(control) / folder) for key, folder in JIT_CACHE_DIRS.items()})
     applied = {}
-    for key, value in ENV_DEFAULTS.items():
+    for key, value in defaults.items():
         if key not in environ:
             environ[key] = value
             applied[key] = value
