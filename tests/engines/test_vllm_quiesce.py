@@ -207,6 +207,7 @@ def test_jit_caches_go_under_the_control_directory_unless_the_user_set_them(tmp_
     applied = quiesce.apply_env_defaults(environ)
     triton = str(tmp_path / "jit-cache" / "triton")
     assert applied["TRITON_CACHE_DIR"] == environ["TRITON_CACHE_DIR"] == triton
+    assert applied["VLLM_CACHE_ROOT"] == str(tmp_path / "jit-cache" / "vllm")  # vLLM moves both there
     assert "TORCHINDUCTOR_CACHE_DIR" not in applied and environ["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
     assert "TRITON_CACHE_DIR" not in quiesce.apply_env_defaults({})  # no control directory: no agent
 

@@ -49,8 +49,13 @@ ENV_DEFAULTS = {
 # Where Triton and Inductor build the shared objects the engine loads (kernel launchers, Triton's CUDA
 # helpers): the restored process maps them again, so they must be there in the new pod, as they were.
 # Under the control directory they travel with the snapshot (the agent carries what the engine maps there);
-# in the container's own files (their default, under $HOME and /tmp) a new pod has none of them.
-JIT_CACHE_DIRS = {"TRITON_CACHE_DIR": "jit-cache/triton", "TORCHINDUCTOR_CACHE_DIR": "jit-cache/inductor"}
+# in the container's own files (their default, under $HOME and /tmp) a new pod has none of them. vLLM moves
+# both caches under VLLM_CACHE_ROOT once it compiles the model, hence that one too.
+JIT_CACHE_DIRS = {
+    "TRITON_CACHE_DIR": "jit-cache/triton",
+    "TORCHINDUCTOR_CACHE_DIR": "jit-cache/inductor",
+    "VLLM_CACHE_ROOT": "jit-cache/vllm",
+}
 
 
 def apply_env_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
