@@ -44,23 +44,7 @@ def check_signed_manifest(
         verify_document(verifier, raw, signature)
     except SignatureInvalid as exc:
         raise SnapshotInvalid(f"{SIGNATURE_FILE}: {exc}", snapshot_id=snapshot_id) from exc
-    manifest = parse_manifest(raw, snapshot_id)
-    if manifest.id != snapshot_id:
-        raise SnapshotInvalid(
-            f"manifest field 'id' is {manifest.id!r}, not the snapshot asked for", snapshot_id=snapshot_id
-        )
-    try:
-        actual_hash = manifest.identity.digest()
-    except (TypeError, ValueError) as exc:
-        raise SnapshotInvalid(
-            f"manifest field 'identity' cannot be hashed: {exc}", snapshot_id=snapshot_id
-        ) from exc
-    if manifest.identity_hash != actual_hash:
-        raise SnapshotInvalid(
-            f"manifest field 'identity_hash' is {manifest.identity_hash} but the identity hashes to "
-            f"{actual_hash}",
-            snapshot_id=snapshot_id,
-        )
+    manifest = parse_manifest(raw, snapshot_id)  # its id and its identity hash checked there
     if expected_identity is not None and expected_identity.digest() != manifest.identity_hash:
         raise IdentityMismatch(manifest.identity.mismatches(expected_identity), snapshot_id=snapshot_id)
     return manifest
