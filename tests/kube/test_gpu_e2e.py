@@ -124,7 +124,25 @@ def report() -> Iterator[list[dict[str, Any]]]:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "kube-gpu.json").write_text(json.dumps(rows, indent=2) + "\n")
     (directory / "kube-gpu.md").write_text(markdown(rows))
+    pack_worker_logs(directory)
     print("\n" + markdown(rows))
+
+
+def keep_worker_log(kube: ControlPlane, namespace: str, pod: str, kind: str) -> None:
+    """The worker's own log of a timed start (the engine's resume or load, its server's start), kept with
+    the results: the pod goes with the scale to zero."""
+    directory = results_dir() / "worker-logs"
+    directory.mkdir(parents=True, exist_ok=True)
+    logs = kube.kubectl("logs", "-n", namespace, pod, check=False)
+    (directory / f"{kind}-{pod}.log").write_text(logs.stdout + logs.stderr)
+
+
+def pack_worker_logs(directory: Path) -> None:
+    logs = directory / "worker-logs"
+    if logs.is_dir():
+        with tarfile.open(directory / "worker-logs.tgz", "w:gz") as tar:
+            tar.add(logs, arcname="worker-logs")
+        shutil.rmtree(logs)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -209,6 +227,7 @@ def timed_start(kube: ControlPlane, namespace: str, name: str, kind: str) -> Sta
         pod_name = pods[0]["metadata"]["name"]
         became_ready = timeline.wait_ready(pod_name, 30.0)  # Ready already: it answered
         phases = timeline.start_phases(pods[0], since=requested)
+    keep_worker_log(kube, namespace, pod_name, kind)
     status = json.loads((pods[0]["metadata"].get("annotations") or {}).get(L.STATUS_ANNOTATION) or "{}")
     if kind == L.ROLE_RESTORE:  # a restore pod the agent refused starts cold: no figure of a restore
         events = events_of(kube, namespace, pod_name)
