@@ -22,7 +22,6 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
-    WithJsonSchema,
     field_validator,
     model_validator,
 )
@@ -86,13 +85,15 @@ def raise_broken(model: type[BaseModel], broken: list[InitErrorDetails]) -> None
         raise ValidationError.from_exception_data(model.__name__, broken)
 
 
-def _number_as_text(value: Any) -> Any:
-    return str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+def _int_as_text(value: Any) -> Any:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
-def _non_empty_strings(value: Any) -> Any:
+def _distinct_non_empty_strings(value: Any) -> Any:
     if not isinstance(value, list | tuple) or not all(isinstance(item, str) and item for item in value):
         raise PydanticCustomError("spec_rule", "must be a list of non-empty strings")
+    if len(set(value)) < len(value):
+        raise PydanticCustomError("spec_rule", "must not repeat an item")
     return value
 
 
@@ -103,12 +104,10 @@ def _as_dicts(items: tuple[BaseModel, ...]) -> tuple[dict[str, Any], ...]:
 
 # A Kubernetes int-or-string (a quantity, a metric target): the operator keeps its text.
 IntOrString = Annotated[
-    str,
-    BeforeValidator(_number_as_text),
-    WithJsonSchema({"type": "string", "x-kubernetes-int-or-string": True}),
+    str, BeforeValidator(_int_as_text), Field(json_schema_extra={"x-kubernetes-int-or-string": True})
 ]
-# A list whose items are non-empty strings; an empty item is named on the list, as the operator always did.
-NonEmptyStrings = Annotated[tuple[T, ...], BeforeValidator(_non_empty_strings), Field(strict=False)]
+# A set of non-empty strings (x-kubernetes-list-type: set); an empty item is named on the list.
+DistinctStrings = Annotated[tuple[T, ...], BeforeValidator(_distinct_non_empty_strings), Field(strict=False)]
 HostName = Annotated[
     str,
     Field(
@@ -173,8 +172,8 @@ class PrometheusSpec(Section):
 class HttpScalingSpec(Section):
     """Mode http: the KEDA HTTP add-on's interceptor holds requests while the endpoint is at zero."""
 
-    hosts: NonEmptyStrings[HostName] = Field((), max_length=32)  # empty: routes "<name>.<namespace>"
-    path_prefixes: NonEmptyStrings[PathPrefix] = Field((), max_length=32)
+    hosts: DistinctStrings[HostName] = Field((), max_length=32)  # empty: routes "<name>.<namespace>"
+    path_prefixes: DistinctStrings[PathPrefix] = Field((), max_length=32)
     target_concurrency: int = Field(1, ge=1, le=1000)
     cold_start_timeout_seconds: int = Field(120, ge=1, le=3600)
     response_timeout_seconds: int = Field(600, ge=1, le=86400)
@@ -232,7 +231,7 @@ class Toleration(Section):
     operator: Literal["Exists", "Equal"] | None = None
     value: str = ""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
-    toleration_seconds: int = 0
+    toleration_seconds: int | None = None
 
 
 class EnvVar(Section):
@@ -252,8 +251,8 @@ class Volume(Section):
 
 class VolumeMount(Section):
     name: str = Field(min_length=1)
-    mount_path: str = Field(pattern="^/")
-    read_only: bool = False
+    mount_path: str = Field(max_length=1024, pattern="^/")
+    read_only: bool | None = None
     sub_path: str = ""
 
 
