@@ -10,6 +10,7 @@ an engine without one.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Self, TypeVar
@@ -22,6 +23,7 @@ from pydantic import (
     Field,
     ValidationError,
     ValidationInfo,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
@@ -326,26 +328,43 @@ class EndpointSpec(Section):
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
 
-    @field_validator("resources", mode="after")
+    @field_validator("resources", mode="wrap")
     @classmethod
-    def _sections_fit(cls, resources: ResourceSpec, info: ValidationInfo) -> ResourceSpec:
-        """The rules across sections, and engine.args against the worker's flags (only for an otherwise
-        valid engine). A model's own validators run only once all its fields are valid: checked here, after
-        the three sections they read, they are named beside the later sections' problems."""
+    def _sections_fit(
+        cls, value: Any, validate: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> ResourceSpec:
+        """The rules across sections, and engine.args against the worker's flags. A model's own validators
+        run only once all its fields are valid: checked here, once model, engine and resources are (as
+        far as they can be), they are named beside every other section's problems."""
         model, engine = info.data.get("model"), info.data.get("engine")
-        if isinstance(model, ModelSpec) and isinstance(engine, EngineSpec):
-            raise_broken(EndpointSpec, list(_broken_across(model, engine, resources)))
+        resources, broken = None, []
+        try:
+            resources = validate(value)
+        except ValidationError as exc:
+            broken = [_rebuilt(error) for error in exc.errors()]
+        if isinstance(engine, EngineSpec):
+            model = model if isinstance(model, ModelSpec) else None
+            broken += _broken_across(model, engine, resources)
+        raise_broken(EndpointSpec, broken)
         return resources
 
 
+def _rebuilt(error: ErrorDetails) -> InitErrorDetails:
+    """A caught error, to be raised again with others."""
+    context = error.get("ctx") if error["type"] == "spec_rule" else None
+    return InitErrorDetails(
+        type=PydanticCustomError(error["type"], error["msg"], context), loc=error["loc"], input=error["input"]
+    )
+
+
 def _broken_across(
-    model: ModelSpec, engine: EngineSpec, resources: ResourceSpec
+    model: ModelSpec | None, engine: EngineSpec, resources: ResourceSpec | None
 ) -> Iterable[InitErrorDetails]:
     yield from _broken_args(engine.args)
-    if model.revision and engine.kind != "vllm":
+    if model is not None and model.revision and engine.kind != "vllm":
         message = "is a Hugging Face revision: it needs engine.kind vllm"
         yield rule_broken((), message, field="model.revision")
-    if resources.gpus and engine.tensor_parallel_size > resources.gpus:
+    if resources is not None and resources.gpus and engine.tensor_parallel_size > resources.gpus:
         message = (
             f"runs one process per GPU: {engine.tensor_parallel_size} needs resources.gpus of at least that "
             f"(it is {resources.gpus})"
@@ -367,10 +386,8 @@ def _broken_args(args: Sequence[str]) -> Iterable[InitErrorDetails]:
 
 
 def _path(loc: Loc) -> str:
-    path = ""
-    for part in loc:
-        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
-    return path
+    """("template", "volumes", 0, "name") -> "template.volumes[0].name"."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
 
 
 def _problem(error: ErrorDetails) -> SpecProblem:
@@ -380,9 +397,9 @@ def _problem(error: ErrorDetails) -> SpecProblem:
         return SpecProblem(path, "is required")
     if error["type"] == "spec_rule":
         return SpecProblem(path, error["msg"])
-    return SpecProblem(
-        path, f"{error['msg'].replace('Input should be', 'must be', 1)}, got {error['input']!r}"
-    )
+    # pydantic's "Input should be ...", "String should have ..." in the words of the other problems
+    message = re.sub(r"^\w+ should ", "must ", error["msg"]).replace("a valid tuple", "a list")
+    return SpecProblem(path, f"{message}, got {error['input']!r}")
 
 
 def parse_spec(spec: dict[str, Any]) -> EndpointSpec:
