@@ -234,34 +234,22 @@ class Verdicts:
         self.api = client.CustomObjectsApi(kube.api_client())
         self.namespace = namespace
 
+    def server_defaults(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """The spec as the API server would store it (validated, pruned and defaulted), stored nowhere."""
+        body = {"apiVersion": L.API_VERSION, "kind": L.ENDPOINT_KIND, "metadata": {"name": "agree"}}
+        created = self.api.create_namespaced_custom_object(
+            L.GROUP, L.VERSION, self.namespace, L.ENDPOINT_PLURAL, {**body, "spec": spec}, dry_run="All"
+        )
+        return created["spec"]
+
     def server(self, spec: dict[str, Any]) -> str | None:
-        body = {
-            "apiVersion": L.API_VERSION,
-            "kind": L.ENDPOINT_KIND,
-            "metadata": {"name": "agree"},
-            "spec": spec,
-        }
         try:
-            self.api.create_namespaced_custom_object(
-                L.GROUP, L.VERSION, self.namespace, L.ENDPOINT_PLURAL, body, dry_run="All"
-            )
+            self.server_defaults(spec)
         except ApiException as exc:
             if exc.status not in (400, 422):
                 raise
             return json.loads(exc.body)["message"]
         return None
-
-    def server_defaults(self, spec: dict[str, Any]) -> dict[str, Any]:
-        body = {
-            "apiVersion": L.API_VERSION,
-            "kind": L.ENDPOINT_KIND,
-            "metadata": {"name": "agree"},
-            "spec": spec,
-        }
-        created = self.api.create_namespaced_custom_object(
-            L.GROUP, L.VERSION, self.namespace, L.ENDPOINT_PLURAL, body, dry_run="All"
-        )
-        return created["spec"]
 
     @staticmethod
     def model(spec: dict[str, Any]) -> InvalidSpec | None:
