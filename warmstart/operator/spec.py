@@ -258,7 +258,7 @@ class VolumeMount(Section):
     sub_path: str = ""
 
 
-def PodObjects(item: type[Section], most: int | None = None) -> Any:  # noqa: N802 (reads as a type)
+def PodObjects(item: type[Section], most: int | None = None) -> Any:
     """A list of core/v1 objects of `item`'s shape, kept as the dicts the user wrote once they are checked."""
     return Annotated[tuple[item, ...], Field(strict=False, max_length=most), AfterValidator(_as_dicts)]
 
