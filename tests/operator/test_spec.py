@@ -251,3 +251,25 @@ def test_a_model_revision_needs_the_vllm_engine():
     engine = {"kind": "builtin", "image": "img"}
     with pytest.raises(InvalidSpec, match="^spec.model.revision: .*needs engine.kind vllm"):
         parse_spec(endpoint_spec(engine=engine, model={"uri": "tiny", "revision": "main"}))
+
+
+def test_every_problem_within_a_section_is_named_too():
+    spec = endpoint_spec(
+        model={"uri": "tiny", "revision": "main"},
+        engine={"kind": "builtin", "image": "", "tensorParallelSize": 9, "args": ["--port=1"]},
+        resources={"gpus": 1, "cpu": "lots"},
+        autoscaling={"mode": "hpa", "minReplicas": 0, "maxReplicas": 0, "http": {}},
+    )
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(spec)
+    assert [p.path for p in caught.value.problems] == [
+        "engine.image", "engine.tensorParallelSize", "resources.cpu", "autoscaling.maxReplicas",
+    ]  # fmt: skip
+    spec["engine"] = {"kind": "builtin", "image": "i", "args": ["--port=1"]}
+    spec["autoscaling"]["maxReplicas"] = 1
+    with pytest.raises(InvalidSpec) as caught:
+        parse_spec(spec)
+    assert [p.path for p in caught.value.problems] == [
+        "resources.cpu", "engine.args", "model.revision", "autoscaling.minReplicas", "autoscaling.metric",
+        "autoscaling.http",
+    ]  # fmt: skip

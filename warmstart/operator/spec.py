@@ -1,24 +1,39 @@
-"""A typed view of InferenceEndpoint.spec, with the CRD's defaults applied.
+"""InferenceEndpoint.spec as one pydantic model: its fields, types, bounds, defaults and rules.
 
-The API server already validated and defaulted what it stored; this module applies the same defaults so
-the reconcile logic works on objects built elsewhere too (tests, dry runs), and it re-checks the rules the
-operator depends on, so a spec from an older CRD version fails with a message that names the field.
+The API server already validated and defaulted what it stored; the operator parses specs with this model
+so the reconcile logic works on objects built elsewhere too (tests, dry runs), and so a spec from an older
+CRD version fails with a message that names the field. The CRD states the same schema and rules for the API
+server (crds/inferenceendpoints.yaml); tests/operator/test_spec_agrees_with_crd.py runs both on the same
+examples. A few rules are the operator's alone: engine.args the worker would refuse, a model revision for
+an engine without one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, Self, TypeVar
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails, InitErrorDetails, PydanticCustomError
 
 from warmstart.api import labels as L
 from warmstart.worker_flags import worker_flags_problem
 
-ENGINES = ("vllm", "builtin")
-AUTOSCALING_MODES = ("none", "hpa", "keda", "http")
-SCALE_TO_ZERO_MODES = ("keda", "http")
-METRIC_MODES = ("hpa", "keda")  # mode http scales on the concurrent requests the add-on's interceptor counts
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
 # Worker flags the operator sets from the spec: in engine.args they are refused, naming the field to use.
 OPERATOR_FLAGS = {
     "--mode": "",
@@ -33,9 +48,9 @@ OPERATOR_FLAGS = {
     "--revision": "model.revision",
     "--control-dir": "",
 }
-METRIC_SOURCES = ("Pods", "External")
-PRESTAGE_POLICIES = ("None", "PageCache")  # PageCache: node agents keep the snapshot in their page cache
-DEFAULT_PROMETHEUS = "http://prometheus-operated.monitoring.svc:9090"
+RESERVED_VOLUMES = frozenset({"control", "shm"})
+RESERVED_MOUNT_PATHS = frozenset({L.CONTROL_DIR_PATH, "/dev/shm"})
+Loc = tuple[str | int, ...]
 T = TypeVar("T")
 
 
@@ -60,432 +75,338 @@ class InvalidSpec(ValueError):
         self.path = self.problems[0].path
 
 
-class Problems:
-    """Collects the problems of the sections of one spec, so that one bad section does not hide another."""
-
-    def __init__(self) -> None:
-        self.found: list[SpecProblem] = []
-
-    def check(self, parse: Callable[[], T], fallback: T) -> T:
-        """`parse()`, or `fallback` with its problems recorded when it raises InvalidSpec."""
-        try:
-            return parse()
-        except InvalidSpec as exc:
-            self.found.extend(exc.problems)
-            return fallback
-
-    def raise_if_any(self) -> None:
-        if self.found:
-            raise InvalidSpec(problems=self.found)
+def rule_broken(loc: Loc, message: str, field: str = "") -> InitErrorDetails:
+    """A rule of the spec broken at `loc` (relative to the model checking it), or at `field` (a path from
+    `spec`) for a rule that one model checks about fields of others."""
+    context = {"field": field} if field else None
+    return InitErrorDetails(type=PydanticCustomError("spec_rule", message, context), loc=loc, input=None)
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    uri: str
-    revision: str = ""
-    served_name: str = ""
+def raise_broken(model: type[BaseModel], broken: list[InitErrorDetails]) -> None:
+    if broken:
+        raise ValidationError.from_exception_data(model.__name__, broken)
+
+
+def _int_as_text(value: Any) -> Any:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+def _distinct_non_empty_strings(value: Any) -> Any:
+    if not isinstance(value, list | tuple) or not all(isinstance(item, str) and item for item in value):
+        raise PydanticCustomError("spec_rule", "must be a list of non-empty strings")
+    if len(set(value)) < len(value):
+        raise PydanticCustomError("spec_rule", "must not repeat an item")
+    return value
+
+
+def _as_dicts(items: tuple[BaseModel, ...]) -> tuple[dict[str, Any], ...]:
+    """Pod fields pass through as the objects the user wrote (core/v1 shapes), once checked."""
+    return tuple(item.model_dump(by_alias=True, exclude_unset=True) for item in items)
+
+
+# A Kubernetes int-or-string (a quantity, a metric target): the operator keeps its text.
+IntOrString = Annotated[
+    str, BeforeValidator(_int_as_text), Field(json_schema_extra={"x-kubernetes-int-or-string": True})
+]
+# A set of non-empty strings (x-kubernetes-list-type: set); an empty item is named on the list.
+DistinctStrings = Annotated[tuple[T, ...], BeforeValidator(_distinct_non_empty_strings), Field(strict=False)]
+HostName = Annotated[
+    str,
+    Field(
+        max_length=253,
+        pattern=r"^(\*|(\*\.)?[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*)$",
+    ),
+]
+PathPrefix = Annotated[str, Field(max_length=1024, pattern="^/")]
+
+
+class Section(BaseModel):
+    """A part of the spec: camelCase on the API, snake_case here; strict types as the API server's schema."""
+
+    model_config = ConfigDict(alias_generator=to_camel, strict=True, frozen=True)
+
+
+class ModelSpec(Section):
+    uri: str = Field(min_length=1, max_length=1024)
+    revision: str = Field("", max_length=256)
+    served_name: str = Field("", max_length=256)
 
     @property
     def name_on_api(self) -> str:
         return self.served_name or self.uri
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    kind: str
-    image: str
-    version: str = ""
-    args: tuple[str, ...] = ()
-    dtype: str = "auto"
-    tensor_parallel_size: int = 1
-    port: int = 8000
-    image_pull_policy: str = "IfNotPresent"
+class EngineSpec(Section):
+    kind: Literal["vllm", "builtin"]
+    image: str = Field(min_length=1, max_length=512)
+    version: str = Field("", max_length=64)
+    args: tuple[Annotated[str, Field(max_length=1024)], ...] = Field((), max_length=128, strict=False)
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    tensor_parallel_size: int = Field(1, ge=1, le=8)
+    port: int = Field(8000, ge=1024, le=65535)
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
 
 
-@dataclass(frozen=True)
-class ResourceSpec:
-    gpus: int = 1
-    gpu_product: str = ""
-    cpu: str = ""
-    memory: str = ""
+class ResourceSpec(Section):
+    gpus: int = Field(1, ge=0, le=8)
+    gpu_product: str = Field("", max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    cpu: IntOrString = Field("", pattern=r"^([0-9]+m?|[0-9]+\.[0-9]+)$")
+    memory: IntOrString = Field("", pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?)?$")
+
+    @model_validator(mode="after")
+    def _gpu_product_needs_gpus(self) -> Self:
+        if self.gpu_product and self.gpus == 0:
+            raise_broken(ResourceSpec, [rule_broken(("gpuProduct",), "needs resources.gpus > 0")])
+        return self
 
 
-@dataclass(frozen=True)
-class MetricSpec:
-    name: str
-    target: str
-    source: str = "Pods"
-    query: str = ""
+class MetricSpec(Section):
+    name: str = Field(min_length=1, max_length=253)
+    target: IntOrString = Field(pattern=r"^[0-9]+(\.[0-9]+)?m?$")
+    source: Literal["Pods", "External"] = "Pods"
+    query: str = Field("", max_length=4096)
 
 
-@dataclass(frozen=True)
-class HttpScalingSpec:
+class PrometheusSpec(Section):
+    server_address: str = Field(DEFAULT_PROMETHEUS, pattern=r"^https?://")
+
+
+class HttpScalingSpec(Section):
     """Mode http: the KEDA HTTP add-on's interceptor holds requests while the endpoint is at zero."""
 
-    hosts: tuple[str, ...] = ()  # empty: the children builder routes "<name>.<namespace>"
-    path_prefixes: tuple[str, ...] = ()
-    target_concurrency: int = 1
-    cold_start_timeout_seconds: int = 120
-    response_timeout_seconds: int = 600
+    hosts: DistinctStrings[HostName] = Field((), max_length=32)  # empty: routes "<name>.<namespace>"
+    path_prefixes: DistinctStrings[PathPrefix] = Field((), max_length=32)
+    target_concurrency: int = Field(1, ge=1, le=1000)
+    cold_start_timeout_seconds: int = Field(120, ge=1, le=3600)
+    response_timeout_seconds: int = Field(600, ge=1, le=86400)
 
 
-@dataclass(frozen=True)
-class AutoscalingSpec:
-    mode: str = "none"
-    min_replicas: int = 1
-    max_replicas: int = 4
+class AutoscalingSpec(Section):
+    mode: Literal["none", "hpa", "keda", "http"] = "none"
+    min_replicas: int = Field(1, ge=0, le=1000)
+    max_replicas: int = Field(4, ge=1, le=1000)
     metric: MetricSpec | None = None
-    http: HttpScalingSpec = HttpScalingSpec()
-    prometheus_address: str = DEFAULT_PROMETHEUS
-    polling_interval_seconds: int = 15
-    cooldown_seconds: int = 300
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
+    polling_interval_seconds: int = Field(15, ge=1, le=3600)
+    cooldown_seconds: int = Field(300, ge=0, le=86400)
+    http: HttpScalingSpec = Field(default_factory=HttpScalingSpec)
+
+    @property
+    def prometheus_address(self) -> str:
+        return self.prometheus.server_address
+
+    @model_validator(mode="after")
+    def _modes_fit(self) -> Self:
+        raise_broken(AutoscalingSpec, list(self._broken_rules()))
+        return self
+
+    def _broken_rules(self) -> Iterable[InitErrorDetails]:
+        if self.min_replicas > self.max_replicas:
+            yield rule_broken(("minReplicas",), "must be less than or equal to autoscaling.maxReplicas")
+        if self.min_replicas == 0 and self.mode not in ("keda", "http"):
+            yield rule_broken(("minReplicas",), "0 (scale to zero) needs autoscaling.mode keda or http")
+        if self.mode in ("hpa", "keda") and self.metric is None:
+            yield rule_broken(("metric",), f"is required when autoscaling.mode is {self.mode}")
+        if self.mode == "http" and self.metric is not None:
+            yield rule_broken(
+                ("metric",),
+                "is not used with autoscaling.mode http: it scales on concurrent requests "
+                "(autoscaling.http.targetConcurrency)",
+            )
+        if "http" in self.model_fields_set and self.mode != "http":
+            yield rule_broken(("http",), "is only used with autoscaling.mode http")
+        if self.metric is not None and self.metric.query and self.mode != "keda":
+            yield rule_broken(("metric", "query"), "is only used with autoscaling.mode keda")
 
 
-@dataclass(frozen=True)
-class SnapshotPolicy:
+class SnapshotPolicy(Section):
     enabled: bool = True
-    signing_key_secret: str = ""
-    retention: int = 2
-    max_capture_attempts: int = 5
-    capture_timeout_seconds: int = 3600
-    prestage: str = "None"
+    signing_key_secret: str = Field("", max_length=253)
+    retention: int = Field(2, ge=1, le=20)
+    max_capture_attempts: int = Field(5, ge=1, le=20)
+    capture_timeout_seconds: int = Field(3600, ge=30, le=86400)
+    prestage: Literal["None", "PageCache"] = "None"  # PageCache: node agents keep it in their page cache
 
 
-@dataclass(frozen=True)
-class PodOverrides:
-    node_selector: dict[str, str] = field(default_factory=dict)
-    tolerations: tuple[dict[str, Any], ...] = ()
-    env: tuple[dict[str, Any], ...] = ()
-    labels: dict[str, str] = field(default_factory=dict)
-    annotations: dict[str, str] = field(default_factory=dict)
+class Toleration(Section):
+    key: str = ""
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+
+class EnvVar(Section):
+    name: str = Field(min_length=1)
+    value: str = ""
+    value_from: dict[str, Any] = Field(
+        default_factory=dict, json_schema_extra={"x-kubernetes-preserve-unknown-fields": True}
+    )
+
+
+class Volume(Section):
+    """A core/v1 Volume: the operator checks its name, the API server the rest when it creates the pods."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"x-kubernetes-preserve-unknown-fields": True})
+    name: str = Field(min_length=1, max_length=63)
+
+
+class VolumeMount(Section):
+    name: str = Field(min_length=1)
+    mount_path: str = Field(max_length=1024, pattern="^/")
+    read_only: bool | None = None
+    sub_path: str = ""
+
+
+def PodObjects(item: type[Section], most: int | None = None) -> Any:
+    """A list of core/v1 objects of `item`'s shape, kept as the dicts the user wrote once they are checked."""
+    return Annotated[tuple[item, ...], Field(strict=False, max_length=most), AfterValidator(_as_dicts)]
+
+
+Tolerations = PodObjects(Toleration)
+EnvVars = PodObjects(EnvVar)
+Volumes = PodObjects(Volume, most=32)
+VolumeMounts = PodObjects(VolumeMount, most=32)
+
+
+class PodOverrides(Section):
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    tolerations: Tolerations = ()
+    env: EnvVars = ()
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
     service_account_name: str = ""
     priority_class_name: str = ""
-    volumes: tuple[dict[str, Any], ...] = ()
-    volume_mounts: tuple[dict[str, Any], ...] = ()
+    volumes: Volumes = ()
+    volume_mounts: VolumeMounts = ()
+
+    @model_validator(mode="after")
+    def _operator_volumes_are_kept(self) -> Self:
+        raise_broken(PodOverrides, [*self._broken_volumes(), *self._broken_mounts()])
+        return self
+
+    def _broken_volumes(self) -> Iterable[InitErrorDetails]:
+        names = [volume["name"] for volume in self.volumes]
+        for index, name in enumerate(names):
+            if name in RESERVED_VOLUMES:
+                yield rule_broken(("volumes", index, "name"), f"{name!r} is reserved for the operator")
+            elif name in names[:index]:
+                yield rule_broken(
+                    ("volumes", index, "name"), f"{name!r} is repeated: volume names are unique"
+                )
+
+    def _broken_mounts(self) -> Iterable[InitErrorDetails]:
+        names = {volume["name"] for volume in self.volumes}
+        for index, mount in enumerate(self.volume_mounts):
+            if mount["name"] not in names:
+                yield rule_broken(("volumeMounts", index, "name"), "names no volume of template.volumes")
+            if mount["mountPath"].rstrip("/") in RESERVED_MOUNT_PATHS:
+                yield rule_broken(("volumeMounts", index, "mountPath"), "is one of the operator's mounts")
 
 
-@dataclass(frozen=True)
-class ServiceSpec:
-    type: str = "ClusterIP"
-    port: int = 80
+class ServiceSpec(Section):
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    port: int = Field(80, ge=1, le=65535)
 
 
-@dataclass(frozen=True)
-class MonitoringSpec:
+class MonitoringSpec(Section):
     service_monitor: bool = False
-    interval: str = "15s"
+    interval: str = Field("15s", pattern="^[0-9]+(ms|s|m)$")
 
 
-@dataclass(frozen=True)
-class EndpointSpec:
+class EndpointSpec(Section):
+    """The spec, its defaults applied. Field order matters: the rules across model, engine and resources
+    run once those three are valid, and each section is checked whatever the others hold."""
+
     model: ModelSpec
     engine: EngineSpec
-    resources: ResourceSpec = ResourceSpec()
-    replicas: int = 1
-    autoscaling: AutoscalingSpec = AutoscalingSpec()
-    snapshot: SnapshotPolicy = SnapshotPolicy()
-    template: PodOverrides = PodOverrides()
-    service: ServiceSpec = ServiceSpec()
-    monitoring: MonitoringSpec = MonitoringSpec()
+    resources: ResourceSpec = Field(default_factory=ResourceSpec, validate_default=True)
+    replicas: int = Field(1, ge=0, le=1000)
+    autoscaling: AutoscalingSpec = Field(default_factory=AutoscalingSpec)
+    snapshot: SnapshotPolicy = Field(default_factory=SnapshotPolicy)
+    template: PodOverrides = Field(default_factory=PodOverrides)
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec)
+
+    @field_validator("resources", mode="wrap")
+    @classmethod
+    def _sections_fit(
+        cls, value: Any, validate: ValidatorFunctionWrapHandler, info: ValidationInfo
+    ) -> ResourceSpec:
+        """The rules across sections, and engine.args against the worker's flags. A model's own validators
+        run only once all its fields are valid: checked here, once model, engine and resources are (as
+        far as they can be), they are named beside every other section's problems."""
+        model, engine = info.data.get("model"), info.data.get("engine")
+        resources, broken = None, []
+        try:
+            resources = validate(value)
+        except ValidationError as exc:
+            broken = [_rebuilt(error) for error in exc.errors()]
+        if isinstance(engine, EngineSpec):
+            model = model if isinstance(model, ModelSpec) else None
+            broken += _broken_across(model, engine, resources)
+        raise_broken(EndpointSpec, broken)
+        return resources
 
 
-def _section(data: dict[str, Any], key: str, path: str) -> dict[str, Any]:
-    value = data.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise InvalidSpec(f"{path}{key}", f"must be an object, got {type(value).__name__}")
-    return value
-
-
-def _int(data: dict[str, Any], key: str, default: int, path: str, lo: int, hi: int) -> int:
-    value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidSpec(f"{path}{key}", f"must be an integer, got {value!r}")
-    if not lo <= value <= hi:
-        raise InvalidSpec(f"{path}{key}", f"must be between {lo} and {hi}, got {value}")
-    return value
-
-
-def _choice(data: dict[str, Any], key: str, default: str, path: str, allowed: tuple[str, ...]) -> str:
-    value = data.get(key, default)
-    if value not in allowed:
-        raise InvalidSpec(f"{path}{key}", f"must be one of {', '.join(allowed)}, got {value!r}")
-    return str(value)
-
-
-def _flag(data: dict[str, Any], key: str, default: bool, path: str) -> bool:
-    value = data.get(key, default)
-    if not isinstance(value, bool):
-        raise InvalidSpec(f"{path}{key}", f"must be true or false, got {value!r}")
-    return value
-
-
-def _text(data: dict[str, Any], key: str, path: str, required: bool = False) -> str:
-    value = data.get(key, "")
-    if value is None:
-        value = ""
-    if not isinstance(value, str | int | float) or isinstance(value, bool):
-        raise InvalidSpec(f"{path}{key}", f"must be a string, got {value!r}")
-    if required and not str(value):
-        raise InvalidSpec(f"{path}{key}", "is required")
-    return str(value)
-
-
-def _strings(data: dict[str, Any], key: str, path: str) -> tuple[str, ...]:
-    value = data.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
-        raise InvalidSpec(f"{path}{key}", "must be a list of non-empty strings")
-    return tuple(value)
-
-
-def parse_model(spec: dict[str, Any]) -> ModelSpec:
-    if "model" not in spec:
-        raise InvalidSpec("model", "is required (model.uri names the weights to serve)")
-    data = _section(spec, "model", "")
-    return ModelSpec(
-        uri=_text(data, "uri", "model.", required=True),
-        revision=_text(data, "revision", "model."),
-        served_name=_text(data, "servedName", "model."),
+def _rebuilt(error: ErrorDetails) -> InitErrorDetails:
+    """A caught error, to be raised again with others."""
+    context = error.get("ctx") if error["type"] == "spec_rule" else None
+    return InitErrorDetails(
+        type=PydanticCustomError(error["type"], error["msg"], context), loc=error["loc"], input=error["input"]
     )
 
 
-def parse_engine(spec: dict[str, Any]) -> EngineSpec:
-    """The engine section; its args are checked against the worker's flags apart (`check_worker_flags`),
-    so that a bad flag does not hide the section's other problems."""
-    if "engine" not in spec:
-        raise InvalidSpec("engine", "is required (engine.kind and engine.image)")
-    data = _section(spec, "engine", "")
-    args = data.get("args") or []
-    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise InvalidSpec("engine.args", "must be a list of strings")
-    return EngineSpec(
-        kind=_choice(data, "kind", "", "engine.", ENGINES),
-        image=_text(data, "image", "engine.", required=True),
-        version=_text(data, "version", "engine."),
-        args=tuple(args),
-        dtype=_choice(data, "dtype", "auto", "engine.", DTYPES),
-        tensor_parallel_size=_int(data, "tensorParallelSize", 1, "engine.", 1, 8),
-        port=_int(data, "port", 8000, "engine.", 1024, 65535),
-        image_pull_policy=_choice(
-            data, "imagePullPolicy", "IfNotPresent", "engine.", ("Always", "IfNotPresent", "Never")
-        ),
-    )
+def _broken_across(
+    model: ModelSpec | None, engine: EngineSpec, resources: ResourceSpec | None
+) -> Iterable[InitErrorDetails]:
+    yield from _broken_args(engine.args)
+    if model is not None and model.revision and engine.kind != "vllm":
+        message = "is a Hugging Face revision: it needs engine.kind vllm"
+        yield rule_broken((), message, field="model.revision")
+    if resources is not None and resources.gpus and engine.tensor_parallel_size > resources.gpus:
+        message = (
+            f"runs one process per GPU: {engine.tensor_parallel_size} needs resources.gpus of at least that "
+            f"(it is {resources.gpus})"
+        )
+        yield rule_broken((), message, field="engine.tensorParallelSize")
 
 
-def check_worker_flags(args: Sequence[str]) -> None:
+def _broken_args(args: Sequence[str]) -> Iterable[InitErrorDetails]:
     """engine.args are `warmstart worker` flags: refuse those it would reject and those the spec sets."""
     for arg in args:
         flag = arg.split("=", 1)[0]
         if flag in OPERATOR_FLAGS:
-            field = OPERATOR_FLAGS[flag]
-            use = f": use {field}" if field else ""
-            raise InvalidSpec("engine.args", f"{flag} is set by the operator{use}")
-    problem = worker_flags_problem(args)
+            use = f": use {OPERATOR_FLAGS[flag]}" if OPERATOR_FLAGS[flag] else ""
+            yield rule_broken((), f"{flag} is set by the operator{use}", field="engine.args")
+            return
+    problem = worker_flags_problem(list(args))
     if problem:
-        raise InvalidSpec("engine.args", f"the worker would refuse them: {problem}")
+        yield rule_broken((), f"the worker would refuse them: {problem}", field="engine.args")
 
 
-def parse_resources(spec: dict[str, Any]) -> ResourceSpec:
-    data = _section(spec, "resources", "")
-    resources = ResourceSpec(
-        gpus=_int(data, "gpus", 1, "resources.", 0, 8),
-        gpu_product=_text(data, "gpuProduct", "resources."),
-        cpu=_text(data, "cpu", "resources."),
-        memory=_text(data, "memory", "resources."),
-    )
-    if resources.gpu_product and resources.gpus == 0:
-        raise InvalidSpec("resources.gpuProduct", "needs resources.gpus > 0")
-    return resources
+def _path(loc: Loc) -> str:
+    """("template", "volumes", 0, "name") -> "template.volumes[0].name"."""
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
 
 
-def parse_metric(data: dict[str, Any] | None) -> MetricSpec | None:
-    if not data:
-        return None
-    return MetricSpec(
-        name=_text(data, "name", "autoscaling.metric.", required=True),
-        target=_text(data, "target", "autoscaling.metric.", required=True),
-        source=_choice(data, "source", "Pods", "autoscaling.metric.", METRIC_SOURCES),
-        query=_text(data, "query", "autoscaling.metric."),
-    )
-
-
-def parse_http_scaling(data: dict[str, Any]) -> HttpScalingSpec:
-    prefix = "autoscaling.http."
-    path_prefixes = _strings(data, "pathPrefixes", prefix)
-    for index, path_prefix in enumerate(path_prefixes):
-        if not path_prefix.startswith("/"):
-            raise InvalidSpec(f"{prefix}pathPrefixes[{index}]", f"must start with /, got {path_prefix!r}")
-    return HttpScalingSpec(
-        hosts=_strings(data, "hosts", prefix),
-        path_prefixes=path_prefixes,
-        target_concurrency=_int(data, "targetConcurrency", 1, prefix, 1, 1000),
-        cold_start_timeout_seconds=_int(data, "coldStartTimeoutSeconds", 120, prefix, 1, 3600),
-        response_timeout_seconds=_int(data, "responseTimeoutSeconds", 600, prefix, 1, 86400),
-    )
-
-
-def parse_autoscaling(spec: dict[str, Any]) -> AutoscalingSpec:
-    data = _section(spec, "autoscaling", "")
-    prefix = "autoscaling."
-    scaling = AutoscalingSpec(
-        mode=_choice(data, "mode", "none", prefix, AUTOSCALING_MODES),
-        min_replicas=_int(data, "minReplicas", 1, prefix, 0, 1000),
-        max_replicas=_int(data, "maxReplicas", 4, prefix, 1, 1000),
-        metric=parse_metric(_section(data, "metric", prefix)),
-        prometheus_address=_text(
-            _section(data, "prometheus", prefix), "serverAddress", prefix + "prometheus."
-        )
-        or DEFAULT_PROMETHEUS,
-        polling_interval_seconds=_int(data, "pollingIntervalSeconds", 15, prefix, 1, 3600),
-        cooldown_seconds=_int(data, "cooldownSeconds", 300, prefix, 0, 86400),
-        http=parse_http_scaling(_section(data, "http", prefix)),
-    )
-    _check_autoscaling(scaling, data)
-    return scaling
-
-
-def _check_autoscaling(scaling: AutoscalingSpec, data: dict[str, Any]) -> None:
-    """The rules across fields that the CRD's validations also state."""
-    if scaling.min_replicas > scaling.max_replicas:
-        raise InvalidSpec("autoscaling.minReplicas", "must be less than or equal to autoscaling.maxReplicas")
-    if scaling.min_replicas == 0 and scaling.mode not in SCALE_TO_ZERO_MODES:
-        raise InvalidSpec("autoscaling.minReplicas", "0 (scale to zero) needs autoscaling.mode keda or http")
-    if scaling.mode in METRIC_MODES and scaling.metric is None:
-        raise InvalidSpec("autoscaling.metric", f"is required when autoscaling.mode is {scaling.mode}")
-    if scaling.mode == "http" and scaling.metric is not None:
-        raise InvalidSpec(
-            "autoscaling.metric",
-            "is not used with autoscaling.mode http: it scales on concurrent requests "
-            "(autoscaling.http.targetConcurrency)",
-        )
-    if data.get("http") is not None and scaling.mode != "http":
-        raise InvalidSpec("autoscaling.http", "is only used with autoscaling.mode http")
-
-
-def parse_snapshot(spec: dict[str, Any]) -> SnapshotPolicy:
-    data = _section(spec, "snapshot", "")
-    policy = SnapshotPolicy(
-        enabled=_flag(data, "enabled", True, "snapshot."),
-        signing_key_secret=_text(data, "signingKeySecret", "snapshot."),
-        retention=_int(data, "retention", 2, "snapshot.", 1, 20),
-        max_capture_attempts=_int(data, "maxCaptureAttempts", 5, "snapshot.", 1, 20),
-        capture_timeout_seconds=_int(data, "captureTimeoutSeconds", 3600, "snapshot.", 30, 86400),
-        prestage=_choice(data, "prestage", "None", "snapshot.", PRESTAGE_POLICIES),
-    )
-    return policy
-
-
-def _string_map(data: dict[str, Any], key: str, path: str) -> dict[str, str]:
-    value = _section(data, key, path)
-    return {str(k): str(v) for k, v in value.items()}
-
-
-def _object_list(data: dict[str, Any], key: str, path: str) -> tuple[dict[str, Any], ...]:
-    value = data.get(key) or []
-    if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-        raise InvalidSpec(f"{path}{key}", "must be a list of objects")
-    return tuple(value)
-
-
-def parse_template(spec: dict[str, Any]) -> PodOverrides:
-    data = _section(spec, "template", "")
-    prefix = "template."
-    volumes = _extra_volumes(data, prefix)
-    return PodOverrides(
-        node_selector=_string_map(data, "nodeSelector", prefix),
-        tolerations=_object_list(data, "tolerations", prefix),
-        env=_object_list(data, "env", prefix),
-        labels=_string_map(data, "labels", prefix),
-        annotations=_string_map(data, "annotations", prefix),
-        service_account_name=_text(data, "serviceAccountName", prefix),
-        priority_class_name=_text(data, "priorityClassName", prefix),
-        volumes=volumes,
-        volume_mounts=_extra_mounts(data, prefix, {str(volume["name"]) for volume in volumes}),
-    )
-
-
-RESERVED_VOLUMES = frozenset({"control", "shm"})
-RESERVED_MOUNT_PATHS = frozenset({L.CONTROL_DIR_PATH, "/dev/shm"})
-
-
-def _extra_volumes(data: dict[str, Any], path: str) -> tuple[dict[str, Any], ...]:
-    """The schema checks these too; the operator checks again for objects that predate a schema change."""
-    volumes = _object_list(data, "volumes", path)
-    names = [str(volume.get("name", "")) for volume in volumes]
-    for index, name in enumerate(names):
-        if not name or name in RESERVED_VOLUMES or name in names[:index]:
-            raise InvalidSpec(f"{path}volumes[{index}].name", f"{name!r} is empty, reserved or repeated")
-    return volumes
-
-
-def _extra_mounts(data: dict[str, Any], path: str, names: set[str]) -> tuple[dict[str, Any], ...]:
-    mounts = _object_list(data, "volumeMounts", path)
-    for index, mount in enumerate(mounts):
-        if mount.get("name") not in names:
-            raise InvalidSpec(f"{path}volumeMounts[{index}].name", "names no volume of template.volumes")
-        if str(mount.get("mountPath", "")).rstrip("/") in RESERVED_MOUNT_PATHS:
-            raise InvalidSpec(f"{path}volumeMounts[{index}].mountPath", "is one of the operator's mounts")
-    return mounts
-
-
-def parse_service(spec: dict[str, Any]) -> ServiceSpec:
-    data = _section(spec, "service", "")
-    return ServiceSpec(
-        type=_choice(data, "type", "ClusterIP", "service.", ("ClusterIP", "NodePort", "LoadBalancer")),
-        port=_int(data, "port", 80, "service.", 1, 65535),
-    )
-
-
-def parse_monitoring(spec: dict[str, Any]) -> MonitoringSpec:
-    data = _section(spec, "monitoring", "")
-    return MonitoringSpec(
-        service_monitor=_flag(data, "serviceMonitor", False, "monitoring."),
-        interval=_text(data, "interval", "monitoring.") or "15s",
-    )
-
-
-def _check_across(model: ModelSpec, engine: EngineSpec, resources: ResourceSpec) -> list[SpecProblem]:
-    """The rules that tie the model, engine and resources sections together."""
-    problems = []
-    if model.revision and engine.kind != "vllm":
-        problems.append(
-            SpecProblem("model.revision", "is a Hugging Face revision: it needs engine.kind vllm")
-        )
-    if resources.gpus and engine.tensor_parallel_size > resources.gpus:
-        problems.append(
-            SpecProblem(
-                "engine.tensorParallelSize",
-                f"runs one process per GPU: {engine.tensor_parallel_size} needs resources.gpus of at least "
-                f"that (it is {resources.gpus})",
-            )
-        )
-    return problems
+def _problem(error: ErrorDetails) -> SpecProblem:
+    context = error.get("ctx") or {}
+    path = context.get("field") or _path(error["loc"])
+    if error["type"] == "missing":
+        return SpecProblem(path, "is required")
+    if error["type"] == "spec_rule":
+        return SpecProblem(path, error["msg"])
+    # pydantic's "Input should be ...", "String should have ..." in the words of the other problems
+    message = re.sub(r"^\w+ should ", "must ", error["msg"]).replace("a valid tuple", "a list")
+    return SpecProblem(path, f"{message}, got {error['input']!r}")
 
 
 def parse_spec(spec: dict[str, Any]) -> EndpointSpec:
-    """Parse and default an InferenceEndpoint spec. Raises InvalidSpec naming every problem found: each
-    section is checked whatever the others hold (within a section, up to its first problem)."""
+    """Parse and default an InferenceEndpoint spec. Raises InvalidSpec naming every problem found."""
     if not isinstance(spec, dict):
         raise InvalidSpec("", "must be an object")
-    problems = Problems()
-    model = problems.check(lambda: parse_model(spec), None)
-    engine = problems.check(lambda: parse_engine(spec), None)
-    if engine is not None:
-        problems.check(lambda: check_worker_flags(engine.args), None)
-    resources = problems.check(lambda: parse_resources(spec), None)
-    if model is not None and engine is not None and resources is not None:
-        problems.found.extend(_check_across(model, engine, resources))
-    parsed = EndpointSpec(
-        model=model or ModelSpec(uri=""),
-        engine=engine or EngineSpec(kind="", image=""),
-        resources=resources or ResourceSpec(),
-        replicas=problems.check(lambda: _int(spec, "replicas", 1, "", 0, 1000), 0),
-        autoscaling=problems.check(lambda: parse_autoscaling(spec), AutoscalingSpec()),
-        snapshot=problems.check(lambda: parse_snapshot(spec), SnapshotPolicy()),
-        template=problems.check(lambda: parse_template(spec), PodOverrides()),
-        service=problems.check(lambda: parse_service(spec), ServiceSpec()),
-        monitoring=problems.check(lambda: parse_monitoring(spec), MonitoringSpec()),
-    )
-    problems.raise_if_any()
-    return parsed
+    try:
+        return EndpointSpec.model_validate(spec)
+    except ValidationError as exc:
+        raise InvalidSpec(problems=[_problem(error) for error in exc.errors()]) from None
