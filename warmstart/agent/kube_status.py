@@ -20,7 +20,7 @@ from warmstart.kube.events import record_event
 
 log = logging.getLogger(__name__)
 
-EVENT_SOURCE = "warmstart-agent"
+EVENT_SOURCE = "warmstart-agent"  # its Events' source, and the writer of its changes
 OWNER_KINDS = ("ReplicaSet", "Deployment")  # the links between a worker pod and its InferenceEndpoint
 
 
@@ -28,7 +28,7 @@ class KubeStatus:
     """What the agent reads and writes, for the pods on its node `node`."""
 
     def __init__(self, api_client: Any, node: str, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.kube = Kube(api_client, timeout)
+        self.kube = Kube(api_client, timeout, field_manager=EVENT_SOURCE)
         self.node = node
         self.timeout = timeout
 

@@ -187,11 +187,14 @@ def _selectors(labels: Labels, fields: Mapping[str, str] | None) -> dict[str, st
 class Kube:
     """The API server's objects as plain dicts, through one `kubernetes` ApiClient."""
 
-    def __init__(self, api_client: Any, timeout: float = DEFAULT_TIMEOUT) -> None:
+    def __init__(
+        self, api_client: Any, timeout: float = DEFAULT_TIMEOUT, field_manager: str = L.FIELD_MANAGER
+    ) -> None:
         from kubernetes.dynamic import DynamicClient
 
         self.api = api_client
         self.timeout = timeout
+        self.field_manager = field_manager  # who made each write, in the objects' managedFields
         self.dynamic = DynamicClient(api_client, discoverer=_KnownKinds)
 
     @classmethod
@@ -213,7 +216,7 @@ class Kube:
         what = f"PATCH {resource.path(meta['name'], meta.get('namespace'))}"
         return self._call(
             what, self.dynamic.server_side_apply, resource, obj,
-            field_manager=L.FIELD_MANAGER, force_conflicts=True,
+            field_manager=self.field_manager, force_conflicts=True,
         )  # fmt: skip
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
@@ -223,7 +226,7 @@ class Kube:
         try:
             return self._call(
                 f"POST {resource.path(namespace=namespace)}", self.dynamic.create, resource, obj,
-                namespace=namespace, field_manager=L.FIELD_MANAGER,
+                namespace=namespace, field_manager=self.field_manager,
             )  # fmt: skip
         except KubeError as exc:
             if exc.status == 409:
@@ -327,7 +330,10 @@ class Kube:
         `patch` is a precondition: the API server answers 409 when the object has changed since."""
         resource = self._resource(kind)
         path = resource.path(name, namespace) + (f"/{subresource}" if subresource else "")
-        return self._call(f"PATCH {path}", self.dynamic.request, "patch", path, patch, content_type=MERGE)
+        return self._call(
+            f"PATCH {path}", self.dynamic.request, "patch", path, patch,
+            content_type=MERGE, field_manager=self.field_manager,
+        )  # fmt: skip
 
     def patch_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
         return self.patch(kind, namespace, name, {"status": status}, "status")
