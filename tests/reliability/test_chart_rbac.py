@@ -167,9 +167,8 @@ def test_the_agent_may_only_set_its_status_annotation_on_pods_of_its_own_node(
         message="the chart's admission policy in force",
     )  # fmt: skip
 
-    KubeStatus(api.api_client, NODE_A).annotate_pod(
-        namespace, "here", {"restoreSeconds": 0.5}
-    )  # the agent's code
+    agent_code = KubeStatus(api.api_client, NODE_A)
+    agent_code.annotate_pod(namespace, "here", {"restoreSeconds": 0.5})
     written = api.read_namespaced_pod("here", namespace).metadata.annotations[L.STATUS_ANNOTATION]
     assert json.loads(written)["restoreSeconds"] == 0.5
     refusals = {
