@@ -30,7 +30,7 @@ from control_plane import build, versions  # noqa: E402
 from control_plane.cluster import ControlPlane  # noqa: E402
 from operator_process import OperatorProcess  # noqa: E402
 
-from warmstart.operator.kube import Kube  # noqa: E402
+from warmstart.kube.client import Kube  # noqa: E402
 
 GPUS_PER_NODE = 8
 

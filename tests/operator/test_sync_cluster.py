@@ -9,8 +9,8 @@ import pytest
 from builders import endpoint_spec
 
 from warmstart.api import labels as L
+from warmstart.kube.client import Kube
 from warmstart.operator.children import Owner
-from warmstart.operator.kube import Kube
 from warmstart.operator.reconcile import sync_snapshots
 from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import plan_snapshots

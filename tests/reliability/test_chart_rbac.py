@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from warmstart.agent.kube_status import KubeStatus
 from warmstart.api import labels as L
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
@@ -166,8 +167,10 @@ def test_the_agent_may_only_set_its_status_annotation_on_pods_of_its_own_node(
         message="the chart's admission policy in force",
     )  # fmt: skip
 
-    api.patch_namespaced_pod("here", namespace, status)  # what the agent's code does
-    assert json.loads(api.read_namespaced_pod("here", namespace).metadata.annotations[L.STATUS_ANNOTATION])
+    agent_code = KubeStatus(api.api_client, NODE_A)
+    agent_code.annotate_pod(namespace, "here", {"restoreSeconds": 0.5})
+    written = api.read_namespaced_pod("here", namespace).metadata.annotations[L.STATUS_ANNOTATION]
+    assert json.loads(written)["restoreSeconds"] == 0.5
     refusals = {
         "a pod of another node": _refused(lambda: api.patch_namespaced_pod("there", namespace, status)),
         "another annotation": _refused(lambda: api.patch_namespaced_pod(

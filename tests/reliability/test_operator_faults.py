@@ -4,11 +4,14 @@ and log lines that must name their object. The real operator runs as a process; 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
+import threading
 from collections import Counter
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +23,7 @@ from builders import endpoint_spec  # noqa: E402
 from operator_process import OperatorProcess  # noqa: E402
 
 from warmstart.api import labels as L  # noqa: E402
-from warmstart.operator.kube import Kube, KubeError, TransientKubeError  # noqa: E402
+from warmstart.kube.client import KINDS, Kind, Kube, KubeError, TransientKubeError  # noqa: E402
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -127,37 +130,46 @@ def wait_served(kube, namespace: str, name: str) -> None:
     kube.wait_for(lambda: served(kube, namespace, name), timeout=WAIT, message=f"{namespace}/{name} served")
 
 
-def test_plain_text_error_replies_read_as_their_status(kube) -> None:
+def test_plain_text_error_replies_read_as_their_status(kube, monkeypatch: pytest.MonkeyPatch) -> None:
     """The API server answers a path it does not serve with a text/plain '404 page not found'."""
+    monkeypatch.setitem(KINDS, "Thing", Kind("not-served.warmstart.dev/v1", "things"))
     client = Kube(kube.api_client())
     FAULTS["plain-text 404"] += 1
     with pytest.raises(KubeError) as raised:
-        client.request("GET", "/apis/not-served.warmstart.dev/v1/namespaces/default/things/one")
+        client.list("Thing", "default", {})
     assert raised.value.status == 404 and not isinstance(raised.value, TransientKubeError)
     assert "404 page not found" in str(raised.value)
+    assert client.get("Thing", "default", "one") is None
+    assert client.served_verbs("Thing") == frozenset()
     assert client.served_verbs("ScaledObject") >= {"get", "patch"}  # a served kind, to contrast
     SURVIVED["plain-text 404"] += 1
 
 
-class TextReply:
-    def __init__(self, status: int, data: bytes) -> None:
-        self.status, self.data = status, data
+@contextlib.contextmanager
+def text_server(status: int, body: bytes) -> Iterator[str]:
+    """An HTTP server on loopback whose every reply is `status` with `body` (what a proxy or a half-started
+    server says); yields its address."""
 
-    def read(self) -> bytes:
-        return self.data
+    class Reply(BaseHTTPRequestHandler):
+        def _reply(self) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
 
+        do_GET = do_PATCH = do_POST = do_DELETE = _reply
 
-class TextServer:
-    """An ApiClient whose every call gets one fixed reply (what a proxy or a half-started server says)."""
+        def log_message(self, *_: Any) -> None:
+            pass
 
-    def __init__(self, reply: TextReply) -> None:
-        self.reply = reply
-
-    def param_serialize(self, *args: Any, **kwargs: Any) -> tuple[Any, ...]:
-        return (args, kwargs)
-
-    def call_api(self, *args: Any, **kwargs: Any) -> TextReply:
-        return self.reply
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Reply)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.mark.parametrize(
@@ -170,12 +182,18 @@ class TextServer:
     ],
 )
 def test_non_json_replies_are_clean_api_errors(status: int, body: bytes, error: type, words: str) -> None:
+    from kubernetes import client
+
     FAULTS["non-JSON reply"] += 1
-    with pytest.raises(error) as raised:
-        Kube(TextServer(TextReply(status, body))).request("GET", "/api/v1/namespaces/x/pods/y")
-    assert words in str(raised.value)
-    if status != 200:
-        assert raised.value.status == status
+    with text_server(status, body) as address:
+        api = Kube(client.ApiClient(client.Configuration(host=address)))
+        for call in (lambda: api.list("Pod", "x", {}), lambda: api.patch("Pod", "x", "y", {})):
+            with pytest.raises(error) as raised:
+                call()
+            assert words in str(raised.value)
+            assert type(raised.value) is error
+            if status != 200:
+                assert raised.value.status == status
     SURVIVED["non-JSON reply"] += 1
 
 

@@ -106,26 +106,15 @@ class Agent:
                 self.stopping.wait(2.0)
 
     def _list_and_watch(self) -> None:
-        from kubernetes import watch
-
         pods, version = self.kube.list_node_pods()
         self._forget_gone({objects.meta(pod)["uid"] for pod in pods})
         for pod in pods:
             self.consider(pod)
-        stream = watch.Watch()
-        serialize = self.kube.core.api_client.sanitize_for_serialization
-        for event in stream.stream(
-            self.kube.core.list_pod_for_all_namespaces,
-            **self.kube.node_pod_selectors(),
-            resource_version=version,
-            timeout_seconds=max(1, int(self.config.resync_seconds)),
-            _request_timeout=self.config.resync_seconds + self.kube.timeout,
-        ):
+        for change, pod in self.kube.watch_node_pods(version, max(1, int(self.config.resync_seconds))):
             if self.stopping.is_set():
-                stream.stop()
                 return
-            if event["type"] in ("ADDED", "MODIFIED"):
-                self.consider(serialize(event["object"]))
+            if change in ("ADDED", "MODIFIED"):
+                self.consider(pod)
 
     def _forget_gone(self, present: set[str]) -> None:
         with self._lock:

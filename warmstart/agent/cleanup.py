@@ -15,7 +15,6 @@ from typing import Any
 
 from warmstart.agent import objects
 from warmstart.agent.context import NodeContext
-from warmstart.api import labels as L
 from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.remote import RemoteError
 from warmstart.snapshot.store import Snapshot, SnapshotNotFound
@@ -100,22 +99,14 @@ class StoreCleanup:
 
     def watch_deleted(self) -> None:
         """Deleted InferenceSnapshots (all namespaces): remove the store files each was captured into."""
-        from kubernetes import watch
-
         node = self.node
         while not node.stopping.is_set():
             try:
-                stream = watch.Watch()
-                for event in stream.stream(
-                    node.kube.custom.list_cluster_custom_object, L.GROUP, L.VERSION, L.SNAPSHOT_PLURAL,
-                    timeout_seconds=max(1, int(node.config.resync_seconds)),
-                    _request_timeout=node.config.resync_seconds + node.kube.timeout,
-                ):  # fmt: skip
+                for change, snap in node.kube.watch_snapshots(max(1, int(node.config.resync_seconds))):
                     if node.stopping.is_set():
-                        stream.stop()
                         return
-                    if event["type"] == "DELETED":
-                        self.forget_deleted(event["object"])
+                    if change == "DELETED":
+                        self.forget_deleted(snap)
             except Exception as exc:
                 log.warning("InferenceSnapshot watch interrupted: %s", exc)
                 node.stopping.wait(2.0)

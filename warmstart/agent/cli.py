@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
 
 from warmstart.checkpoint import hugepages
 from warmstart.config import default_criu_command, env_int
@@ -21,27 +20,12 @@ STOP_GRACE_SECONDS = 20.0
 DEFAULT_PRESTAGE_MAX_BYTES = 64 << 30
 
 
-def api_client(kubeconfig: str | None) -> Any:
-    """In-cluster service account when there is one, else `kubeconfig` (or KUBECONFIG, ~/.kube/config)."""
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = 16
-    return client.ApiClient(configuration)
-
-
 def _run(args: argparse.Namespace) -> int:
     from warmstart.agent import grpc_api
     from warmstart.agent.agent import Agent, AgentConfig
     from warmstart.agent.kube_status import KubeStatus
     from warmstart.agent.metrics import AgentMetrics
+    from warmstart.kube.client import api_client
     from warmstart.snapshot.keys import signing_keys
     from warmstart.snapshot.remote import RemoteConfig
 

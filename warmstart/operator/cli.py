@@ -118,14 +118,14 @@ def _follower_liveness(port: int) -> Iterator[None]:
 def _wait_to_lead(args: argparse.Namespace) -> bool:
     """Campaign for the Lease; True once this replica holds it, False if it was told to stop first. The
     liveness endpoint answers meanwhile: a follower is healthy."""
-    from warmstart.operator.kube import Kube
+    from warmstart.kube.client import api_client
     from warmstart.operator.leadership import Leadership, LeaseSettings, exit_now
 
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
     settings = LeaseSettings(namespace=args.leader_election_namespace, name=args.lease_name)
-    leadership = Leadership(settings, Kube.from_environment().api, on_lost=exit_now)
+    leadership = Leadership(settings, api_client(), on_lost=exit_now)
     leadership.start()
     with _follower_liveness(args.liveness_port) if args.liveness_port else contextlib.nullcontext():
         return leadership.wait_to_lead(stopping)
@@ -135,6 +135,8 @@ def run_operator(args: argparse.Namespace) -> int:
     import asyncio
 
     import kopf
+
+    from warmstart.operator import login  # noqa: F401  (registers how kopf reaches the API server)
 
     try:
         from warmstart.operator import handlers  # registers the handlers; reads its settings

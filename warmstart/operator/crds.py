@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from warmstart.api import labels as L
-from warmstart.operator.kube import CRD_KIND, Kube, KubeError
+from warmstart.kube.client import CRD_KIND, Kube, KubeError
 
 log = logging.getLogger(__name__)
 

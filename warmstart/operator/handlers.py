@@ -18,10 +18,10 @@ import kopf
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
 from warmstart.config import env_float, env_int, env_str
+from warmstart.kube.client import Kube, KubeError
 from warmstart.operator import crds
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.diagnosis import AgentLookup
-from warmstart.operator.kube import Kube, KubeError
 from warmstart.operator.metrics import METRICS
 from warmstart.operator.placement import NODE_LOCAL, check_snapshot_store
 from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, reconcile

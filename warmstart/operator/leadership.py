@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from warmstart.kube.client import with_timeout
+
 log = logging.getLogger(__name__)
 
 
@@ -47,7 +49,10 @@ class Leadership:
         self.leading = threading.Event()
         self._on_lost = on_lost
         lock = LeaseLock(settings.name, settings.namespace, self.identity)
-        lock.api_instance = client.CoordinationV1Api(api_client)  # not the client library's global default
+        # Not the client library's global default; each call bounded, so that a renewal cannot hang past
+        # the deadline of the one before it.
+        coordination = client.CoordinationV1Api(api_client)
+        lock.api_instance = with_timeout(coordination, settings.renew_seconds / 2)
         config = electionconfig.Config(
             lock, settings.lease_seconds, settings.renew_seconds, settings.retry_seconds,
             onstarted_leading=self.leading.set, onstopped_leading=self._lost,

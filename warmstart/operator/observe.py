@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from warmstart.kube.client import Kube
 from warmstart.operator import children
 from warmstart.operator.diagnosis import (
     MOUNT_EVENT_REASONS,
@@ -17,7 +18,6 @@ from warmstart.operator.diagnosis import (
     needs_agent,
     ready_agent_nodes,
 )
-from warmstart.operator.kube import Kube
 
 
 @dataclass(frozen=True)

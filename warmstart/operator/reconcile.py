@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import OPERATOR, SnapshotStatus, status_patch
-from warmstart.clock import format_time, parse_time, utc_now
+from warmstart.clock import parse_time, utc_now
+from warmstart.kube.client import Kube, KubeError, TransientKubeError
+from warmstart.kube.events import record_event
 from warmstart.operator import children, diagnosis
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.diagnosis import AgentLookup
-from warmstart.operator.kube import Kube, KubeError, TransientKubeError
 from warmstart.operator.observe import observe_pods
 from warmstart.operator.placement import NODE_LOCAL, preferred_node, restore_node
 from warmstart.operator.request_key import request_key, request_key_hash
@@ -82,32 +82,8 @@ class Outcome:
 
 
 def post_event(kube: Kube, involved: dict[str, Any], kind: str, reason: str, message: str) -> None:
-    """A core/v1 Event on `involved`; failures are logged, never raised (events are best effort)."""
-    meta = involved["metadata"]
-    now = format_time()
-    event = {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:12]}", "namespace": meta["namespace"]},
-        "involvedObject": {
-            "apiVersion": involved["apiVersion"],
-            "kind": involved["kind"],
-            "name": meta["name"],
-            "namespace": meta["namespace"],
-            "uid": meta["uid"],
-        },
-        "type": kind,
-        "reason": reason,
-        "message": message[:1024],
-        "source": {"component": L.FIELD_MANAGER},
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
-    try:
-        kube.create(event)
-    except KubeError as exc:
-        log.warning("%s/%s: event %s not posted: %s", meta["namespace"], meta["name"], reason, exc)
+    """An Event of type `kind` on `involved` (an object with its apiVersion and kind); best effort."""
+    record_event(kube, involved, involved["kind"], kind, reason, message, component=L.FIELD_MANAGER)
 
 
 def _apply_optional(kube: Kube, obj: dict[str, Any], hint: str) -> None:
