@@ -128,13 +128,18 @@ def report() -> Iterator[list[dict[str, Any]]]:
     print("\n" + markdown(rows))
 
 
+ENGINE_LOGS = f'for f in {L.CONTROL_DIR_PATH}/logs/*; do echo "== $f"; tail -n 400 "$f"; done'
+
+
 def keep_worker_log(kube: ControlPlane, namespace: str, pod: str, kind: str) -> None:
-    """The worker's own log of a timed start (the engine's resume or load, its server's start), kept with
-    the results: the pod goes with the scale to zero."""
+    """The worker's logs of a timed start, the supervisor's and the engine's (its resume or load, its
+    server's start), kept with the results: the pod goes with the scale to zero."""
     directory = results_dir() / "worker-logs"
     directory.mkdir(parents=True, exist_ok=True)
-    logs = kube.kubectl("logs", "-n", namespace, pod, check=False)
-    (directory / f"{kind}-{pod}.log").write_text(logs.stdout + logs.stderr)
+    supervisor = kube.kubectl("logs", "-n", namespace, pod, check=False)
+    engine = kube.kubectl("exec", "-n", namespace, pod, "--", "sh", "-c", ENGINE_LOGS, check=False)
+    (directory / f"{kind}-{pod}.log").write_text("\n".join(
+        [supervisor.stdout, supervisor.stderr, engine.stdout, engine.stderr]))  # fmt: skip
 
 
 def pack_worker_logs(directory: Path) -> None:
