@@ -1082,7 +1082,7 @@ def _detail(run: RestoreRun, key: str) -> float | None:
 
 def _stager_threads(value: str) -> int:
     """off: 0; on: the stager's default thread count; a number: that many threads."""
-    from warmstart.gpu.weight_stager import STAGING_THREADS
+    from warmstart.gpu.weight_stager.stage import STAGING_THREADS
 
     if value == "off":
         return 0

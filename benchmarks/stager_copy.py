@@ -36,7 +36,8 @@ from pathlib import Path
 
 from warmstart.bench import pinned_to_gpu_bandwidth, read_bandwidth
 from warmstart.checkpoint import hugepages
-from warmstart.gpu.weight_stager import COPY_PATHS, STAGING_THREADS, Copy, SharedDeviceMemory, fill
+from warmstart.gpu.weight_stager.plan import Copy
+from warmstart.gpu.weight_stager.stage import COPY_PATHS, STAGING_THREADS, SharedDeviceMemory, fill
 from warmstart.snapshot.residency import evict
 
 GIB = 1 << 30

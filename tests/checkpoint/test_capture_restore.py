@@ -23,7 +23,7 @@ from warmstart.checkpoint.restore import (
     restore,
 )
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
-from warmstart.gpu.weight_stager import StagingPlan
+from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot import verify

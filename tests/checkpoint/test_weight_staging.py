@@ -27,13 +27,9 @@ from warmstart.checkpoint.weight_staging import (
     spawn_stager_early,
     staging_plan,
 )
-from warmstart.gpu import weight_stager
-from warmstart.gpu.weight_stager import (
-    STAGING_THREADS,
-    StagedWeightsUnavailable,
-    StagingPlan,
-    receive_staged_weights,
-)
+from warmstart.gpu.weight_stager.client import StagedWeightsUnavailable, receive_staged_weights
+from warmstart.gpu.weight_stager.plan import StagingPlan
+from warmstart.gpu.weight_stager.stage import STAGING_THREADS, open_inside
 from warmstart.protocol import ControlDir
 
 NOBODY = 65534
@@ -190,7 +186,7 @@ def _open_as(uid: int, path: str) -> str:
             os.setgroups([])
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
-            os.close(weight_stager.open_inside(None, path))
+            os.close(open_inside(None, path))
         except OSError as exc:
             outcome = type(exc).__name__
         os.write(write, outcome.encode())

@@ -21,7 +21,7 @@ from warmstart.cuda_driver import device_with_uuid  # noqa: E402
 from warmstart.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from warmstart.engines.builtin.engine import BuiltinEngine  # noqa: E402
 from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
-from warmstart.gpu.weight_stager import COPY_PATHS  # noqa: E402
+from warmstart.gpu.weight_stager.stage import COPY_PATHS  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -15,14 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.gpu.weight_stager import (
-    RANGE_SLACK_BYTES,
-    StagedWeightsUnavailable,
-    StagingPlan,
-    listen,
-    open_inside,
-    receive_staged_weights,
-)
+from warmstart.gpu.weight_stager.channel import listen
+from warmstart.gpu.weight_stager.client import StagedWeightsUnavailable, receive_staged_weights
+from warmstart.gpu.weight_stager.plan import RANGE_SLACK_BYTES, StagingPlan
+from warmstart.gpu.weight_stager.stage import open_inside
 
 REPO = Path(__file__).resolve().parents[2]
 

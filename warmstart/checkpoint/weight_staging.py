@@ -33,13 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.config import env_flag, env_int, env_str
-from warmstart.gpu.weight_stager import (
-    COPY_PATHS,
-    MAX_STAGING_THREADS,
-    STAGING_THREADS,
-    StagingPlan,
-    listen,
-)
+from warmstart.gpu.weight_stager.channel import listen
+from warmstart.gpu.weight_stager.plan import StagingPlan
+from warmstart.gpu.weight_stager.stage import COPY_PATHS, MAX_STAGING_THREADS, STAGING_THREADS
 from warmstart.protocol import ControlDir
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 

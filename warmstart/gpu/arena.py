@@ -123,3 +123,8 @@ def create_arena(kind: str, device: str | torch.device) -> Arena:
     except ModuleNotFoundError as exc:
         raise ValueError(f"arena {kind!r} is not available in this build ({exc})") from exc
     return getattr(module, class_name)(device)
+
+
+def round_up(value: int, multiple: int) -> int:
+    """`value` rounded up to a multiple of `multiple` (an alignment or an allocation granularity)."""
+    return (value + multiple - 1) // multiple * multiple

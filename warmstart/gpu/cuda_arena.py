@@ -20,6 +20,7 @@ from typing import Any
 
 from warmstart.cuda_driver import CudaError, CudaUnavailable, check, driver
 from warmstart.cuda_driver import device_count as cuda_device_count
+from warmstart.gpu.arena import round_up
 
 __all__ = [
     "CudaError",
@@ -30,10 +31,6 @@ __all__ = [
     "cuda_ordinal",
     "primary_context",
 ]
-
-
-def _round_up(value: int, multiple: int) -> int:
-    return (value + multiple - 1) // multiple * multiple
 
 
 class _PrimaryContext:
@@ -89,7 +86,7 @@ class VmmRange:
                 "cuMemGetAllocationGranularity",
             )
         )
-        self.size = _round_up(nbytes, granularity)
+        self.size = round_up(nbytes, granularity)
         self.address = int(check(cu.cuMemAddressReserve(self.size, granularity, 0, 0), "cuMemAddressReserve"))
         self._handle: Any = None
         try:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmstart.fileio import atomic_file
+from warmstart.gpu.arena import round_up
 from warmstart.parallel import share_among_threads
 
 if TYPE_CHECKING:
@@ -131,10 +132,10 @@ def plan_layout(
     offset = 0
     for path in files:
         for entry in read_header(path):
-            offset = _align(offset, alignment)
+            offset = round_up(offset, alignment)
             layout[entry.name] = TensorSlot(entry.name, offset, entry.shape, entry.dtype)
             offset += layout[entry.name].nbytes
-    return layout, _align(offset, alignment)
+    return layout, round_up(offset, alignment)
 
 
 def views(arena: torch.Tensor, layout: Layout) -> dict[str, torch.Tensor]:
@@ -354,7 +355,7 @@ def _pread_direct(fd: int, buffer: memoryview, offset: int, nbytes: int) -> tupl
     """
     start = offset - offset % DIRECT_IO_ALIGNMENT
     skip = offset - start
-    window = buffer[: _align(skip + nbytes, DIRECT_IO_ALIGNMENT)]
+    window = buffer[: round_up(skip + nbytes, DIRECT_IO_ALIGNMENT)]
     done = 0
     while done < skip + nbytes:
         count = os.preadv(fd, [window[done:]], start + done)
@@ -363,10 +364,6 @@ def _pread_direct(fd: int, buffer: memoryview, offset: int, nbytes: int) -> tupl
             raise ValueError(f"unexpected end of file at offset {start + done + count} (file truncated?)")
         done += count
     return skip, skip + nbytes
-
-
-def _align(value: int, alignment: int) -> int:
-    return (value + alignment - 1) // alignment * alignment
 
 
 # --- writing ---------------------------------------------------------------------------------------------
@@ -391,7 +388,7 @@ def write_safetensors(
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    padded_len = _align(8 + len(encoded), HEADER_ALIGNMENT) - 8
+    padded_len = round_up(8 + len(encoded), HEADER_ALIGNMENT) - 8
     encoded += b" " * (padded_len - len(encoded))
     import torch
 

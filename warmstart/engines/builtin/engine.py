@@ -47,7 +47,7 @@ from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
 from warmstart.engines.host import gpu_facts, runtime_image
 from warmstart.gpu.arena import Arena
-from warmstart.gpu.weight_stager import StagingPlan
+from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weights_io import views
 from warmstart.identity import SnapshotIdentity
 

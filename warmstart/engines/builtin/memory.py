@@ -28,7 +28,8 @@ from warmstart.config import env_flag
 from warmstart.cuda_driver import device_uuid
 from warmstart.gpu.arena import Arena, create_arena
 from warmstart.gpu.cuda_arena import CudaVmmArena
-from warmstart.gpu.weight_stager import StagingPlan, acknowledge, receive_staged_weights
+from warmstart.gpu.weight_stager.client import acknowledge, receive_staged_weights
+from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache
 from warmstart.procinfo import anonymous_memory_by_mapping
 

@@ -1,34 +1,10 @@
-"""Stage a restored engine's weights on the GPU while CRIU is still restoring the engine itself.
+"""The stager's side: open the plan's files, fill shared device memory from them and hand it to the engine.
 
-After a restore, an engine that released its weights before the checkpoint must copy them back (about 0.6 s
-for 16 GB from a hot page cache), and it cannot start before CRIU and the CUDA restore are done (about
-1.5 s). A *stager* is a small process, started by whoever starts the restore, that does the copy in that
-window instead: it allocates device memory that can be shared between processes (`cuMemCreate` with a POSIX
-file-descriptor handle), fills it from the safetensors files following the engine's `StagingPlan` (through
-pinned buffers, or by DMA straight from the page cache with `--copy mapped`), and hands the memory's file
-descriptor to the engine over a Unix socket. The engine maps that memory at its
-weight arena's own virtual addresses (`cuMemImportFromShareableHandle` + `cuMemMap`), so its tensors and
-CUDA graphs see the weights with no copy at all on the engine's side. When anything fails the engine is told
-why (or sees the stager hang up) and refills the weights itself, as without a stager.
-
-The plan is the engine's, and the engine is trusted less than whoever starts the stager: the stager opens
-every file before it allocates anything, inside the root it is given (`--root-fd`, openat2 with
-`RESOLVE_IN_ROOT`), refuses anything but regular files, and copies at most a little past the engine's own
-range (`StagingPlan.check`). Whoever starts it can also bind the socket (`--listen-fd`) and drop its
-privileges to the engine's user.
-
-    python -m warmstart.gpu.weight_stager (--plan FILE | --plan-fd N) (--socket PATH | --listen-fd N)
-        [--root-fd N] [--threads N] [--copy mapped|buffered]
-
-It may be started before its plan exists: it imports cuda-python and initialises the driver while it waits
-for the plan on `--plan-fd` (a restore writes it there once the snapshot is verified).
-
-The stager needs the CUDA driver and cuda-python, not torch: it must start fast.
+cuda-python is imported in a thread while the plan is awaited, and torch never: the stager must start fast.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import ctypes
 import json
@@ -36,15 +12,14 @@ import logging
 import os
 import socket
 import stat
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from warmstart.fileio import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, mapped_readonly, openat2
+from warmstart.gpu.weight_stager.channel import ACK
+from warmstart.gpu.weight_stager.plan import Copy, StagingPlan
 from warmstart.gpu.weights_io import pread_exact
 from warmstart.parallel import share_among_threads
 
@@ -55,156 +30,7 @@ MAPPED_PIECE_BYTES = 256 << 20  # pinned in the page cache at a time (measured b
 STAGING_THREADS = 8
 MAX_STAGING_THREADS = 64
 COPY_PATHS = ("buffered", "mapped")  # through pinned buffers / the page cache pinned and copied by DMA
-ACK = b"mapped"
-ENGINE_WAIT_SECONDS = 600.0  # an engine waits this long for its stager's answer (it hears at once if it dies)
 ACCEPT_SECONDS = 60.0  # after the fill, a stager waits this long for its engine, then frees the memory
-RANGE_SLACK_BYTES = 1 << 29  # allocation granularity and more: how far the range may reach past the copies
-SOCKET_PATH_LIMIT = 100  # sun_path holds 108 bytes; longer paths go through /proc/self/fd/<dir>/<name>
-
-Copy = tuple[str, int, int, int]  # file, offset in the file, offset in the weight range, bytes
-
-
-@dataclass(frozen=True)
-class StagingPlan:
-    """What to put where, in the engine's weight range on one GPU."""
-
-    device_index: int  # the engine's CUDA ordinal; `device_uuid`, when known, decides
-    range_bytes: int  # the engine's weight range, rounded up to the allocation granularity
-    copies: tuple[Copy, ...]
-    device_uuid: str = ""  # the same GPU in the stager's process, whatever its ordinal there
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    @classmethod
-    def from_json(cls, text: str) -> StagingPlan:
-        return cls.from_dict(json.loads(text))
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> StagingPlan:
-        """A plan from its dict form; ValueError (or KeyError/TypeError) names what is wrong."""
-        copies = tuple((str(p), int(f), int(a), int(n)) for p, f, a, n in data["copies"])
-        uuid = str(data.get("device_uuid", ""))
-        plan = cls(int(data["device_index"]), int(data["range_bytes"]), copies, uuid)
-        plan.check()
-        return plan
-
-    def check(self) -> None:
-        if not self.copies:
-            raise ValueError("staging plan: no copies")
-        for path, file_offset, offset, nbytes in self.copies:
-            if not path.startswith("/"):
-                raise ValueError(f"staging plan: {path!r} is not an absolute path")
-            if file_offset < 0 or offset < 0 or nbytes <= 0 or offset + nbytes > self.range_bytes:
-                raise ValueError(
-                    f"staging plan: copy of {nbytes} bytes from {path} to {offset} is out of range"
-                )
-        end = max(offset + nbytes for _, _, offset, nbytes in self.copies)
-        if self.range_bytes > end + RANGE_SLACK_BYTES:
-            raise ValueError(f"staging plan: a range of {self.range_bytes} bytes for {end} bytes of copies")
-
-
-class StagedWeightsUnavailable(RuntimeError):
-    """No staged weights to map: the stager failed, was not there, or hung up; the engine refills."""
-
-
-# --- Unix socket paths of any length ---------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def socket_address(path: str | os.PathLike[str]) -> Iterator[str]:
-    """An address for `path` that fits a Unix socket (a pod's control directory can be 120 bytes deep)."""
-    path = os.fspath(path)
-    if len(os.fsencode(path)) <= SOCKET_PATH_LIMIT:
-        yield path
-        return
-    directory = os.open(os.path.dirname(path) or ".", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        yield f"/proc/self/fd/{directory}/{os.path.basename(path)}"
-    finally:
-        os.close(directory)
-
-
-def listen(path: str | os.PathLike[str]) -> socket.socket:
-    """A listening Unix socket at `path` that any user may connect to (the engine need not be root)."""
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        with socket_address(path) as address:
-            listener.bind(address)
-            os.chmod(address, 0o666)
-        listener.listen(1)
-    except BaseException:
-        listener.close()
-        raise
-    return listener
-
-
-# --- the engine's side -----------------------------------------------------------------------------------
-
-
-def receive_staged_weights(
-    socket_path: str | os.PathLike[str], timeout: float = ENGINE_WAIT_SECONDS
-) -> tuple[int, dict[str, Any]]:
-    """Wait for the stager at `socket_path`; return the shared memory's file descriptor and its report.
-
-    The caller maps the descriptor, closes it, then calls `acknowledge`. Raises `StagedWeightsUnavailable`
-    with the reason whenever there is nothing to map.
-    """
-    deadline = time.monotonic() + timeout
-    connection = _connect(socket_path, deadline)
-    fds: list[int] = []
-    try:
-        connection.settimeout(max(0.1, deadline - time.monotonic()))
-        message, fds, _flags, _address = socket.recv_fds(connection, 1 << 16, 1)
-        report = json.loads(message or b'{"error": "the stager hung up"}')
-        if not fds:
-            raise StagedWeightsUnavailable(
-                f"the weight stager failed: {report.get('error', 'no descriptor')}"
-            )
-        if not isinstance(report.get("bytes"), int):
-            raise StagedWeightsUnavailable(f"the weight stager sent a report without its size: {report}")
-    except (OSError, ValueError, AttributeError, StagedWeightsUnavailable) as exc:
-        for fd in fds:
-            os.close(fd)
-        connection.close()
-        if isinstance(exc, StagedWeightsUnavailable):
-            raise
-        raise StagedWeightsUnavailable(f"no usable answer from the weight stager: {exc}") from exc
-    report["_connection"] = connection
-    return fds[0], report
-
-
-def acknowledge(report: dict[str, Any]) -> None:
-    """Tell the stager its memory is mapped here (it may exit now) and hang up."""
-    connection = report.pop("_connection", None)
-    if connection is not None:
-        with contextlib.suppress(OSError):
-            connection.sendall(ACK)
-        connection.close()
-
-
-def _connect(path: str | os.PathLike[str], deadline: float) -> socket.socket:
-    """Connect, waiting only while the socket does not exist yet (a stager binding it itself)."""
-    while True:
-        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            with socket_address(path) as address:
-                connection.connect(address)
-            return connection
-        except FileNotFoundError as exc:
-            connection.close()
-            if time.monotonic() > deadline:
-                raise StagedWeightsUnavailable(f"no weight stager at {path}: {exc}") from exc
-            time.sleep(0.005)
-        except OSError as exc:  # refused (the stager is gone), not permitted, ...: final
-            connection.close()
-            raise StagedWeightsUnavailable(f"cannot reach the weight stager at {path}: {exc}") from exc
-
-
-# --- the stager's side -----------------------------------------------------------------------------------
 
 
 def stage(
@@ -516,47 +342,3 @@ class _MappedCopier(_Copier):
         self._check(pin, "cuMemHostRegister of a file mapping", _RegistrationRefused)
         held.callback(self._cu.cuMemHostUnregister, address)
         return address
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m warmstart.gpu.weight_stager", description=__doc__)
-    plan = parser.add_mutually_exclusive_group(required=True)
-    plan.add_argument("--plan", help="the engine's staging plan (a JSON file)")
-    plan.add_argument("--plan-fd", type=int, help="... or an inherited descriptor to read it from")
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--socket", help="Unix socket to create for the engine to connect to")
-    where.add_argument("--listen-fd", type=int, help="... or an inherited listening Unix socket")
-    parser.add_argument("--root-fd", type=int, help="directory the plan's paths are resolved inside")
-    parser.add_argument("--threads", type=int, default=STAGING_THREADS)
-    parser.add_argument(
-        "--copy", choices=COPY_PATHS, default=COPY_PATHS[0],
-        help="buffered (the default): through pinned buffers; mapped: DMA straight from the page cache, "
-        "pinned piece by piece (buffered where the driver refuses): a third of the CPU time and of the host "
-        "memory traffic, but slower beside CRIU on the H200",
-    )  # fmt: skip
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="weight-stager: %(message)s")
-    # bound before anything else: the engine may be waiting for it
-    listener = socket.socket(fileno=args.listen_fd) if args.listen_fd is not None else listen(args.socket)
-    try:
-        stage(lambda: _read_plan(args), listener, args.root_fd, args.threads, args.copy)
-    except Exception as exc:  # the engine was told already; the exit status says it too
-        log.error("%s: %s", type(exc).__name__, exc)
-        return 1
-    finally:
-        listener.close()
-        if args.socket:
-            with contextlib.suppress(FileNotFoundError), socket_address(args.socket) as address:
-                os.unlink(address)
-    return 0
-
-
-def _read_plan(args: argparse.Namespace) -> str:
-    if args.plan_fd is not None:
-        with os.fdopen(args.plan_fd, encoding="utf-8") as handle:
-            return handle.read()
-    return Path(args.plan).read_text()
-
-
-if __name__ == "__main__":
-    sys.exit(main())
