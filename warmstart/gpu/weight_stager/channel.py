@@ -27,14 +27,23 @@ def socket_address(path: str | os.PathLike[str]) -> Iterator[str]:
 
 
 def listen(path: str | os.PathLike[str]) -> socket.socket:
-    """A listening Unix socket at `path` that any user may connect to (the engine need not be root)."""
+    """A listening Unix socket at `path` that any user may connect to (the engine need not be root).
+
+    Bound under a temporary name and renamed into place once it listens: a client that sees the path never
+    meets a bound socket that refuses connections."""
+    path = os.fspath(path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    pending = f"{path}.{os.getpid()}.pending"
     try:
-        with socket_address(path) as address:
+        with socket_address(pending) as address:
             listener.bind(address)
             os.chmod(address, 0o666)
-        listener.listen(1)
+            listener.listen(1)
+            with socket_address(path) as final:
+                os.rename(address, final)
     except BaseException:
         listener.close()
+        with contextlib.suppress(OSError), socket_address(pending) as address:
+            os.unlink(address)
         raise
     return listener
