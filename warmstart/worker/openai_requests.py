@@ -383,7 +383,7 @@ def invalid_request(errors: Sequence[ErrorDetails], skip: int = 0) -> ApiError:
         return ApiError(400, f"{param} {error['msg']}", param or None, code)
     message = f"{param} {PHRASES[kind].format(**error.get('ctx', {}))}"
     if kind not in ("missing", "extra_forbidden"):
-        message += f", got {_short(error['input'])}"
+        message += f", got {_short(error.get('input'))}"
     return ApiError(400, message, param or None, code)
 
 
