@@ -17,24 +17,23 @@ from hypothesis import strategies as st  # noqa: E402
 from reliability_helpers import InProcessWorker, responses_counted, wait_until  # noqa: E402
 
 from warmstart.engines.base import Engine  # noqa: E402
+from warmstart.engines.builtin.engine import BuiltinEngine  # noqa: E402
+from warmstart.worker.metrics import WorkerMetrics  # noqa: E402
 from warmstart.worker.openai_requests import (  # noqa: E402
-    CHAT_NOOPS,
-    CHAT_PARAMS,
-    COMPLETION_NOOPS,
-    COMPLETION_PARAMS,
     ApiError,
     ParsedRequest,
     RequestLimits,
     parse_json_body,
     parse_request,
+    request_models,
 )
-from warmstart.worker.openapi_schema import openapi_schema  # noqa: E402
+from warmstart.worker.server import ServerState, build_app  # noqa: E402
 
 pytestmark = pytest.mark.reliability
 
 # Small outputs keep every generated request cheap on a CPU; the schema carries the same bounds.
 LIMITS = RequestLimits(max_tokens=4, max_n=2, max_prompts=3, max_choices=4, max_messages=6)
-EXAMPLES_PER_OPERATION = 75  # the 2 POST operations take 75 each; the 4 GETs have no inputs
+EXAMPLES_PER_OPERATION = 75  # the 2 POST operations and GET /v1/models/{model} take 75 each
 FUZZ = settings(
     max_examples=EXAMPLES_PER_OPERATION,
     derandomize=True,
@@ -42,7 +41,10 @@ FUZZ = settings(
     database=None,
     suppress_health_check=list(HealthCheck),
 )
-schema = schemathesis.openapi.from_dict(openapi_schema(LIMITS, max_model_len=512))
+# The worker app's OpenAPI document as FastAPI generates it from the request models; an engine that is not
+# loaded is enough, the document depends on the limits only (the served one must be the same).
+API_DOCUMENT = build_app(BuiltinEngine("tiny"), WorkerMetrics(), ServerState(), LIMITS).openapi()
+schema = schemathesis.openapi.from_dict(API_DOCUMENT)
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +56,7 @@ def fuzzed(tiny_engine: Engine) -> Iterator[InProcessWorker]:
 
 def test_the_served_schema_is_the_fuzzed_one(fuzzed: InProcessWorker) -> None:
     served = httpx.get(f"{fuzzed.base_url}/openapi.json", timeout=30).json()
-    assert served == json.loads(json.dumps(openapi_schema(LIMITS, max_model_len=512)))
+    assert served == json.loads(json.dumps(API_DOCUMENT))
 
 
 @schema.parametrize()
@@ -78,7 +80,7 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=6), inner, max_size=4),
     max_leaves=20,
 )
-PARAM_NAMES = sorted(CHAT_PARAMS | COMPLETION_PARAMS | set(CHAT_NOOPS) | set(COMPLETION_NOOPS)) + ["top_k"]
+PARAM_NAMES = sorted({name for model in request_models(LIMITS) for name in model.model_fields}) + ["top_k"]
 BODIES = st.dictionaries(st.sampled_from(PARAM_NAMES) | st.text(max_size=6), JSON_VALUES, max_size=8)
 
 

@@ -1,31 +1,37 @@
-"""Parsing OpenAI completion and chat completion requests into what the engine runs, within bounds.
+"""OpenAI completion and chat completion requests: their bodies as pydantic models, which are the API's
+schema (FastAPI validates bodies with them and documents them at /openapi.json), and what no model says.
 
-Everything here is a pure function of the request body: an accepted request comes back as a ParsedRequest,
-anything else raises ApiError (400, or 413 for a body over the size limit) naming the offending field. A
+The models are built per `RequestLimits`, so the document carries the bounds the worker enforces. Beside
+them stay explicit checks: on the raw body (its size, 413; its nesting; lone surrogates in its strings; JSON
+that only Python reads, such as NaN) and across fields (prompts x n, streaming one choice, stream_options).
+Every refusal is an ApiError (400, or 413 for a body over the size limit) naming the offending field. A
 parameter the engines do not honour is refused rather than ignored; a few are accepted at their no-op value
 (e.g. `logprobs: false`, `tool_choice: "none"`), which is what client libraries send by default.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: the models are built inside a function, from its locals.
+import functools
 import json
-import math
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal, NamedTuple, TypeVar
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+)
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from warmstart.engines.base import SamplingParams
 
 DEFAULT_COMPLETION_TOKENS = 16
 DEFAULT_CHAT_TOKENS = 256
-CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
-SHARED_PARAMS = frozenset(
-    {"model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
-     "ignore_eos", "user", "return_token_ids"}
-)  # fmt: skip
-COMPLETION_PARAMS = SHARED_PARAMS | {"prompt"}
-CHAT_PARAMS = SHARED_PARAMS | {"messages", "max_completion_tokens"}
-MESSAGE_KEYS = frozenset({"role", "content", "name"})
+OUT_OF_RANGE = frozenset({"greater_than", "greater_than_equal", "less_than", "less_than_equal"})
+UNSUPPORTED = "unsupported_parameter"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,19 @@ class RequestLimits:
     max_tokens: int | None = None  # output tokens per choice; None: whatever the context leaves
 
 
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorBody(BaseModel):
+    """An OpenAI-style error; `param` names the request field at fault."""
+
+    error: ErrorDetail
+
+
 class ApiError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -50,7 +69,8 @@ class ApiError(Exception):
 
     def body(self) -> dict[str, Any]:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}}
+        detail = ErrorDetail(message=self.message, type=kind, param=self.param, code=self.code)
+        return ErrorBody(error=detail).model_dump()
 
 
 @dataclass(frozen=True)
@@ -66,44 +86,141 @@ class ParsedRequest:
     return_token_ids: bool = False  # vLLM's extension: each choice carries the generated token ids
 
 
-def _none_or(*values: Any) -> Callable[[Any], bool]:
-    def is_noop(value: Any) -> bool:
-        return value is None or any(type(value) is type(v) and value == v for v in values)
+def _refused(phrase: str, only: frozenset[str] | None = None, kind: str = "invalid_value") -> WrapValidator:
+    """The field's validation errors (or those of the types in `only`) as one that says `phrase`: what the
+    value must be, for a field whose parts (a union's members, one bound of a range) say too little alone."""
 
-    return is_noop
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError as error:
+            if only is not None and error.errors()[0]["type"] not in only:
+                raise
+            raise PydanticCustomError(kind, phrase + ", got {got}", {"got": _short(value)}) from None
+
+    return WrapValidator(validate)
 
 
-# Parameters OpenAI defines that the engines do not implement: accepted only at a value that asks nothing.
-COMPLETION_NOOPS: dict[str, Callable[[Any], bool]] = {
-    "logprobs": _none_or(False),
-    "echo": _none_or(False),
-    "best_of": _none_or(1),
-    "suffix": _none_or(""),
-    "logit_bias": _none_or({}),
-    "presence_penalty": _none_or(0, 0.0),
-    "frequency_penalty": _none_or(0, 0.0),
-}
-CHAT_NOOPS: dict[str, Callable[[Any], bool]] = {
-    "logprobs": _none_or(False),
-    "top_logprobs": _none_or(0),
-    "logit_bias": _none_or({}),
-    "presence_penalty": _none_or(0, 0.0),
-    "frequency_penalty": _none_or(0, 0.0),
-    "tools": _none_or([]),
-    "tool_choice": _none_or("none"),
-    "parallel_tool_calls": _none_or(),
-    "functions": _none_or([]),
-    "function_call": _none_or("none"),
-    "response_format": lambda value: value is None or value == {"type": "text"},
-    "modalities": lambda value: value is None or value == ["text"],
-    "audio": _none_or(),
-    "prediction": _none_or(),
-    "reasoning_effort": _none_or(),
-    "web_search_options": _none_or(),
-    "store": _none_or(False),
-    "metadata": _none_or({}),
-    "service_tier": _none_or("auto", "default"),
-}
+def _only_as_is(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A no-op value exactly: a Literal lets 0 pass for false (0 == False in Python)."""
+    result = handler(value)
+    if isinstance(result, bool) is not isinstance(value, bool):
+        raise PydanticCustomError("bool_type", "a boolean, not a number")
+    return result
+
+
+T = TypeVar("T")
+# A parameter OpenAI defines that the engines do not implement: accepted only at a value that asks nothing.
+NoOp = Annotated[
+    Annotated[T, WrapValidator(_only_as_is)] | None,
+    _refused("is not supported by this worker's engine (leave it out)", kind=UNSUPPORTED),
+]
+Nothing = Annotated[T, Field(max_length=0)]
+STRICT = ConfigDict(strict=True, extra="forbid")
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(strict=True)  # other keys of a part are ignored
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = STRICT
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: Annotated[
+        str | list[TextPart], _refused("must be a string or a list of {type: text, text} parts")
+    ]
+    name: str | None = None
+
+
+class StreamOptions(BaseModel):
+    model_config = STRICT
+
+    include_usage: bool | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = STRICT
+
+    type: Literal["text"]
+
+
+class RequestModels(NamedTuple):
+    completion: type[BaseModel]
+    chat: type[BaseModel]
+
+
+@functools.cache
+def request_models(limits: RequestLimits) -> RequestModels:
+    """The /v1/completions and /v1/chat/completions body models, bounded by `limits`."""
+    output_tokens = Annotated[int | None, Field(ge=1, le=limits.max_tokens)]
+    stop_string = Annotated[str, Field(min_length=1, max_length=limits.max_stop_chars)]
+    stop_phrase = f"must be a non-empty string or a list of at most {limits.max_stop_strings} such strings"
+    prompt_phrase = (
+        f"must be a non-empty string, a list of at most {limits.max_prompts} strings or a list of token ids"
+    )
+
+    class SharedFields(BaseModel):
+        model_config = STRICT
+
+        model: str
+        max_tokens: output_tokens = None
+        temperature: Annotated[
+            float | None, Field(ge=0, le=2), _refused("must be between 0 and 2", OUT_OF_RANGE)
+        ] = None
+        top_p: Annotated[float | None, Field(gt=0, le=1), _refused("must be in (0, 1]", OUT_OF_RANGE)] = None
+        n: Annotated[int | None, Field(ge=1, le=limits.max_n)] = None
+        stream: bool | None = None
+        stream_options: StreamOptions | None = None
+        stop: Annotated[
+            stop_string | Annotated[list[stop_string], Field(max_length=limits.max_stop_strings)] | None,
+            _refused(stop_phrase),
+        ] = None
+        seed: Annotated[
+            int | None, Field(ge=0, le=2**63 - 1), _refused("must be between 0 and 2**63 - 1", OUT_OF_RANGE)
+        ] = None
+        ignore_eos: bool | None = None
+        user: str | None = None
+        return_token_ids: bool | None = None  # vLLM's extension
+        logprobs: NoOp[Literal[False]] = None
+        logit_bias: NoOp[Nothing[dict[str, Any]]] = None
+        presence_penalty: NoOp[Annotated[float, Field(ge=0, le=0)]] = None
+        frequency_penalty: NoOp[Annotated[float, Field(ge=0, le=0)]] = None
+
+    class CompletionRequest(SharedFields):
+        prompt: Annotated[
+            str
+            | Annotated[list[str], Field(min_length=1, max_length=limits.max_prompts)]
+            | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)],
+            _refused(prompt_phrase),
+        ]
+        echo: NoOp[Literal[False]] = None
+        best_of: NoOp[Annotated[int, Field(ge=1, le=1)]] = None
+        suffix: NoOp[Literal[""]] = None
+
+    class ChatCompletionRequest(SharedFields):
+        messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=limits.max_messages)]
+        max_completion_tokens: output_tokens = None
+        top_logprobs: NoOp[Annotated[int, Field(ge=0, le=0)]] = None
+        tools: NoOp[Nothing[list[Any]]] = None
+        tool_choice: NoOp[Literal["none"]] = None
+        parallel_tool_calls: NoOp[None] = None
+        functions: NoOp[Nothing[list[Any]]] = None
+        function_call: NoOp[Literal["none"]] = None
+        response_format: NoOp[TextFormat] = None
+        modalities: NoOp[Annotated[list[Literal["text"]], Field(min_length=1, max_length=1)]] = None
+        audio: NoOp[None] = None
+        prediction: NoOp[None] = None
+        reasoning_effort: NoOp[None] = None
+        web_search_options: NoOp[None] = None
+        store: NoOp[Literal[False]] = None
+        metadata: NoOp[Nothing[dict[str, Any]]] = None
+        service_tier: NoOp[Literal["auto", "default"]] = None
+
+    return RequestModels(CompletionRequest, ChatCompletionRequest)
 
 
 def parse_json_body(raw: bytes, limits: RequestLimits) -> dict[str, Any]:
@@ -168,192 +285,106 @@ def _printable(path: str) -> str:
 
 def parse_request(body: dict[str, Any], chat: bool, limits: RequestLimits) -> ParsedRequest:
     """A completion (chat=False) or chat completion body as what to generate, or an ApiError."""
-    model = _field(body, "model", str, required=True)
-    _refuse_unsupported(body, chat)
-    n = _field(body, "n", int, default=1)
-    if n < 1:
-        raise ApiError(400, f"n must be at least 1, got {_short(n)}", "n")
-    if n > limits.max_n:
-        raise ApiError(400, f"n must be at most {limits.max_n}, got {_short(n)}", "n")
-    messages = _messages(body, limits) if chat else None
-    prompts = [{"prompt": ""}] if chat else _prompts(body, limits)
+    models = request_models(limits)
+    try:
+        request = (models.chat if chat else models.completion).model_validate(body)
+    except ValidationError as error:
+        raise invalid_request(error.errors()) from None
+    return parsed_request(request, chat, limits)
+
+
+def parsed_request(request: Any, chat: bool, limits: RequestLimits) -> ParsedRequest:
+    """A body its model accepted as what to generate, or an ApiError for what spans fields."""
+    n = 1 if request.n is None else request.n
+    prompts = [{"prompt": ""}] if chat else _prompts(request.prompt)
     if len(prompts) * n > limits.max_choices:
         raise ApiError(
             400, f"{len(prompts)} prompts x n = {n} asks for more than {limits.max_choices} completions", "n"
         )
-    stream = _field(body, "stream", bool, default=False)
+    stream = bool(request.stream)
     if stream and len(prompts) * n != 1:
         raise ApiError(400, "stream: true supports one prompt and n = 1", "stream")
-    name = "max_completion_tokens" if chat and body.get("max_completion_tokens") is not None else "max_tokens"
+    if request.stream_options is not None and not stream:
+        raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+    name = "max_completion_tokens" if chat and request.max_completion_tokens is not None else "max_tokens"
     return ParsedRequest(
-        model=model,
+        model=request.model,
         prompts=prompts,
-        messages=messages,
-        sampling=_sampling(body, chat, name, limits),
+        messages=[_chat_turn(message) for message in request.messages] if chat else None,
+        sampling=_sampling(request, getattr(request, name), chat, limits),
         max_tokens_param=name,
         n=n,
         stream=stream,
-        include_usage=_include_usage(body, stream),
-        return_token_ids=_field(body, "return_token_ids", bool, default=False),
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
+        return_token_ids=bool(request.return_token_ids),
     )
 
 
-def _refuse_unsupported(body: dict[str, Any], chat: bool) -> None:
-    known, noops = (CHAT_PARAMS, CHAT_NOOPS) if chat else (COMPLETION_PARAMS, COMPLETION_NOOPS)
-    for name, value in body.items():
-        if name in known:
-            continue
-        if name in noops:
-            if noops[name](value):
-                continue
-            raise ApiError(
-                400,
-                f"{name} is not supported by this worker's engine; leave it out (got {_short(value)})",
-                name,
-                "unsupported_parameter",
-            )
-        raise ApiError(400, f"Unrecognized request argument supplied: {name}", name, "unsupported_parameter")
-
-
-def _include_usage(body: dict[str, Any], stream: bool) -> bool:
-    options = body.get("stream_options")
-    if options is None:
-        return False
-    if not stream:
-        raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
-    if not isinstance(options, dict):
-        raise ApiError(400, "stream_options must be an object", "stream_options")
-    for key in options:
-        if key != "include_usage":
-            raise ApiError(
-                400,
-                f"stream_options.{key} is not supported",
-                f"stream_options.{key}",
-                "unsupported_parameter",
-            )
-    return bool(_field(options, "include_usage", bool, default=False, where="stream_options."))
-
-
-def _prompts(body: dict[str, Any], limits: RequestLimits) -> list[dict[str, Any]]:
-    prompt = body.get("prompt")
-    if prompt is None:
-        raise ApiError(400, "prompt is required", "prompt")
+def _prompts(prompt: str | list[str] | list[int]) -> list[dict[str, Any]]:
     if isinstance(prompt, str):
         return [{"prompt": prompt}]
-    if isinstance(prompt, list) and prompt and all(_is_int(p) for p in prompt):
+    if isinstance(prompt[0], int):
         return [{"prompt_token_ids": tuple(prompt)}]
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str) for p in prompt):
-        if len(prompt) > limits.max_prompts:
-            raise ApiError(
-                400, f"prompt takes at most {limits.max_prompts} strings, got {len(prompt)}", "prompt"
-            )
-        return [{"prompt": p} for p in prompt]
-    raise ApiError(
-        400, "prompt must be a non-empty string, a list of strings or a list of token ids", "prompt"
-    )
+    return [{"prompt": text} for text in prompt]
 
 
-def _messages(body: dict[str, Any], limits: RequestLimits) -> list[dict[str, str]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list of {role, content} objects", "messages")
-    if len(messages) > limits.max_messages:
-        raise ApiError(
-            400, f"messages takes at most {limits.max_messages} messages, got {len(messages)}", "messages"
-        )
-    return [_chat_turn(message, index) for index, message in enumerate(messages)]
+def _chat_turn(message: ChatMessage) -> dict[str, str]:
+    content = message.content
+    text = content if isinstance(content, str) else "".join(part.text for part in content)
+    return {"role": message.role, "content": text}
 
 
-def _chat_turn(message: Any, index: int) -> dict[str, str]:
-    where = f"messages[{index}]"
-    if not isinstance(message, dict):
-        raise ApiError(400, f"{where} must be an object with role and content", where)
-    role = message.get("role")
-    if role not in CHAT_ROLES:
-        raise ApiError(
-            400, f"{where}.role must be one of {', '.join(CHAT_ROLES)}, got {_short(role)}", f"{where}.role"
-        )
-    for key in message:
-        if key not in MESSAGE_KEYS:  # tool_calls, audio, ...: nothing the engine could act on
-            raise ApiError(400, f"{where}.{key} is not supported", f"{where}.{key}", "unsupported_parameter")
-    content = message.get("content")
-    if isinstance(content, list):  # content parts: text ones only
-        texts = [
-            part.get("text") for part in content if isinstance(part, dict) and part.get("type") == "text"
-        ]
-        if len(texts) != len(content) or not all(isinstance(text, str) for text in texts):
-            raise ApiError(
-                400, f"{where}.content parts must all be {{type: text, text: string}}", f"{where}.content"
-            )
-        content = "".join(texts)
-    if not isinstance(content, str):
-        raise ApiError(400, f"{where}.content must be a string", f"{where}.content")
-    return {"role": role, "content": content}
-
-
-def _sampling(body: dict[str, Any], chat: bool, name: str, limits: RequestLimits) -> SamplingParams:
+def _sampling(request: Any, max_tokens: int | None, chat: bool, limits: RequestLimits) -> SamplingParams:
     default_tokens = DEFAULT_CHAT_TOKENS if chat else DEFAULT_COMPLETION_TOKENS
-    max_tokens = _field(body, name, int, default=None)
-    if max_tokens is not None and max_tokens < 1:
-        raise ApiError(400, f"{name} must be at least 1, got {max_tokens}", name)
-    if max_tokens is not None and limits.max_tokens is not None and max_tokens > limits.max_tokens:
-        raise ApiError(400, f"{name} must be at most {limits.max_tokens} here, got {max_tokens}", name)
     if limits.max_tokens is not None:
         default_tokens = min(default_tokens, limits.max_tokens)
-    temperature = _number(body, "temperature", 1.0)
-    top_p = _number(body, "top_p", 1.0)
-    if not 0.0 <= temperature <= 2.0:
-        raise ApiError(400, f"temperature must be between 0 and 2, got {temperature}", "temperature")
-    if not 0.0 < top_p <= 1.0:
-        raise ApiError(400, f"top_p must be in (0, 1], got {top_p}", "top_p")
     return SamplingParams(
         max_tokens=max_tokens if max_tokens is not None else -default_tokens,  # negative: a default
-        temperature=temperature,
-        top_p=top_p,
-        seed=_seed(body),
-        stop=_stop_strings(body.get("stop"), limits),
-        ignore_eos=_field(body, "ignore_eos", bool, default=False),
+        temperature=1.0 if request.temperature is None else request.temperature,
+        top_p=1.0 if request.top_p is None else request.top_p,
+        seed=request.seed,
+        stop=(request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ()),
+        ignore_eos=bool(request.ignore_eos),
     )
 
 
-def _number(body: dict[str, Any], name: str, default: float) -> float:
-    value = _field(body, name, (int, float), default=default)
-    try:
-        number = float(value)
-    except OverflowError:
-        number = math.inf
-    return number
+PHRASES = {
+    "missing": "is required",
+    "extra_forbidden": "is not supported",
+    "int_type": "must be an integer",
+    "float_type": "must be a number",
+    "bool_type": "must be a boolean",
+    "string_type": "must be a string",
+    "list_type": "must be a list",
+    "model_type": "must be an object",
+    "dict_type": "must be an object",
+    "literal_error": "must be {expected}",
+    "greater_than": "must be greater than {gt}",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than_equal": "must be at most {le}",
+    "too_short": "must have at least {min_length} items",
+    "too_long": "takes at most {max_length} items",
+    "string_too_short": "must be at least {min_length} characters long",
+    "string_too_long": "must be at most {max_length} characters long",
+}
 
 
-def _seed(body: dict[str, Any]) -> int | None:
-    seed = _field(body, "seed", int, default=None)
-    if seed is not None and not 0 <= seed < 2**63:
-        raise ApiError(400, f"seed must be between 0 and 2**63 - 1, got {_short(seed)}", "seed")
-    return seed
-
-
-def _stop_strings(stop: Any, limits: RequestLimits) -> tuple[str, ...]:
-    if stop is None:
-        return ()
-    if isinstance(stop, str):
-        stop = [stop]
-    if not isinstance(stop, list) or not all(isinstance(s, str) and s for s in stop):
-        raise ApiError(400, "stop must be a non-empty string or a list of non-empty strings", "stop")
-    if len(stop) > limits.max_stop_strings:
-        raise ApiError(400, f"stop takes at most {limits.max_stop_strings} strings, got {len(stop)}", "stop")
-    if any(len(s) > limits.max_stop_chars for s in stop):
-        raise ApiError(400, f"each stop string must be at most {limits.max_stop_chars} characters", "stop")
-    return tuple(stop)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _type_name(kind: type | tuple[type, ...]) -> str:
-    names = {str: "a string", int: "an integer", float: "a number", bool: "a boolean"}
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return "a number" if float in kinds else " or ".join(names.get(k, k.__name__) for k in kinds)
+def invalid_request(errors: Sequence[ErrorDetails], skip: int = 0) -> ApiError:
+    """The first of a model's validation errors as a 400 naming the field (`skip`: leading loc items that
+    are not the body's, e.g. FastAPI's "body")."""
+    error = errors[0]
+    loc = error["loc"][skip:]
+    param = "".join(f"[{item}]" if isinstance(item, int) else f".{item}" for item in loc).lstrip(".")
+    kind = error["type"]
+    code = UNSUPPORTED if kind in (UNSUPPORTED, "extra_forbidden") else None
+    if kind == "extra_forbidden" and len(loc) == 1:
+        return ApiError(400, f"Unrecognized request argument supplied: {param}", param, code)
+    if kind not in PHRASES:  # the field's own message (_refused), or pydantic's
+        return ApiError(400, f"{param} {error['msg']}", param or None, code)
+    message = f"{param} {PHRASES[kind].format(**error.get('ctx', {}))}"
+    if kind not in ("missing", "extra_forbidden"):
+        message += f", got {_short(error.get('input'))}"
+    return ApiError(400, message, param or None, code)
 
 
 def _short(value: Any) -> str:
@@ -362,23 +393,3 @@ def _short(value: Any) -> str:
     except (TypeError, ValueError):  # an integer too long to print
         text = type(value).__name__
     return text if len(text) <= 80 else text[:77] + "..."
-
-
-def _field(
-    body: dict[str, Any],
-    name: str,
-    kind: type | tuple[type, ...],
-    required: bool = False,
-    default: Any = None,
-    where: str = "",
-) -> Any:
-    if name not in body or body[name] is None:
-        if required:
-            raise ApiError(400, f"{where}{name} is required", where + name)
-        return default
-    value = body[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    is_bool = isinstance(value, bool)
-    if not isinstance(value, kinds) or (is_bool and bool not in kinds):
-        raise ApiError(400, f"{where}{name} must be {_type_name(kind)}, got {_short(value)}", where + name)
-    return value

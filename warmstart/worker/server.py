@@ -2,15 +2,15 @@
 
 Routes: /v1/models and /v1/models/{id}, /v1/completions, /v1/chat/completions (both with `stream: true` as
 server-sent events, `stream_options.include_usage` honoured), /health (process alive), /ready (engine
-serving), /metrics (Prometheus), /openapi.json (the request schema). Bad requests get 400 with an
-OpenAI-style error body naming the field (413 for an oversized body), a parameter the engine does not honour
-included; an unknown model gets 404; /v1/responses gets a 400 saying it is not implemented. Every response,
-errors included, is counted in the metrics. A client that disconnects stops its generation: the engine
-stream is closed.
+serving), /metrics (Prometheus), /openapi.json (FastAPI's, from the request models). Bad requests get 400
+with an OpenAI-style error body naming the field (413 for an oversized body), a parameter the engine does not
+honour included; an unknown model gets 404; /v1/responses gets a 400 saying it is not implemented. Every
+response, errors included, is counted in the metrics. A client that disconnects stops its generation: the
+engine stream is closed.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: FastAPI reads the routes' annotations, and the request models
+# they name are built per app (their bounds are the app's RequestLimits).
 import asyncio
 import contextlib
 import dataclasses
@@ -19,13 +19,16 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -42,13 +45,15 @@ from warmstart.engines.base import (
 from warmstart.worker.metrics import GenerationTracker, WorkerMetrics
 from warmstart.worker.openai_requests import (
     ApiError,
+    ErrorBody,
     ParsedRequest,
     RequestLimits,
     body_too_large,
+    invalid_request,
     parse_json_body,
-    parse_request,
+    parsed_request,
+    request_models,
 )
-from warmstart.worker.openapi_schema import openapi_schema
 
 __all__ = ["ApiError", "CountResponses", "RequestLimits", "ServerState", "build_app"]
 
@@ -123,18 +128,35 @@ def build_app(
 ) -> FastAPI:
     limits = limits or RequestLimits()
     app = FastAPI(title="warmstart worker", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
-    app.openapi = lambda: openapi_schema(limits, engine.max_model_len)  # type: ignore[method-assign]
+    app.state.request_limits = limits
     app.add_middleware(CountResponses, metrics=metrics)
     api = _Api(engine, metrics, limits)
+    models = request_models(limits)
 
     @app.exception_handler(ApiError)
     async def api_error(_request: Request, error: ApiError) -> JSONResponse:
         return _error_response(error)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(_request: Request, error: RequestValidationError) -> JSONResponse:
+        return _error_response(invalid_request(error.errors(), skip=1))  # skip FastAPI's "body"
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_request: Request, error: StarletteHTTPException) -> JSONResponse:
         code = "not_found" if error.status_code == 404 else None
         return _error_response(ApiError(error.status_code, str(error.detail), None, code))
+
+    generation = APIRouter(route_class=_CheckedJsonRoute, responses=ERROR_RESPONSES)
+
+    @generation.post("/v1/completions")
+    async def completions(request: Request, body: models.completion) -> Response:
+        return await api.complete(request, body, chat=False)
+
+    @generation.post("/v1/chat/completions")
+    async def chat_completions(request: Request, body: models.chat) -> Response:
+        return await api.complete(request, body, chat=True)
+
+    app.include_router(generation)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -163,19 +185,13 @@ def build_app(
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [model_card()]}
 
-    @app.get("/v1/models/{model:path}")
+    @app.get(
+        "/v1/models/{model:path}", responses={"4XX": {"model": ErrorBody, "description": "an unknown model"}}
+    )
     async def model(model: str) -> dict[str, Any]:
         if model != engine.served_model_name:
             raise _model_not_found(model, engine.served_model_name)
         return model_card()
-
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await api.complete(request, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> Response:
-        return await api.complete(request, chat=True)
 
     @app.api_route("/v1/responses", methods=["GET", "POST", "DELETE"], include_in_schema=False)
     @app.api_route("/v1/responses/{rest:path}", methods=["GET", "POST", "DELETE"], include_in_schema=False)
@@ -189,6 +205,51 @@ def build_app(
         )
 
     return app
+
+
+CLIENT_ERRORS = (
+    "400: a bad request (error.param names the field); "
+    "404: an unknown model; 408, 413: a body too slow, too big"
+)
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    "4XX": {"model": ErrorBody, "description": CLIENT_ERRORS},
+    "5XX": {"model": ErrorBody, "description": "the engine failed"},
+}
+
+
+class _CheckedJsonRoute(APIRoute):
+    """A route whose body the worker reads and checks as JSON itself (its size, its nesting, lone surrogates,
+    a client that leaves mid-body) before FastAPI validates it against the route's model."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        validate_and_answer = super().get_route_handler()
+
+        async def handler(request: Request) -> Response:
+            limits: RequestLimits = request.app.state.request_limits
+            try:
+                raw = await _read_body(request, limits)
+            except ClientDisconnect:  # the client left, or its body was too slow and the connection closed
+                return Response(status_code=CLIENT_GONE)
+            return await validate_and_answer(_ReadRequest(request, raw, parse_json_body(raw, limits)))
+
+        return handler
+
+
+class _ReadRequest(Request):
+    """A request whose body is read and parsed already: FastAPI takes the JSON from here, whatever
+    Content-Type the client sent (the API never required one)."""
+
+    def __init__(self, request: Request, raw: bytes, parsed: dict[str, Any]) -> None:
+        headers = [(name, value) for name, value in request.scope["headers"] if name != b"content-type"]
+        headers.append((b"content-type", b"application/json"))
+        super().__init__({**request.scope, "headers": headers}, request.receive)
+        self._raw, self._parsed = raw, parsed
+
+    async def body(self) -> bytes:
+        return self._raw
+
+    async def json(self) -> Any:
+        return self._parsed
 
 
 async def _read_body(request: Request, limits: RequestLimits) -> bytes:
@@ -230,13 +291,8 @@ class _Api:
         self.limits = limits
         self.created = int(time.time())
 
-    async def complete(self, http_request: Request, chat: bool) -> Response:
-        try:
-            raw = await _read_body(http_request, self.limits)
-        except ClientDisconnect:  # the client left, or its body was too slow and the connection was closed
-            return Response(status_code=CLIENT_GONE)
-        body = parse_json_body(raw, self.limits)
-        parsed = parse_request(body, chat, self.limits)
+    async def complete(self, http_request: Request, body: BaseModel, chat: bool) -> Response:
+        parsed = parsed_request(body, chat, self.limits)
         if parsed.model != self.engine.served_model_name:
             raise _model_not_found(parsed.model, self.engine.served_model_name)
         requests, prompt_tokens = self._requests(parsed, chat)
@@ -322,7 +378,7 @@ class _Api:
         self,
         http_request: Request,
         request: GenerationRequest,
-        reply: _Reply,
+        reply: "_Reply",
         include_usage: bool,
         prompt_tokens: int,
     ) -> StreamingResponse:
