@@ -77,3 +77,24 @@ def test_the_loop_touches_each_due_endpoint_until_cancelled():
 
     asyncio.run(asyncio.wait_for(run(), 10))
     assert touched == [("ns", "a"), ("ns", "b"), ("ns", "a")]
+
+
+def test_a_failing_wake_up_does_not_stop_the_loop():
+    wakeups = Wakeups(resync_seconds=3600)
+    touched: list[tuple[str, str]] = []
+
+    def touch(key: tuple[str, str]) -> None:
+        if key == ("ns", "broken"):
+            raise RuntimeError("a bug")
+        touched.append(key)
+
+    async def run() -> None:
+        wakeups.now(("ns", "broken"))
+        wakeups.now(("ns", "fine"))
+        task = asyncio.create_task(wake_up_loop(wakeups, touch, tick_seconds=0.01))
+        while not touched:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert touched == [("ns", "fine")]

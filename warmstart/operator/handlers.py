@@ -45,7 +45,7 @@ class OperatorSettings:
     snapshot_store: str = NODE_LOCAL
 
     def __post_init__(self) -> None:
-        # Zero workers would leave every queued event unprocessed; a zero interval spins kopf's timer.
+        # Zero workers would leave kopf no thread to run a handler in; a zero interval spins the wake-ups.
         for variable, value in (
             ("WARMSTART_OPERATOR_RESYNC_SECONDS", self.resync_seconds),
             ("WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS", self.capture_backoff_seconds),

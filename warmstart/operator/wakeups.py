@@ -85,5 +85,8 @@ async def wake_up_loop(wakeups: Wakeups, touch: Callable[[Key], None], tick_seco
     """Until cancelled: touch each due endpoint (a blocking call, so in a thread)."""
     while True:
         for key in wakeups.take_due():
-            await asyncio.to_thread(touch, key)
+            try:
+                await asyncio.to_thread(touch, key)
+            except Exception:  # a bug in one wake-up must not stop the others'; the resync tries it again
+                log.exception("%s/%s: wake-up failed", *key)
         await asyncio.sleep(tick_seconds)
