@@ -302,7 +302,8 @@ def test_a_refused_child_is_reported_and_retried_with_backoff_from_one_path(
 
         kube.wait_for(warning_events, timeout=WAIT, message="a Warning ApplyFailed Event")
 
-        # Five failures in a row: 1, 2, 4, then the 4 s cap; one retry path, never the timer or kopf's.
+        # Five failures in a row: 1, 2, 4, then the 4 s cap; one retry path: kopf's retries of the
+        # endpoint's handler, after the operator's backoff.
         kube.wait_for(
             lambda: len(retry_lines(operator.log_path.read_text(), namespace, name)) >= 5,
             timeout=WAIT,
@@ -312,8 +313,10 @@ def test_a_refused_child_is_reported_and_retried_with_backoff_from_one_path(
         lines = retry_lines(log, namespace, name)
         assert [failures for _, failures, _ in lines] == list(range(1, len(lines) + 1)), lines
         assert [delay for _, _, delay in lines[:5]] == [1, 2, 4, 4, 4], lines
-        assert all(handler == "watch" for handler, _, _ in lines[1:]), lines  # the work queue
-        assert not re.search(rf"\[{namespace}/{name}\] (Handler|Timer) .* failed", log), operator.log_tail()
+        assert len({handler for handler, _, _ in lines}) == 1, lines  # the creation, retried
+        kopf_retries = re.findall(rf"\[{namespace}/{name}\] Handler '[^']+' failed temporarily", log)
+        assert len(lines) - 1 <= len(kopf_retries) <= len(lines), operator.log_tail()  # each one, by kopf
+        assert not re.search(rf"\[{namespace}/{name}\] (Timer|Daemon) ", log), operator.log_tail()
         assert len(warning_events()) == 1  # reported once, not once a retry
     finally:
         kinds = "validatingadmissionpolicybinding,validatingadmissionpolicy"

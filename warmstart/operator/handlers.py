@@ -5,6 +5,7 @@ Importing this module registers the handlers with kopf's default registry.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -26,7 +27,7 @@ from warmstart.operator.metrics import METRICS
 from warmstart.operator.placement import NODE_LOCAL, check_snapshot_store
 from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, reconcile
 from warmstart.operator.spec import InvalidSpec
-from warmstart.operator.workqueue import Key, KeyLocks, Resync, WorkQueue
+from warmstart.operator.wakeups import WAKEUP_ANNOTATION, Key, Wakeups, wake_up_loop
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class OperatorSettings:
     snapshot_store: str = NODE_LOCAL
 
     def __post_init__(self) -> None:
-        # Zero workers would leave every queued event unprocessed; a zero interval spins kopf's timer.
+        # Zero workers would leave kopf no thread to run a handler in; a zero interval spins the wake-ups.
         for variable, value in (
             ("WARMSTART_OPERATOR_RESYNC_SECONDS", self.resync_seconds),
             ("WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS", self.capture_backoff_seconds),
@@ -79,10 +80,10 @@ class Runtime:
     """What the handlers share; set up in on_startup."""
 
     kube: Kube | None = None
-    queue: WorkQueue | None = None
-    resync: Resync | None = None
-    locks = KeyLocks()
+    wakeups = Wakeups(SETTINGS.resync_seconds)
+    wake_up_task: asyncio.Task[None] | None = None
     backoff = Backoff(SETTINGS.capture_backoff_seconds, CAPTURE_BACKOFF.max_seconds)
+    retry_backoff = Backoff(SETTINGS.retry_base_seconds, SETTINGS.retry_max_seconds)
     # uid of each of our CRDs as kopf found it when it started; another uid is a CRD kopf may not serve.
     served_crds: dict[str, str] = {}
     # Set to have `warmstart operator` start kopf again in this process (None: nobody would).
@@ -104,7 +105,7 @@ def _kube() -> Kube:
     return Runtime.kube
 
 
-def _requeue_delay(outcome: Outcome) -> float | None:
+def _follow_up(outcome: Outcome) -> float | None:
     """Come back for a Failed snapshot awaiting its retry; the periodic resync covers everything else."""
     plan = outcome.plan
     if plan is not None and plan.active_phase == Phase.FAILED and not plan.exhausted:
@@ -112,52 +113,44 @@ def _requeue_delay(outcome: Outcome) -> float | None:
     return None
 
 
-def run_reconcile(handler: str, key: Key) -> Outcome | None:
-    """Reconcile one endpoint under its lock, from a fresh read (so status transitions are never computed
-    from a stale copy), and count it. None: the endpoint is gone, or the reconcile failed and its retry is
-    scheduled on the work queue (the one path that retries, with backoff). Raises InvalidSpec, already
-    reported in status (once per generation): retrying cannot help until the spec changes."""
+def run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
+    """Reconcile one endpoint from a fresh read (so status transitions are never computed from a stale
+    copy), and count it. kopf calls this from the endpoint's own handler, one call at a time per endpoint.
+    None: the endpoint is gone, or its spec is invalid (already reported in status, once per generation:
+    retrying cannot help until the spec changes). A failure raises kopf.TemporaryError, for kopf to retry
+    after the backoff (`retry`: the failures in a row so far, as kopf counts them)."""
     started = time.perf_counter()
     result = "error"
     try:
-        with Runtime.locks.lock(key):
-            body = _kube().get(L.ENDPOINT_KIND, *key)
-            if body is None or body["metadata"].get("deletionTimestamp"):
-                result = "gone"
-                _reset_retries(key)
-                return None
-            outcome = reconcile(_kube(), body, Runtime.backoff, AGENTS, SETTINGS.snapshot_store)
+        body = _kube().get(L.ENDPOINT_KIND, *key)
+        if body is None or body["metadata"].get("deletionTimestamp"):
+            result = "gone"
+            return None
+        outcome = reconcile(_kube(), body, Runtime.backoff, AGENTS, SETTINGS.snapshot_store)
         METRICS.endpoints.set(*key, outcome.status["phase"])
         result = "success"
-        _reset_retries(key)
-        delay = _requeue_delay(outcome)
-        if delay is not None and Runtime.queue is not None:
-            Runtime.queue.add_after(key, delay)
+        Runtime.wakeups.reconciled(key, _follow_up(outcome))
         return outcome
     except InvalidSpec:
         result = "invalid"
         METRICS.endpoints.set(*key, "Degraded")
-        _reset_retries(key)
-        raise
+        Runtime.wakeups.reconciled(key)
+        return None
     except ChildApplyFailed as exc:
         METRICS.endpoints.set(*key, "Degraded")
-        _retry_later(key, handler, exc)
+        raise _retry_later(key, handler, retry, exc) from exc
     except (MissingAPI, KubeError) as exc:  # KubeError: e.g. the API server restarting, a conflict
-        _retry_later(key, handler, exc)
-    except Exception:  # a bug in one reconcile must not stop the others; it is retried like any failure
+        raise _retry_later(key, handler, retry, exc) from exc
+    except Exception as exc:  # a bug in one reconcile must not stop the others; retried like any failure
         log.exception("%s/%s: %s reconcile crashed", *key, handler)
-        _retry_later(key, handler, None)
+        raise _retry_later(key, handler, retry, None) from exc
     finally:
         METRICS.observe(handler, result, time.perf_counter() - started)
-    return None
 
 
-def _retry_later(key: Key, handler: str, error: Exception | None) -> None:
-    if Runtime.queue is None:
-        log.warning("%s/%s: %s reconcile failed, no work queue to retry it: %s", *key, handler, error)
-        return
-    delay = Runtime.queue.retry_later(key)
-    failures = Runtime.queue.failures(key)
+def _retry_later(key: Key, handler: str, retry: int, error: Exception | None) -> kopf.TemporaryError:
+    failures = retry + 1
+    delay = Runtime.retry_backoff.delay(failures)
     if error is not None:
         log.warning(
             "%s/%s: %s reconcile failed (%d in a row), retrying in %.0f s: %s",
@@ -167,24 +160,32 @@ def _retry_later(key: Key, handler: str, error: Exception | None) -> None:
             delay,
             error,
         )
+    Runtime.wakeups.retrying(key, delay)
+    return kopf.TemporaryError(f"reconcile failed, retrying in {delay:.0f} s: {error}", delay=delay)
 
 
-def _reset_retries(key: Key) -> None:
-    if Runtime.queue is not None:
-        Runtime.queue.reset(key)
-
-
-def reconcile_key(key: Key) -> float | None:
-    """Queue worker: reconcile the endpoint. Follow-ups and retries are scheduled by run_reconcile."""
-    with contextlib.suppress(InvalidSpec):  # already in status; the next spec change brings it back
-        run_reconcile("watch", key)
-    return None
+def touch(key: Key) -> None:
+    """Wake an endpoint up: a change kopf hands to its handler (see wakeups)."""
+    patch = {"metadata": {"annotations": {WAKEUP_ANNOTATION: str(time.time_ns())}}}
+    try:
+        _kube().patch(L.ENDPOINT_KIND, *key, patch)
+    except KubeError as exc:
+        if exc.status == 404:
+            Runtime.wakeups.forget(key)
+        else:
+            log.warning("%s/%s: could not wake the endpoint up, trying again: %s", *key, exc)
+            Runtime.wakeups.after(key, 1.0)
 
 
 @kopf.on.startup()
-def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+async def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.finalizer = LEGACY_FINALIZER
-    settings.posting.level = logging.WARNING  # handler logs stay in logs; our own Events carry the story
+    # kopf keeps its own records (the last handled spec, a retry's progress) in annotations only: the
+    # status is the reconcile's alone.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage()
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage()
+    # Our own Events carry the story, once per news: kopf's would repeat each retry of a failure.
+    settings.posting.enabled = False
     settings.execution.max_workers = max(8, SETTINGS.workers * 2)
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
@@ -192,35 +193,29 @@ def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     try:
         # Read before kopf's own scan of the API (startup activities run first): whatever is served now,
         # kopf serves too.
-        Runtime.served_crds = crds.served_uids(Runtime.kube)
+        Runtime.served_crds = await asyncio.to_thread(crds.served_uids, Runtime.kube)
     except KubeError as exc:
         raise kopf.TemporaryError(f"reading the operator's CRDs: {exc}", delay=5) from exc
-    backoff = Backoff(SETTINGS.retry_base_seconds, SETTINGS.retry_max_seconds)
-    Runtime.queue = WorkQueue(reconcile_key, workers=SETTINGS.workers, backoff=backoff)
-    Runtime.resync = Resync(Runtime.queue, SETTINGS.resync_seconds)
-    Runtime.queue.start()
-    Runtime.resync.start()
+    Runtime.wake_up_task = asyncio.create_task(wake_up_loop(Runtime.wakeups, touch), name="wake-ups")
 
 
 @kopf.on.cleanup()
-def on_cleanup(**_: Any) -> None:
-    if Runtime.resync is not None:
-        Runtime.resync.stop()
-        Runtime.resync = None
-    if Runtime.queue is not None:
-        Runtime.queue.stop()
-        Runtime.queue = None
+async def on_cleanup(**_: Any) -> None:
+    task, Runtime.wake_up_task = Runtime.wake_up_task, None
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
-@kopf.on.resume(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
-@kopf.on.create(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
-@kopf.on.update(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
-def on_endpoint_change(namespace: str, name: str, reason: str, **_: Any) -> None:
-    """A new or changed spec (or the operator starting). An invalid spec returns quietly, as kopf's
-    PermanentError would stop retries, without kopf's own error line and Event: reconcile has reported it
-    once for this generation, and the next spec change runs this again."""
-    with contextlib.suppress(InvalidSpec):
-        run_reconcile(str(reason), (namespace, name))
+@kopf.on.resume(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL, retries=None)
+@kopf.on.create(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL, retries=None)
+@kopf.on.update(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL, retries=None)
+def on_endpoint_change(namespace: str, name: str, reason: str, retry: int, **_: Any) -> None:
+    """The endpoint's one reconcile: a new or changed spec, the operator starting, or a wake-up. An
+    invalid spec returns quietly, as kopf's PermanentError would stop retries, without kopf's own error
+    line: reconcile has reported it once for this generation, and the next spec change runs this again."""
+    run_reconcile(str(reason), (namespace, name), retry)
 
 
 @kopf.on.event(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL)
@@ -232,14 +227,10 @@ def on_endpoint_event(event: Mapping[str, Any], namespace: str | None, name: str
         return
     key = (namespace, name)
     if event.get("type") != "DELETED":
-        if Runtime.resync is not None:
-            Runtime.resync.track(key)
+        Runtime.wakeups.track(key)
         return
-    if Runtime.resync is not None:
-        Runtime.resync.forget(key)
+    Runtime.wakeups.forget(key)
     METRICS.endpoints.forget(namespace, name)
-    Runtime.locks.forget(key)
-    _reset_retries(key)
 
 
 def _is_our_crd(name: str, **_: Any) -> bool:
@@ -267,10 +258,10 @@ def _serve_new_crd(name: str) -> None:
     Runtime.restart.set()
 
 
-def _enqueue_owner(namespace: str | None, labels: Mapping[str, str]) -> None:
+def _wake_owner(namespace: str | None, labels: Mapping[str, str]) -> None:
     endpoint = labels.get(L.ENDPOINT_LABEL)
-    if namespace and endpoint and Runtime.queue is not None:
-        Runtime.queue.add((namespace, endpoint))
+    if namespace and endpoint:
+        Runtime.wakeups.now((namespace, endpoint))
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
@@ -279,7 +270,7 @@ def _enqueue_owner(namespace: str | None, labels: Mapping[str, str]) -> None:
 @kopf.on.event("", "v1", "pods", labels={L.COMPONENT_LABEL: L.CAPTURE_COMPONENT})  # a capture pod ended
 def on_child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
     """A child changed (status, hand edit, deletion): look at its endpoint again."""
-    _enqueue_owner(namespace, labels)
+    _wake_owner(namespace, labels)
 
 
 @kopf.on.event(L.GROUP, L.VERSION, L.SNAPSHOT_PLURAL)
@@ -297,5 +288,5 @@ def on_snapshot_event(
         else:
             METRICS.snapshots.set(namespace, name, status.get("phase") or "Pending")
     endpoint = spec.get("endpoint")
-    if namespace and endpoint and Runtime.queue is not None:
-        Runtime.queue.add((namespace, str(endpoint)))
+    if namespace and endpoint:
+        Runtime.wakeups.now((namespace, str(endpoint)))

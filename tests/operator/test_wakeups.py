@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import asyncio
+
+from warmstart.operator.backoff import Backoff
+from warmstart.operator.wakeups import Wakeups, wake_up_loop
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_known_endpoint_is_due_at_each_resync_and_a_burst_of_changes_wakes_it_once():
+    clock = Clock()
+    wakeups = Wakeups(resync_seconds=60, clock=clock)
+    wakeups.track(("ns", "a"))
+    assert wakeups.take_due() == []
+    for _ in range(5):  # five child events in a burst
+        wakeups.now(("ns", "b"))
+    assert wakeups.take_due() == [("ns", "b")]
+    assert wakeups.take_due() == []
+    clock.now += 60
+    assert wakeups.take_due() == [("ns", "a"), ("ns", "b")]
+
+
+def test_tracking_keeps_a_sooner_wake_up_and_a_reconcile_sets_the_next():
+    clock = Clock()
+    wakeups = Wakeups(resync_seconds=60, clock=clock)
+    wakeups.after(("ns", "a"), 2)
+    wakeups.track(("ns", "a"))  # every event on the endpoint: must not push the follow-up back
+    wakeups.after(("ns", "a"), 30)  # a later wake-up does not replace the sooner one
+    clock.now += 2
+    assert wakeups.take_due() == [("ns", "a")]
+    wakeups.reconciled(("ns", "a"), follow_up=5)
+    clock.now += 4
+    assert wakeups.take_due() == []
+    clock.now += 1
+    assert wakeups.take_due() == [("ns", "a")]
+    wakeups.reconciled(("ns", "a"), follow_up=600)  # never later than the resync
+    clock.now += 60
+    assert wakeups.take_due() == [("ns", "a")]
+
+
+def test_a_failed_reconcile_is_not_woken_before_its_retry_and_a_deleted_one_never():
+    clock = Clock()
+    wakeups = Wakeups(resync_seconds=2, clock=clock)
+    retry = Backoff(base_seconds=1, max_seconds=120).delay(4)  # kopf retries after 8 s
+    wakeups.retrying(("ns", "a"), retry)
+    wakeups.track(("ns", "a"))
+    wakeups.track(("ns", "b"))
+    wakeups.forget(("ns", "b"))
+    clock.now += 2  # a resync passes: kopf holds the endpoint until its retry
+    assert wakeups.take_due() == []
+    clock.now += 6
+    assert wakeups.take_due() == [("ns", "a")]
+    assert wakeups.keys() == [("ns", "a")]
+
+
+def test_the_loop_touches_each_due_endpoint_until_cancelled():
+    wakeups = Wakeups(resync_seconds=3600)
+    touched: list[tuple[str, str]] = []
+
+    async def run() -> None:
+        wakeups.now(("ns", "a"))
+        wakeups.now(("ns", "b"))
+        task = asyncio.create_task(wake_up_loop(wakeups, touched.append, tick_seconds=0.01))
+        while len(touched) < 2:
+            await asyncio.sleep(0.01)
+        wakeups.now(("ns", "a"))
+        while len(touched) < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert touched == [("ns", "a"), ("ns", "b"), ("ns", "a")]
+
+
+def test_a_failing_wake_up_does_not_stop_the_loop():
+    wakeups = Wakeups(resync_seconds=3600)
+    touched: list[tuple[str, str]] = []
+
+    def touch(key: tuple[str, str]) -> None:
+        if key == ("ns", "broken"):
+            raise RuntimeError("a bug")
+        touched.append(key)
+
+    async def run() -> None:
+        wakeups.now(("ns", "broken"))
+        wakeups.now(("ns", "fine"))
+        task = asyncio.create_task(wake_up_loop(wakeups, touch, tick_seconds=0.01))
+        while not touched:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert touched == [("ns", "fine")]
