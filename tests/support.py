@@ -1,5 +1,5 @@
 """Helpers shared by test packages: loopback ports, completions against a worker, the CRIU 4 command, a
-CRIU that records its calls, and polling waits."""
+CRIU that records its calls, polling waits, and the environment of a child Python."""
 
 from __future__ import annotations
 
@@ -119,6 +119,13 @@ def wait_for_line(path: Path, timeout: float = 30.0) -> str:
         return text if text.endswith("\n") else ""
 
     return wait_until(complete, f"{path} written", timeout)
+
+
+def python_path_env(*directories: Path) -> dict[str, str]:
+    """This process's environment with `directories` first on PYTHONPATH: a child Python that imports the
+    tests' own modules (pytest's `pythonpath` setting reaches only the pytest process)."""
+    inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, directories), *inherited])}
 
 
 def with_default_sigint() -> None:

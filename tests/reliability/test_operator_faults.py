@@ -6,21 +6,17 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import endpoint_spec
+from operator_process import OperatorProcess
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "operator"))
-
-from builders import endpoint_spec  # noqa: E402
-from operator_process import OperatorProcess  # noqa: E402
-
-from warmstart.api import labels as L  # noqa: E402
-from warmstart.operator.kube import Kube, KubeError, TransientKubeError  # noqa: E402
+from warmstart.api import labels as L
+from warmstart.operator.kube import Kube, KubeError, TransientKubeError
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 

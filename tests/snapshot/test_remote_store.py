@@ -16,6 +16,7 @@ import pytest
 import snapshot_helpers
 from control_plane.s3 import S3Server
 from s3_plugin import BUCKET, StartS3
+from support import python_path_env
 
 from warmstart.snapshot import Snapshot, SnapshotError, SnapshotInvalid, SnapshotNotFound, SnapshotStore
 from warmstart.snapshot.remote import (
@@ -231,10 +232,9 @@ def test_a_snapshot_in_the_bucket_under_another_signature_is_not_overwritten(
 
 KILLED_PUSH = textwrap.dedent(
     """
-    import os, signal, sys
-    sys.path.insert(0, sys.argv[1])
+    import sys
     from remote_helpers import push_in_process
-    push_in_process(*sys.argv[2:])
+    push_in_process(*sys.argv[1:])
     """
 )
 
@@ -248,9 +248,9 @@ def test_a_push_killed_before_its_signature_is_never_listed(
     assert config.credentials is not None
     credentials = config.credentials
     child = subprocess.run(
-        [sys.executable, "-c", KILLED_PUSH, str(HELPERS_DIR), str(remote.local.root), snapshot.id, step,
+        [sys.executable, "-c", KILLED_PUSH, str(remote.local.root), snapshot.id, step,
          s3_server.endpoint, BUCKET, PREFIX, credentials.access_key_id, credentials.secret_access_key],
-        capture_output=True, text=True, timeout=120,
+        env=python_path_env(HELPERS_DIR), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert child.returncode == -signal.SIGKILL, child.stderr
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import snapshot_helpers
+from support import python_path_env
 
 from warmstart.snapshot import Snapshot, SnapshotStore
 from warmstart.snapshot.signing import Verifier
@@ -21,7 +22,6 @@ HELPERS_DIR = Path(snapshot_helpers.__file__).parent
 KILLED_CAPTURE = textwrap.dedent(
     """
     import sys
-    sys.path.insert(0, sys.argv[2])
     from snapshot_helpers import make_identity
     from warmstart.snapshot import SnapshotStore
 
@@ -39,7 +39,8 @@ KILLED_CAPTURE = textwrap.dedent(
 
 def test_a_capture_killed_mid_write_leaves_nothing_listed(store: SnapshotStore) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_CAPTURE, str(store.root), str(HELPERS_DIR)],
+        [sys.executable, "-c", KILLED_CAPTURE, str(store.root)],
+        env=python_path_env(HELPERS_DIR),
         stdout=subprocess.PIPE,
         text=True,
     )
