@@ -153,10 +153,21 @@ def helm_template(chart: Path, *flags: str, check: bool = True) -> subprocess.Co
     return subprocess.run(command, capture_output=True, text=True, check=check)
 
 
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding `path`: that of the innermost mount above it (the last one listed
+    where two share a mount point, as it is the one on top)."""
+    resolved, innermost, kind = path.resolve(), "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, escaped_point, fstype, *_ = line.split()
+        point = escaped_point.encode().decode("unicode_escape")  # spaces and tabs come as octal escapes
+        if (resolved == Path(point) or Path(point) in resolved.parents) and len(point) >= len(innermost):
+            innermost, kind = point, fstype
+    return kind
+
+
 def page_cache_kept(path: Path) -> str | None:
     """Why files under `path` cannot leave the page cache (tmpfs, ramfs), None when they can."""
-    found = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True)
-    kind = found.stdout.strip()
+    kind = filesystem_type(path)
     if kind in ("tmpfs", "ramfs"):
         return f"{path} is on {kind}, whose pages cannot leave the page cache"
     return None

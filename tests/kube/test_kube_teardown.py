@@ -16,7 +16,7 @@ from control_plane import build, versions
 from control_plane.cluster import wait_for
 from support import python_path_env, with_default_sigint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
