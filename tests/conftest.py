@@ -15,7 +15,7 @@ from warmstart.checkpoint.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parent.parent
 
-pytest_plugins = ["kube_plugin", "node_plugin", "s3_plugin"]
+pytest_plugins = ["kube_plugin", "node_plugin", "s3_plugin", "spawn_plugin"]
 
 
 @pytest.fixture(scope="session", autouse=True)

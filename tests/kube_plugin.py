@@ -35,19 +35,12 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-HACK = Path(__file__).resolve().parent.parent / "hack"
-if str(HACK) not in sys.path:
-    sys.path.insert(0, str(HACK))
-
-from control_plane import build, versions  # noqa: E402
-from control_plane.cluster import ControlPlane, wait_for  # noqa: E402
+from control_plane import build, versions
+from control_plane.cluster import ControlPlane, wait_for
 
 __all__ = ["ControlPlane", "wait_for"]
 

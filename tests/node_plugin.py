@@ -50,14 +50,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-HACK = Path(__file__).resolve().parent.parent / "hack"
-if str(HACK) not in sys.path:
-    sys.path.insert(0, str(HACK))
-
-from control_plane import addons, gpu_node, images, network, versions  # noqa: E402
-from control_plane.cluster import ControlPlane  # noqa: E402
-from control_plane.node import (  # noqa: E402
+from control_plane import addons, gpu_node, images, network, versions
+from control_plane.cluster import ControlPlane
+from control_plane.node import (
     NodeBusyError,
     NodeImage,
     RealNode,

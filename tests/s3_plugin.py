@@ -18,17 +18,10 @@ When the gateway is not built, tests using it are skipped with the command that 
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
-
-HACK = Path(__file__).resolve().parent.parent / "hack"
-if str(HACK) not in sys.path:
-    sys.path.insert(0, str(HACK))
-
-from control_plane import s3  # noqa: E402
+from control_plane import s3
 
 BUCKET = "snapshots"
 

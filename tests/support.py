@@ -1,5 +1,5 @@
 """Helpers shared by test packages: loopback ports, completions against a worker, the CRIU 4 command, a
-CRIU that records its calls, and polling waits."""
+CRIU that records its calls, polling waits, and the environment of a child Python."""
 
 from __future__ import annotations
 
@@ -121,6 +121,13 @@ def wait_for_line(path: Path, timeout: float = 30.0) -> str:
     return wait_until(complete, f"{path} written", timeout)
 
 
+def python_path_env(*directories: Path) -> dict[str, str]:
+    """This process's environment with `directories` first on PYTHONPATH: a child Python that imports the
+    tests' own modules (pytest's `pythonpath` setting reaches only the pytest process)."""
+    inherited = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([*map(str, directories), *inherited])}
+
+
 def with_default_sigint() -> None:
     """A `preexec_fn` for a child the test interrupts with SIGINT: a suite started from a background job
     inherits SIGINT ignored, and a child started so would never see its Ctrl-C."""
@@ -146,10 +153,21 @@ def helm_template(chart: Path, *flags: str, check: bool = True) -> subprocess.Co
     return subprocess.run(command, capture_output=True, text=True, check=check)
 
 
+def filesystem_type(path: Path) -> str:
+    """The type of the filesystem holding `path`: that of the innermost mount above it (the last one listed
+    where two share a mount point, as it is the one on top)."""
+    resolved, innermost, kind = path.resolve(), "", ""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, escaped_point, fstype, *_ = line.split()
+        point = escaped_point.encode().decode("unicode_escape")  # spaces and tabs come as octal escapes
+        if (resolved == Path(point) or Path(point) in resolved.parents) and len(point) >= len(innermost):
+            innermost, kind = point, fstype
+    return kind
+
+
 def page_cache_kept(path: Path) -> str | None:
     """Why files under `path` cannot leave the page cache (tmpfs, ramfs), None when they can."""
-    found = subprocess.run(["stat", "-f", "-c", "%T", str(path)], capture_output=True, text=True, check=True)
-    kind = found.stdout.strip()
+    kind = filesystem_type(path)
     if kind in ("tmpfs", "ramfs"):
         return f"{path} is on {kind}, whose pages cannot leave the page cache"
     return None

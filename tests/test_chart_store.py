@@ -16,6 +16,8 @@ from warmstart.agent.cli import register
 from warmstart.operator.placement import NODE_LOCAL, OBJECT_STORE, SHARED_VOLUME, check_snapshot_store
 from warmstart.snapshot.remote import RemoteConfig
 
+pytestmark = pytest.mark.spawns
+
 CHART = Path(__file__).resolve().parents[1] / "charts" / "warmstart"
 OBJECT_STORE_VALUES = (
     "--set", "agent.objectStore.bucket=snapshots",

@@ -13,6 +13,8 @@ import pytest
 
 from warmstart.checkpoint import hugepages
 
+pytestmark = pytest.mark.spawns
+
 REPO = Path(__file__).resolve().parents[1]
 
 

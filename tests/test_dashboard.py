@@ -49,6 +49,7 @@ def queries(dashboard: dict) -> list[str]:
     return found
 
 
+@pytest.mark.spawns
 def test_every_dashboard_query_names_an_exported_metric() -> None:
     dashboard = rendered_dashboard()
     exported = exported_series()
@@ -61,6 +62,7 @@ def test_every_dashboard_query_names_an_exported_metric() -> None:
         assert all(METRIC_NAME.search(t["expr"]) for t in panel["targets"]), panel["title"]
 
 
+@pytest.mark.spawns
 def test_the_dashboard_is_left_out_unless_asked_for() -> None:
     out = helm_template(CHART).stdout
     assert "t-warmstart-dashboard" not in out

@@ -59,6 +59,7 @@ def mkdocs_build(config_dir: Path, site: Path) -> subprocess.CompletedProcess[st
     return subprocess.run(command, cwd=config_dir, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.spawns
 def test_site_builds_strict_with_every_link_and_anchor_resolved(tmp_path: Path) -> None:
     built = mkdocs_build(ROOT, tmp_path / "site")
     assert built.returncode == 0, built.stdout + built.stderr
@@ -68,6 +69,7 @@ def test_site_builds_strict_with_every_link_and_anchor_resolved(tmp_path: Path) 
         assert f"{page}/index.html" in pages, sorted(pages)
 
 
+@pytest.mark.spawns
 def test_a_link_to_a_missing_anchor_fails_the_build(tmp_path: Path) -> None:
     """The gate itself: strict mode with anchor validation turns a dead `#anchor` into a failed build."""
     copy = tmp_path / "repo"

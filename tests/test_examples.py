@@ -13,6 +13,7 @@ def test_there_are_examples() -> None:
     assert len(EXAMPLES) >= 3
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_is_accepted_by_the_apiserver(kube, namespace, repo_root, example: Path) -> None:

@@ -19,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 MODES = ("optimised", "keep-scratch", "naive")
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_every_mode_restores_with_the_sources_outputs(criu_command: str, tmp_path: Path) -> None:
     pytest.importorskip("torch", reason="needs torch (the `engine` extra)")

@@ -171,6 +171,7 @@ def pod_given_h100() -> Any:
     process.wait()
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize(
     ("driver", "named"),
     [(580, "gpu_product: snapshot has 'NVIDIA H200', here is 'NVIDIA H100 80GB HBM3'"),
@@ -189,6 +190,7 @@ def test_a_gpu_snapshot_is_refused_on_another_gpu_or_driver(pod_given_h100: Any,
         assert phase.expected_identity(identity, pod, sandbox) == identity
 
 
+@pytest.mark.spawns
 def test_a_gpu_snapshot_is_refused_where_the_agent_has_no_cuda(pod_given_h100: Any) -> None:
     def no_cuda() -> Any:
         raise FactsUnavailable("this node agent cannot reach the CUDA driver: no libcuda")

@@ -22,6 +22,7 @@ def test_the_s3_server_build_is_keyed_by_its_stamp(tmp_path: Path, monkeypatch: 
     assert s3.is_cached()
 
 
+@pytest.mark.spawns
 def test_a_server_that_cannot_listen_fails_its_start_with_its_log(tmp_path: Path) -> None:
     if not s3.is_cached():
         pytest.skip(f"no S3 server built ({s3.server_path()}): run `hack/control-plane build`")

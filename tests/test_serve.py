@@ -33,7 +33,7 @@ from warmstart.serve.worker_spec import StartReport, WorkerSpec
 from warmstart.snapshot.keys import default_key_path, signing_keys
 from warmstart.snapshot.store import SnapshotStore
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 REPO = Path(__file__).resolve().parents[1]
 
 

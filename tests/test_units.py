@@ -38,6 +38,7 @@ def _record_failures(store: str, times: int) -> None:
         counter.record("snap", "boom")
 
 
+@pytest.mark.spawns
 def test_failure_counter_loses_no_concurrent_failure(tmp_path: Path) -> None:
     """Restores failing at once in several processes (one node's agent, or agents sharing a store's volume)
     each count: the record is read, added to and written under a lock."""
@@ -81,6 +82,7 @@ def test_identity_cache_refuses_another_key(tmp_path: Path) -> None:
     assert identity is None and "not trusted" in reason
 
 
+@pytest.mark.spawns
 def test_prune_removes_only_dead_runs(tmp_path: Path) -> None:
     dead = subprocess.run(
         [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
@@ -111,6 +113,7 @@ def test_worker_command_carries_mode_port_and_control_dir() -> None:
     assert "--control-dir /run/x/control" in joined
 
 
+@pytest.mark.spawns
 def test_bench_refuses_fewer_than_one_repetition(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "warmstart", "bench", "restore", "--store", str(tmp_path), "--repeat", "0"],
@@ -120,6 +123,7 @@ def test_bench_refuses_fewer_than_one_repetition(tmp_path: Path) -> None:
     assert "--repeat must be at least 1, got 0" in result.stderr
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("command", [["serve"], ["bench", "restore"]])
 def test_serve_and_bench_refuse_a_port_out_of_range(tmp_path: Path, command: list[str]) -> None:
     result = subprocess.run(
@@ -130,6 +134,7 @@ def test_serve_and_bench_refuse_a_port_out_of_range(tmp_path: Path, command: lis
     assert "port must be between 0 and 65535, got 70000" in result.stderr
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("command", [["serve"], ["bench", "restore"]])
 def test_serve_and_bench_refuse_an_unknown_huge_pages_mode(tmp_path: Path, command: list[str]) -> None:
     result = subprocess.run(
@@ -154,6 +159,7 @@ def test_the_bench_reads_every_byte_into_reused_or_fresh_memory(tmp_path: Path, 
         assert size == READ_CHUNK + 12 and seconds > 0
 
 
+@pytest.mark.spawns
 def test_serve_names_the_logs_of_a_worker_that_exits_before_serving(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "warmstart", "serve", "--store", str(tmp_path), "--port", "0",

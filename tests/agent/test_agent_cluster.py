@@ -38,7 +38,7 @@ from warmstart.snapshot.layout import MANIFEST_FILE
 from warmstart.snapshot.residency import blob_paths, evict, resident_bytes
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 
 NODE = "kwok-gpu-0"
 ENDPOINT = "tiny"

@@ -72,6 +72,7 @@ def plain_process(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
     process.wait()
 
 
+@pytest.mark.spawns
 def test_processes_are_found_by_their_pod_uid_environment(
     plain_process: subprocess.Popen[bytes], pod_uid: str
 ) -> None:
@@ -149,6 +150,7 @@ def namespaced_pod(pod_uid: str) -> Iterator[subprocess.Popen[bytes]]:
     process.wait()
 
 
+@pytest.mark.spawns
 @needs_root
 def test_supervisor_is_the_process_whose_nspid_ends_in_one(
     namespaced_pod: subprocess.Popen[bytes], pod_uid: str
@@ -160,6 +162,7 @@ def test_supervisor_is_the_process_whose_nspid_ends_in_one(
     assert Path(f"/proc/{init}/cmdline").read_bytes().split(b"\0")[0] == b"sleep"
 
 
+@pytest.mark.spawns
 @needs_root
 def test_namespace_pids_translate_to_host_pids(
     namespaced_pod: subprocess.Popen[bytes], pod_uid: str, tmp_path: Path
@@ -177,6 +180,7 @@ def test_namespace_pids_translate_to_host_pids(
     wait_until(lambda: not pod.alive(), what="the pod seen as gone")
 
 
+@pytest.mark.spawns
 @needs_root
 def test_an_engine_in_the_pod_is_recognised(pod_uid: str, tmp_path: Path) -> None:
     engine = f"import time; time.sleep(60)  # {ENGINE_MODULE}"
@@ -194,6 +198,7 @@ def test_an_engine_in_the_pod_is_recognised(pod_uid: str, tmp_path: Path) -> Non
         process.wait()
 
 
+@pytest.mark.spawns
 @needs_root
 def test_find_needs_the_control_dir_and_reserve_moves_the_pid_counter(
     namespaced_pod: subprocess.Popen[bytes], pod_uid: str, tmp_path: Path
@@ -310,6 +315,7 @@ def test_a_deleted_inference_snapshot_takes_the_store_files_captured_for_it_alon
     assert offline_agent.metrics.value("warmstart_agent_store_snapshots_deleted_total") == 1
 
 
+@pytest.mark.spawns
 def test_grpc_answers_on_a_root_only_socket_for_this_node_alone(offline_agent: Agent, tmp_path: Path) -> None:
     published = _publish(offline_agent.node.store, tmp_path / "key", b"x" * 1000, namespace="team-a")
     _publish(offline_agent.node.store, tmp_path / "key", b"y" * 10, node="node-b")  # a shared store
@@ -336,6 +342,7 @@ def test_grpc_answers_on_a_root_only_socket_for_this_node_alone(offline_agent: A
     assert listed[0].identity_hash == published.identity_hash and listed[0].created
 
 
+@pytest.mark.spawns
 def test_the_generated_grpc_code_is_current(tmp_path: Path) -> None:
     """agent_pb2*.py are what hack/generate-proto makes of agent.proto today."""
     repo, python_dir = Path(__file__).resolve().parents[2], Path(sys.executable).parent
@@ -365,6 +372,7 @@ def test_metrics_endpoint_serves_the_agents_series() -> None:
     assert metrics.value("warmstart_agent_restores_total", {"result": "failed"}) == 1.0
 
 
+@pytest.mark.spawns
 def test_agent_cli_is_registered() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "warmstart", "agent", "--node", ""], capture_output=True, text=True, timeout=60

@@ -24,6 +24,8 @@ from warmstart.snapshot.remote import Credentials, RemoteConfig, RemoteStore
 from warmstart.snapshot.remote.keys import Keys
 from warmstart.snapshot.store import Snapshot
 
+pytestmark = pytest.mark.spawns
+
 MIB = 1 << 20
 PREFIX = "cluster/"
 PAGES = os.urandom(3 * MIB + 17)

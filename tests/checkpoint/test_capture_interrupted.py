@@ -19,7 +19,7 @@ from warmstart.protocol import RESTORE_COMPLETE
 from warmstart.snapshot.signing import generate_hmac_key
 from warmstart.snapshot.store import SnapshotStore
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 DRIVER = Path(__file__).with_name("capture_driver.py")
 PHASES = ["wait_ready", "criu_dump", "copy_sandbox_files", "publish"]
 

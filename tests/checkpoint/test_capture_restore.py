@@ -31,7 +31,7 @@ from warmstart.snapshot.layout import SIGNATURE_FILE
 from warmstart.snapshot.signing import load_signer, load_verifier, signature_document
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 TARGET = Path(__file__).with_name("target_process.py")
 RANKS = Path(__file__).with_name("ranks_target.py")  # two ranks of a tensor-parallel product (gloo)
 

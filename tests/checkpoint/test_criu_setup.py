@@ -9,6 +9,8 @@ import pytest
 
 from warmstart.checkpoint.criu import Criu
 
+pytestmark = pytest.mark.spawns
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -34,12 +34,14 @@ def test_parse_version_rejects_garbage() -> None:
         parse_version("criu, probably\n")
 
 
+@pytest.mark.spawns
 def test_old_criu_is_refused_with_the_setup_script_named(tmp_path: Path) -> None:
     old = _script(tmp_path / "criu", 'echo "Version: 3.17.1"\n')
     with pytest.raises(CriuError, match=r"CRIU 3\.17\.1.*hack/criu-setup"):
         Criu(str(old)).version()
 
 
+@pytest.mark.spawns
 def test_missing_criu_names_the_setup_script(tmp_path: Path) -> None:
     with pytest.raises(CriuError, match="not found.*hack/criu-setup"):
         Criu(str(tmp_path / "no-such-criu")).version()
@@ -62,6 +64,7 @@ def test_first_error_line_skips_benign_lines(tmp_path: Path) -> None:
     assert first_error_line(log) == "Error (criu/files-reg.c:10): Can't lookup mount=42 for fd=1 path=/x"
 
 
+@pytest.mark.spawns
 def test_failed_dump_quotes_criu_error_line(tmp_path: Path) -> None:
     # A stand-in that behaves like a failing CRIU: writes its log where told, exits 1.
     fake = _script(
@@ -74,6 +77,7 @@ def test_failed_dump_quotes_criu_error_line(tmp_path: Path) -> None:
     assert info.value.log_file == tmp_path / "logs" / "dump.log"
 
 
+@pytest.mark.spawns
 def test_timeout_kills_criu_and_says_so(tmp_path: Path) -> None:
     slow = _script(tmp_path / "criu", "sleep 30\n")
     with pytest.raises(CriuError, match="timed out after 1s"):
@@ -85,6 +89,7 @@ def test_namespaced_criu_runs_through_nsenter() -> None:
     assert criu.describe() == "nsenter --target=1234 --pid --mount -- /opt/criu -v"
 
 
+@pytest.mark.spawns
 def test_criu_in_a_pod_reaches_its_program_and_files_through_descriptors(tmp_path: Path) -> None:
     """Inside a container's mount namespace no host path resolves: the program, its library folder, the
     images and the work directory are passed as descriptors (`/proc/self/fd/N`), the log named relative."""

@@ -22,6 +22,7 @@ def _has_libcuda() -> bool:
     return True
 
 
+@pytest.mark.spawns
 def test_cpu_process_does_not_use_cuda() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
@@ -84,6 +85,7 @@ time.sleep(60)
 """
 
 
+@pytest.mark.spawns
 def test_the_process_tree_holds_every_descendant_parents_first_and_no_stranger() -> None:
     stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     root = subprocess.Popen([sys.executable, "-c", TREE], stdout=subprocess.PIPE, text=True)

@@ -28,7 +28,7 @@ from warmstart.protocol import (
 from warmstart.snapshot.signing import load_signer, load_verifier
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 TARGET = Path(__file__).with_name("target_process.py")
 CONTROL_INSIDE = MOUNTPOINT / "control"
 

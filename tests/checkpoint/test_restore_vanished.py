@@ -17,7 +17,10 @@ from warmstart.protocol import RESTORE_FAILED, ControlDir
 from warmstart.snapshot.signing import Verifier, load_signer, load_verifier
 from warmstart.snapshot.store import SnapshotStore
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox needs root (PID and mount namespaces)")
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="a sandbox needs root (PID and mount namespaces)"),
+    pytest.mark.spawns,
+]
 IDENTITY = SnapshotIdentity(model_digest="sha256:" + "ef" * 32, engine="target", engine_version="1")
 
 

@@ -13,7 +13,7 @@ from warmstart.checkpoint.criu import RESTORE_READERS, Criu, CriuError
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 TARGET = Path(__file__).with_name("target_process.py")
 
 

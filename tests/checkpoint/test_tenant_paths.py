@@ -68,6 +68,7 @@ def _restore(tmp_path: Path, sandbox: Sandbox, store: SnapshotStore, key: Path, 
     )  # fmt: skip
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_a_link_the_worker_holds_open_never_brings_its_target_into_the_store(
     tmp_path: Path, store: SnapshotStore, key: Path, criu: Criu, sandboxes: list[Sandbox]
@@ -86,6 +87,7 @@ def test_a_link_the_worker_holds_open_never_brings_its_target_into_the_store(
     assert "sandbox/control/logs/out" in result.snapshot.files  # the engine's real open files still travel
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_a_link_planted_where_a_snapshot_file_goes_is_replaced_not_followed(
     tmp_path: Path, store: SnapshotStore, key: Path, criu: Criu, sandboxes: list[Sandbox]
@@ -104,6 +106,7 @@ def test_a_link_planted_where_a_snapshot_file_goes_is_replaced_not_followed(
     assert restored == wait_for_line(source.host_dir / "control" / "answer").split()[0]
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_a_link_planted_where_a_snapshot_directory_goes_is_refused_clearly(
     tmp_path: Path, store: SnapshotStore, key: Path, criu: Criu, sandboxes: list[Sandbox]
@@ -185,6 +188,7 @@ def test_sending_over_a_planted_link_replaces_the_link(tmp_path: Path) -> None:
     assert control.read(RESTORE_FAILED).payload == {"reason": "test"}
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_a_fifo_as_ready_for_snapshot_fails_the_capture_clearly(
     tmp_path: Path, store: SnapshotStore, key: Path, sandboxes: list[Sandbox]
@@ -213,6 +217,7 @@ def test_a_fifo_as_ready_for_snapshot_fails_the_capture_clearly(
     assert isinstance(outcome[0], CaptureError) and "FIFO" in str(outcome[0])
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_a_file_the_worker_only_maps_travels_and_the_restore_maps_it_again(
     tmp_path: Path, store: SnapshotStore, key: Path, criu: Criu, sandboxes: list[Sandbox]

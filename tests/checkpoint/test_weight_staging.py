@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import wait_until
 
 from warmstart.checkpoint import weight_staging
 from warmstart.checkpoint.weight_staging import (
@@ -76,6 +77,19 @@ def _sandbox_process(user: int | None = None, env: dict[str, str] | None = None)
     return process
 
 
+def wait_until_idle_for_its_plan(stager: StagerProcess) -> None:
+    """Until the stager blocks reading its plan pipe with its CUDA start over: the thread that starts CUDA
+    runs before the plan is read, and here it ends (failing) while the read waits, leaving one thread."""
+    proc = Path(f"/proc/{stager.process.pid}")
+
+    def idle() -> bool:
+        assert stager.process.poll() is None, "the stager ended before its plan came"
+        one_thread = "\nThreads:\t1\n" in (proc / "status").read_text()
+        return one_thread and "pipe_read" in (proc / "wchan").read_text()
+
+    wait_until(idle, "the stager waiting for its plan with its CUDA start over", timeout=60)
+
+
 def start_stager(snapshot: _Snapshot, sandbox_init_pid: int, control: ControlDir) -> StagerProcess | None:
     """A stager as a restore starts one: spawned, then given the (verified) snapshot's plan."""
     return give_plan(spawn_stager(sandbox_init_pid, control), snapshot, sandbox_init_pid)  # type: ignore[arg-type]
@@ -96,6 +110,7 @@ def test_only_cuda_snapshots_with_a_readable_plan_get_a_stager(shared_dir: Path)
     assert staging_plan(_Snapshot({"uses_cuda": True, "worker": {"weight_staging": {"copies": 3}}})) is None
 
 
+@pytest.mark.spawns
 def test_the_engine_hears_from_the_stager_started_for_its_restore(
     shared_dir: Path, control: ControlDir
 ) -> None:
@@ -115,6 +130,7 @@ def test_the_engine_hears_from_the_stager_started_for_its_restore(
         sandbox.kill()
 
 
+@pytest.mark.spawns
 def test_the_stager_runs_as_the_sandbox_user(shared_dir: Path) -> None:
     sandbox = _sandbox_process(user=NOBODY)
     try:
@@ -135,6 +151,7 @@ def test_the_stager_runs_as_the_sandbox_user(shared_dir: Path) -> None:
     assert _open_as(NOBODY, str(shared_dir / "w.bin")) == "ok"  # the engine's own weights, readable
 
 
+@pytest.mark.spawns
 def test_a_gpu_the_sandbox_was_not_given_gets_no_stager(shared_dir: Path, control: ControlDir) -> None:
     env = {"NVIDIA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb", "PATH": os.environ["PATH"]}
     sandbox = _sandbox_process(env=env)
@@ -155,6 +172,7 @@ def test_a_gpu_the_sandbox_was_not_given_gets_no_stager(shared_dir: Path, contro
         unnamed.kill()
 
 
+@pytest.mark.spawns
 def test_a_stager_past_its_deadline_is_killed_and_its_socket_removed(
     shared_dir: Path, control: ControlDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -197,6 +215,7 @@ def _open_as(uid: int, path: str) -> str:
         return result.read()
 
 
+@pytest.mark.spawns
 def test_the_stager_can_be_switched_off_or_told_how_to_copy_and_with_how_many_threads(
     shared_dir: Path, control: ControlDir, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -231,6 +250,7 @@ class _Store:  # what `spawn_stager_early` reads of a store: the manifest as sto
         return self.snapshot
 
 
+@pytest.mark.spawns
 def test_a_stager_started_before_verification_waits_for_the_verified_plan(
     shared_dir: Path, control: ControlDir
 ) -> None:
@@ -239,7 +259,7 @@ def test_a_stager_started_before_verification_waits_for_the_verified_plan(
         snapshot = _snapshot(_plan(shared_dir))
         stager = spawn_stager_early(_Store(snapshot), "snap-1", sandbox.pid, control)  # type: ignore[arg-type]
         assert stager is not None
-        time.sleep(1.0)  # long enough for it to start Python and fail at CUDA here
+        wait_until_idle_for_its_plan(stager)
         assert stager.process.poll() is None, "it waits for its plan, whatever its CUDA did meanwhile"
         assert give_plan(stager, snapshot, sandbox.pid) is stager
         socket_path = control.path / stager.socket_name
@@ -251,6 +271,7 @@ def test_a_stager_started_before_verification_waits_for_the_verified_plan(
         sandbox.kill()
 
 
+@pytest.mark.spawns
 def test_a_stager_whose_verified_snapshot_has_no_plan_is_stopped(
     shared_dir: Path, control: ControlDir
 ) -> None:

@@ -52,6 +52,7 @@ def test_the_demo_preset_is_trained_on_plain_text() -> None:
     assert share_of_word_characters(text) == 1.0 and text.count(PROMPT) >= 3
 
 
+@pytest.mark.spawns
 def test_the_demo_model_answers_in_words(demo_model, demo_engine) -> None:
     model_dir, seconds = demo_model
     text = greedy(demo_engine)
@@ -63,6 +64,7 @@ def test_the_demo_model_answers_in_words(demo_model, demo_engine) -> None:
     assert {path.name for path in model_dir.iterdir()} == {"config.json", "model.safetensors", DIGEST_SIDECAR}
 
 
+@pytest.mark.spawns
 def test_a_trained_model_is_reused_untouched(demo_model, monkeypatch) -> None:
     model_dir, _ = demo_model
     before = {path.name: path.stat().st_mtime_ns for path in model_dir.iterdir()}
@@ -79,6 +81,7 @@ def test_a_trained_model_is_reused_untouched(demo_model, monkeypatch) -> None:
     assert model_digest(model_dir) == digest
 
 
+@pytest.mark.spawns
 def test_the_digest_and_identity_come_from_the_written_files(demo_model, demo_engine) -> None:
     model_dir, _ = demo_model
     identity = demo_engine.identity()

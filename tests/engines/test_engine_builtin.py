@@ -287,6 +287,7 @@ def test_matches_the_reference_qwen3_implementation(make_engine, tiny_model_dir:
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.spawns
 def test_compiled_decode_is_one_graph_for_every_layer_and_batch_above_one(make_engine) -> None:
     """torch.compile of the decode step: one graph serves all layers and batch sizes > 1 (a second one
     for batch 1, which torch specialises), with the same logits as the eager step."""

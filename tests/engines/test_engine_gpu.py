@@ -131,6 +131,7 @@ def test_batched_generation_on_qwen3_shapes(make_engine) -> None:
     print(f"\n8 requests, {sum(16 + i for i in range(8))} tokens in {elapsed:.3f} s")
 
 
+@pytest.mark.spawns
 def test_compiled_decode_matches_eager(make_engine) -> None:
     engine = make_engine(compile=True, max_num_seqs=2, cuda_graph_sizes=[1, 2])
     plain = make_engine(max_num_seqs=2, cuda_graph_sizes=[1, 2])
@@ -148,6 +149,7 @@ def _start_stager(
     return subprocess.Popen([*command, "--socket", str(socket_path)], cwd=REPO), socket_path
 
 
+@pytest.mark.spawns
 @VMM_SKIP
 @pytest.mark.parametrize("copy", COPY_PATHS)
 def test_weights_staged_by_another_process_serve_the_same_outputs(
@@ -177,6 +179,7 @@ def test_weights_staged_by_another_process_serve_the_same_outputs(
     assert free_after - free_before >= 0.9 * engine._weight_arena.nbytes
 
 
+@pytest.mark.spawns
 @VMM_SKIP
 def test_a_failing_stager_leaves_the_engine_to_refill(make_engine, tmp_path: Path) -> None:
     engine = make_engine("tiny", arena="cuda-vmm", release_weights=True)

@@ -35,6 +35,7 @@ def rank_processes() -> list[int]:
     ]
 
 
+@pytest.mark.spawns
 def test_two_ranks_give_one_rank_s_tokens_and_survive_leaving_and_rejoining_their_group() -> None:
     tokens = {}
     for size in (1, 2):

@@ -83,6 +83,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return json.loads(out.read_text())
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("key", [item.run.__name__ for item in vllm_contract.CHECKS])
 def test_vllm_has_what_the_adapter_relies_on(report: dict[str, Any], key: str) -> None:
     result = {result["key"]: result for result in report["checks"]}[key]
@@ -92,6 +93,7 @@ def test_vllm_has_what_the_adapter_relies_on(report: dict[str, Any], key: str) -
     )
 
 
+@pytest.mark.spawns
 def test_the_checked_vllm_is_the_pinned_one(report: dict[str, Any]) -> None:
     assert report["vllm"] == pinned(REQUIREMENTS.read_text().splitlines())
     assert (

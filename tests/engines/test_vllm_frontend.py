@@ -141,13 +141,14 @@ def test_the_output_loop_waits_while_idle_and_wakes_for_a_new_request() -> None:
 
     async def scenario() -> list[int]:
         waiting = asyncio.ensure_future(client.get_output_async())
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # an idle while: the claim is that nothing runs in it
         assert not waiting.done() and core.steps == 0  # no request: no step, no busy loop
         await client.add_request_async(Request("late", 1))
         outputs = await asyncio.wait_for(waiting, timeout=10)
         return [output.token for output in outputs.outputs]
 
     assert asyncio.run(scenario()) == [1]
+    assert core.steps == 1  # the one step the request needed, none while idle
     client.quiesce()
 
 

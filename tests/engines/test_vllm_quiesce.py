@@ -191,6 +191,7 @@ print(method.removeprefix("file://"))
 """
 
 
+@pytest.mark.spawns
 def test_the_file_rendezvous_directory_is_removed_when_the_process_exits(tmp_path: Path) -> None:
     env = {**os.environ, "TMPDIR": str(tmp_path)}
     command = [sys.executable, "-c", RENDEZVOUS_THEN_EXIT]

@@ -58,6 +58,7 @@ def test_plan_round_trips_and_refuses_what_it_cannot_stage(tmp_path: Path) -> No
             StagingPlan.from_json(bad.to_json())
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("device", [{"device_index": 4096}, {"device_uuid": "GPU-00000000-nowhere"}])
 def test_engine_hears_why_the_stager_could_not_stage(tmp_path: Path, device: dict) -> None:
     # No such GPU on any machine: without CUDA the stager says so, with CUDA the device is missing.
@@ -68,6 +69,7 @@ def test_engine_hears_why_the_stager_could_not_stage(tmp_path: Path, device: dic
     assert not socket_path.exists(), "the stager removes the socket it made"
 
 
+@pytest.mark.spawns
 def test_files_are_opened_before_any_gpu_memory_is_taken(tmp_path: Path) -> None:
     process, socket_path = _stager(_plan(tmp_path, name="missing.bin").to_json(), tmp_path)
     with pytest.raises(StagedWeightsUnavailable, match="FileNotFoundError.*missing.bin"):
@@ -75,6 +77,7 @@ def test_files_are_opened_before_any_gpu_memory_is_taken(tmp_path: Path) -> None
     assert process.wait(timeout=60) == 1
 
 
+@pytest.mark.spawns
 def test_a_socket_path_too_long_for_sun_path_still_works(tmp_path: Path) -> None:
     deep = tmp_path / ("pods-" + "x" * 60) / ("volumes-" + "y" * 60)  # like a kubelet's emptyDir
     deep.mkdir(parents=True)
@@ -86,6 +89,7 @@ def test_a_socket_path_too_long_for_sun_path_still_works(tmp_path: Path) -> None
     assert process.wait(timeout=60) == 1
 
 
+@pytest.mark.spawns
 def test_a_plan_it_cannot_read_is_reported_too(tmp_path: Path) -> None:
     process, socket_path = _stager("{not json", tmp_path)
     with pytest.raises(StagedWeightsUnavailable, match="JSONDecodeError"):

@@ -19,7 +19,7 @@ from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("gpu_child.py")
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.spawns]
 
 
 def _start_child(control: Path, weights: Path, mode: str, log: Path) -> subprocess.Popen[bytes]:

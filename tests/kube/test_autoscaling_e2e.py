@@ -44,6 +44,8 @@ from node_plugin import HostPython
 
 from warmstart.api import labels as L
 
+pytestmark = pytest.mark.spawns
+
 LOAD_SECONDS = 60
 LOAD_CONCURRENCY = 4
 # Run in the client pod: LOAD_CONCURRENCY threads sending completions through the interceptor until the

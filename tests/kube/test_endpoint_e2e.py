@@ -51,6 +51,8 @@ from warmstart.api.snapshot import MAX_RESTORE_FAILURES
 from warmstart.snapshot import residency
 from warmstart.snapshot.signing import load_verifier
 
+pytestmark = pytest.mark.spawns
+
 
 @pytest.fixture
 def release(kube: ControlPlane, real_node: RealNode, chart_image: str, namespace: str) -> Iterator[str]:

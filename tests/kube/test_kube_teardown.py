@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 from control_plane import build, versions
 from control_plane.cluster import wait_for
-from support import with_default_sigint
+from support import python_path_env, with_default_sigint
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
+HACK = REPO / "hack"
 
 
 @pytest.fixture(autouse=True)
@@ -69,7 +70,7 @@ INNER_TEST = """
 def test_fixture_teardown_on_ctrl_c_leaves_no_process(tmp_path: Path):
     (tmp_path / "test_hold.py").write_text(textwrap.dedent(INNER_TEST))
     pids_file = tmp_path / "pids.json"
-    env = {**os.environ, "PIDS_FILE": str(pids_file), "PYTHONPATH": str(TESTS), "WARMSTART_KUBE_NODES": "1"}
+    env = {**python_path_env(TESTS, HACK), "PIDS_FILE": str(pids_file), "WARMSTART_KUBE_NODES": "1"}
     command = [sys.executable, "-m", "pytest", "-q", "-p", "kube_plugin", "-p", "no:cacheprovider"]
     session = subprocess.Popen(
         [*command, "--rootdir", str(tmp_path), str(tmp_path / "test_hold.py")],
@@ -94,12 +95,11 @@ def test_fixture_teardown_on_ctrl_c_leaves_no_process(tmp_path: Path):
 
 PARENT_SCRIPT = """
     import json, pathlib, sys, time
-    sys.path.insert(0, sys.argv[1])
     from control_plane.cluster import ControlPlane
 
-    plane = ControlPlane(state_dir=pathlib.Path(sys.argv[2]), crd_dir=None, nodes=1)
+    plane = ControlPlane(state_dir=pathlib.Path(sys.argv[1]), crd_dir=None, nodes=1)
     plane.start()
-    pathlib.Path(sys.argv[3]).write_text(json.dumps(plane.pids()))
+    pathlib.Path(sys.argv[2]).write_text(json.dumps(plane.pids()))
     time.sleep(600)
 """
 
@@ -111,10 +111,10 @@ def test_killing_the_parent_stops_the_control_plane(tmp_path: Path):
             sys.executable,
             "-c",
             textwrap.dedent(PARENT_SCRIPT),
-            str(REPO / "hack"),
             str(tmp_path / "k"),
             str(pids_file),
         ],
+        env=python_path_env(HACK),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -120,6 +120,7 @@ def test_missing_binary_names_the_build_command(tmp_path: Path):
         plane.start()
 
 
+@pytest.mark.spawns
 def test_a_gpu_node_is_labelled_as_gpu_feature_discovery_labels_it(tmp_path: Path, monkeypatch):
     from control_plane import gpu_node
 

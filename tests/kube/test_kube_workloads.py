@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 
 
 def gpu_deployment(name: str, replicas: int) -> dict:

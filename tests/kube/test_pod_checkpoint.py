@@ -24,6 +24,8 @@ from warmstart.protocol import READY_FOR_SNAPSHOT, ControlDir
 from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.store import SnapshotStore
 
+pytestmark = pytest.mark.spawns
+
 PORT = 8000
 START_TIMEOUT = 240.0
 REPO = Path(__file__).resolve().parents[2]

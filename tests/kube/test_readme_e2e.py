@@ -36,7 +36,7 @@ from endpoint_flow import (
 
 from warmstart.api import labels as L
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))

@@ -171,6 +171,7 @@ def fetch_once_served(kube: ControlPlane, namespace: str, pod: str, url: str) ->
     return wait_for(fetch, timeout=60.0, interval=1.0, message=f"{url} answering from pod {pod}")
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_daemonset_and_deployment_from_the_project_image_run_and_serve(
     kube: ControlPlane, real_node: RealNode, chart_image: str, namespace: str
@@ -221,6 +222,7 @@ def test_daemonset_and_deployment_from_the_project_image_run_and_serve(
     assert logs == ""
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_a_pod_runs_the_engine_from_the_host_python_environment(
     kube: ControlPlane, real_node: RealNode, chart_image: str, host_python: HostPython, namespace: str
@@ -267,6 +269,7 @@ print(digest.hexdigest())
 """
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 @pytest.mark.parametrize("image", ["chart", "worker-cpu"])
 def test_the_projects_images_carry_the_working_trees_code(
@@ -299,6 +302,7 @@ def run(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True, timeout=30).stdout
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_the_node_network_lives_only_in_its_namespaces(real_node: RealNode) -> None:
     """Runs after the workloads above: the pods' bridge and kube-proxy's rules exist, inside the node."""
@@ -319,6 +323,7 @@ def test_the_node_network_lives_only_in_its_namespaces(real_node: RealNode) -> N
     assert host_state.read_sysctls() == record.host.sysctls
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_stopping_the_node_leaves_nothing_behind(real_node: RealNode) -> None:
     """Runs after the workloads above; the node is started again for any later test."""
@@ -344,6 +349,7 @@ def test_node_addresses_avoid_every_network_of_the_machine() -> None:
     assert network.NodeAddresses.from_json(addresses.to_json()) == addresses
 
 
+@pytest.mark.spawns
 def test_two_nodes_get_link_networks_and_pod_subnets_of_their_own(tmp_path) -> None:
     first, second = network.choose(2)
     ranges = [first.node_network, first.pod_subnet, second.node_network, second.pod_subnet]

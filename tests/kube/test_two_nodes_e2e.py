@@ -54,6 +54,8 @@ from warmstart.api import labels as L
 from warmstart.snapshot.remote.keys import Keys
 from warmstart.snapshot.store import SnapshotStore
 
+pytestmark = pytest.mark.spawns
+
 PULL_BOUND = 120.0  # the agent's pull timeout and the client's retries, with room for a loaded machine
 
 

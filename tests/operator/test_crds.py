@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from support import helm_binary, helm_template
 
@@ -128,11 +129,13 @@ def test_crd_defaults_agree_with_the_operator_defaults():
     assert parse_spec(defaulted) == parse_spec(http_mode)
 
 
+@pytest.mark.spawns
 def test_helm_lint_is_clean():
     result = subprocess.run([helm_binary(), "lint", "--strict", str(CHART)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.spawns
 def test_values_schema_rejects_bad_values():
     bad = helm_template(CHART, "--set", "operator.replicas=6", check=False)
     assert bad.returncode != 0 and "replicas" in bad.stderr
@@ -144,6 +147,7 @@ def test_values_schema_rejects_bad_values():
     assert thp.returncode != 0 and "transparentHugepages" in thp.stderr
 
 
+@pytest.mark.spawns
 def test_agent_is_optional_and_privileged_when_on():
     def kinds(*flags: str) -> dict[str, dict]:
         out = helm_template(CHART, *flags).stdout
@@ -186,6 +190,7 @@ def test_agent_is_optional_and_privileged_when_on():
     assert json.dumps(operator["livenessProbe"]["httpGet"]["path"]) == '"/healthz"'
 
 
+@pytest.mark.spawns
 def test_the_operator_is_told_where_the_agents_run():
     def operator_env(*flags: str) -> dict[str, str]:
         docs = [d for d in yaml.safe_load_all(helm_template(CHART, *flags).stdout) if d]

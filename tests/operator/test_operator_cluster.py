@@ -25,7 +25,7 @@ from operator_process import OperatorProcess
 from warmstart.api import labels as L
 from warmstart.operator.placement import preferred_node
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -30,7 +30,7 @@ from operator_process import OperatorProcess
 
 from warmstart.api import labels as L
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 
 NO_SNAPSHOTS = {"enabled": False}
 AGENT_LABELS = {"app.kubernetes.io/component": "agent", "test.warmstart.dev/agent": "status-cluster"}

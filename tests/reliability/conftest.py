@@ -3,7 +3,6 @@ by uvicorn with the same connection settings, both with the tiny builtin model o
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -12,13 +11,11 @@ import pytest
 pytest.importorskip("torch", reason="the reliability tests run the builtin engine, which needs torch")
 pytest.importorskip("httpx", reason="the reliability tests talk HTTP through httpx (the `dev` extra)")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "worker"))
+from reliability_helpers import InProcessWorker, load_tiny_engine
+from support import free_port
+from worker_helpers import Worker
 
-from reliability_helpers import InProcessWorker, load_tiny_engine  # noqa: E402
-from support import free_port  # noqa: E402
-from worker_helpers import Worker  # noqa: E402
-
-from warmstart.engines.base import Engine  # noqa: E402
+from warmstart.engines.base import Engine
 
 
 @pytest.fixture(scope="session")

@@ -20,7 +20,7 @@ import yaml
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.api import labels as L
 
-pytestmark = [pytest.mark.integration, pytest.mark.reliability]
+pytestmark = [pytest.mark.integration, pytest.mark.reliability, pytest.mark.spawns]
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "warmstart"
 KUBE_VERSION = "1.35.0"

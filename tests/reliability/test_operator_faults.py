@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-import sys
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -16,14 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import endpoint_spec
+from operator_process import OperatorProcess
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "operator"))
-
-from builders import endpoint_spec  # noqa: E402
-from operator_process import OperatorProcess  # noqa: E402
-
-from warmstart.api import labels as L  # noqa: E402
-from warmstart.kube.client import KINDS, Kind, Kube, KubeError, TransientKubeError  # noqa: E402
+from warmstart.api import labels as L
+from warmstart.kube.client import KINDS, Kind, Kube, KubeError, TransientKubeError
 
 pytestmark = [pytest.mark.integration, pytest.mark.reliability]
 
@@ -130,6 +126,7 @@ def wait_served(kube, namespace: str, name: str) -> None:
     kube.wait_for(lambda: served(kube, namespace, name), timeout=WAIT, message=f"{namespace}/{name} served")
 
 
+@pytest.mark.spawns
 def test_plain_text_error_replies_read_as_their_status(kube, monkeypatch: pytest.MonkeyPatch) -> None:
     """The API server answers a path it does not serve with a text/plain '404 page not found'."""
     monkeypatch.setitem(KINDS, "Thing", Kind("not-served.warmstart.dev/v1", "things"))
@@ -268,6 +265,7 @@ def retry_lines(log: str, namespace: str, name: str) -> list[tuple[str, int, int
     return found
 
 
+@pytest.mark.spawns
 def test_a_refused_child_is_reported_and_retried_with_backoff_from_one_path(
     kube, crds_installed, namespace, start_operator
 ) -> None:
@@ -336,6 +334,7 @@ def test_a_refused_child_is_reported_and_retried_with_backoff_from_one_path(
 OBJECT_LINE = re.compile(r" kopf\.objects: \[(\S+)\] ")
 
 
+@pytest.mark.spawns
 def test_every_log_line_about_an_object_names_it(kube, crds_installed, namespace, start_operator) -> None:
     operator = start_operator()
     create_endpoint(kube, namespace, "named", snapshot={"enabled": False})
@@ -366,6 +365,7 @@ def crds_installed(kube) -> None:
     install_crds(kube)
 
 
+@pytest.mark.spawns
 def test_deleting_the_crd_under_live_endpoints_completes_then_a_new_crd_is_served(
     kube, crds_back, namespace, start_operator
 ) -> None:
@@ -393,6 +393,7 @@ def test_deleting_the_crd_under_live_endpoints_completes_then_a_new_crd_is_serve
     delete_endpoints(kube, namespace)
 
 
+@pytest.mark.spawns
 def test_an_operator_started_before_its_crd_exists_serves_it_once_created(
     kube, crds_back, namespace, start_operator
 ) -> None:

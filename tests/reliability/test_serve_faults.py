@@ -186,6 +186,7 @@ KILLED_SERVE = textwrap.dedent(
 )
 
 
+@pytest.mark.spawns
 @pytest.mark.integration
 def test_serve_killed_between_publish_and_identity_record_restores_next_time(
     tmp_path: Path, criu_command: str

@@ -26,7 +26,7 @@ from test_store_hostile import tree_state
 
 from warmstart.snapshot.signing import generate_hmac_key
 
-pytestmark = [pytest.mark.reliability, pytest.mark.integration]
+pytestmark = [pytest.mark.reliability, pytest.mark.integration, pytest.mark.spawns]
 
 EXAMPLES = 30
 SERVE_SECONDS = 600  # one serve in a child process, a generous bound on a loaded 2-core machine

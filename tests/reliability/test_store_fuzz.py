@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import base64
 import json
+import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from test_store_hostile import IDENTITY, make_store
 
@@ -22,7 +23,7 @@ from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.worker_spec import WorkerSpec
 from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.manifest import Manifest, SnapshotError, SnapshotInvalid
-from warmstart.snapshot.signing import SignatureInvalid, signature_document, verify_document
+from warmstart.snapshot.signing import SignatureInvalid, Signer, Verifier, signature_document, verify_document
 
 pytestmark = pytest.mark.reliability
 EXAMPLES = 300
@@ -33,6 +34,8 @@ FUZZ = settings(
 )
 TRIED: Counter[str] = Counter()
 REFUSED: Counter[str] = Counter()
+ACCEPTED: Counter[str] = Counter()  # genuine documents accepted (every other one must be refused)
+SIGNED = b"data"
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
@@ -51,9 +54,9 @@ def report_counts(pytestconfig: pytest.Config) -> Iterator[None]:
     if reporter is not None:
         for kind in sorted(TRIED):
             with capture.global_and_fixture_disabled():
-                reporter.write_line(
-                    f"fuzz {kind}: {TRIED[kind]} inputs tried, {REFUSED[kind]} refused, no other error"
-                )
+                genuine = f" ({ACCEPTED[kind]} genuine, accepted)" if kind in ACCEPTED else ""
+                counts = f"{TRIED[kind]} inputs tried, {REFUSED[kind]} refused{genuine}"
+                reporter.write_line(f"fuzz {kind}: {counts}, no other error")
 
 
 def tally(kind: str, refused: bool) -> None:
@@ -113,46 +116,126 @@ def test_nesting_of_any_depth(depth: int, opener: bytes) -> None:
         assert depth > 32
 
 
-@FUZZ
-@given(document=st.one_of(st.binary(max_size=500), json_values.map(lambda v: json.dumps(v).encode())))
-def test_signature_documents_of_any_shape(tmp_path_factory: pytest.TempPathFactory, document: bytes) -> None:
-    verifier = signature_verifier(tmp_path_factory)
+def accepted(verifier: Verifier, document: bytes) -> bool:
+    """Whether `verify_document` takes `document` as a signature of SIGNED by the verifier's key."""
     try:
-        verify_document(verifier, b"data", document)
+        verify_document(verifier, SIGNED, document)
     except SignatureInvalid:
-        tally("signature", True)
-        return
-    pytest.fail(f"a signature document not made with the key was accepted: {document!r}")
+        return False
+    return True
+
+
+def is_genuine(document: bytes, genuine: bytes) -> bool:
+    """`document` is the key's own signature document: the same JSON (Python's == takes 1 for True)."""
+    try:
+        parsed = json.loads(document)
+    except ValueError:
+        return False
+    return json.dumps(parsed, sort_keys=True) == json.dumps(json.loads(genuine), sort_keys=True)
+
+
+def check_verdict(verifier: Verifier, document: bytes, genuine: bytes) -> bool:
+    """The oracle: the key's own signature document is accepted; any other, a forgery, is refused.
+    Returns whether `document` was refused."""
+    verdict = accepted(verifier, document)
+    if is_genuine(document, genuine):
+        assert verdict, f"the key's own signature was refused: {document!r}"
+    else:
+        assert not verdict, f"a forgery was accepted (a signature not made with the key): {document!r}"
+    return not verdict
+
+
+def tally_signature(kind: str, refused: bool) -> None:
+    tally(kind, refused)
+    ACCEPTED[kind] += not refused
+
+
+# Well-formed signature values (base64 of any bytes, the right length among them): a forgery made of them
+# passes every check of the document's shape and is refused by the cryptographic check alone.
+well_formed_signatures = st.binary(max_size=64).map(lambda raw: base64.b64encode(raw).decode())
 
 
 @FUZZ
-@given(fields=st.dictionaries(st.sampled_from(["algorithm", "key_id", "signature"]), json_values, max_size=3))
-def test_signature_fields_of_any_type(
-    tmp_path_factory: pytest.TempPathFactory, fields: dict[str, Any]
+@example(document=None)  # the genuine document: the verdict must be able to come out either way
+@example(document=("signed by the key", b"other data"))
+@given(
+    document=st.one_of(
+        st.none(),  # the key's own signature document of the data
+        st.tuples(st.just("signed by the key"), st.binary(max_size=64)),  # ... of other bytes
+        st.binary(max_size=500),
+        json_values.map(lambda v: json.dumps(v).encode()),
+    )
+)
+def test_signature_documents_of_any_shape(
+    tmp_path_factory: pytest.TempPathFactory, document: bytes | tuple[str, bytes] | None
 ) -> None:
-    verifier = signature_verifier(tmp_path_factory)
-    document = {
-        "algorithm": verifier.algorithm,
-        "key_id": verifier.key_id,
-        "signature": base64.b64encode(b"x").decode(),
-    }
+    signer, verifier = signature_keys(tmp_path_factory)
+    genuine = signature_document(signer, SIGNED)
+    if document is None:
+        document = genuine
+    elif isinstance(document, tuple):
+        document = signature_document(signer, document[1])  # genuine only where those bytes are SIGNED
+    tally_signature("signature", check_verdict(verifier, document, genuine))
+
+
+@FUZZ
+@example(fields={}, flipped_bit=None)  # nothing replaced: the genuine document
+@example(fields={}, flipped_bit=0)
+@given(
+    fields=st.dictionaries(
+        st.sampled_from(["algorithm", "key_id", "signature"]),
+        json_values | well_formed_signatures,
+        max_size=3,
+    ),
+    flipped_bit=st.none() | st.integers(min_value=0),
+)
+def test_signature_fields_of_any_type(
+    tmp_path_factory: pytest.TempPathFactory, fields: dict[str, Any], flipped_bit: int | None
+) -> None:
+    """The key's own signature document, one bit of its signature flipped or not, with any of its fields
+    replaced by any JSON: a forgery unless it comes out the same as the key's own."""
+    signer, verifier = signature_keys(tmp_path_factory)
+    genuine = signature_document(signer, SIGNED)
+    document = json.loads(genuine)
+    if flipped_bit is not None:
+        signature = bytearray(base64.b64decode(document["signature"]))
+        signature[flipped_bit // 8 % len(signature)] ^= 1 << flipped_bit % 8
+        document["signature"] = base64.b64encode(signature).decode()
     document.update(fields)
-    try:
-        verify_document(verifier, b"data", json.dumps(document).encode())
-    except SignatureInvalid:
-        tally("signature fields", True)
-        return
-    pytest.fail(f"a signature not made with the key was accepted: {document!r}")
+    tally_signature("signature fields", check_verdict(verifier, json.dumps(document).encode(), genuine))
 
 
-_VERIFIERS: dict[str, Any] = {}
+def test_the_signature_oracle_fails_a_verifier_that_takes_a_forgery_or_refuses_the_key(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The two tests above can fail: with verification made to accept everything, a forgery fails the
+    oracle; made to refuse everything, the key's own document does."""
+    signer, verifier = signature_keys(tmp_path_factory)
+    genuine = signature_document(signer, SIGNED)
+    forgery = json.dumps({**json.loads(genuine), "signature": "AAAA" * 22}).encode()
+    check_verdict(verifier, forgery, genuine)
+    check_verdict(verifier, genuine, genuine)
+
+    monkeypatch.setattr(sys.modules[__name__], "verify_document", lambda verifier, data, document: None)
+    with pytest.raises(AssertionError, match="a forgery was accepted"):
+        check_verdict(verifier, forgery, genuine)
+
+    def refuse(verifier: Verifier, data: bytes, document: bytes) -> None:
+        raise SignatureInvalid("refused whatever it is")
+
+    monkeypatch.setattr(sys.modules[__name__], "verify_document", refuse)
+    with pytest.raises(AssertionError, match="the key's own signature was refused"):
+        check_verdict(verifier, genuine, genuine)
 
 
-def signature_verifier(factory: pytest.TempPathFactory) -> Any:
-    if "key" not in _VERIFIERS:
-        _, verifier, _ = signing_keys(factory.mktemp("key"), None)
-        _VERIFIERS["key"] = verifier
-    return _VERIFIERS["key"]
+_KEYS: dict[str, tuple[Signer, Verifier]] = {}
+
+
+def signature_keys(factory: pytest.TempPathFactory) -> tuple[Signer, Verifier]:
+    if "key" not in _KEYS:
+        signer, verifier, _ = signing_keys(factory.mktemp("key"), None)
+        _KEYS["key"] = (signer, verifier)
+    return _KEYS["key"]
 
 
 @FUZZ

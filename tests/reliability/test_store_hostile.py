@@ -142,6 +142,7 @@ def kinds_for_files() -> list[object]:
 # --- manifest and signature: read by list, get, verify, gc ----------------------------------------------
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("name", ["manifest.json", "manifest.sig"])
 @pytest.mark.parametrize("kind", kinds_for_files())
 def test_hostile_manifest_or_signature_is_refused_and_gc_returns(
@@ -164,6 +165,7 @@ def test_hostile_manifest_or_signature_is_refused_and_gc_returns(
     REFUSED[f"{name} {kind}"] += 1
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("kind", kinds_for_files())
 def test_hostile_staging_owner_does_not_hang_gc(tmp_path: Path, kind: str) -> None:
     s = make_store(tmp_path)
@@ -177,6 +179,7 @@ def test_hostile_staging_owner_does_not_hang_gc(tmp_path: Path, kind: str) -> No
     REFUSED[f"owner.json {kind}"] += 1
 
 
+@pytest.mark.spawns
 def test_a_lock_held_by_gc_is_released_when_a_state_file_is_a_fifo(tmp_path: Path) -> None:
     """The FIFO hang held the exclusive lock: a delete after gc must go through."""
     s = make_store(tmp_path)
@@ -430,6 +433,7 @@ def test_a_failed_publish_removes_the_blobs_it_wrote_and_keeps_shared_ones(tmp_p
     assert list(s.store.staging_dir.iterdir()) == []
 
 
+@pytest.mark.spawns
 def test_a_publish_that_fills_the_disk_frees_it_for_the_next_one(tmp_path: Path, small_mount) -> None:
     store = SnapshotStore(small_mount("1m") / "store")
     signer, _, _ = signing_keys(tmp_path / "keys", None)

@@ -27,7 +27,7 @@ from reliability_helpers import (
 
 from warmstart.worker.connections import ConnectionLimits
 
-pytestmark = pytest.mark.reliability
+pytestmark = [pytest.mark.reliability, pytest.mark.spawns]
 
 IDLE_CONNECTIONS = 300
 LONG = {"model": "tiny", "prompt": "x", "max_tokens": 500, "temperature": 0, "ignore_eos": True}

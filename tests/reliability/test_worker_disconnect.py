@@ -71,6 +71,7 @@ def _send(port: int, body: dict) -> object:
     return sock
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 def test_the_engine_stream_is_closed_when_the_client_leaves(serve_in_process, tiny_engine, stream) -> None:
     recorder = ClosingRecorder(tiny_engine)

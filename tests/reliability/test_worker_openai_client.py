@@ -9,7 +9,7 @@ import pytest
 
 openai = pytest.importorskip("openai", reason="these tests drive the worker with the openai client (`dev`)")
 
-pytestmark = pytest.mark.reliability
+pytestmark = [pytest.mark.reliability, pytest.mark.spawns]
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 TOOL = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {}}}}

@@ -16,6 +16,7 @@ import pytest
 import snapshot_helpers
 from control_plane.s3 import S3Server
 from s3_plugin import BUCKET, StartS3
+from support import python_path_env
 
 from warmstart.snapshot import Snapshot, SnapshotError, SnapshotInvalid, SnapshotNotFound, SnapshotStore
 from warmstart.snapshot.remote import (
@@ -103,6 +104,7 @@ def remote(s3_server: S3Server, store: SnapshotStore) -> RemoteStore:
 # --- round trip ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.spawns
 def test_push_then_pull_on_another_node_round_trips_byte_for_byte(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -143,6 +145,7 @@ def test_push_then_pull_on_another_node_round_trips_byte_for_byte(
     assert again.from_cache and again.stats.bytes_transferred == 0
 
 
+@pytest.mark.spawns
 def test_a_pull_fetches_only_the_blobs_the_node_cache_lacks(
     s3_server: S3Server,
     remote: RemoteStore,
@@ -170,6 +173,7 @@ def test_a_pull_fetches_only_the_blobs_the_node_cache_lacks(
 # --- push: each blob once, the signature last ---------------------------------------------------------------
 
 
+@pytest.mark.spawns
 def test_a_blob_the_bucket_holds_is_not_uploaded_again(
     s3_server: S3Server, remote: RemoteStore, publish: Publish
 ) -> None:
@@ -192,6 +196,7 @@ def test_a_blob_the_bucket_holds_is_not_uploaded_again(
     assert remote.counters.snapshot()["objects_skipped"] == 1 + 2
 
 
+@pytest.mark.spawns
 def test_a_small_blob_of_the_right_size_but_wrong_bytes_is_uploaded_again(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -209,6 +214,7 @@ def test_a_small_blob_of_the_right_size_but_wrong_bytes_is_uploaded_again(
     node_b.pull(snapshot.id, verifier)
 
 
+@pytest.mark.spawns
 def test_the_signature_is_put_only_where_none_is(s3_server: S3Server, remote: RemoteStore) -> None:
     key = Keys(PREFIX).signature("0" * 12 + "-20260101000000-000000")
     assert remote.client.put_bytes(key, b"first", create=True)
@@ -216,6 +222,7 @@ def test_the_signature_is_put_only_where_none_is(s3_server: S3Server, remote: Re
     assert object_path(s3_server, key).read_bytes() == b"first"
 
 
+@pytest.mark.spawns
 def test_a_snapshot_in_the_bucket_under_another_signature_is_not_overwritten(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, tmp_path: Path
 ) -> None:
@@ -231,14 +238,14 @@ def test_a_snapshot_in_the_bucket_under_another_signature_is_not_overwritten(
 
 KILLED_PUSH = textwrap.dedent(
     """
-    import os, signal, sys
-    sys.path.insert(0, sys.argv[1])
+    import sys
     from remote_helpers import push_in_process
-    push_in_process(*sys.argv[2:])
+    push_in_process(*sys.argv[1:])
     """
 )
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("step", ["blobs-done", "manifest-uploaded"])
 def test_a_push_killed_before_its_signature_is_never_listed(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path, step: str
@@ -248,9 +255,9 @@ def test_a_push_killed_before_its_signature_is_never_listed(
     assert config.credentials is not None
     credentials = config.credentials
     child = subprocess.run(
-        [sys.executable, "-c", KILLED_PUSH, str(HELPERS_DIR), str(remote.local.root), snapshot.id, step,
+        [sys.executable, "-c", KILLED_PUSH, str(remote.local.root), snapshot.id, step,
          s3_server.endpoint, BUCKET, PREFIX, credentials.access_key_id, credentials.secret_access_key],
-        capture_output=True, text=True, timeout=120,
+        env=python_path_env(HELPERS_DIR), capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert child.returncode == -signal.SIGKILL, child.stderr
 
@@ -350,6 +357,7 @@ TAMPERINGS: dict[str, Callable[[S3Server, Snapshot], str]] = {
 }
 
 
+@pytest.mark.spawns
 @pytest.mark.parametrize("tampering", list(TAMPERINGS))
 def test_a_tampered_object_is_refused_and_nothing_is_published(
     s3_server: S3Server,
@@ -375,6 +383,7 @@ def test_a_tampered_object_is_refused_and_nothing_is_published(
     assert node_b.counters.snapshot()["failures"] == 1
 
 
+@pytest.mark.spawns
 def test_an_identity_other_than_expected_is_refused_before_any_blob(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -392,6 +401,7 @@ def test_an_identity_other_than_expected_is_refused_before_any_blob(
     assert_nothing_published(node_b.local)
 
 
+@pytest.mark.spawns
 def test_a_cached_blob_that_the_local_gc_takes_during_a_pull_is_fetched_after_all(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -416,6 +426,7 @@ def test_a_cached_blob_that_the_local_gc_takes_during_a_pull_is_fetched_after_al
     node_b.local.verify(second.id, verifier)
 
 
+@pytest.mark.spawns
 def test_a_damaged_cached_blob_is_fetched_again_when_the_cache_is_verified(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -442,6 +453,7 @@ BOUNDED = {"connect_timeout": 1.0, "request_timeout": 10.0, "read_timeout": 5.0,
            "retry_timeout": 2.0}  # fmt: skip
 
 
+@pytest.mark.spawns
 def test_the_server_stopped_mid_pull_fails_with_a_clear_error_and_leaves_nothing(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -471,6 +483,7 @@ def test_the_server_stopped_mid_pull_fails_with_a_clear_error_and_leaves_nothing
     node_b.local.verify(snapshot.id, verifier)
 
 
+@pytest.mark.spawns
 def test_an_unreachable_server_fails_every_call_within_its_bounds(
     s3_server_factory: StartS3, store: SnapshotStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -494,6 +507,7 @@ def test_an_unreachable_server_fails_every_call_within_its_bounds(
     assert_nothing_published(node_b.local)
 
 
+@pytest.mark.spawns
 def test_credentials_come_from_a_directory_and_wrong_ones_are_named_as_such(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -517,6 +531,7 @@ def test_credentials_come_from_a_directory_and_wrong_ones_are_named_as_such(
     node_b.pull(snapshot.id, verifier)
 
 
+@pytest.mark.spawns
 def test_a_missing_bucket_is_named(s3_server: S3Server, store: SnapshotStore) -> None:
     remote = RemoteStore(store, config_for(s3_server, bucket="no-such-bucket"))
     with pytest.raises(RemoteError, match="bucket no-such-bucket does not exist"):
@@ -526,6 +541,7 @@ def test_a_missing_bucket_is_named(s3_server: S3Server, store: SnapshotStore) ->
 # --- listing, delete, GC in the bucket ---------------------------------------------------------------------
 
 
+@pytest.mark.spawns
 def test_delete_unpublishes_at_once_and_gc_keeps_every_blob_a_remaining_snapshot_names(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -569,6 +585,7 @@ def test_delete_unpublishes_at_once_and_gc_keeps_every_blob_a_remaining_snapshot
     node_b.local.verify(second.id, verifier)
 
 
+@pytest.mark.spawns
 def test_gc_removes_an_unfinished_push_and_stops_at_an_unreadable_manifest(
     s3_server: S3Server, remote: RemoteStore, publish: Publish
 ) -> None:

@@ -11,7 +11,9 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import snapshot_helpers
+from support import python_path_env, wait_until
 
 from warmstart.snapshot import Snapshot, SnapshotStore
 from warmstart.snapshot.signing import Verifier
@@ -21,7 +23,6 @@ HELPERS_DIR = Path(snapshot_helpers.__file__).parent
 KILLED_CAPTURE = textwrap.dedent(
     """
     import sys
-    sys.path.insert(0, sys.argv[2])
     from snapshot_helpers import make_identity
     from warmstart.snapshot import SnapshotStore
 
@@ -37,9 +38,11 @@ KILLED_CAPTURE = textwrap.dedent(
 )
 
 
+@pytest.mark.spawns
 def test_a_capture_killed_mid_write_leaves_nothing_listed(store: SnapshotStore) -> None:
     child = subprocess.Popen(
-        [sys.executable, "-c", KILLED_CAPTURE, str(store.root), str(HELPERS_DIR)],
+        [sys.executable, "-c", KILLED_CAPTURE, str(store.root)],
+        env=python_path_env(HELPERS_DIR),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -60,6 +63,7 @@ def test_a_capture_killed_mid_write_leaves_nothing_listed(store: SnapshotStore) 
     assert not staging_root.exists()
 
 
+@pytest.mark.spawns
 def test_concurrent_publishers_of_one_identity_all_succeed_while_gc_runs(
     store: SnapshotStore, hmac_key_path: Path, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -91,13 +95,23 @@ def test_concurrent_publishers_of_one_identity_all_succeed_while_gc_runs(
     assert len(list(store.blobs_dir.iterdir())) == publishers + 1  # one shared blob, one own blob each
 
 
+def wait_until_blocked_on_a_lock(thread: threading.Thread) -> None:
+    """Until `thread` sleeps in the kernel waiting for a file lock (flock), as its /proc entry says."""
+    wchan = Path(f"/proc/self/task/{thread.native_id}/wchan")
+
+    def blocked() -> bool:
+        assert thread.is_alive(), f"{thread.name} ended without waiting for the lock"
+        return "lock_inode_wait" in wchan.read_text()
+
+    wait_until(blocked, f"{thread.name} waiting for a file lock")
+
+
 def test_a_delete_waits_for_a_running_gc(store: SnapshotStore, publish: Callable[..., Snapshot]) -> None:
     snapshot = publish({"criu/a.img": b"a"})
     with store.layout.lock(exclusive=True):  # what gc() holds while it reads every manifest
         deleting = threading.Thread(target=store.delete, args=(snapshot.id,))
         deleting.start()
-        deleting.join(timeout=0.5)
-        assert deleting.is_alive(), "delete renamed a snapshot away under a running GC"
+        wait_until_blocked_on_a_lock(deleting)
         assert (store.snapshots_dir / snapshot.id / "manifest.json").is_file()
     deleting.join()
     assert store.list() == []

@@ -102,6 +102,7 @@ def _report_key_id(barrier: Any, results: Any, store: str) -> None:
         results.put(f"failed: {type(exc).__name__}: {exc}")
 
 
+@pytest.mark.spawns
 def test_processes_creating_a_stores_key_at_once_all_get_the_one_written_first(tmp_path: Path) -> None:
     context = multiprocessing.get_context("fork")
     for round_number in range(ROUNDS):

@@ -31,6 +31,7 @@ def awkward_child(tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     child.wait()
 
 
+@pytest.mark.spawns
 def test_a_command_name_with_spaces_and_parentheses_is_read_whole(awkward_child) -> None:
     stat = procinfo.read_stat(awkward_child.pid)
     assert stat is not None
@@ -39,6 +40,7 @@ def test_a_command_name_with_spaces_and_parentheses_is_read_whole(awkward_child)
     assert stat.start_ticks >= procinfo.start_ticks() > 0  # started after this test process
 
 
+@pytest.mark.spawns
 def test_a_reaped_process_is_gone_and_a_zombie_is_not_running(awkward_child) -> None:
     awkward_child.kill()
     os.waitid(os.P_PID, awkward_child.pid, os.WEXITED | os.WNOWAIT)  # exited, not reaped yet: a zombie
@@ -73,6 +75,7 @@ def test_a_missing_proc_reads_as_no_process(tmp_path: Path) -> None:
     assert procinfo.start_time(1, proc=tmp_path) is None
 
 
+@pytest.mark.spawns
 def test_anonymous_memory_is_ranked_by_mapping_with_the_rest_summed() -> None:
     # A real process holding a 64 MiB anonymous mapping it wrote, read through its own /proc entry.
     script = (

@@ -14,6 +14,8 @@ from support import free_port
 from warmstart.protocol import CLAIM_COLD, CLAIM_RESTORE, RESTORE_CLAIM, RESTORE_FAILED, ControlDir
 from warmstart.worker.supervisor import EXIT_RESTORE_UNANSWERED, RESTORE_ANSWER_TIMEOUT_ENV
 
+pytestmark = pytest.mark.spawns
+
 
 def _restore_mode(start_worker, control: Path, port: int):
     return start_worker(

@@ -26,6 +26,8 @@ from warmstart.protocol import (
     ControlDir,
 )
 
+pytestmark = pytest.mark.spawns
+
 TCP_LISTEN = "0A"
 
 
@@ -106,7 +108,7 @@ def test_capture_then_restore_complete_serves_on_the_new_port(start_worker, tmp_
     assert targets[1] == targets[2] == str(logs / "engine.log")
     assert not [t for t in targets.values() if t.startswith(str(control))]
     assert sorted(targets) == [0, 1, 2], f"unexpected descriptors: {targets}"
-    time.sleep(0.5)
+    worker.wait_for_log("ready for snapshot")  # the engine's last line before it waits for its signal
     assert not ControlDir(control).present(RESTORE_COMPLETE) and socket_inodes(engine) == set()
 
     ControlDir(control).send(RESTORE_COMPLETE, {"port": new_port, "host": "127.0.0.1"})
@@ -168,15 +170,18 @@ def test_capture_clears_stale_signals_first(start_worker, tmp_path: Path) -> Non
     ControlDir(control).send(SNAPSHOT_COMPLETE, {"stale": True})
     worker = start_worker("--mode", "capture", "--port", str(port), "--control-dir", str(control))
     worker.wait_for_file(control / READY_FOR_SNAPSHOT)
-    time.sleep(0.5)
-    assert worker.process.poll() is None, "a leftover snapshot-complete must not end a new capture"
+    assert not ControlDir(control).present(SNAPSHOT_COMPLETE), "the leftover is cleared before the start"
+    # Still capturing: it takes the next signal, and a capture that had taken the leftover would have ended.
+    ControlDir(control).send(RESTORE_FAILED, {"reason": "stale-signal test"})
+    worker.wait_ready(port)
+    assert "snapshot complete; this process is done" not in worker.logs()
 
 
 def test_restore_mode_cold_starts_when_the_restore_failed(start_worker, tmp_path: Path) -> None:
     control, port = tmp_path / "control", free_port()
     worker = start_worker("--mode", "restore", "--port", str(port), "--control-dir", str(control))
-    time.sleep(1)
-    assert worker.process.poll() is None
+    worker.wait_for_log("restore mode: waiting")
+    assert worker.process.poll() is None and "engine process" not in worker.logs()
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
     ControlDir(control).send(RESTORE_FAILED, {"reason": "identity mismatch (test)"})

@@ -14,6 +14,8 @@ import pytest
 from support import free_port
 from worker_helpers import Worker, post
 
+pytestmark = pytest.mark.spawns
+
 GREEDY = {
     "model": "tiny",
     "prompt": "Once upon a time",
