@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests" / "operator")]
+sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests"), str(REPO / "tests" / "operator")]
 
 from control_plane import build, versions  # noqa: E402
 from control_plane.cluster import ControlPlane  # noqa: E402

@@ -42,7 +42,8 @@ from endpoint_flow import (  # noqa: E402
     timed_completion,
 )
 from node_plugin import host_python_mounts  # noqa: E402
-from pod_start import NAMESPACE, TIMEOUT, PodClock, bare_pod, run_benchmark  # noqa: E402
+from pod_start import NAMESPACE, TIMEOUT, bare_pod, run_benchmark, start_seconds  # noqa: E402
+from pod_timeline import PodTimeline  # noqa: E402
 
 COOLDOWN_SECONDS = 5
 KINDS = {ENDPOINT: "restore", COLD_ENDPOINT: "cold"}
@@ -87,7 +88,7 @@ def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
     try:
         node.start()
         prepare(kube, node, chart)
-        clock = PodClock(kube)
+        clock = PodTimeline(kube, NAMESPACE)
         clock.start()
         rows: dict[str, list[dict[str, Any]]] = {"restore": [], "cold": [], "bare": []}
         for index in range(rounds):
@@ -95,7 +96,7 @@ def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
                 rows[kind].append(request_at_zero(kube, name))
             bare = f"bare-{index}"
             kube.kubectl("apply", "-f", "-", input=json.dumps(bare_pod(bare, chart, node)))
-            rows["bare"].append({"pod": bare, "seconds": clock.start_seconds(bare)})
+            rows["bare"].append({"pod": bare, "seconds": start_seconds(clock, bare)})
             kube.kubectl("delete", "pod", bare, "-n", NAMESPACE, "--wait=false")
         clock.stop()
         return {"rows": rows}

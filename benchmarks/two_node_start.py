@@ -49,13 +49,14 @@ from node_plugin import host_python_mounts  # noqa: E402
 from pod_start import (  # noqa: E402
     NAMESPACE,
     TIMEOUT,
-    PodClock,
     bare_pod,
     run_benchmark,
     runs,
     scale_out,
     serial_read,
+    start_seconds,
 )
+from pod_timeline import PodTimeline  # noqa: E402
 from two_nodes import (  # noqa: E402
     BUCKET,
     on_either_node,
@@ -109,7 +110,7 @@ def empty_cache(store: SnapshotStore, snapshot_id: str) -> None:
     store.gc(blob_grace=0)
 
 
-def restore_on_b(kube: ControlPlane, clock: PodClock, node_b: RealNode) -> dict[str, Any]:
+def restore_on_b(kube: ControlPlane, clock: PodTimeline, node_b: RealNode) -> dict[str, Any]:
     before = pulled(kube, NAMESPACE, node_b, "restore")
     row = scale_out(kube, clock, ENDPOINT, L.ROLE_RESTORE)
     row["pulled_bytes"] = pulled(kube, NAMESPACE, node_b, "restore") - before
@@ -156,7 +157,7 @@ def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
         server = start_object_store(node_a, state_dir / "s3")
         models = state_dir / "models"
         models.mkdir()
-        clock = PodClock(kube)
+        clock = PodTimeline(kube, NAMESPACE)
         clock.start()
         snapshot_id = prepare(kube, (node_a, node_b), chart, models, server)
         b_cache = agent_store(node_b, NAMESPACE)
@@ -164,7 +165,7 @@ def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
         for index in range(rounds):
             name = f"bare-{index}"
             kube.kubectl("apply", "-f", "-", input=json.dumps(bare_pod(name, chart, node_b)))
-            rows["bare"].append({"pod": name, "seconds": clock.start_seconds(name)})
+            rows["bare"].append({"pod": name, "seconds": start_seconds(clock, name)})
             kube.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
             rows["cold"].append(scale_out(kube, clock, COLD_ENDPOINT, L.ROLE_COLD))
             empty_cache(b_cache, snapshot_id)
