@@ -22,6 +22,8 @@ def test_the_scripts_are_found() -> None:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: path.name)
 def test_a_benchmark_script_starts(script: Path) -> None:
-    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "usage:" in result.stdout.lower(), result.stdout[-2000:]
