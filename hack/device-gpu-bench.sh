@@ -29,7 +29,8 @@
 # WARMSTART_CRIU, or the portable folder made by hack/criu-setup copied to .dev/criu (and, for the product
 # mode's CRIU 4.2.1 step, the one made with WARMSTART_CRIU_SUITE=sid in .dev/criu-sid). The product mode
 # also needs what the machine's python lacks of warmstart's dependencies, as wheels in .whl (where only
-# PyTorch's stack is installed: fastapi, starlette, uvicorn, pydantic and their needs, blake3, cryptography).
+# PyTorch's stack is installed: fastapi, starlette, uvicorn, pydantic, pydantic-settings and their needs,
+# blake3, cryptography).
 # Results go to $OUT (default benchmarks/results/local); scratch files to $BENCH_WORK (default
 # /var/tmp/warmstart-gpu-bench).
 set -uo pipefail

@@ -24,6 +24,7 @@ PORTABLE_CRIU = REPO / ".dev" / "criu"
 POLL_SECONDS = 0.02
 
 T = TypeVar("T")
+S = TypeVar("S")
 
 # One greedy and one seeded sampled request: a restored worker must answer both byte for byte as before.
 PROMPTS = [
@@ -195,3 +196,23 @@ def find_sandbox_pods(agent: Any) -> None:
         )  # fmt: skip
 
     node.find_pod = find
+
+
+def container_settings(container: dict[str, Any], command: str, model: type[S]) -> S:
+    """The settings a rendered chart container's `warmstart <command>` runs with: its arguments read by that
+    command's own parser and its environment (a value from the downward API stands in as `<fieldPath>`)."""
+    from unittest import mock
+
+    from warmstart.cli import build_parser
+    from warmstart.settings import load
+
+    args = container["args"]
+    parsed = build_parser().parse_args(args[args.index(command) :])
+    env = {
+        item["name"]: item.get(
+            "value", f"<{item.get('valueFrom', {}).get('fieldRef', {}).get('fieldPath', '')}>"
+        )
+        for item in container.get("env", [])
+    }
+    with mock.patch.dict(os.environ, env, clear=True):
+        return load(model, parsed)

@@ -4,16 +4,16 @@ operator its kind; incoherent choices fail the render with a message naming the 
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from support import helm_template
+from support import container_settings, helm_template
 
-from warmstart.agent.cli import register
-from warmstart.operator.placement import NODE_LOCAL, OBJECT_STORE, SHARED_VOLUME, check_snapshot_store
+from warmstart.agent.settings import AgentSettings
+from warmstart.operator.placement import NODE_LOCAL, OBJECT_STORE, SHARED_VOLUME
+from warmstart.operator.settings import OperatorSettings
 from warmstart.snapshot.remote import RemoteConfig
 
 pytestmark = pytest.mark.spawns
@@ -51,17 +51,13 @@ class Rendered:
     def mounts(self) -> dict[str, dict[str, Any]]:
         return {m["name"]: m for m in self.container["volumeMounts"]}
 
-    def agent_flags(self) -> argparse.Namespace:
-        """The agent's arguments as its own parser reads them."""
-        parser = argparse.ArgumentParser()
-        register(parser.add_subparsers())
-        args = self.container["args"]
-        return parser.parse_args(args[args.index("agent") :])
+    def agent_settings(self) -> AgentSettings:
+        """The agent's settings as it reads them from its arguments and environment."""
+        return container_settings(self.container, "agent", AgentSettings)
 
     def operator_store(self) -> str:
         operator = self.docs["Deployment/t-warmstart-operator"]["spec"]["template"]["spec"]["containers"][0]
-        env = {e["name"]: e.get("value") for e in operator["env"]}
-        return check_snapshot_store(env["WARMSTART_OPERATOR_SNAPSHOT_STORE"], "the chart's operator env")
+        return container_settings(operator, "operator", OperatorSettings).snapshot_store
 
 
 def test_node_local_is_the_default_and_has_no_object_store():
@@ -103,7 +99,7 @@ def test_an_object_store_is_configured_as_the_agent_reads_it_with_the_node_store
     )  # fmt: skip
     assert config.credentials_dir == Path(mount["mountPath"]) and config.credentials is None
     assert config.virtual_hosted_style and config.concurrency == 16
-    flags = chart.agent_flags()
+    flags = chart.agent_settings()
     assert (flags.pull_timeout, flags.cache_max_bytes, flags.cache_max_age) == (45.0, 200 << 30, 31536000.0)
     assert "--cache-max-age=31536000" in chart.container["args"]
     assert chart.operator_store() == OBJECT_STORE
@@ -118,7 +114,7 @@ def test_object_store_defaults_and_credentials_the_agent_finds_itself():
     assert "object-store-credentials" not in chart.volumes and "object-store-credentials" not in chart.mounts
     config = RemoteConfig.from_env(chart.store_env)
     assert (config.endpoint, config.region, config.credentials_dir) == (None, "us-east-1", None)
-    flags = chart.agent_flags()
+    flags = chart.agent_settings()
     assert (flags.pull_timeout, flags.cache_max_bytes, flags.cache_max_age) == (120.0, 0, 0.0)
 
 

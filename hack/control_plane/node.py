@@ -374,7 +374,10 @@ class RealNode:
         files = {
             "containerd.toml": node_config.containerd_toml(),
             "kubelet.json": node_config.kubelet_config(
-                self.addresses, certificates / "ca.crt", self.config_dir / "resolv.conf", self.cgroup_root,
+                self.addresses,
+                certificates / "ca.crt",
+                self.config_dir / "resolv.conf",
+                self.cgroup_root,
                 self.own_labels,
             ),  # fmt: skip
             "kube-proxy.json": node_config.kube_proxy_config(self.addresses, self.kubeconfig, self.name),

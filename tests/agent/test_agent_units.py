@@ -38,8 +38,10 @@ from warmstart.agent.pods import (
 )
 from warmstart.agent.proto import agent_pb2, agent_pb2_grpc
 from warmstart.agent.restore import worker_port
+from warmstart.agent.settings import AgentSettings
 from warmstart.api import labels as L
 from warmstart.checkpoint.sandbox import namespace_pids
+from warmstart.settings import SettingsError, load
 from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
@@ -273,15 +275,24 @@ def test_request_problem_covers_a_malformed_payload_as_well_as_another_engine() 
     assert "no valid 'identity'" in (request_problem({"pid": 2}, key) or "")
 
 
-def test_config_names_what_to_fix(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="WARMSTART_NODE_NAME"):
-        AgentConfig(node="", store=tmp_path, criu_command="criu")
-    with pytest.raises(ValueError, match="--max-captures"):
-        AgentConfig(node="n", store=tmp_path, criu_command="criu", max_captures=0)
-    with pytest.raises(ValueError, match="--prestage-max-bytes"):
-        AgentConfig(node="n", store=tmp_path, criu_command="criu", prestage_max_bytes=-1)
-    with pytest.raises(ValueError, match="--prestage-interval"):
-        AgentConfig(node="n", store=tmp_path, criu_command="criu", prestage_interval=0)
+@pytest.mark.parametrize(
+    ("variable", "value", "flag"),
+    [
+        ("WARMSTART_NODE_NAME", "", "--node"),
+        ("WARMSTART_AGENT_MAX_CAPTURES", "0", "--max-captures"),
+        ("WARMSTART_AGENT_PRESTAGE_MAX_BYTES", "-1", "--prestage-max-bytes"),
+        ("WARMSTART_AGENT_PRESTAGE_INTERVAL_SECONDS", "0", "--prestage-interval"),
+    ],
+)
+def test_settings_name_what_to_fix(
+    monkeypatch: pytest.MonkeyPatch, variable: str, value: str, flag: str
+) -> None:
+    monkeypatch.setenv("WARMSTART_NODE_NAME", "n")
+    monkeypatch.setenv(variable, value)
+    if value == "":  # an empty variable is unset: the node then has no name at all
+        monkeypatch.delenv(variable)
+    with pytest.raises(SettingsError, match=f"^{flag} / {variable}: "):
+        load(AgentSettings)
 
 
 # --- gRPC and metrics --------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import base64
 import copy
 import json
@@ -12,10 +11,10 @@ from typing import Any
 
 import pytest
 import yaml
-from support import helm_binary, helm_template
+from support import container_settings, helm_binary, helm_template
 
-from warmstart.agent.cli import register
-from warmstart.operator.diagnosis import AgentLookup
+from warmstart.agent.settings import AgentSettings
+from warmstart.operator.settings import OperatorSettings
 from warmstart.operator.spec import parse_spec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -174,15 +173,13 @@ def test_agent_is_optional_and_privileged_when_on():
     tuned = kinds("--set", "agent.prestage.maxBytes=0", "--set-json", "agent.prestage.intervalSeconds=2.5")
     tuned_args = tuned["DaemonSet/t-warmstart-agent"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert tuned_args[-2:] == ["--prestage-interval=2.5", "--prestage-max-bytes=0"]
-    parser = argparse.ArgumentParser()
-    register(parser.add_subparsers())
-    parsed = parser.parse_args(args[args.index("agent") :])
-    assert (parsed.prestage_interval, parsed.prestage_max_bytes) == (30.0, 64 << 30)
-    assert parsed.transparent_hugepages is None  # the node's setting is left alone unless asked
+    settings = container_settings(pod["containers"][0], "agent", AgentSettings)
+    assert (settings.prestage_interval, settings.prestage_max_bytes) == (30.0, 64 << 30)
+    assert settings.transparent_hugepages is None  # the node's setting is left alone unless asked
     huge = kinds("--set", "agent.transparentHugepages=always")
-    huge_args = huge["DaemonSet/t-warmstart-agent"]["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert huge_args[-1] == "--transparent-hugepages=always"
-    assert parser.parse_args(huge_args[huge_args.index("agent") :]).transparent_hugepages == "always"
+    huge_container = huge["DaemonSet/t-warmstart-agent"]["spec"]["template"]["spec"]["containers"][0]
+    assert huge_container["args"][-1] == "--transparent-hugepages=always"
+    assert container_settings(huge_container, "agent", AgentSettings).transparent_hugepages == "always"
     without = kinds("--set", "agent.enabled=false")
     assert not any(key.startswith(("DaemonSet/", "ClusterRole/t-warmstart-agent")) for key in without)
     operator = without["Deployment/t-warmstart-operator"]["spec"]["template"]["spec"]["containers"][0]
@@ -192,22 +189,20 @@ def test_agent_is_optional_and_privileged_when_on():
 
 @pytest.mark.spawns
 def test_the_operator_is_told_where_the_agents_run():
-    def operator_env(*flags: str) -> dict[str, str]:
+    def operator_settings(*flags: str) -> OperatorSettings:
         docs = [d for d in yaml.safe_load_all(helm_template(CHART, *flags).stdout) if d]
         (deployment,) = [
             d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"].endswith("-operator")
         ]
-        return {
-            e["name"]: e.get("value", "")
-            for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]
-        }
+        return container_settings(deployment["spec"]["template"]["spec"]["containers"][0], "operator",
+                                  OperatorSettings)  # fmt: skip
 
     docs = [d for d in yaml.safe_load_all(helm_template(CHART).stdout) if d]
     (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
-    lookup = AgentLookup.from_env(operator_env())
+    lookup = operator_settings().agents
     assert lookup is not None and lookup.namespace == daemonset["metadata"]["namespace"]
     assert lookup.selector == daemonset["spec"]["selector"]["matchLabels"]
-    assert AgentLookup.from_env(operator_env("--set", "agent.enabled=false")) is None
+    assert operator_settings("--set", "agent.enabled=false").agents is None
     (role,) = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-operator")]
     assert any("pods" in r["resources"] and "list" in r["verbs"] for r in role["rules"])
     assert any("events" in r["resources"] and "list" in r["verbs"] for r in role["rules"])

@@ -8,6 +8,8 @@ import pytest
 
 from warmstart.api import labels as L
 from warmstart.operator.diagnosis import AgentLookup, causes, deployment_causes, parse_selector, pod_cause
+from warmstart.operator.settings import OperatorSettings
+from warmstart.settings import SettingsError, load
 
 NO_GPU = (
     "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "
@@ -147,20 +149,18 @@ def test_capture_and_restore_pods_need_a_ready_agent_on_their_node():
     assert causes(pods[:3], "worker", {}, None, None) == []  # no lookup: not checked
 
 
-def test_agent_lookup_comes_from_both_settings_or_none():
-    env = {
-        "WARMSTART_OPERATOR_AGENT_NAMESPACE": "warmstart",
-        "WARMSTART_OPERATOR_AGENT_SELECTOR": (
-            "app.kubernetes.io/name=warmstart, app.kubernetes.io/component=agent"
-        ),
-    }
-    lookup = AgentLookup.from_env(env)
-    assert lookup == AgentLookup(
+def test_agent_lookup_comes_from_both_settings_or_none(monkeypatch):
+    monkeypatch.setenv("WARMSTART_OPERATOR_AGENT_NAMESPACE", "warmstart")
+    monkeypatch.setenv("WARMSTART_OPERATOR_AGENT_SELECTOR",
+                       "app.kubernetes.io/name=warmstart, app.kubernetes.io/component=agent")  # fmt: skip
+    assert load(OperatorSettings).agents == AgentLookup(
         "warmstart", {"app.kubernetes.io/name": "warmstart", "app.kubernetes.io/component": "agent"}
     )
-    assert AgentLookup.from_env({}) is None
-    with pytest.raises(ValueError, match="set together"):
-        AgentLookup.from_env({"WARMSTART_OPERATOR_AGENT_NAMESPACE": "warmstart"})
+    monkeypatch.delenv("WARMSTART_OPERATOR_AGENT_SELECTOR")
+    with pytest.raises(SettingsError, match="set together"):
+        load(OperatorSettings)
+    monkeypatch.delenv("WARMSTART_OPERATOR_AGENT_NAMESPACE")
+    assert load(OperatorSettings).agents is None
 
 
 @pytest.mark.parametrize("text", ["app", "a!=b", "=b", "a==b"])

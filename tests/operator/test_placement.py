@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
-
 from warmstart.operator.placement import (
     NODE_LOCAL,
     OBJECT_STORE,
     SHARED_VOLUME,
-    check_snapshot_store,
     prefer_node,
     preferred_node,
     restore_node,
@@ -63,9 +60,3 @@ def test_the_preference_joins_an_affinity_the_pod_already_has():
         == ""
     )
     assert preferred_node({}) == ""
-
-
-def test_an_unknown_store_kind_names_the_setting():
-    assert check_snapshot_store(OBJECT_STORE, "X") == OBJECT_STORE
-    with pytest.raises(ValueError, match="^X must be one of node-local, shared-volume, object-store"):
-        check_snapshot_store("nfs", "X")

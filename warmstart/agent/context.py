@@ -20,6 +20,7 @@ from warmstart.agent.pods import (
     PodSandbox,
     control_dir_on_host,
 )
+from warmstart.agent.settings import DEFAULT_PRESTAGE_MAX_BYTES
 from warmstart.checkpoint.criu import Criu
 from warmstart.cuda_driver import GpuDevice
 from warmstart.protocol import ControlDir
@@ -27,11 +28,11 @@ from warmstart.snapshot.remote import RemoteConfig, RemoteStore
 from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.store import SnapshotStore
 
-DEFAULT_PRESTAGE_MAX_BYTES = 64 << 30
-
 
 @dataclass
 class AgentConfig:
+    """What the agent runs with: its settings (agent.settings, checked there) and what follows from them."""
+
     node: str
     store: Path
     criu_command: str
@@ -54,16 +55,6 @@ class AgentConfig:
     pull_timeout: float = 120.0  # for a restore's pull; past it the worker starts cold
     cache_max_bytes: int = 0  # the node cache's bound when there is a bucket; 0: none
     cache_max_age: float = 0.0
-
-    def __post_init__(self) -> None:
-        if not self.node:
-            raise ValueError("the node name is empty: pass --node or set WARMSTART_NODE_NAME")
-        if self.max_captures < 1 or self.max_restores < 1:
-            raise ValueError("--max-captures and --max-restores must be at least 1")
-        if self.prestage_interval <= 0 or self.prestage_max_bytes < 0:
-            raise ValueError("--prestage-interval must be positive and --prestage-max-bytes at least 0")
-        if self.pull_timeout <= 0 or self.cache_max_bytes < 0 or self.cache_max_age < 0:
-            raise ValueError("--pull-timeout must be positive; --cache-max-bytes, --cache-max-age at least 0")
 
     @property
     def restore_work_dir(self) -> Path:

@@ -6,13 +6,13 @@ import argparse
 import contextlib
 import copy
 import logging
-import os
 import signal
 import threading
 from collections.abc import Iterator
 from typing import Any
 
-from warmstart.config import env_int, env_str
+from warmstart.operator.settings import OperatorSettings
+from warmstart.settings import SettingsError, add_arguments, load
 
 
 def register(subparsers: Any) -> None:
@@ -20,58 +20,18 @@ def register(subparsers: Any) -> None:
         "operator",
         help="run the Kubernetes operator for InferenceEndpoints",
         description="Reconcile InferenceEndpoints into Deployments, Services, autoscalers and snapshots. "
-        "Every flag also reads an environment variable (shown in brackets).",
+        "Every flag also reads an environment variable (shown in brackets); a flag given wins.",
     )
-    scope = parser.add_mutually_exclusive_group()
-    scope.add_argument(
-        "--namespace",
-        "-n",
-        action="append",
-        default=None,
-        help="watch this namespace (repeatable; globs like 'team-*' work) [WARMSTART_OPERATOR_NAMESPACES, "
-        "comma-separated]",
-    )
-    scope.add_argument("--all-namespaces", "-A", action="store_true", help="watch every namespace (default)")
+    add_arguments(parser, OperatorSettings, namespace="-n")
     parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=env_int("WARMSTART_OPERATOR_METRICS_PORT_NUMBER", 8080),
-        help="Prometheus metrics port, 0 to disable [WARMSTART_OPERATOR_METRICS_PORT_NUMBER, default 8080]",
-    )
-    parser.add_argument(
-        "--liveness-port",
-        type=int,
-        default=env_int("WARMSTART_OPERATOR_LIVENESS_PORT_NUMBER", 8081),
-        help="liveness endpoint port (/healthz), 0 to disable "
-        "[WARMSTART_OPERATOR_LIVENESS_PORT_NUMBER, default 8081]",
-    )
-    parser.add_argument(
-        "--leader-election-namespace",
-        default=env_str("WARMSTART_OPERATOR_LEASE_NAMESPACE", ""),
-        help="act only while holding a Lease in this namespace, so that one of several replicas acts; "
-        "empty: act alone [WARMSTART_OPERATOR_LEASE_NAMESPACE]",
-    )
-    parser.add_argument(
-        "--lease-name",
-        default=env_str("WARMSTART_OPERATOR_LEASE_NAME", "warmstart-operator"),
-        help="the Lease's name [WARMSTART_OPERATOR_LEASE_NAME, default warmstart-operator]",
+        "--all-namespaces", "-A", action="store_true", help="watch every namespace, whatever --namespace says"
     )
     parser.set_defaults(func=run_operator)
 
 
-def resolve_namespaces(args: argparse.Namespace) -> list[str]:
+def watched_namespaces(settings: OperatorSettings, args: argparse.Namespace) -> list[str]:
     """Namespaces to watch; empty means all."""
-    if args.all_namespaces:
-        return []
-    if args.namespace:
-        return list(args.namespace)
-    from_env = os.environ.get("WARMSTART_OPERATOR_NAMESPACES", "")
-    return [ns.strip() for ns in from_env.split(",") if ns.strip()]
-
-
-def _check_port(flag: str, port: int) -> None:
-    if not 0 <= port <= 65535:
-        raise SystemExit(f"{flag} must be between 0 and 65535, got {port}")
+    return [] if args.all_namespaces else list(settings.namespace)
 
 
 class ObjectNamingFormatter(logging.Formatter):
@@ -115,7 +75,7 @@ def _follower_liveness(port: int) -> Iterator[None]:
         server.server_close()
 
 
-def _wait_to_lead(args: argparse.Namespace) -> bool:
+def _wait_to_lead(settings: OperatorSettings) -> bool:
     """Campaign for the Lease; True once this replica holds it, False if it was told to stop first. The
     liveness endpoint answers meanwhile: a follower is healthy."""
     from warmstart.kube.client import api_client
@@ -124,10 +84,10 @@ def _wait_to_lead(args: argparse.Namespace) -> bool:
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
-    settings = LeaseSettings(namespace=args.leader_election_namespace, name=args.lease_name)
-    leadership = Leadership(settings, api_client(), on_lost=exit_now)
+    lease = LeaseSettings(namespace=settings.leader_election_namespace, name=settings.lease_name)
+    leadership = Leadership(lease, api_client(), on_lost=exit_now)
     leadership.start()
-    with _follower_liveness(args.liveness_port) if args.liveness_port else contextlib.nullcontext():
+    with _follower_liveness(settings.liveness_port) if settings.liveness_port else contextlib.nullcontext():
         return leadership.wait_to_lead(stopping)
 
 
@@ -136,22 +96,23 @@ def run_operator(args: argparse.Namespace) -> int:
 
     import kopf
 
-    from warmstart.operator import login  # noqa: F401  (registers how kopf reaches the API server)
-
-    try:
-        from warmstart.operator import handlers  # registers the handlers; reads its settings
-    except ValueError as exc:  # a WARMSTART_OPERATOR_* variable that cannot be used
-        raise SystemExit(f"error: {exc}") from exc
+    from warmstart.operator import (
+        handlers,  # registers the handlers
+        login,  # noqa: F401  (registers how kopf reaches the API server)
+    )
     from warmstart.operator.metrics import METRICS
 
-    _check_port("--metrics-port", args.metrics_port)
-    _check_port("--liveness-port", args.liveness_port)
-    namespaces = resolve_namespaces(args)
-    if args.metrics_port:
-        METRICS.serve(args.metrics_port)
-    liveness = f"http://0.0.0.0:{args.liveness_port}/healthz" if args.liveness_port else None
+    try:
+        settings = load(OperatorSettings, args)
+    except SettingsError as exc:
+        raise SystemExit(f"warmstart operator: {exc}") from None
+    handlers.configure(settings)
+    namespaces = watched_namespaces(settings, args)
+    if settings.metrics_port:
+        METRICS.serve(settings.metrics_port)
+    liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
     name_objects_in_logs()
-    if args.leader_election_namespace and not _wait_to_lead(args):
+    if settings.leader_election_namespace and not _wait_to_lead(settings):
         return 0  # stopped before it ever acted
     while True:
         # A handler sets this when one of our CRDs appeared after kopf's scan of the API, which kopf may

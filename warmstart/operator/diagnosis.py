@@ -7,7 +7,6 @@ message the cluster gave, so that the endpoint's status says what the pods say.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -49,9 +48,6 @@ CLAIM_PROBLEM = re.compile(
 MOUNT_EVENT_REASONS = ("FailedMount", "FailedAttachVolume")
 MAX_NAMED_PODS = 3
 
-AGENT_NAMESPACE_ENV = "WARMSTART_OPERATOR_AGENT_NAMESPACE"
-AGENT_SELECTOR_ENV = "WARMSTART_OPERATOR_AGENT_SELECTOR"
-
 
 @dataclass(frozen=True)
 class Cause:
@@ -80,16 +76,6 @@ class AgentLookup:
 
     namespace: str
     selector: dict[str, str]
-
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> AgentLookup | None:
-        namespace = environ.get(AGENT_NAMESPACE_ENV, "").strip()
-        text = environ.get(AGENT_SELECTOR_ENV, "").strip()
-        if not namespace and not text:
-            return None
-        if not namespace or not text:
-            raise ValueError(f"{AGENT_NAMESPACE_ENV} and {AGENT_SELECTOR_ENV} are set together or not at all")
-        return cls(namespace, parse_selector(text, AGENT_SELECTOR_ENV))
 
     def describe(self) -> str:
         return f"namespace {self.namespace}, selector {L.label_selector(self.selector)}"

@@ -11,21 +11,18 @@ import logging
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import kopf
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
-from warmstart.config import env_float, env_int, env_str
 from warmstart.kube.client import Kube, KubeError
 from warmstart.operator import crds
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
-from warmstart.operator.diagnosis import AgentLookup
 from warmstart.operator.metrics import METRICS
-from warmstart.operator.placement import NODE_LOCAL, check_snapshot_store
 from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, reconcile
+from warmstart.operator.settings import OperatorSettings
 from warmstart.operator.spec import InvalidSpec
 from warmstart.operator.wakeups import WAKEUP_ANNOTATION, Key, Wakeups, wake_up_loop
 
@@ -34,60 +31,33 @@ log = logging.getLogger(__name__)
 MANAGED = {"app.kubernetes.io/managed-by": L.FIELD_MANAGER}
 
 
-@dataclass(frozen=True)
-class OperatorSettings:
-    resync_seconds: float
-    capture_backoff_seconds: float
-    workers: int
-    retry_base_seconds: float = 1.0
-    retry_max_seconds: float = 120.0
-    # The node agents' kind of snapshot store, as the chart chose it (operator.placement).
-    snapshot_store: str = NODE_LOCAL
-
-    def __post_init__(self) -> None:
-        # Zero workers would leave kopf no thread to run a handler in; a zero interval spins the wake-ups.
-        for variable, value in (
-            ("WARMSTART_OPERATOR_RESYNC_SECONDS", self.resync_seconds),
-            ("WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS", self.capture_backoff_seconds),
-            ("WARMSTART_OPERATOR_WORKERS", self.workers),
-            ("WARMSTART_OPERATOR_RETRY_BASE_SECONDS", self.retry_base_seconds),
-            ("WARMSTART_OPERATOR_RETRY_MAX_SECONDS", self.retry_max_seconds),
-        ):
-            if value <= 0:
-                raise ValueError(f"{variable} must be above 0, got {value}")
-        check_snapshot_store(self.snapshot_store, "WARMSTART_OPERATOR_SNAPSHOT_STORE")
-
-    @classmethod
-    def from_env(cls) -> OperatorSettings:
-        return cls(
-            resync_seconds=env_float("WARMSTART_OPERATOR_RESYNC_SECONDS", 60.0),
-            capture_backoff_seconds=env_float("WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS", 30.0),
-            workers=env_int("WARMSTART_OPERATOR_WORKERS", 4),
-            retry_base_seconds=env_float("WARMSTART_OPERATOR_RETRY_BASE_SECONDS", 1.0),
-            retry_max_seconds=env_float("WARMSTART_OPERATOR_RETRY_MAX_SECONDS", 120.0),
-            snapshot_store=env_str("WARMSTART_OPERATOR_SNAPSHOT_STORE", NODE_LOCAL),
-        )
-
-
-SETTINGS = OperatorSettings.from_env()
-AGENTS = AgentLookup.from_env()
 # What earlier versions made kopf put on every endpoint. No handler needs a finalizer now, so kopf removes
 # this one from each endpoint it sees that still has it (it must know the name to do so).
 LEGACY_FINALIZER = f"{L.GROUP}/finalizer"
 
 
 class Runtime:
-    """What the handlers share; set up in on_startup."""
+    """What the handlers share: the settings `configure` gave (the defaults until then), what on_startup
+    sets up."""
 
+    settings = OperatorSettings.model_construct()  # the defaults, the environment unread
     kube: Kube | None = None
-    wakeups = Wakeups(SETTINGS.resync_seconds)
+    wakeups = Wakeups(settings.resync_seconds)
     wake_up_task: asyncio.Task[None] | None = None
-    backoff = Backoff(SETTINGS.capture_backoff_seconds, CAPTURE_BACKOFF.max_seconds)
-    retry_backoff = Backoff(SETTINGS.retry_base_seconds, SETTINGS.retry_max_seconds)
+    backoff = Backoff(settings.capture_backoff_seconds, CAPTURE_BACKOFF.max_seconds)
+    retry_backoff = Backoff(settings.retry_base_seconds, settings.retry_max_seconds)
     # uid of each of our CRDs as kopf found it when it started; another uid is a CRD kopf may not serve.
     served_crds: dict[str, str] = {}
     # Set to have `warmstart operator` start kopf again in this process (None: nobody would).
     restart: threading.Event | None = None
+
+
+def configure(settings: OperatorSettings) -> None:
+    """Run the handlers with these settings (before kopf starts)."""
+    Runtime.settings = settings
+    Runtime.wakeups = Wakeups(settings.resync_seconds)
+    Runtime.backoff = Backoff(settings.capture_backoff_seconds, CAPTURE_BACKOFF.max_seconds)
+    Runtime.retry_backoff = Backoff(settings.retry_base_seconds, settings.retry_max_seconds)
 
 
 def plain(value: Any) -> Any:
@@ -126,7 +96,9 @@ def run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
         if body is None or body["metadata"].get("deletionTimestamp"):
             result = "gone"
             return None
-        outcome = reconcile(_kube(), body, Runtime.backoff, AGENTS, SETTINGS.snapshot_store)
+        outcome = reconcile(
+            _kube(), body, Runtime.backoff, Runtime.settings.agents, Runtime.settings.snapshot_store
+        )
         METRICS.endpoints.set(*key, outcome.status["phase"])
         result = "success"
         Runtime.wakeups.reconciled(key, _follow_up(outcome))
@@ -186,7 +158,7 @@ async def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage()
     # Our own Events carry the story, once per news: kopf's would repeat each retry of a failure.
     settings.posting.enabled = False
-    settings.execution.max_workers = max(8, SETTINGS.workers * 2)
+    settings.execution.max_workers = max(8, Runtime.settings.workers * 2)
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 30
     Runtime.kube = Kube.from_environment()

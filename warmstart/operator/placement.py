@@ -22,12 +22,6 @@ SNAPSHOT_STORES = (NODE_LOCAL, SHARED_VOLUME, OBJECT_STORE)
 PREFERENCE_WEIGHT = 100
 
 
-def check_snapshot_store(store: str, setting: str) -> str:
-    if store not in SNAPSHOT_STORES:
-        raise ValueError(f"{setting} must be one of {', '.join(SNAPSHOT_STORES)}, got {store!r}")
-    return store
-
-
 def restore_node(store: str, snapshot_node: str) -> str:
     """The node restore pods should prefer ("" for none): the snapshot's own, where only it holds it."""
     return snapshot_node if store == NODE_LOCAL else ""

@@ -1,0 +1,103 @@
+"""The settings of a long-running command (the agent, the operator) as one pydantic model: each field is one
+setting with its type, bounds, default, environment variable and command-line flag.
+
+A flag given wins over its environment variable, which wins over the default (pydantic-settings' order). Every
+problem is reported at once, each naming the flag and the variable, before the command does anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
+
+from pydantic import BeforeValidator, Field, ValidationError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+S = TypeVar("S", bound="CommandSettings")
+
+
+class SettingsError(ValueError):
+    """Settings that cannot be used; the message names every problem."""
+
+
+class CommandSettings(BaseSettings):
+    # Environment variables by their exact names; a variable set to "" counts as unset.
+    model_config = SettingsConfigDict(
+        case_sensitive=True, validate_by_name=True, extra="forbid", env_ignore_empty=True, frozen=True
+    )
+
+
+def setting(default: Any, env: str, help: str, **bounds: Any) -> Any:
+    """A field of a CommandSettings model, read from `env` when its flag is not given."""
+    return Field(default, validation_alias=env, description=help, **bounds)
+
+
+def _comma_separated(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+# A list setting: its flag repeats, its variable separates the items with commas.
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
+
+
+def add_arguments(parser: argparse.ArgumentParser | Any, model: type[CommandSettings], **short: str) -> None:
+    """One flag per setting (`--max-restores` for `max_restores`), its help naming the variable and the
+    default. Flags default to None, so that `load` can tell the ones given. `short`: extra names, by field."""
+    for name, field in model.model_fields.items():
+        flag = "--" + name.replace("_", "-")
+        names = [short[name], flag] if name in short else [flag]
+        repeated = _is_list(field.annotation)
+        shown = ",".join(field.default) if repeated else field.default
+        default = "" if shown in (None, "") else f", default {shown}"
+        parser.add_argument(
+            *names,
+            dest=name,
+            default=None,
+            action="append" if repeated else "store",
+            metavar=_metavar(name, field.annotation),
+            help=f"{field.description} [{field.validation_alias}{default}]",
+        )
+
+
+def load(model: type[S], args: argparse.Namespace | None = None) -> S:
+    """The settings from the flags given in `args`, else the environment, else the defaults."""
+    given = {
+        name: getattr(args, name) for name in model.model_fields if getattr(args, name, None) is not None
+    }
+    try:
+        return model(**given)
+    except ValidationError as exc:
+        raise SettingsError(describe(exc, model)) from None
+
+
+def describe(error: ValidationError, model: type[CommandSettings]) -> str:
+    """Each problem as `--flag / VARIABLE: what is wrong (got ...)`: pydantic names a setting by its field
+    when the value came from a flag, by its variable when it came from the environment."""
+    fields = model.model_fields
+    names = {key: name for name, field in fields.items() for key in (name, field.validation_alias)}
+    problems = []
+    for item in error.errors(include_url=False):
+        name = names.get(str(item["loc"][0])) if item["loc"] else None
+        message = item["msg"].removeprefix("Value error, ")
+        if name is None:  # the settings together (a model validator)
+            problems.append(message)
+        else:
+            flag = "--" + name.replace("_", "-")
+            problems.append(
+                f"{flag} / {fields[name].validation_alias}: {message} (got {item.get('input')!r})"
+            )
+    return "; ".join(problems)
+
+
+def _metavar(name: str, annotation: Any) -> str:
+    """The choices of a Literal setting (or of an optional one), else the name's last word."""
+    for candidate in (annotation, *get_args(annotation)):
+        if get_origin(candidate) is Literal:
+            return "{" + ",".join(map(str, get_args(candidate))) + "}"
+    return name.split("_")[-1].upper()
+
+
+def _is_list(annotation: Any) -> bool:
+    return getattr(annotation, "__origin__", None) is list or annotation is list
