@@ -28,7 +28,10 @@ can be created at once); deleted when the test ends.
 
 `wait_for(predicate, timeout, ...)` is also importable from this module.
 
-Environment: WARMSTART_CACHE (where binaries are cached), WARMSTART_KUBE_NODES (fake nodes, default 2).
+Environment: WARMSTART_CACHE (where binaries are cached), WARMSTART_KUBE_NODES (fake nodes, default 2),
+WARMSTART_TEST_KUBECONFIG: a kubeconfig naming another cluster, which `kube` is then instead of the local
+control plane (no fake nodes, .pids() empty); the tests marked `any_cluster` run against it, each other test
+using `kube` skips with the reason (it needs the local control plane's kwok nodes, processes or real nodes).
 """
 
 from __future__ import annotations
@@ -37,10 +40,12 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from control_plane import build, versions
 from control_plane.cluster import ControlPlane, wait_for
+from control_plane.external import KUBECONFIG_ENV, ExternalCluster
 
 __all__ = ["ControlPlane", "wait_for"]
 
@@ -54,8 +59,26 @@ def fake_node_count() -> int:
     return int(text)
 
 
+def external_kubeconfig() -> str:
+    return os.environ.get(KUBECONFIG_ENV, "")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    uses_kube = "kube" in getattr(item, "fixturenames", ())
+    if external_kubeconfig() and uses_kube and item.get_closest_marker("any_cluster") is None:
+        pytest.skip(
+            "needs the local control plane (its kwok nodes, its processes or a real node of this machine), "
+            f"not the cluster {KUBECONFIG_ENV} names"
+        )
+
+
 @pytest.fixture(scope="session")
 def kube(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    if external := external_kubeconfig():
+        cluster = ExternalCluster(Path(external), tmp_path_factory.mktemp("kube"))
+        cluster.check_reachable()
+        yield cluster  # type: ignore[misc]  # the part of ControlPlane's interface the any_cluster tests use
+        return
     if not build.is_cached():
         pytest.skip(
             f"the local Kubernetes control plane is not built in {versions.cache_root()}: "

@@ -112,4 +112,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
     yield
+    if nextitem is None:  # the session's fixtures end here too (stopping a node): their processes are theirs
+        RECORDER.take()
+        return
     fail_if_unmarked(item, "teardown")

@@ -15,6 +15,7 @@ def test_there_are_examples() -> None:
 
 @pytest.mark.spawns
 @pytest.mark.integration
+@pytest.mark.any_cluster
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_is_accepted_by_the_apiserver(kube, namespace, repo_root, example: Path) -> None:
     kube.kubectl("apply", "--server-side", "-f", str(repo_root / "crds"))

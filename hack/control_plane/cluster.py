@@ -214,8 +214,86 @@ class Component:
             self.process.wait(timeout=1)
 
 
+class ClusterTools:
+    """kubectl, helm and a client for a cluster: what the tests use of the local control plane and of any
+    other cluster (`ExternalCluster`). Subclasses give `kubeconfig`, `state_dir` and `binary`."""
+
+    state_dir: Path
+
+    @property
+    def kubeconfig(self) -> Path:
+        raise NotImplementedError
+
+    def binary(self, name: str) -> Path:
+        raise NotImplementedError
+
+    def check_running(self) -> None:
+        """Raise if a component of the cluster has died (nothing to check where the cluster is not ours)."""
+
+    def tool_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["KUBECONFIG"] = str(self.kubeconfig)
+        for kind in ("CACHE", "CONFIG", "DATA"):
+            env[f"HELM_{kind}_HOME"] = str(self.state_dir / "helm" / kind.lower())
+        return env
+
+    def kubectl(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run_tool("kubectl", args, check, input, timeout)
+
+    def helm(
+        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return self._run_tool("helm", args, check, input, timeout)
+
+    def _run_tool(
+        self, name: str, args: Sequence[str], check: bool, input: str | None, timeout: float
+    ) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [str(self.binary(name)), *args],
+            env=self.tool_env(),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and result.returncode != 0:
+            raise ControlPlaneError(
+                f"`{name} {' '.join(args)}` failed (exit {result.returncode}):\n{result.stderr.strip()}"
+            )
+        return result
+
+    def api_client(self) -> Any:
+        """A new `kubernetes.client.ApiClient` authenticated as cluster admin."""
+        from kubernetes import config
+
+        return config.new_client_from_config(config_file=str(self.kubeconfig))
+
+    def wait_default_service_account(self, namespace: str, timeout: float = 60) -> None:
+        """Pods are rejected until the namespace's `default` ServiceAccount exists (kube-controller-manager
+        creates it a moment after the namespace)."""
+
+        def exists() -> bool:
+            self.check_running()
+            return (
+                self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0
+            )
+
+        wait_for(exists, timeout=timeout, message=f"ServiceAccount default in namespace {namespace}")
+
+    def wait_for(
+        self,
+        predicate: Callable[[], T],
+        timeout: float = 60.0,
+        interval: float = 0.2,
+        message: str = "condition",
+    ) -> T:
+        return wait_for(predicate, timeout=timeout, interval=interval, message=message)
+
+
 @dataclass
-class ControlPlane:
+class ControlPlane(ClusterTools):
     """A running (or startable) local control plane.
 
     `state_dir` holds certificates, the kubeconfig, etcd's data and one log per component. `nodes` fake
@@ -489,46 +567,6 @@ class ControlPlane:
         }
         self.egress_config.write_text(json.dumps(config, indent=2) + "\n")
 
-    def tool_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env["KUBECONFIG"] = str(self.kubeconfig)
-        for kind in ("CACHE", "CONFIG", "DATA"):
-            env[f"HELM_{kind}_HOME"] = str(self.state_dir / "helm" / kind.lower())
-        return env
-
-    def kubectl(
-        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        return self._run_tool("kubectl", args, check, input, timeout)
-
-    def helm(
-        self, *args: str, check: bool = True, input: str | None = None, timeout: float = 120
-    ) -> subprocess.CompletedProcess[str]:
-        return self._run_tool("helm", args, check, input, timeout)
-
-    def _run_tool(
-        self, name: str, args: Sequence[str], check: bool, input: str | None, timeout: float
-    ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(self.binary(name)), *args],
-            env=self.tool_env(),
-            input=input,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        if check and result.returncode != 0:
-            raise ControlPlaneError(
-                f"`{name} {' '.join(args)}` failed (exit {result.returncode}):\n{result.stderr.strip()}"
-            )
-        return result
-
-    def api_client(self) -> Any:
-        """A new `kubernetes.client.ApiClient` authenticated as cluster admin."""
-        from kubernetes import config
-
-        return config.new_client_from_config(config_file=str(self.kubeconfig))
-
     # -- readiness -----------------------------------------------------------------------------------------
 
     def _ssl_context(self) -> ssl.SSLContext:
@@ -581,27 +619,6 @@ class ControlPlane:
             return len(ready) >= self.nodes
 
         wait_for(all_ready, timeout=timeout, interval=0.2, message=f"{self.nodes} kwok nodes Ready")
-
-    def wait_default_service_account(self, namespace: str, timeout: float = 60) -> None:
-        """Pods are rejected until the namespace's `default` ServiceAccount exists (kube-controller-manager
-        creates it a moment after the namespace)."""
-
-        def exists() -> bool:
-            self.check_running()
-            return (
-                self.kubectl("get", "serviceaccount", "default", "-n", namespace, check=False).returncode == 0
-            )
-
-        wait_for(exists, timeout=timeout, message=f"ServiceAccount default in namespace {namespace}")
-
-    def wait_for(
-        self,
-        predicate: Callable[[], T],
-        timeout: float = 60.0,
-        interval: float = 0.2,
-        message: str = "condition",
-    ) -> T:
-        return wait_for(predicate, timeout=timeout, interval=interval, message=message)
 
 
 def node_is_ready(node: dict[str, Any]) -> bool:

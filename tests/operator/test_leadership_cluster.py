@@ -12,7 +12,7 @@ import pytest
 from cluster_calls import TIMEOUT, apply, endpoint, get
 from operator_process import OperatorProcess
 
-pytestmark = [pytest.mark.integration, pytest.mark.spawns]
+pytestmark = [pytest.mark.integration, pytest.mark.spawns, pytest.mark.any_cluster]
 
 ACTING = "this replica acts"
 LEASE_SECONDS = 15  # the chart's and the command's default

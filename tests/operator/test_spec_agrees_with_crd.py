@@ -284,6 +284,7 @@ def verdicts(kube, crds, namespace) -> Verdicts:
 
 
 @pytest.mark.integration
+@pytest.mark.any_cluster
 @pytest.mark.parametrize("message", sorted(CEL_EXAMPLES))
 def test_each_cel_rule_accepts_and_refuses_alike(verdicts, message):
     accepted, refused = CEL_EXAMPLES[message]

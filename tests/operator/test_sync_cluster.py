@@ -16,7 +16,7 @@ from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import plan_snapshots
 from warmstart.operator.spec import parse_spec
 
-pytestmark = [pytest.mark.integration, pytest.mark.spawns]
+pytestmark = [pytest.mark.integration, pytest.mark.spawns, pytest.mark.any_cluster]
 
 
 def _create_endpoint(api: Kube, namespace: str, name: str) -> dict[str, Any]:

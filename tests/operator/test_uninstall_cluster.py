@@ -9,7 +9,7 @@ from operator_process import OperatorProcess
 
 from warmstart.api import labels as L
 
-pytestmark = [pytest.mark.integration, pytest.mark.spawns]
+pytestmark = [pytest.mark.integration, pytest.mark.spawns, pytest.mark.any_cluster]
 
 
 def test_endpoints_and_their_namespace_are_deleted_without_the_operator(kube, crds, namespace, tmp_path):

@@ -9,7 +9,7 @@ from operator_process import OperatorProcess
 
 from warmstart.operator.wakeups import WAKEUP_ANNOTATION
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.any_cluster]
 
 
 def test_a_child_changed_by_hand_wakes_its_endpoint_without_waiting_for_the_resync(
