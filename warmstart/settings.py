@@ -42,16 +42,23 @@ def _comma_separated(value: Any) -> Any:
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]
 
 
-def add_arguments(parser: argparse.ArgumentParser | Any, model: type[CommandSettings], **short: str) -> None:
+def add_arguments(
+    parser: argparse.ArgumentParser | Any,
+    model: type[CommandSettings],
+    short: dict[str, str] | None = None,
+    groups: dict[str, Any] | None = None,
+) -> None:
     """One flag per setting (`--max-restores` for `max_restores`), its help naming the variable and the
-    default. Flags default to None, so that `load` can tell the ones given. `short`: extra names, by field."""
+    default. Flags default to None, so that `load` can tell the ones given. `short`: extra names, by field;
+    `groups`: where a field's flag goes instead of `parser` (e.g. a mutually exclusive group), by field."""
+    short, groups = short or {}, groups or {}
     for name, field in model.model_fields.items():
         flag = "--" + name.replace("_", "-")
         names = [short[name], flag] if name in short else [flag]
         repeated = _is_list(field.annotation)
         shown = ",".join(field.default) if repeated else field.default
         default = "" if shown in (None, "") else f", default {shown}"
-        parser.add_argument(
+        groups.get(name, parser).add_argument(
             *names,
             dest=name,
             default=None,

@@ -265,7 +265,8 @@ class ClusterTools:
         return result
 
     def api_client(self) -> Any:
-        """A new `kubernetes.client.ApiClient` authenticated as cluster admin."""
+        """A new `kubernetes.client.ApiClient` authenticated as the kubeconfig's user (the local control
+        plane's: cluster admin)."""
         from kubernetes import config
 
         return config.new_client_from_config(config_file=str(self.kubeconfig))

@@ -7,8 +7,6 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
 from . import versions
 from .cluster import ClusterTools, ControlPlaneError
 
@@ -29,11 +27,7 @@ class ExternalCluster(ClusterTools):
     @property
     def server(self) -> str:
         """The API server of the kubeconfig's current context."""
-        config = yaml.safe_load(self.kubeconfig_path.read_text()) or {}
-        contexts = {c["name"]: c["context"] for c in config.get("contexts") or []}
-        clusters = {c["name"]: c["cluster"] for c in config.get("clusters") or []}
-        context = contexts.get(config.get("current-context", ""), {})
-        return str(clusters.get(context.get("cluster", ""), {}).get("server", ""))
+        return str(self.api_client().configuration.host)
 
     @property
     def startup_seconds(self) -> float:

@@ -39,6 +39,11 @@ def test_ports_and_leader_election_default_from_env(monkeypatch):
     assert load(OperatorSettings, parse("--metrics-port", "0")).metrics_port == 0
 
 
+def test_namespace_and_all_namespaces_exclude_each_other():
+    with pytest.raises(SystemExit):
+        parse("-n", "a", "-A")
+
+
 @pytest.mark.parametrize(
     ("variable", "value", "flag"),
     [

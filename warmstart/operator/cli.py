@@ -22,9 +22,13 @@ def register(subparsers: Any) -> None:
         description="Reconcile InferenceEndpoints into Deployments, Services, autoscalers and snapshots. "
         "Every flag also reads an environment variable (shown in brackets); a flag given wins.",
     )
-    add_arguments(parser, OperatorSettings, namespace="-n")
-    parser.add_argument(
-        "--all-namespaces", "-A", action="store_true", help="watch every namespace, whatever --namespace says"
+    scope = parser.add_mutually_exclusive_group()
+    add_arguments(parser, OperatorSettings, short={"namespace": "-n"}, groups={"namespace": scope})
+    scope.add_argument(
+        "--all-namespaces",
+        "-A",
+        action="store_true",
+        help="watch every namespace, whatever the variable says",
     )
     parser.set_defaults(func=run_operator)
 
