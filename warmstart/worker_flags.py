@@ -15,6 +15,10 @@ from warmstart.protocol import CONTROL_DIR_ENV
 
 MODES = ("cold", "capture", "restore")
 DEFAULT_RESTORE_TIMEOUT = 600.0
+# `GET /ready?wait=S` holds the answer up to S seconds (at most READY_WAIT_MAX_SECONDS) until the engine is
+# ready: a probe sent while a restored engine resumes answers the moment it is ready, not a period later.
+READY_PATH = "/ready"
+READY_WAIT_MAX_SECONDS = 5.0
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:

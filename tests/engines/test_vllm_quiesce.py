@@ -1,7 +1,7 @@
 """The vLLM engine's capture glue against a fake vLLM shaped like vLLM 0.26's interface (no vLLM, no GPU):
 the environment and file rendezvous set before the engine is built, the sleep/wake sequence around a
-checkpoint, the weights image written at release and preferred at resume (or reload_weights when told), and
-the report of what the process holds."""
+checkpoint, the weights image written at release and preferred at resume (or reload_weights when told), the
+weights read back from the model's files when there is no image, and the report of what the process holds."""
 
 from __future__ import annotations
 
@@ -278,6 +278,30 @@ def test_weights_image_is_written_at_release_and_refills_the_same_tensors(
     engine.release()
     engine.reacquire()
     assert llm.calls.count("reload_weights") == 1
+
+
+def test_without_an_image_the_weights_come_back_from_the_model_files(
+    fake_vllm: Any, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default: the parameters are the safetensors files' bytes, so the wake reads them from there, at
+    the same addresses, and vLLM's loader is not run; told to reload, it is."""
+    from safetensors.torch import save_file
+
+    (model_dir / "model.safetensors").unlink()
+    save_file({n: p.data for n, p in FakeModel().named_parameters()}, str(model_dir / "model.safetensors"))
+    engine, llm = loaded(model_dir)
+    model = llm.worker.model_runner.model
+    before = {n: p.data.clone() for n, p in model.named_parameters()}
+    pointers = {n: p.data.data_ptr() for n, p in model.named_parameters()}
+    engine.release()
+    planned = engine.describe()["weights_from_files"]
+    assert planned == sum(t.numel() * t.element_size() for t in before.values())
+    engine.reacquire()
+    assert "reload_weights" not in llm.calls
+    assert "weights_files_s" in engine.timings and "wake_kv_cache_s" in engine.timings
+    for name, parameter in model.named_parameters():
+        assert torch.equal(parameter.data, before[name])
+        assert parameter.data.data_ptr() == pointers[name]
 
 
 def test_an_image_that_does_not_match_the_model_falls_back_to_reload(

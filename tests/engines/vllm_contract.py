@@ -165,6 +165,17 @@ def class_level_names(node: ast.ClassDef) -> set[str]:
     return names
 
 
+def class_constant(node: ast.ClassDef, name: str) -> Any:
+    """The literal a class body assigns to `name` (None when it assigns none)."""
+    for statement in node.body:
+        targets = statement.targets if isinstance(statement, ast.Assign) else []
+        if isinstance(statement, ast.AnnAssign) and statement.value is not None:
+            targets = [statement.target]
+        if any(isinstance(target, ast.Name) and target.id == name for target in targets):
+            return ast.literal_eval(statement.value)  # type: ignore[union-attr]
+    return None
+
+
 def source_tree(obj: Any) -> ast.AST:
     return ast.parse(textwrap.dedent(inspect.getsource(obj)))
 
@@ -422,6 +433,23 @@ def worker_model() -> str:
     if "__getattr__" not in vars(resolve("vllm.v1.worker.worker_base:WorkerWrapperBase")):
         raise ContractError("WorkerWrapperBase (what collective_rpc's callable receives) forwards nothing")
     return "Worker.model_runner (either GPUModelRunner).get_model(); WorkerWrapperBase forwards to Worker"
+
+
+@check(
+    "Qwen3's model names the parts of its fused parameters (packed_modules_mapping)",
+    "ast",
+    "weights_files.py",
+)
+def packed_modules() -> str:
+    module, tree, how = import_or_source("vllm.model_executor.models.qwen3")
+    if module is not None:
+        mapping = vars(module.Qwen3ForCausalLM).get("packed_modules_mapping")
+    else:
+        mapping = class_constant(class_def(tree, "Qwen3ForCausalLM"), "packed_modules_mapping")
+    wanted = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+    if mapping != wanted:
+        raise ContractError(f"Qwen3ForCausalLM.packed_modules_mapping is {mapping!r}, not {wanted!r}")
+    return f"q/k/v -> qkv_proj, gate/up -> gate_up_proj ({how})"
 
 
 @check("collective_rpc runs a callable on the worker in process", "import", "engine.py (_worker_model)")

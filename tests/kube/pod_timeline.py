@@ -16,36 +16,45 @@ from control_plane.cluster import ControlPlane, wait_for
 from warmstart.api import labels as L
 
 STEPS = ("seen", "scheduled", "running", "ready")
+ENDPOINT = "endpoint"  # the pod's endpoint ready in its Service's EndpointSlice (what kube-proxy follows)
 # One line per event: name|node|the running containers' start times|the Ready condition's status.
 WATCH_FORMAT = (
     "jsonpath={.metadata.name}|{.spec.nodeName}|{.status.containerStatuses[*].state.running.startedAt}|"
     '{.status.conditions[?(@.type=="Ready")].status}{"\\n"}'
 )
+# One line per EndpointSlice event: pod=ready for each of its endpoints.
+SLICE_FORMAT = 'jsonpath={range .endpoints[*]}{.targetRef.name}={.conditions.ready}{" "}{end}{"\\n"}'
 
 
 class PodTimeline:
-    """Watches one namespace's pods; `at[step][pod]` is when the watch first saw the pod at that step:
-    seen (created), scheduled (bound to a node), running (its containers started) and ready (the Ready
-    condition)."""
+    """Watches one namespace's pods and EndpointSlices; `at[step][pod]` is when a watch first saw the pod at
+    that step: seen (created), scheduled (bound to a node), running (its containers started), ready (the
+    Ready condition) and endpoint (ready in an EndpointSlice)."""
 
     def __init__(self, kube: ControlPlane, namespace: str) -> None:
         # kubectl's watch, not the Python client: the GPU machine's python has no `kubernetes` package.
-        kubectl = str(kube.binary("kubectl"))
-        self._argv = [kubectl, "get", "pods", "-n", namespace, "--watch", "-o", WATCH_FORMAT]
+        watch = [str(kube.binary("kubectl")), "get", "-n", namespace, "--watch", "-o"]
+        self._argvs = {
+            self._pod_line: [*watch, WATCH_FORMAT, "pods"],
+            self._slice_line: [*watch, SLICE_FORMAT, "endpointslices"],
+        }
         self._env = kube.tool_env()
-        self.at: dict[str, dict[str, float]] = {step: {} for step in STEPS}
-        self._watch: subprocess.Popen[str] | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self.at: dict[str, dict[str, float]] = {step: {} for step in (*STEPS, ENDPOINT)}
+        self._watches: list[subprocess.Popen[str]] = []
+        self._threads: list[threading.Thread] = []
 
     def start(self) -> PodTimeline:
-        self._watch = subprocess.Popen(self._argv, env=self._env, stdout=subprocess.PIPE, text=True)
-        self._thread.start()
+        for handle, argv in self._argvs.items():
+            watch = subprocess.Popen(argv, env=self._env, stdout=subprocess.PIPE, text=True)
+            self._watches.append(watch)
+            self._threads.append(threading.Thread(target=self._run, args=(watch, handle), daemon=True))
+            self._threads[-1].start()
         return self
 
     def stop(self) -> None:
-        if self._watch is not None:
-            self._watch.kill()
-            self._watch.wait()
+        for watch in self._watches:
+            watch.kill()
+            watch.wait()
 
     def __enter__(self) -> PodTimeline:
         return self.start()
@@ -53,16 +62,25 @@ class PodTimeline:
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
-    def _run(self) -> None:
-        assert self._watch is not None and self._watch.stdout is not None
-        for line in self._watch.stdout:
-            name, node, running, ready = (line.rstrip("\n").split("|") + ["", "", "", ""])[:4]
-            now = time.time()
-            reached = {"seen": bool(name), "scheduled": bool(node), "running": bool(running.strip()),
-                       "ready": ready == "True"}  # fmt: skip
-            for step, done in reached.items():
-                if done:
-                    self.at[step].setdefault(name, now)
+    @staticmethod
+    def _run(watch: subprocess.Popen[str], handle: Any) -> None:
+        assert watch.stdout is not None
+        for line in watch.stdout:
+            handle(line.rstrip("\n"), time.time())
+
+    def _pod_line(self, line: str, now: float) -> None:
+        name, node, running, ready = (line.split("|") + ["", "", "", ""])[:4]
+        reached = {"seen": bool(name), "scheduled": bool(node), "running": bool(running.strip()),
+                   "ready": ready == "True"}  # fmt: skip
+        for step, done in reached.items():
+            if done:
+                self.at[step].setdefault(name, now)
+
+    def _slice_line(self, line: str, now: float) -> None:
+        for endpoint in line.split():
+            name, _, ready = endpoint.partition("=")
+            if ready == "true":
+                self.at[ENDPOINT].setdefault(name, now)
 
     def wait_ready(self, name: str, timeout: float) -> float:
         """When pod `name` turned Ready; waits for it."""

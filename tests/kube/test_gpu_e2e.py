@@ -52,7 +52,7 @@ from endpoint_flow import (
     worker_pods,
 )
 from node_plugin import HostPython
-from pod_timeline import PodTimeline
+from pod_timeline import ENDPOINT, PodTimeline
 
 from warmstart.api import labels as L
 from warmstart.identity import SnapshotIdentity
@@ -240,6 +240,9 @@ def timed_start(kube: ControlPlane, namespace: str, name: str, kind: str) -> Sta
         assert "Restored" in reasons and "restoreSeconds" in status, f"{name} was not restored: {reasons}"
     phases.update(status.get("restorePhases", {}))
     phases["ready_to_first_token"] = reply["first_token_at"] - became_ready
+    if (endpoint := timeline.at[ENDPOINT].get(pod_name)) is not None:  # the Service's part, split
+        phases["ready_to_endpoint"] = endpoint - became_ready
+        phases["endpoint_to_first_token"] = reply["first_token_at"] - endpoint
     return Start(name, kind, reply["first_token_at"] - requested, choice["token_ids"], choice["text"], phases)
 
 

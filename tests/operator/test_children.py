@@ -40,6 +40,10 @@ def test_cold_deployment_shape():
     assert container["args"][-1:] == ["--enforce-eager"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert pod["automountServiceAccountToken"] is False  # no service account named: no token in the pod
+    startup = container["startupProbe"]
+    assert startup["httpGet"]["path"] == f"/ready?wait={children.STARTUP_PROBE_WAIT}"
+    assert startup["periodSeconds"] < children.STARTUP_PROBE_WAIT < startup["timeoutSeconds"]
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["WARMSTART_CONTROL_DIR"] == "/run/warmstart/control"
@@ -119,12 +123,14 @@ def test_overrides_reach_the_pod():
             "nodeSelector": {"pool": "h200"},
             "env": [{"name": "WARMSTART_ROLE", "value": "x"}],
             "tolerations": [{"key": "dedicated", "operator": "Exists"}],
+            "serviceAccountName": "model-reader",
         },
         resources={"gpus": 2, "gpuProduct": "NVIDIA-H200", "memory": "64Gi"},
         snapshot={"enabled": False},
     )
     pod = children.deployment(owner, spec, L.ROLE_COLD, "", HASH)["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"pool": "h200", "nvidia.com/gpu.product": "NVIDIA-H200"}
+    assert pod["serviceAccountName"] == "model-reader" and "automountServiceAccountToken" not in pod
     assert {"key": "dedicated", "operator": "Exists"} in pod["tolerations"]
     container = container_of(pod)
     roles = [e["value"] for e in container["env"] if e["name"] == "WARMSTART_ROLE"]

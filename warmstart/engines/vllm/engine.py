@@ -44,7 +44,7 @@ from warmstart.engines.base import (
     check_token_ids,
 )
 from warmstart.engines.host import gpu_facts
-from warmstart.engines.vllm import memory
+from warmstart.engines.vllm import memory, weights_files
 from warmstart.engines.vllm.driver import _Driver, _Submission
 from warmstart.engines.vllm.frontend import ServingApp, VllmFrontend
 from warmstart.engines.vllm.identity import (
@@ -131,6 +131,7 @@ class VllmEngine(Engine):
         self._rendezvous: str | None = None
         self._held: dict[str, int] = {}
         self._weights_image: Path | None = None
+        self._weights_plan: weights_files.Plan | None = None
         self._memory: dict[str, Any] = {}
         self._kv_error: BaseException | None = None
         self.timings: dict[str, float] = {}
@@ -198,6 +199,8 @@ class VllmEngine(Engine):
         image_dir = os.environ.get(WEIGHTS_IMAGE_ENV)
         if level == 2 and image_dir:
             self._save_weights_image(Path(image_dir))
+        elif level == 2:
+            self._plan_weights()
         awake = memory.breakdown()
         started = time.perf_counter()
         llm.sleep(level=level)
@@ -229,7 +232,8 @@ class VllmEngine(Engine):
             choice = _refill_choice(self._weights_image.parent) if self._weights_image else RefillChoice()
             model = self._model()
             kv_thread = None
-            if choice.overlap and choice.how != "reload" and self._weights_image is not None:
+            refilled = self._weights_image is not None or self._weights_plan is not None
+            if choice.overlap and choice.how != "reload" and refilled:
                 # Mapping the KV cache (cuMemCreate + cuMemMap, ~0.25 s for 100 GiB) needs none of the
                 # weights: it runs beside the refill, whose threads spend their time in preadv and copies.
                 kv_thread = threading.Thread(target=self._wake_kv_cache, args=(llm,), name="vllm-kv-wake")
@@ -312,6 +316,7 @@ class VllmEngine(Engine):
             rendezvous=self._rendezvous or "",
             held_at_release=self._held,
             weights_image=str(self._weights_image or ""),
+            weights_from_files=self._weights_plan.nbytes if self._weights_plan else 0,
             memory_at_release=self._memory,
             timings={key: round(value, 4) for key, value in self._all_timings().items()},
         )
@@ -346,6 +351,19 @@ class VllmEngine(Engine):
         self.timings["weights_image_write_s"] = stats["seconds"]
         log.info("weights image %s: %.2f GB in %.2f s", path, stats["bytes"] / 1e9, stats["seconds"])
 
+    def _plan_weights(self) -> None:
+        """Where the weights' bytes are in the model's files, for the refill after the wake (none: reload)."""
+        started = time.perf_counter()
+        try:
+            self._weights_plan = weights_files.plan(self._model(), self._resolve_model_dir())
+        except (weights_files.NoPlan, OSError, RuntimeError) as exc:
+            log.info("the weights will be reloaded through vLLM after resume: %s", exc)
+            self._weights_plan = None
+            return
+        self.timings["weights_plan_s"] = time.perf_counter() - started
+        log.info("weights planned from the model's files: %.2f GB, proven in %.2f s",
+                 self._weights_plan.nbytes / 1e9, self.timings["weights_plan_s"])  # fmt: skip
+
     def _wake_kv_cache(self, llm: Any) -> None:
         mark = time.perf_counter()
         self._kv_error = None
@@ -358,7 +376,7 @@ class VllmEngine(Engine):
         self.timings["wake_kv_cache_s"] = time.perf_counter() - mark
 
     def _refill_weights(self, llm: Any, model: Any, choice: RefillChoice) -> str:
-        """Put the weights back after a level-2 wake; returns how ("image" or "reload")."""
+        """Put the weights back after a level-2 wake; returns how ("image", "files" or "reload")."""
         image = self._weights_image
         if image is not None and image.exists() and choice.how != "reload":
             from warmstart.engines.vllm import weights_image
@@ -372,6 +390,15 @@ class VllmEngine(Engine):
                 return "image"
             except (OSError, ValueError, RuntimeError) as exc:
                 log.warning("weights image unusable (%s); reloading from the model files", exc)
+        elif self._weights_plan is not None and choice.how != "reload":
+            try:
+                stats = weights_files.refill(
+                    model, self._resolve_model_dir(), self._weights_plan, choice.threads, choice.chunk_bytes
+                )
+                log.info("weights refilled from the model's files at %.1f GB/s", stats["gb_per_s"])
+                return "files"
+            except (OSError, ValueError, RuntimeError) as exc:
+                log.warning("weights not refilled from the model's files (%s); reloading them", exc)
         try:
             llm.collective_rpc("reload_weights")
         except (AttributeError, NotImplementedError, RuntimeError) as exc:

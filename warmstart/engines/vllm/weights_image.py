@@ -143,30 +143,7 @@ def refill(
     targets = [t.reshape(-1).view(torch.uint8) for _, t in tensors]
     fd = os.open(path, os.O_RDONLY)
     try:
-        threads = max(1, min(threads, len(chunks) or 1))
-        shares = [chunks[i::threads] for i in range(threads)]
-        device = targets[0].device if targets else torch.device("cuda")
-
-        def work(share: list[tuple[int, int, int, int]]) -> None:
-            buffers = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
-            done = [None, None]
-            stream = torch.cuda.Stream(device=device)
-            for i, (index, file_offset, start, length) in enumerate(share):
-                slot = i % 2
-                if done[slot] is not None:
-                    done[slot].synchronize()
-                buffer = buffers[slot]
-                _pread_all(fd, memoryview(buffer.numpy())[:length], file_offset)
-                with torch.cuda.stream(stream):
-                    targets[index][start : start + length].copy_(buffer[:length], non_blocking=True)
-                    event = torch.cuda.Event()
-                    event.record(stream)
-                done[slot] = event
-            stream.synchronize()
-
-        with ThreadPoolExecutor(threads) as pool:
-            list(pool.map(work, shares))
-        torch.cuda.synchronize(device)
+        copy_chunks(targets, [fd], chunks, threads, chunk_bytes)
     finally:
         os.close(fd)
     total = sum(e.nbytes for e in entries)
@@ -174,11 +151,65 @@ def refill(
     return {"bytes": float(total), "seconds": seconds, "gb_per_s": total / seconds / 1e9 if seconds else 0.0}
 
 
-def _chunks(entries: list[Entry], chunk_bytes: int) -> Iterator[tuple[int, int, int, int]]:
-    """(tensor index, file offset, offset in the tensor, length) for pieces of at most chunk_bytes."""
+@dataclass(frozen=True)
+class Chunk:
+    """One piece of a refill: `length` bytes of file `fd_index` at `file_offset` into tensor `target` at
+    byte `start`."""
+
+    target: int
+    fd_index: int
+    file_offset: int
+    start: int
+    length: int
+
+
+def copy_chunks(
+    targets: list[Any], fds: list[int], chunks: list[Chunk], threads: int, chunk_bytes: int
+) -> None:
+    """Read every chunk into its target (flat uint8 views): on a GPU with `threads` threads, each reading
+    into two pinned buffers of `chunk_bytes` in turn and copying on its own stream; on the CPU straight in."""
+    import torch
+
+    if not chunks:
+        return
+    device = targets[chunks[0].target].device
+    threads = max(1, min(threads, len(chunks)))
+    shares = [chunks[i::threads] for i in range(threads)]
+
+    def read_into(share: list[Chunk]) -> None:
+        for chunk in share:
+            view = targets[chunk.target][chunk.start : chunk.start + chunk.length]
+            pread_all(fds[chunk.fd_index], memoryview(view.numpy()), chunk.file_offset)
+
+    def work(share: list[Chunk]) -> None:
+        buffers = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
+        done: list[Any] = [None, None]
+        stream = torch.cuda.Stream(device=device)
+        for i, chunk in enumerate(share):
+            slot = i % 2
+            if done[slot] is not None:
+                done[slot].synchronize()
+            buffer = buffers[slot]
+            pread_all(fds[chunk.fd_index], memoryview(buffer.numpy())[: chunk.length], chunk.file_offset)
+            with torch.cuda.stream(stream):
+                target = targets[chunk.target][chunk.start : chunk.start + chunk.length]
+                target.copy_(buffer[: chunk.length], non_blocking=True)
+                event = torch.cuda.Event()
+                event.record(stream)
+            done[slot] = event
+        stream.synchronize()
+
+    with ThreadPoolExecutor(threads) as pool:
+        list(pool.map(read_into if device.type == "cpu" else work, shares))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _chunks(entries: list[Entry], chunk_bytes: int) -> Iterator[Chunk]:
+    """The image's tensors in pieces of at most chunk_bytes."""
     for index, entry in enumerate(entries):
         for start in range(0, entry.nbytes, chunk_bytes):
-            yield index, entry.offset + start, start, min(chunk_bytes, entry.nbytes - start)
+            yield Chunk(index, 0, entry.offset + start, start, min(chunk_bytes, entry.nbytes - start))
 
 
 def _byte_dtype() -> Any:
@@ -198,10 +229,10 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[written:], offset + written
 
 
-def _pread_all(fd: int, target: memoryview, offset: int) -> None:
+def pread_all(fd: int, target: memoryview, offset: int) -> None:
     target = target.cast("B")
     while target:
         got = os.preadv(fd, [target], offset)
         if got <= 0:
-            raise ValueError(f"the weights image ends early at byte {offset}")
+            raise ValueError(f"a weights file ends early at byte {offset}")
         target, offset = target[got:], offset + got

@@ -13,6 +13,7 @@ from warmstart.operator.children.serving import service, service_monitor
 from warmstart.operator.children.workers import (
     PRESTAGE_REQUESTS,
     STARTUP_PROBE_SECONDS,
+    STARTUP_PROBE_WAIT,
     capture_pod,
     capture_pod_name,
     deployment,
@@ -25,6 +26,7 @@ __all__ = [
     "Owner",
     "PRESTAGE_REQUESTS",
     "STARTUP_PROBE_SECONDS",
+    "STARTUP_PROBE_WAIT",
     "capture_pod",
     "capture_pod_name",
     "common_labels",

@@ -11,8 +11,12 @@ from warmstart.operator.children.owner import Owner, common_labels, object_metad
 from warmstart.operator.placement import prefer_node
 from warmstart.operator.spec import EndpointSpec
 from warmstart.protocol import CONTROL_DIR_ENV
+from warmstart.worker_flags import READY_PATH
 
 STARTUP_PROBE_SECONDS = 1800  # cold starts of large models take minutes; restores are much shorter
+STARTUP_PROBE_WAIT = 1.5  # seconds each startup probe waits for readiness: over its 1 s period, so one
+# probe follows another with no gap; under the probes' 2 s timeout
+STARTUP_PROBE_FAILURES = int(STARTUP_PROBE_SECONDS / STARTUP_PROBE_WAIT)
 
 
 def _worker_args(spec: EndpointSpec, role: str) -> list[str]:
@@ -92,11 +96,12 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, requ
         "args": _worker_args(spec, role),
         "env": _env(endpoint, spec, role, snapshot, request_hash),
         "ports": [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}],
-        # Probed every second until it serves, then every second for readiness: a restored replica is up
-        # in about a second, and a coarser period would add up to one period to every start.
-        "readinessProbe": _probe("/ready", 1, 3),
+        # The startup probe asks whether the engine is ready and waits for the answer (`?wait=`): a restored
+        # replica is ready within a second or so, and a probe that answered at once would leave it waiting
+        # up to a period for the next; the readiness probe runs the moment the startup probe passes.
+        "readinessProbe": _probe(READY_PATH, 1, 3),
         "livenessProbe": _probe("/health", 10, 6),
-        "startupProbe": _probe("/health", 1, STARTUP_PROBE_SECONDS),
+        "startupProbe": _probe(f"{READY_PATH}?wait={STARTUP_PROBE_WAIT}", 1, STARTUP_PROBE_FAILURES),
         "volumeMounts": mounts,
     }
     resources = _resources(spec)
@@ -127,6 +132,8 @@ def _scheduling(spec: EndpointSpec) -> dict[str, Any]:
         scheduling["tolerations"] = tolerations
     if spec.template.service_account_name:
         scheduling["serviceAccountName"] = spec.template.service_account_name
+    else:  # a worker never calls the API: no token of the namespace's default account in it (or to mount)
+        scheduling["automountServiceAccountToken"] = False
     if spec.template.priority_class_name:
         scheduling["priorityClassName"] = spec.template.priority_class_name
     return scheduling
