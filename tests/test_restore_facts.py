@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,6 +15,7 @@ import pytest
 
 from warmstart.agent.node_facts import FactsUnavailable, GpuFacts, pod_gpu_facts
 from warmstart.agent.restore import Refused, RestorePhase
+from warmstart.checkpoint.restore import PodUnfit
 from warmstart.cuda_driver import GpuDevice
 from warmstart.engines.digest import SAMPLE_HEAD_BYTES, sampled_digest
 from warmstart.identity import SnapshotIdentity
@@ -155,10 +157,8 @@ def gpu_identity() -> SnapshotIdentity:
     )  # fmt: skip
 
 
-def restore_phase(gpus: Any) -> RestorePhase:
-    pod = {"status": {"containerStatuses": [{"name": "worker", "imageID": "sha256:img"}]}}
-    kube = SimpleNamespace(get_pod=lambda namespace, name: pod)
-    node = SimpleNamespace(config=SimpleNamespace(max_restores=1), kube=kube, gpus=gpus)
+def restore_phase(gpus: Any, image: str = "sha256:img") -> RestorePhase:
+    node = SimpleNamespace(config=SimpleNamespace(max_restores=1), gpus=gpus, worker_image=lambda pod: image)
     return RestorePhase(node)  # type: ignore[arg-type]
 
 
@@ -178,16 +178,15 @@ def pod_given_h100() -> Any:
      (590, "driver_major: snapshot has 580, here is 590")],
 )  # fmt: skip
 def test_a_gpu_snapshot_is_refused_on_another_gpu_or_driver(pod_given_h100: Any, driver: int, named: str):
-    pod = {"metadata": {"namespace": "ns", "name": "p"}}
     phase = restore_phase(lambda: ([H200, H100], driver))
     with pytest.raises(Refused, match="captured for another pod or node") as refused:
-        phase.expected_identity(gpu_identity(), pod, pod_given_h100)
+        phase.expected_identity(gpu_identity(), pod_given_h100)
     assert named in str(refused.value)
     if driver == 580:  # the same product on the GPU it was given: restorable
         phase = restore_phase(lambda: ([H100, H200], 580))
         sandbox = SimpleNamespace(init_pid=pod_given_h100.init_pid)
         identity = dataclasses.replace(gpu_identity(), gpu_product="NVIDIA H100 80GB HBM3")
-        assert phase.expected_identity(identity, pod, sandbox) == identity
+        assert phase.expected_identity(identity, sandbox) == identity
 
 
 @pytest.mark.spawns
@@ -196,5 +195,18 @@ def test_a_gpu_snapshot_is_refused_where_the_agent_has_no_cuda(pod_given_h100: A
         raise FactsUnavailable("this node agent cannot reach the CUDA driver: no libcuda")
 
     with pytest.raises(Refused, match="cannot be checked here: .*no libcuda"):
-        pod = {"metadata": {"namespace": "ns", "name": "p"}}
-        restore_phase(no_cuda).expected_identity(gpu_identity(), pod, pod_given_h100)
+        restore_phase(no_cuda).expected_identity(gpu_identity(), pod_given_h100)
+
+
+@pytest.mark.parametrize(
+    ("image", "why"),
+    [("sha256:other", "image: snapshot has 'sha256:img', here is 'sha256:other'"),
+     ("", "the kubelet reports no image digest for the worker container")],
+)  # fmt: skip
+def test_a_pod_running_another_image_is_unfit_and_the_snapshot_not_at_fault(image: str, why: str) -> None:
+    """The image is the kubelet's word, checked once the snapshot is verified: PodUnfit (a refusal that
+    counts nothing against the snapshot), naming the difference."""
+    snapshot = SimpleNamespace(id="s", identity=gpu_identity(), meta={})
+    with pytest.raises(PodUnfit, match=re.escape(why)):
+        restore_phase(lambda: ([H200], 580), image).pod_checks(snapshot, {}, None)  # type: ignore[arg-type]
+    restore_phase(lambda: ([H200], 580)).pod_checks(snapshot, {}, None)  # type: ignore[arg-type]

@@ -32,6 +32,8 @@ from warmstart.agent.pods import (
     PodProcessError,
     PodSandbox,
     control_dir_on_host,
+    control_volume_holders,
+    mount_points,
     pod_processes,
     read_environ,
     supervisor_of,
@@ -116,6 +118,34 @@ def test_processes_are_found_by_the_pod_and_container_cgroups(tmp_path: Path) ->
     assert pod_processes(str(uuid.uuid4()), proc=proc, container=CID) == []
     with pytest.raises(ValueError, match="not a container id"):
         pod_processes(uid, proc=proc, container="../x")
+
+
+def test_before_the_kubelet_reports_it_the_worker_is_the_one_container_mounting_the_control_volume(
+    tmp_path: Path,
+) -> None:
+    """The PID 1 (one PID namespace below the host's) of the pod's container that mounts the control volume
+    where the operator mounts it; not the pause container, not a namespace nested inside the worker, and
+    nobody when two containers mount it."""
+    uid = "0b3c8f0e-1111-4222-8333-444455556666"
+    pause, worker = f"4:memory:/kubepods/pod{uid}/{'9' * 64}", f"4:memory:/kubepods/pod{uid}/{CID}"
+    cgroups = {10: worker, 11: pause, 12: worker, 13: worker, 14: "0::/user.slice"}
+    proc = _fake_proc(tmp_path, {pid: (cgroup, b"") for pid, cgroup in cgroups.items()})
+    control = f"1 2 0:5 /pods/{uid}/volumes/x/control {L.CONTROL_DIR_PATH} rw - ext4 x rw"
+    for pid, nspid, mounts in [
+        (10, "10 1", ["1 0 0:1 / / rw - overlay overlay rw", control]),  # the worker's supervisor
+        (11, "11 1", ["1 0 0:1 / / rw - overlay overlay rw"]),  # the pause container
+        (12, "12 7", [control]),  # the engine, beside the supervisor
+        (13, "13 5 1", [control]),  # PID 1 of a namespace the tenant made inside the worker
+        (14, "14 1", [control]),  # outside the pod
+    ]:
+        (proc / str(pid) / "status").write_text(f"Name:\tx\nNSpid:\t{nspid.replace(' ', chr(9))}\n")
+        (proc / str(pid) / "mountinfo").write_text("\n".join(mounts) + "\n")
+    assert control_volume_holders(uid, proc=proc) == [10]
+    assert mount_points(10, proc) == {"/", L.CONTROL_DIR_PATH}
+    (proc / "11" / "mountinfo").write_text(control + "\n")  # two containers mount it: no guess
+    assert control_volume_holders(uid, proc=proc) == []
+    (proc / "11" / "mountinfo").write_text("1 0 0:1 /a /with\\040space rw - ext4 x rw\n")
+    assert mount_points(11, proc) == {"/with space"}
 
 
 def test_the_environment_never_counts(tmp_path: Path) -> None:

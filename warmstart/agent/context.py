@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from warmstart.agent.pods import (
     PodProcessError,
     PodSandbox,
     control_dir_on_host,
+    control_volume_holders,
 )
 from warmstart.agent.settings import DEFAULT_PRESTAGE_MAX_BYTES
 from warmstart.checkpoint.criu import Criu
@@ -27,6 +29,9 @@ from warmstart.protocol import ControlDir
 from warmstart.snapshot.remote import RemoteConfig, RemoteStore
 from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.store import SnapshotStore
+
+NODE_LOOK_SECONDS = 0.05  # how often a starting pod is looked for on the node
+API_LOOK_SECONDS = 0.2  # and in the API server, whose word comes later
 
 
 @dataclass
@@ -96,15 +101,31 @@ class NodeContext:
         return ControlDir(control_dir_on_host(self.config.kubelet_root, pod_uid))
 
     def find_pod(self, pod: dict[str, Any]) -> PodSandbox:
-        """The pod's worker container on this node: its id from the kubelet's pod status (waited for while
-        the container starts), then its processes by cgroup."""
+        """The pod's worker container on this node, as soon as it runs: found on the node by its control
+        volume (`control_volume_holders`), or by the id the kubelet's pod status reports, whichever comes
+        first (waited for while the container starts)."""
         meta, root = objects.meta(pod), self.config.kubelet_root
         deadline = time.monotonic() + self.config.start_timeout
-        container = objects.worker_container_id(pod)
+        container, asked = objects.worker_container_id(pod), time.monotonic()
         while not container:
+            with contextlib.suppress(PodProcessError):
+                return PodSandbox.find(meta["uid"], root, in_pod=True, lookup=control_volume_holders)
             if time.monotonic() >= deadline or self.stopping.is_set():
                 raise PodProcessError(f"pod {objects.key(pod)}: the kubelet reports no worker container yet")
-            time.sleep(0.2)
-            container = objects.worker_container_id(self.kube.get_pod(meta["namespace"], meta["name"]) or {})
+            time.sleep(NODE_LOOK_SECONDS)
+            if time.monotonic() - asked >= API_LOOK_SECONDS:
+                reported = self.kube.get_pod(meta["namespace"], meta["name"]) or {}
+                container, asked = objects.worker_container_id(reported), time.monotonic()
         remaining = max(0.0, deadline - time.monotonic())
         return PodSandbox.find(meta["uid"], root, remaining, self.stopping.is_set, container=container)
+
+    def worker_image(self, pod: dict[str, Any]) -> str:
+        """The image digest the kubelet reports for the pod's worker container, waited for while it starts
+        (it reports it with the container, up to a second after the start); "" when it never does."""
+        namespace, name = objects.meta(pod)["namespace"], objects.meta(pod)["name"]
+        deadline = time.monotonic() + self.config.start_timeout
+        while not (image := objects.worker_image_id(self.kube.get_pod(namespace, name) or {})):
+            if time.monotonic() >= deadline or self.stopping.is_set():
+                return ""
+            time.sleep(NODE_LOOK_SECONDS)
+        return image

@@ -6,7 +6,11 @@ kubelet and the container runtime choose and the tenant cannot: a path component
 the runtime reports (`status.containerStatuses[].containerID`), the next one names the container
 (`<id>`, or `cri-containerd-<id>.scope` / `crio-<id>.scope` / `docker-<id>.scope`). Nothing a tenant sets
 (its environment, its command line) ever decides which processes are a pod's. The container's PID 1,
-the worker supervisor, is the process whose NSpid ends in 1; PIDs the worker reports (e.g. in
+the worker supervisor, is the process whose NSpid ends in 1; before the kubelet reports the container
+(it does only at its next relist, up to a second after the start) the worker container is the one among
+the pod's cgroups whose PID 1, in a PID namespace one below the host's, has the pod's control volume
+mounted where the operator mounts it (the pause container mounts nothing), when exactly one does. PIDs
+the worker reports (e.g. in
 `ready-for-snapshot`) are in-namespace PIDs and are translated to host PIDs through NSpid. The control
 directory is the pod's `control` emptyDir as the kubelet lays it out on the host.
 """
@@ -119,6 +123,34 @@ def pod_processes(pod_uid: str, proc: Path = PROC, container: str | None = None)
     given) by cgroup path."""
     wanted = container_id(container) if container else None
     return sorted(pid for pid in host_process_ids(proc) if _in_cgroup_of(pid, pod_uid, wanted, proc))
+
+
+def mount_points(pid: int, proc: Path = PROC) -> set[str]:
+    """Where host process `pid` sees mounts (its mount namespace's, unescaped); empty when unreadable."""
+    try:
+        lines = (proc / str(pid) / "mountinfo").read_text().splitlines()
+    except OSError:
+        return set()
+    points = set()
+    for line in lines:
+        fields = line.split(" ")
+        if len(fields) > 4:
+            points.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]))
+    return points
+
+
+def control_volume_holders(pod_uid: str, proc: Path = PROC, container: str | None = None) -> list[int]:
+    """A `ProcessLookup` for a pod whose container the kubelet has not reported yet: the PID 1 of the one
+    container of the pod that mounts the control volume (none when no container, or more than one, does)."""
+    firsts = []
+    for pid in pod_processes(pod_uid, proc, container):
+        try:
+            nspid = namespace_pids(pid, proc)
+        except OSError:
+            continue
+        if len(nspid) == 2 and nspid[-1] == 1 and L.CONTROL_DIR_PATH in mount_points(pid, proc):
+            firsts.append(pid)
+    return firsts if len(firsts) == 1 else []
 
 
 def supervisor_of(host_pids: Iterable[int]) -> int | None:

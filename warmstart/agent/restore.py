@@ -34,6 +34,7 @@ from warmstart.api.snapshot import (
 )
 from warmstart.checkpoint.restore import (
     FailureCounter,
+    PodUnfit,
     RestoreClaimed,
     RestoreFailed,
     RestoreRefused,
@@ -120,13 +121,12 @@ class RestorePhase:
         if answered(control):  # answered while the pod's container was awaited
             return
         try:
-            expected = self.expected_identity(snapshot.identity, pod, sandbox)
-            self.check_restore_facts(snapshot, control)
+            expected = self.expected_identity(snapshot.identity, sandbox)
         except Refused as exc:
             self._refuse(pod, control, str(exc))
             return
         with self._slots:
-            self._restore(pod, snap, snapshot.id, expected, sandbox, control)
+            self._restore(pod, snap, snapshot, expected, sandbox, control)
 
     def restorable(
         self, pod: dict[str, Any], held: contextlib.ExitStack | None = None
@@ -175,31 +175,41 @@ class RestorePhase:
         except PullFailed as exc:
             raise Refused(str(exc)) from exc
 
-    def expected_identity(
-        self, recorded: SnapshotIdentity, pod: dict[str, Any], sandbox: PodSandbox
-    ) -> SnapshotIdentity:
-        """The identity this pod on this node can take: the recorded one with what the agent measures here
-        (the image the container runtime runs; for a GPU snapshot, the product and compute capability of the
-        pod's GPUs and the node's driver); Refused, naming each difference, when they differ."""
-        meta = objects.meta(pod)
-        image = objects.worker_image_id(self.node.kube.get_pod(meta["namespace"], meta["name"]) or pod)
-        if not image:
-            raise Refused("the kubelet reports no image digest for the worker container")
-        here = dataclasses.replace(recorded, image=image)
-        if recorded.device == "cuda":
-            try:
-                devices, driver = self.node.gpus()
-                gpu = pod_gpu_facts(devices, driver, visible_devices(sandbox.init_pid))
-            except FactsUnavailable as exc:
-                raise Refused(f"a GPU snapshot cannot be checked here: {exc}") from exc
-            here = dataclasses.replace(
-                here, gpu_product=gpu.product, compute_capability=gpu.compute_capability,
-                driver_major=gpu.driver_major,
-            )  # fmt: skip
-        differences = recorded.mismatches(here)
-        if differences:
-            raise Refused("the snapshot was captured for another pod or node: " + "; ".join(differences))
+    def expected_identity(self, recorded: SnapshotIdentity, sandbox: PodSandbox) -> SnapshotIdentity:
+        """The identity this pod on this node can take, as far as the node shows it: the recorded one with,
+        for a GPU snapshot, the product and compute capability of the pod's GPUs and the node's driver;
+        Refused, naming each difference, when they differ. The image is the kubelet's word: `pod_checks`."""
+        if recorded.device != "cuda":
+            return recorded
+        try:
+            devices, driver = self.node.gpus()
+            gpu = pod_gpu_facts(devices, driver, visible_devices(sandbox.init_pid))
+        except FactsUnavailable as exc:
+            raise Refused(f"a GPU snapshot cannot be checked here: {exc}") from exc
+        here = dataclasses.replace(
+            recorded, gpu_product=gpu.product, compute_capability=gpu.compute_capability,
+            driver_major=gpu.driver_major,
+        )  # fmt: skip
+        self._refuse_differences(recorded, here)
         return here
+
+    def pod_checks(self, snapshot: Snapshot, pod: dict[str, Any], control: ControlDir) -> None:
+        """What the kubelet and the pod's worker say, checked once the snapshot is verified (the restore
+        verifies it meanwhile): the image the worker runs from, then the worker's restore facts; PodUnfit
+        names what differs."""
+        try:
+            image = self.node.worker_image(pod)
+            if not image:
+                raise Refused("the kubelet reports no image digest for the worker container")
+            self._refuse_differences(snapshot.identity, dataclasses.replace(snapshot.identity, image=image))
+            self.check_restore_facts(snapshot, control)
+        except Refused as exc:
+            raise PodUnfit(str(exc)) from exc
+
+    @staticmethod
+    def _refuse_differences(recorded: SnapshotIdentity, here: SnapshotIdentity) -> None:
+        if differences := recorded.mismatches(here):
+            raise Refused("the snapshot was captured for another pod or node: " + "; ".join(differences))
 
     def check_restore_facts(self, snapshot: Snapshot, control: ControlDir) -> None:
         """Refused unless the pod's worker shows the capture's restore facts: engine, its version, its flags,
@@ -261,12 +271,12 @@ class RestorePhase:
         self,
         pod: dict[str, Any],
         snap: dict[str, Any],
-        snapshot_id: str,
+        snapshot: Snapshot,
         identity: SnapshotIdentity,
         sandbox: PodSandbox,
         control: ControlDir,
     ) -> None:
-        node = self.node
+        node, snapshot_id = self.node, snapshot.id
         failures = FailureCounter(node.store.root, max_failures=MAX_RESTORE_FAILURES)
         work_dir = node.config.restore_work_dir / objects.meta(pod)["uid"]
         resume: dict[str, Any] = {"restore_started_at": time.time()}
@@ -279,11 +289,14 @@ class RestorePhase:
             result = restore(
                 store=node.store, verifier=node.verifier, snapshot_id=snapshot_id, expected_identity=identity,
                 sandbox=sandbox, control=control, criu=node.criu, work_dir=work_dir, resume_payload=resume,
-                failures=failures,
+                failures=failures, before_claim=lambda: self.pod_checks(snapshot, pod, control),
             )  # fmt: skip
         except PodProcessError as exc:
             # The pod, not the snapshot, is at fault: a cold start, without counting against the snapshot.
             self._refuse(pod, control, f"the pod cannot take a restore: {exc}")
+            return
+        except PodUnfit as exc:
+            self._refuse(pod, control, str(exc))
             return
         except RestoreClaimed as exc:  # the worker gave up waiting and started cold: not the snapshot's fault
             log.info("no restore into %s: %s", objects.key(pod), exc)

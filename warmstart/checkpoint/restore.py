@@ -26,6 +26,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,11 @@ class RestoreRefused(RuntimeError):
 class RestoreClaimed(RestoreRefused):
     """The pod's worker claimed it for a cold start first (or another restore did): nothing was done in the
     pod and nothing was sent; the pod is a cold start and the snapshot is not at fault."""
+
+
+class PodUnfit(RuntimeError):
+    """The pod cannot take this snapshot (its image, its worker's facts, as `before_claim` found them):
+    nothing was claimed or sent, and the snapshot is not at fault."""
 
 
 class SnapshotVanished(RestoreRefused):
@@ -278,9 +284,12 @@ def restore(
     work_dir: Path,
     resume_payload: dict[str, Any] | None = None,
     failures: FailureCounter | None = None,
+    before_claim: Callable[[], None] = lambda: None,
 ) -> RestoreResult:
     """Restore `snapshot_id` into `sandbox`; `control` is the sandbox's control directory (host path).
 
+    `before_claim` checks what only the pod can show (it may wait for it) once the snapshot is verified;
+    PodUnfit from it stops the restore with nothing claimed, sent or counted.
     The pod's restore claim is taken once the snapshot is verified, before anything in the pod is touched:
     when the pod's worker claimed it first (it cold-started), RestoreClaimed says so and nothing is done or
     sent. Otherwise raises RestoreRefused (nothing ran) or RestoreFailed (cleaned up), both after
@@ -298,14 +307,16 @@ def restore(
             signed = check_signed(store, snapshot_id, verifier, expected_identity)
             stager = give_plan(stager, signed, sandbox.init_pid)
             snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
+        with timed(timings, "pod_checks"):
+            before_claim()
         claim_restore(control, snapshot_id)
         claimed = True
         with timed(timings, "place_sandbox_files"):
             place_sandbox_files(snapshot, work_dir, sandbox)
         namespace_pid, host_pid = _restore_process(snapshot, sandbox, criu, work_dir, timings)
-    except RestoreClaimed:
+    except (RestoreClaimed, PodUnfit):
         _stop(stager)
-        raise  # the pod is its worker's: nothing to undo, nothing to say
+        raise  # nothing claimed: nothing to undo, nothing to say (the caller answers an unfit pod)
     except (RestoreRefused, RestoreFailed) as exc:
         _stop(stager)
         _vanished_or_counted(store, control, failures, snapshot_id, exc)

@@ -69,9 +69,9 @@ def pid_namespace_of(pid: int) -> str:
     return os.readlink(f"/proc/{pid}/ns/pid")
 
 
-def namespace_pids(pid: int) -> list[int]:
+def namespace_pids(pid: int, proc: Path = Path("/proc")) -> list[int]:
     """NSpid of host process `pid`: its PID in every namespace from the host's down to its own."""
-    with open(f"/proc/{pid}/status") as status:
+    with open(proc / str(pid) / "status") as status:
         for line in status:
             if line.startswith("NSpid:"):
                 return [int(value) for value in line.split()[1:]]
