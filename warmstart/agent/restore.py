@@ -1,7 +1,10 @@
 """Restore phase: a restore pod gets its InferenceSnapshot's snapshot restored into its namespaces.
 
 The snapshot must be Ready, in the pod's namespace (checked against the namespace the store's manifest
-recorded at capture) and its identity must hash to what the InferenceSnapshot names. `restore-complete`
+recorded at capture) and its identity must hash to what the InferenceSnapshot names. The restore starts as
+soon as the worker container runs (`NodeContext.find_pod`): the GPUs are checked, the snapshot verified and
+the weight stager started while the kubelet's word on the image and the worker's restore facts are awaited
+(`pod_checks`, before the claim). `restore-complete`
 carries the port the worker serves on; any refusal or failure sends `restore-failed` (the worker
 cold-starts), records an Event and the failure count, and the InferenceSnapshot turns Invalid after
 repeated failures.
