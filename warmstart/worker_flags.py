@@ -15,10 +15,17 @@ from warmstart.protocol import CONTROL_DIR_ENV
 
 MODES = ("cold", "capture", "restore")
 DEFAULT_RESTORE_TIMEOUT = 600.0
-# `GET /ready?wait=S` holds the answer up to S seconds (at most READY_WAIT_MAX_SECONDS) until the engine is
-# ready: a probe sent while a restored engine resumes answers the moment it is ready, not a period later.
-READY_PATH = "/ready"
-READY_WAIT_MAX_SECONDS = 5.0
+# The supervisor's startup endpoint on --probe-port: `GET /started?wait=S` answers 200 once the engine's
+# /ready does, holding the answer up to S seconds (at most STARTED_WAIT_MAX_SECONDS). It listens from the
+# container's start, while a restored engine's own server does not exist yet: a probe sent during the restore
+# is answered the moment the engine serves, not a probe period later.
+STARTED_PATH = "/started"
+STARTED_WAIT_MAX_SECONDS = 5.0
+
+
+def probe_port(engine_port: int) -> int:
+    """The port the operator gives the supervisor's startup endpoint: the one after the engine's."""
+    return engine_port + 1 if engine_port < 65535 else engine_port - 1
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
@@ -92,6 +99,11 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     worker.add_argument("--host", default="127.0.0.1", help="HTTP listen address (default 127.0.0.1)")
     worker.add_argument("--port", type=port_number, default=8000, help="HTTP port (default 8000)")
+    worker.add_argument(
+        "--probe-port", type=port_number,
+        help=f"serve {STARTED_PATH} on this port from the start: 200 once the engine's /ready is "
+        "(default: not served)",
+    )  # fmt: skip
     http = parser.add_argument_group("HTTP limits (what one client may hold)")
     http.add_argument("--http-keep-alive-seconds", type=float, default=5.0,
                       help="idle connections, request heads not in and bodies stalled are cut off after "

@@ -258,19 +258,6 @@ def test_the_serving_app_answers_ready_and_metrics_and_hands_the_rest_to_the_eng
     assert frontend.builds == 1
 
 
-def test_the_serving_app_holds_a_ready_probe_until_the_engine_is_ready() -> None:
-    from test_ready_wait import held_until_ready
-
-    ready = threading.Event()
-    app = ServingApp(FakeFrontend(), ready.is_set, worker_metrics())  # type: ignore[arg-type]
-
-    async def scenario() -> None:
-        await app.prepare()
-        await held_until_ready(app, ready.set)
-
-    asyncio.run(scenario())
-
-
 def test_the_worker_serves_an_engine_own_app_when_it_has_one(caplog: pytest.LogCaptureFixture) -> None:
     built: list[Any] = []
 

@@ -22,8 +22,9 @@ WATCH_FORMAT = (
     "jsonpath={.metadata.name}|{.spec.nodeName}|{.status.containerStatuses[*].state.running.startedAt}|"
     '{.status.conditions[?(@.type=="Ready")].status}{"\\n"}'
 )
-# One line per EndpointSlice event: pod=ready for each of its endpoints.
-SLICE_FORMAT = 'jsonpath={range .endpoints[*]}{.targetRef.name}={.conditions.ready}{" "}{end}{"\\n"}'
+# One line per EndpointSlice event: its endpoints' pods, then their readiness, in the same order (no range:
+# kubectl's jsonpath fails a range over a slice with no endpoints).
+SLICE_FORMAT = 'jsonpath={.endpoints[*].targetRef.name}|{.endpoints[*].conditions.ready}{"\\n"}'
 
 
 class PodTimeline:
@@ -77,8 +78,8 @@ class PodTimeline:
                 self.at[step].setdefault(name, now)
 
     def _slice_line(self, line: str, now: float) -> None:
-        for endpoint in line.split():
-            name, _, ready = endpoint.partition("=")
+        names, _, readiness = line.partition("|")
+        for name, ready in zip(names.split(), readiness.split(), strict=False):
             if ready == "true":
                 self.at[ENDPOINT].setdefault(name, now)
 

@@ -41,9 +41,12 @@ def test_cold_deployment_shape():
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert pod["automountServiceAccountToken"] is False  # no service account named: no token in the pod
-    startup = container["startupProbe"]
-    assert startup["httpGet"]["path"] == f"/ready?wait={children.STARTUP_PROBE_WAIT}"
+    startup = container["startupProbe"]  # the supervisor's endpoint, on the port after the engine's
+    assert startup["httpGet"] == {"path": f"/started?wait={children.STARTUP_PROBE_WAIT}", "port": "probe"}
     assert startup["periodSeconds"] < children.STARTUP_PROBE_WAIT < startup["timeoutSeconds"]
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert container["ports"][0]["name"] == "http" and ports["probe"] == ports["http"] + 1
+    assert container["args"][3:5] == ["--probe-port", str(ports["probe"])]
     assert container["livenessProbe"]["httpGet"]["path"] == "/health"
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["WARMSTART_CONTROL_DIR"] == "/run/warmstart/control"

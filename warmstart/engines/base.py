@@ -8,17 +8,13 @@ the engine can re-create them); `reacquire()` brings it back after a resume.
 from __future__ import annotations
 
 import abc
-import asyncio
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.identity import SnapshotIdentity
-from warmstart.worker_flags import READY_WAIT_MAX_SECONDS
 
 GREEDY_BELOW = 1e-5
-READY_POLL_SECONDS = 0.01
 
 
 class EngineError(RuntimeError):
@@ -160,14 +156,3 @@ def check_token_ids(ids: tuple[int, ...], vocab_size: int) -> list[int]:
     if bad:
         raise RequestError(f"token id {bad[0]} is outside 0..{vocab_size - 1}", "prompt")
     return list(ids)
-
-
-async def ready_within(ready: Callable[[], bool], seconds: float) -> bool:
-    """Whether `ready()` is true now or turns true within `seconds` (at most READY_WAIT_MAX_SECONDS):
-    what `/ready?wait=` answers."""
-    deadline = time.monotonic() + min(max(seconds, 0.0), READY_WAIT_MAX_SECONDS)
-    while not ready():
-        if time.monotonic() >= deadline:
-            return False
-        await asyncio.sleep(READY_POLL_SECONDS)
-    return True

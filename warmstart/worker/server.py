@@ -21,9 +21,9 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
@@ -41,7 +41,6 @@ from warmstart.engines.base import (
     GenerationResult,
     RequestError,
     TokenDelta,
-    ready_within,
 )
 from warmstart.worker.metrics import GenerationTracker, WorkerMetrics
 from warmstart.worker.openai_requests import (
@@ -55,14 +54,13 @@ from warmstart.worker.openai_requests import (
     parsed_request,
     request_models,
 )
-from warmstart.worker_flags import READY_PATH, READY_WAIT_MAX_SECONDS
 
 __all__ = ["ApiError", "CountResponses", "RequestLimits", "ServerState", "build_app"]
 
 log = logging.getLogger("warmstart.worker.server")
 
 CLIENT_GONE = 499  # the status a request is counted with when its client left before the answer
-WORKER_PATHS = (READY_PATH, "/metrics")
+WORKER_PATHS = ("/ready", "/metrics")
 
 
 def _error_response(error: ApiError) -> JSONResponse:
@@ -164,9 +162,9 @@ def build_app(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get(READY_PATH)
-    async def ready(wait: Annotated[float, Query(ge=0, le=READY_WAIT_MAX_SECONDS)] = 0.0) -> JSONResponse:
-        if await ready_within(lambda: state.ready, wait):
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        if state.ready:
             return JSONResponse({"status": "ready", "model": engine.served_model_name})
         return JSONResponse({"status": "starting"}, status_code=503)
 

@@ -4,6 +4,9 @@ The engine runs as a child in its own session with stdio on files, so its subtre
 CRIU on its own. The supervisor forwards SIGTERM/SIGINT, reaps every child (also processes re-parented to
 it, as a restored engine is: it is a child subreaper) and exits with the engine's status.
 
+With `--probe-port` it serves the startup endpoint there from its start (`probe`): 200 once the engine's
+`/ready` answers 200, held until then.
+
 restore mode: no engine is started at first; the agent restores one into this namespace and writes
 `restore-complete`. On `restore-failed` the supervisor cold-starts one. When nothing arrives within
 `--restore-timeout` it first takes the pod's restore claim for a cold start (`protocol.RESTORE_CLAIM`): if a
@@ -41,6 +44,7 @@ from warmstart.protocol import (
 from warmstart.worker.engine_process import process_start_time
 from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.options import engine_argv, log_dir, restore_timeout
+from warmstart.worker.probe import ProbeServer
 
 log = logging.getLogger("warmstart.worker")
 
@@ -58,6 +62,7 @@ class Supervisor:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.engine_pid: int | None = None
+        self.engine_port: int = args.port  # a restore's answer may move it
         self.stop_signal: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -66,6 +71,8 @@ class Supervisor:
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
         started = process_start_time()
+        if self.args.probe_port is not None:
+            ProbeServer(self.args.probe_port, lambda: self.engine_port).start()
         if self.args.mode == "restore":
             return self._restore(started)
         if self.args.mode == "capture":
@@ -126,6 +133,9 @@ class Supervisor:
             log.error("restore-complete arrived but no restored engine process is running; starting cold")
             return self._run_engine("cold", started)
         self.engine_pid = pid
+        port = payload.get("port")
+        if isinstance(port, int) and not isinstance(port, bool):
+            self.engine_port = port
         log.info("restored engine is pid %d", pid)
         return self._wait_for_engine()
 

@@ -17,13 +17,11 @@ import asyncio
 import json
 import logging
 import time
-import urllib.parse
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from warmstart.engines.base import EngineError, ready_within
+from warmstart.engines.base import EngineError
 from warmstart.engines.vllm.options import VllmOptions
-from warmstart.worker_flags import READY_PATH
 
 log = logging.getLogger(__name__)
 
@@ -191,8 +189,7 @@ class ServingApp:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path == READY_PATH:
-            await ready_within(self._serving, _wait_seconds(scope))
+        if path == "/ready":
             await self._answer(send, *self._ready_answer())
         elif path == "/metrics":
             await self._answer(send, 200, self._metrics_text(), b"text/plain; version=0.0.4; charset=utf-8")
@@ -201,11 +198,8 @@ class ServingApp:
         else:
             await self._inner(scope, receive, send)
 
-    def _serving(self) -> bool:
-        return self._ready() and self._inner is not None
-
     def _ready_answer(self) -> tuple[int, bytes]:
-        if self._serving():
+        if self._ready() and self._inner is not None:
             return 200, json.dumps({"status": "ready", "model": self._frontend.served_model_name}).encode()
         return 503, b'{"status": "starting"}'
 
@@ -222,15 +216,6 @@ class ServingApp:
         headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-
-
-def _wait_seconds(scope: dict[str, Any]) -> float:
-    """`/ready`'s `wait` (seconds); none, or one that is not a number, waits for nothing."""
-    values = urllib.parse.parse_qs(scope.get("query_string", b"").decode("latin-1")).get("wait", [])
-    try:
-        return float(values[-1]) if values else 0.0
-    except ValueError:
-        return 0.0
 
 
 def _sample_sum(registry: Any, name: str) -> float:

@@ -11,9 +11,10 @@ from warmstart.operator.children.owner import Owner, common_labels, object_metad
 from warmstart.operator.placement import prefer_node
 from warmstart.operator.spec import EndpointSpec
 from warmstart.protocol import CONTROL_DIR_ENV
-from warmstart.worker_flags import READY_PATH
+from warmstart.worker_flags import STARTED_PATH, probe_port
 
 STARTUP_PROBE_SECONDS = 1800  # cold starts of large models take minutes; restores are much shorter
+PROBE_PORT_NAME = "probe"  # the supervisor's startup endpoint
 STARTUP_PROBE_WAIT = 1.5  # seconds each startup probe waits for readiness: over its 1 s period, so one
 # probe follows another with no gap; under the probes' 2 s timeout
 STARTUP_PROBE_FAILURES = int(STARTUP_PROBE_SECONDS / STARTUP_PROBE_WAIT)
@@ -21,7 +22,7 @@ STARTUP_PROBE_FAILURES = int(STARTUP_PROBE_SECONDS / STARTUP_PROBE_WAIT)
 
 def _worker_args(spec: EndpointSpec, role: str) -> list[str]:
     """`warmstart worker` flags; the snapshot to restore reaches the agent through pod labels and env."""
-    return ["worker", "--mode", role, *_engine_args(spec)]
+    return ["worker", "--mode", role, "--probe-port", str(probe_port(spec.engine.port)), *_engine_args(spec)]
 
 
 def _engine_args(spec: EndpointSpec) -> list[str]:
@@ -74,9 +75,9 @@ def _resources(spec: EndpointSpec) -> dict[str, Any]:
     return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
-def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+def _probe(path: str, period: int, failures: int, port: str = "http") -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": "http"},
+        "httpGet": {"path": path, "port": port},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": 2,
@@ -95,13 +96,19 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, requ
         "command": ["warmstart"],
         "args": _worker_args(spec, role),
         "env": _env(endpoint, spec, role, snapshot, request_hash),
-        "ports": [{"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"}],
-        # The startup probe asks whether the engine is ready and waits for the answer (`?wait=`): a restored
-        # replica is ready within a second or so, and a probe that answered at once would leave it waiting
-        # up to a period for the next; the readiness probe runs the moment the startup probe passes.
-        "readinessProbe": _probe(READY_PATH, 1, 3),
+        "ports": [
+            {"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"},
+            {"name": PROBE_PORT_NAME, "containerPort": probe_port(spec.engine.port), "protocol": "TCP"},
+        ],
+        # The startup probe asks the supervisor, which listens from the container's start and answers the
+        # moment the engine's /ready does (`?wait=`): a restored engine opens its server only once restored,
+        # and a probe it refused would leave the replica waiting up to a period for the next. The readiness
+        # probe runs the moment the startup probe passes.
+        "readinessProbe": _probe("/ready", 1, 3),
         "livenessProbe": _probe("/health", 10, 6),
-        "startupProbe": _probe(f"{READY_PATH}?wait={STARTUP_PROBE_WAIT}", 1, STARTUP_PROBE_FAILURES),
+        "startupProbe": _probe(
+            f"{STARTED_PATH}?wait={STARTUP_PROBE_WAIT}", 1, STARTUP_PROBE_FAILURES, port=PROBE_PORT_NAME
+        ),
         "volumeMounts": mounts,
     }
     resources = _resources(spec)
