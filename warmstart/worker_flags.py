@@ -15,16 +15,16 @@ from warmstart.protocol import CONTROL_DIR_ENV
 
 MODES = ("cold", "capture", "restore")
 DEFAULT_RESTORE_TIMEOUT = 600.0
-# The supervisor's startup endpoint on --probe-port: `GET /started?wait=S` answers 200 once the engine's
-# /ready does, holding the answer up to S seconds (at most STARTED_WAIT_MAX_SECONDS). It listens from the
-# container's start, while a restored engine's own server does not exist yet: a probe sent during the restore
-# is answered the moment the engine serves, not a probe period later.
-STARTED_PATH = "/started"
-STARTED_WAIT_MAX_SECONDS = 5.0
+# The supervisor's probe endpoints on --probe-port (`warmstart.worker.probe`): `GET /ready?wait=S` answers
+# 200 once the engine's /ready does, held up to S seconds (at most PROBE_WAIT_MAX_SECONDS); `GET /live`.
+PROBE_READY_PATH = "/ready"
+PROBE_LIVE_PATH = "/live"
+PROBE_WAIT_MAX_SECONDS = 5.0
+DEFAULT_START_TIMEOUT = 1800.0  # cold starts of large models take minutes; restores are much shorter
 
 
 def probe_port(engine_port: int) -> int:
-    """The port the operator gives the supervisor's startup endpoint: the one after the engine's."""
+    """The port the operator gives the supervisor's probe endpoints: the one after the engine's."""
     return engine_port + 1 if engine_port < 65535 else engine_port - 1
 
 
@@ -101,8 +101,13 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     worker.add_argument("--port", type=port_number, default=8000, help="HTTP port (default 8000)")
     worker.add_argument(
         "--probe-port", type=port_number,
-        help=f"serve {STARTED_PATH} on this port from the start: 200 once the engine's /ready is "
-        "(default: not served)",
+        help="serve the kubelet's probes on this port from the start: /ready?wait=S (held until the engine's "
+        "/ready is 200) and /live (default: not served)",
+    )  # fmt: skip
+    worker.add_argument(
+        "--start-timeout", type=float, default=DEFAULT_START_TIMEOUT,
+        help="seconds the engine may take to be ready before /live fails and the kubelet restarts it "
+        f"(default {DEFAULT_START_TIMEOUT:g})",
     )  # fmt: skip
     http = parser.add_argument_group("HTTP limits (what one client may hold)")
     http.add_argument("--http-keep-alive-seconds", type=float, default=5.0,

@@ -39,15 +39,17 @@ def test_cold_deployment_shape():
     assert container["args"][:3] == ["worker", "--mode", "cold"]
     assert container["args"][-1:] == ["--enforce-eager"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert pod["automountServiceAccountToken"] is False  # no service account named: no token in the pod
-    startup = container["startupProbe"]  # the supervisor's endpoint, on the port after the engine's
-    assert startup["httpGet"] == {"path": f"/started?wait={children.STARTUP_PROBE_WAIT}", "port": "probe"}
-    assert startup["periodSeconds"] < children.STARTUP_PROBE_WAIT < startup["timeoutSeconds"]
+    # The supervisor's endpoints, on the port after the engine's; no startup probe to hold readiness back.
+    readiness, liveness = container["readinessProbe"], container["livenessProbe"]
+    assert readiness["httpGet"] == {"path": f"/ready?wait={children.READY_PROBE_WAIT}", "port": "probe"}
+    assert readiness["periodSeconds"] < children.READY_PROBE_WAIT < readiness["timeoutSeconds"]
+    assert liveness["httpGet"] == {"path": "/live", "port": "probe"} and "startupProbe" not in container
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert container["ports"][0]["name"] == "http" and ports["probe"] == ports["http"] + 1
-    assert container["args"][3:5] == ["--probe-port", str(ports["probe"])]
-    assert container["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert container["args"][3:7] == [
+        "--probe-port", str(ports["probe"]), "--start-timeout", str(children.START_TIMEOUT_SECONDS),
+    ]  # fmt: skip
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["WARMSTART_CONTROL_DIR"] == "/run/warmstart/control"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}

@@ -1,5 +1,6 @@
-"""The supervisor's startup endpoint (`warmstart.worker.probe`): `/started?wait=S` is held until the engine's
-own `/ready` answers 200, bounded, and follows the engine to the port a restore names."""
+"""The supervisor's probe endpoints (`warmstart.worker.probe`): `/ready?wait=S` is held until the engine's
+own `/ready` answers 200, bounded, and follows the engine to the port a restore names; `/live` passes while
+the engine starts (up to its start timeout), then follows the engine's `/health`."""
 
 from __future__ import annotations
 
@@ -10,20 +11,21 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from warmstart.worker.probe import ProbeServer
-from warmstart.worker_flags import STARTED_WAIT_MAX_SECONDS, probe_port
+from warmstart.worker.probe import EngineWatch, ProbeServer
+from warmstart.worker_flags import PROBE_WAIT_MAX_SECONDS, probe_port
 
 
 class Engine:
-    """An engine's server whose `/ready` answers 503 until `ready` is set."""
+    """An engine's server: `/ready` answers 503 until `ready` is set, `/health` 200 until `hung` is."""
 
     def __init__(self) -> None:
-        self.ready = threading.Event()
+        self.ready, self.hung = threading.Event(), threading.Event()
         engine = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802
-                self.send_response(200 if self.path == "/ready" and engine.ready.is_set() else 503)
+                ok = {"/ready": engine.ready.is_set(), "/health": not engine.hung.is_set()}.get(self.path)
+                self.send_response(200 if ok else 503)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
@@ -43,8 +45,15 @@ def engine() -> Iterator[Engine]:
     started.server.server_close()
 
 
+def free_port() -> int:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    port = int(server.server_address[1])
+    server.server_close()
+    return port  # nobody listens there: an engine still being restored
+
+
 def get(port: int, path: str) -> int:
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=STARTED_WAIT_MAX_SECONDS + 5)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=PROBE_WAIT_MAX_SECONDS + 5)
     try:
         connection.request("GET", path)
         return connection.getresponse().status
@@ -52,24 +61,40 @@ def get(port: int, path: str) -> int:
         connection.close()
 
 
-def test_a_startup_probe_is_held_until_the_engine_serves(engine: Engine) -> None:
-    where: dict[str, int | None] = {"port": None}  # no engine yet: a restore is under way
-    probe = ProbeServer(0, lambda: where["port"]).start()
+def test_a_readiness_probe_is_held_until_the_engine_serves(engine: Engine) -> None:
+    watch = EngineWatch(free_port(), start_timeout=600)
+    probe = ProbeServer(0, watch).start()
     try:
-        assert get(probe.port, "/started") == 503
-        assert get(probe.port, "/started?wait=0.05") == 503
+        assert get(probe.port, "/ready") == 503
+        assert get(probe.port, "/ready?wait=0.05") == 503
         answers: list[int] = []
-        waiting = threading.Thread(target=lambda: answers.append(get(probe.port, "/started?wait=5")))
+        waiting = threading.Thread(target=lambda: answers.append(get(probe.port, "/ready?wait=5")))
         waiting.start()
-        where["port"] = engine.port  # restored, serving, not ready yet
+        watch.port = engine.port  # restored on the port its answer named, serving, not ready yet
         waiting.join(0.2)
         assert waiting.is_alive(), "a probe asked to wait was answered before the engine was ready"
         engine.ready.set()
         waiting.join(10)
         assert answers == [200]
-        assert get(probe.port, f"/started?wait={STARTED_WAIT_MAX_SECONDS + 1}") == 400
-        assert get(probe.port, "/started?wait=soon") == 400
-        assert get(probe.port, "/ready") == 404
+        assert get(probe.port, f"/ready?wait={PROBE_WAIT_MAX_SECONDS + 1}") == 400
+        assert get(probe.port, "/ready?wait=soon") == 400
+        assert get(probe.port, "/health") == 404
+    finally:
+        probe.stop()
+
+
+def test_liveness_passes_while_the_engine_starts_then_follows_its_health(engine: Engine) -> None:
+    watch = EngineWatch(engine.port, start_timeout=600)
+    probe = ProbeServer(0, watch).start()
+    try:
+        assert get(probe.port, "/live") == 200  # starting: the engine answers nothing useful yet
+        watch.start_timeout = 0
+        assert get(probe.port, "/live") == 503  # never ready within its start timeout: restart it
+        engine.ready.set()
+        assert get(probe.port, "/ready") == 200
+        assert get(probe.port, "/live") == 200  # ready once: now its /health counts
+        engine.hung.set()
+        assert get(probe.port, "/live") == 503
     finally:
         probe.stop()
 

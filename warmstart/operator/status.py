@@ -11,7 +11,7 @@ from typing import Any
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
 from warmstart.clock import format_time, parse_time
-from warmstart.operator.children import STARTUP_PROBE_SECONDS
+from warmstart.operator.children import START_TIMEOUT_SECONDS
 from warmstart.operator.diagnosis import Cause, is_ready, is_terminating
 from warmstart.operator.snapshots import SnapshotPlan
 
@@ -20,9 +20,9 @@ INVALID_SPEC = "InvalidSpec"
 UNDATED = dt.datetime.min.replace(tzinfo=dt.UTC)  # a report without a readable time: older than any other
 REPORTED_TIMINGS = (("restoreSeconds", "lastRestoreSeconds"), ("coldStartSeconds", "lastColdStartSeconds"))
 COLD_START = "lastColdStartSeconds"
-# A worker not serving by then is restarted by its startup probe, so a pod that turns Ready later than this
+# A worker not serving by then is restarted by its liveness probe, so a pod that turns Ready later than this
 # after its container started turned Ready *again* (its readiness probe failed for a while): not a start.
-COLD_START_LIMIT_SECONDS = STARTUP_PROBE_SECONDS + 60
+COLD_START_LIMIT_SECONDS = START_TIMEOUT_SECONDS + 60
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,13 @@
-"""The supervisor's startup endpoint: `GET /started?wait=S` on the probe port, 200 once the engine's own
-`/ready` answers 200 (`worker_flags.STARTED_PATH`).
+"""The supervisor's probe endpoints on the probe port (`worker_flags`), for the kubelet.
 
-It listens from the container's start, in every mode. A restored engine opens its server only once it is
-restored, so a startup probe sent to the engine during a restore is refused and the kubelet asks again a
-period later; asked here, the answer is held (up to `wait` seconds) and given the moment the engine serves.
-The engine's port is a callable: a restore's answer may move the engine to another port.
+- `GET /ready?wait=S`: 200 once the engine's own `/ready` answers 200, the answer held up to S seconds
+  until then. It listens from the container's start, in every mode: a restored engine opens its server only
+  once it is restored, so a probe sent to the engine during a restore would be refused and asked again a
+  period later; asked here, it is answered the moment the engine serves.
+- `GET /live`: 200 while the engine starts (until `start_timeout` has passed without it ever being ready),
+  then while the engine's `/health` answers 200.
+
+The engine's port may change: a restore's answer may move the engine to another port.
 """
 
 from __future__ import annotations
@@ -14,10 +17,10 @@ import logging
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from warmstart.worker_flags import STARTED_PATH, STARTED_WAIT_MAX_SECONDS
+from warmstart.worker_flags import PROBE_LIVE_PATH, PROBE_READY_PATH, PROBE_WAIT_MAX_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -25,27 +28,40 @@ ASK_EVERY_SECONDS = 0.02
 ASK_TIMEOUT_SECONDS = 0.5
 
 
-def engine_ready(port: int | None) -> bool:
-    """Whether the engine's `/ready` on this host answers 200 now."""
-    if port is None:
-        return False
-    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=ASK_TIMEOUT_SECONDS)
-    try:
-        connection.request("GET", "/ready")
-        return connection.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        connection.close()
+@dataclass
+class EngineWatch:
+    """What the endpoints look at: the engine's port, how long it may take to be ready the first time,
+    and whether it has been."""
 
+    port: int
+    start_timeout: float
+    started: float = field(default_factory=time.monotonic)
+    ready_once: bool = False
 
-def ready_within(port: Callable[[], int | None], seconds: float) -> bool:
-    deadline = time.monotonic() + seconds
-    while not engine_ready(port()):
-        if time.monotonic() >= deadline:
+    def answers(self, path: str) -> bool:
+        """Whether the engine answers 200 on `path` now."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=ASK_TIMEOUT_SECONDS)
+        try:
+            connection.request("GET", path)
+            return connection.getresponse().status == 200
+        except OSError:
             return False
-        time.sleep(ASK_EVERY_SECONDS)
-    return True
+        finally:
+            connection.close()
+
+    def ready_within(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while not self.answers("/ready"):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(ASK_EVERY_SECONDS)
+        self.ready_once = True
+        return True
+
+    def live(self) -> bool:
+        if self.ready_once:
+            return self.answers("/health")
+        return time.monotonic() - self.started < self.start_timeout
 
 
 def wait_seconds(query: str) -> float | None:
@@ -55,14 +71,14 @@ def wait_seconds(query: str) -> float | None:
         seconds = float(values[-1])
     except ValueError:
         return None
-    return seconds if 0 <= seconds <= STARTED_WAIT_MAX_SECONDS else None
+    return seconds if 0 <= seconds <= PROBE_WAIT_MAX_SECONDS else None
 
 
 class ProbeServer:
-    """`/started` on `port` (all addresses: the kubelet probes the pod's IP), in a thread of its own."""
+    """The endpoints on `port` (all addresses: the kubelet probes the pod's IP), in a thread of their own."""
 
-    def __init__(self, port: int, engine_port: Callable[[], int | None]) -> None:
-        handler = type("Handler", (_Handler,), {"engine_port": staticmethod(engine_port)})
+    def __init__(self, port: int, engine: EngineWatch) -> None:
+        handler = type("Handler", (_Handler,), {"engine": engine})
         self._server = ThreadingHTTPServer(("0.0.0.0", port), handler)
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="probe", daemon=True)
@@ -81,18 +97,20 @@ class ProbeServer:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    engine_port: Callable[[], int | None]
+    engine: EngineWatch
 
     def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
         url = urllib.parse.urlsplit(self.path)
-        if url.path != STARTED_PATH:
+        if url.path == PROBE_LIVE_PATH:
+            self._answer(
+                *((200, b'{"status": "live"}') if self.engine.live() else (503, b'{"status": "down"}'))
+            )
+        elif url.path != PROBE_READY_PATH:
             self._answer(404, b'{"error": "not found"}')
-            return
-        seconds = wait_seconds(url.query)
-        if seconds is None:
-            self._answer(400, f'{{"error": "wait: seconds from 0 to {STARTED_WAIT_MAX_SECONDS:g}"}}'.encode())
-        elif ready_within(self.engine_port, seconds):
-            self._answer(200, b'{"status": "started"}')
+        elif (seconds := wait_seconds(url.query)) is None:
+            self._answer(400, f'{{"error": "wait: seconds from 0 to {PROBE_WAIT_MAX_SECONDS:g}"}}'.encode())
+        elif self.engine.ready_within(seconds):
+            self._answer(200, b'{"status": "ready"}')
         else:
             self._answer(503, b'{"status": "starting"}')
 
@@ -104,4 +122,4 @@ class _Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 (http.server's signature)
-        return  # one probe a second: not worth a log line each
+        return  # a probe a second: not worth a log line each

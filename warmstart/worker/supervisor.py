@@ -4,8 +4,8 @@ The engine runs as a child in its own session with stdio on files, so its subtre
 CRIU on its own. The supervisor forwards SIGTERM/SIGINT, reaps every child (also processes re-parented to
 it, as a restored engine is: it is a child subreaper) and exits with the engine's status.
 
-With `--probe-port` it serves the startup endpoint there from its start (`probe`): 200 once the engine's
-`/ready` answers 200, held until then.
+With `--probe-port` it serves the kubelet's probes there from its start (`probe`): readiness held until
+the engine's `/ready` answers 200, liveness.
 
 restore mode: no engine is started at first; the agent restores one into this namespace and writes
 `restore-complete`. On `restore-failed` the supervisor cold-starts one. When nothing arrives within
@@ -44,7 +44,7 @@ from warmstart.protocol import (
 from warmstart.worker.engine_process import process_start_time
 from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.options import engine_argv, log_dir, restore_timeout
-from warmstart.worker.probe import ProbeServer
+from warmstart.worker.probe import EngineWatch, ProbeServer
 
 log = logging.getLogger("warmstart.worker")
 
@@ -62,7 +62,7 @@ class Supervisor:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
         self.engine_pid: int | None = None
-        self.engine_port: int = args.port  # a restore's answer may move it
+        self.engine = EngineWatch(args.port, args.start_timeout)  # a restore's answer may move its port
         self.stop_signal: int | None = None
         self._process: subprocess.Popen[bytes] | None = None
 
@@ -72,7 +72,7 @@ class Supervisor:
             signal.signal(signum, self._on_signal)
         started = process_start_time()
         if self.args.probe_port is not None:
-            ProbeServer(self.args.probe_port, lambda: self.engine_port).start()
+            ProbeServer(self.args.probe_port, self.engine).start()
         if self.args.mode == "restore":
             return self._restore(started)
         if self.args.mode == "capture":
@@ -135,7 +135,7 @@ class Supervisor:
         self.engine_pid = pid
         port = payload.get("port")
         if isinstance(port, int) and not isinstance(port, bool):
-            self.engine_port = port
+            self.engine.port = port
         log.info("restored engine is pid %d", pid)
         return self._wait_for_engine()
 

@@ -12,8 +12,8 @@ from warmstart.operator.children.owner import Owner, common_labels, selector_str
 from warmstart.operator.children.serving import service, service_monitor
 from warmstart.operator.children.workers import (
     PRESTAGE_REQUESTS,
-    STARTUP_PROBE_SECONDS,
-    STARTUP_PROBE_WAIT,
+    READY_PROBE_WAIT,
+    START_TIMEOUT_SECONDS,
     capture_pod,
     capture_pod_name,
     deployment,
@@ -25,8 +25,8 @@ from warmstart.operator.children.workers import (
 __all__ = [
     "Owner",
     "PRESTAGE_REQUESTS",
-    "STARTUP_PROBE_SECONDS",
-    "STARTUP_PROBE_WAIT",
+    "READY_PROBE_WAIT",
+    "START_TIMEOUT_SECONDS",
     "capture_pod",
     "capture_pod_name",
     "common_labels",

@@ -11,18 +11,23 @@ from warmstart.operator.children.owner import Owner, common_labels, object_metad
 from warmstart.operator.placement import prefer_node
 from warmstart.operator.spec import EndpointSpec
 from warmstart.protocol import CONTROL_DIR_ENV
-from warmstart.worker_flags import STARTED_PATH, probe_port
+from warmstart.worker_flags import DEFAULT_START_TIMEOUT, PROBE_LIVE_PATH, PROBE_READY_PATH, probe_port
 
-STARTUP_PROBE_SECONDS = 1800  # cold starts of large models take minutes; restores are much shorter
-PROBE_PORT_NAME = "probe"  # the supervisor's startup endpoint
-STARTUP_PROBE_WAIT = 1.5  # seconds each startup probe waits for readiness: over its 1 s period, so one
-# probe follows another with no gap; under the probes' 2 s timeout
-STARTUP_PROBE_FAILURES = int(STARTUP_PROBE_SECONDS / STARTUP_PROBE_WAIT)
+START_TIMEOUT_SECONDS = int(DEFAULT_START_TIMEOUT)  # past it, a worker never ready is restarted
+PROBE_PORT_NAME = "probe"  # the supervisor's probe endpoints
+READY_PROBE_WAIT = 1.5  # seconds a readiness probe waits for the engine: over its 1 s period, so one probe
+# follows another with no gap; under the probes' 2 s timeout
 
 
 def _worker_args(spec: EndpointSpec, role: str) -> list[str]:
     """`warmstart worker` flags; the snapshot to restore reaches the agent through pod labels and env."""
-    return ["worker", "--mode", role, "--probe-port", str(probe_port(spec.engine.port)), *_engine_args(spec)]
+    probes = [
+        "--probe-port",
+        str(probe_port(spec.engine.port)),
+        "--start-timeout",
+        str(START_TIMEOUT_SECONDS),
+    ]
+    return ["worker", "--mode", role, *probes, *_engine_args(spec)]
 
 
 def _engine_args(spec: EndpointSpec) -> list[str]:
@@ -75,9 +80,9 @@ def _resources(spec: EndpointSpec) -> dict[str, Any]:
     return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
 
-def _probe(path: str, period: int, failures: int, port: str = "http") -> dict[str, Any]:
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     return {
-        "httpGet": {"path": path, "port": port},
+        "httpGet": {"path": path, "port": PROBE_PORT_NAME},
         "periodSeconds": period,
         "failureThreshold": failures,
         "timeoutSeconds": 2,
@@ -100,15 +105,13 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, requ
             {"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"},
             {"name": PROBE_PORT_NAME, "containerPort": probe_port(spec.engine.port), "protocol": "TCP"},
         ],
-        # The startup probe asks the supervisor, which listens from the container's start and answers the
+        # The probes ask the supervisor, which listens from the container's start and answers readiness the
         # moment the engine's /ready does (`?wait=`): a restored engine opens its server only once restored,
-        # and a probe it refused would leave the replica waiting up to a period for the next. The readiness
-        # probe runs the moment the startup probe passes.
-        "readinessProbe": _probe("/ready", 1, 3),
-        "livenessProbe": _probe("/health", 10, 6),
-        "startupProbe": _probe(
-            f"{STARTED_PATH}?wait={STARTUP_PROBE_WAIT}", 1, STARTUP_PROBE_FAILURES, port=PROBE_PORT_NAME
-        ),
+        # and a probe it refused would leave the replica waiting up to a period for the next. No startup
+        # probe: readiness is not probed before one passes, which can cost another period; /live passes
+        # while the engine starts, up to --start-timeout.
+        "readinessProbe": _probe(f"{PROBE_READY_PATH}?wait={READY_PROBE_WAIT}", 1, 3),
+        "livenessProbe": _probe(PROBE_LIVE_PATH, 10, 6),
         "volumeMounts": mounts,
     }
     resources = _resources(spec)
