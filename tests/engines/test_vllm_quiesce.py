@@ -102,6 +102,7 @@ class FakeFrontend(FakeLLM):
         super().__init__(**options.llm_kwargs())
         self.server_args = server_args
         self.timings: dict[str, float] = {}
+        self.warm_up_answer: dict[str, Any] = {}
 
     def load(self) -> None:
         self.calls.append("load")
@@ -112,6 +113,7 @@ class FakeFrontend(FakeLLM):
 
     def warm_up(self) -> None:
         self.calls.append("warm_up")
+        self.warm_up_answer = {"token_ids": [5, 6], "text": " w5 w6"}
 
 
 API = {"api": "warmstart"}  # which server the engines of the running test are built with
@@ -162,8 +164,11 @@ def loaded(model_dir: Path) -> tuple[VllmEngine, FakeLLM]:
     llm = FakeLLM.instances[-1]
     assert isinstance(llm, FakeFrontend) == (API["api"] == "vllm")
     if API["api"] == "vllm":
+        assert engine.describe()["warm_up"] == {}
         engine.warm_up()
         assert llm.calls == ["load", "warm_up"]
+        warm_up = engine.describe()["warm_up"]  # travels in the snapshot: a restore is asked the same
+        assert warm_up["token_ids"] == [5, 6] and warm_up["request"]["return_token_ids"] is True
         assert engine.serving_app(lambda: True, None) is not None
         llm.calls.clear()
     return engine, llm

@@ -151,10 +151,20 @@ def pack_worker_logs(directory: Path) -> None:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| engine | start | scale -> first token (s) | agent's phases (s) |", "|---|---|---|---|"]
+    head = "| engine | start | scale -> first token (s) | token ids vs the first cold | agent's phases (s) |"
+    lines = [head, "|---|---|---|---|---|"]
     for row in rows:
         phases = ", ".join(f"{name} {seconds:.2f}" for name, seconds in row.get("phases", {}).items())
-        lines.append(f"| {row['engine']} | {row['kind']} | {row['seconds']:.2f} | {phases} |")
+        if "differs_from_cold_at" not in row:
+            versus = ""
+        elif row["differs_from_cold_at"] is None:
+            versus = "same"
+        else:
+            versus = f"differ from token {row['differs_from_cold_at']}"
+        if row["kind"] == "captured":
+            captured = row["captured_answer"].get("token_ids")
+            versus = f"the captured process answered {captured}, the restored ones {row['restored_answers']}"
+        lines.append(f"| {row['engine']} | {row['kind']} | {row['seconds']:.2f} | {versus} | {phases} |")
     return "\n".join(lines) + "\n"
 
 
@@ -295,38 +305,79 @@ def capture(
     return snap
 
 
-def compare(restored: Start, cold: Start) -> None:
-    assert restored.text.strip() and restored.token_ids, restored
-    assert restored.token_ids == cold.token_ids, (restored, cold)
+def ask(kube: ControlPlane, namespace: str, name: str, prompt: str, tokens: int) -> dict[str, Any]:
+    """One greedy completion (`ignore_eos`, token ids returned) through `name`'s Service from the client pod:
+    its first choice."""
+    service = get(kube, "service", namespace, name)
+    url = f"http://{service['spec']['clusterIP']}/v1/completions"
+    argv = ["exec", "-n", namespace, "client", "--", "python3", "-c", FIRST_TOKEN, url, "model", prompt,
+            str(tokens), str(time.time() + 60)]  # fmt: skip
+    return json.loads(kube.kubectl(*argv).strip().splitlines()[-1])["answer"]["choices"][0]
+
+
+def captured_answer(gpu: RealNode, namespace: str, snap: dict[str, Any]) -> dict[str, Any]:
+    """What the captured process answered to its warm-up completion, as its snapshot records it (vLLM's
+    server records one; {} otherwise)."""
+    snapshot = agent_store(gpu, namespace).get(snap["status"]["snapshotId"])
+    return (snapshot.meta.get("worker") or {}).get("engine", {}).get("warm_up") or {}
+
+
+def first_difference(ids: list[int], other: list[int]) -> int | None:
+    """The index of the first token where two answers differ; None when they are identical."""
+    for index, (one, two) in enumerate(zip(ids, other, strict=False)):
+        if one != two:
+            return index
+    return None if len(ids) == len(other) else min(len(ids), len(other))
+
+
+def compare(restored: list[Start], cold: list[Start]) -> None:
+    """Every restored replica answers as the cold starts do, when the cold starts agree with each other:
+    when they do not (a cold start is not reproducible), only the captured process is an oracle (`ask`)."""
+    for start in restored + cold:
+        assert start.text.strip() and start.token_ids, start
+    if cold[0].token_ids != cold[1].token_ids:
+        return
+    for start in restored:
+        assert start.token_ids == cold[0].token_ids, (start, cold[0])
 
 
 def engine_flow(
     kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
     engine: str, model: str, args: list[str], report: list[dict[str, Any]],
 ) -> tuple[dict[str, Any], list[Start]]:  # fmt: skip
-    """Capture, two restores from zero, one cold start of the same spec; token ids compared."""
+    """Capture, two restores from zero, two cold starts of the same spec; token ids compared with what the
+    captured process answered (when its snapshot records it) and with the cold starts."""
     kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, gpu))
     body = gpu_endpoint(engine, namespace, chart_image, gpu, host_python, True, engine, model, args)
     snap = capture(kube, gpu, namespace, body, report)
+    oracle = captured_answer(gpu, namespace, snap)
 
     def restore_pods() -> bool:
         template = get(kube, "deployment", namespace, engine)["spec"]["template"]
         return template["metadata"]["labels"][L.ROLE_LABEL] == L.ROLE_RESTORE
 
     waiter(kube, namespace)(lambda: restore_pods() or None, "the Deployment's pods turned to restores")
-    starts = []
+    starts, same_as_captured = [], []
     for _ in range(2):  # `kubectl scale` to 1 from zero, twice
         starts.append(timed_start(kube, namespace, engine, L.ROLE_RESTORE))
+        if oracle:  # the captured process's own question, asked again of the restored one
+            request = oracle["request"]
+            again = ask(kube, namespace, engine, request["prompt"], request["max_tokens"])
+            assert again["token_ids"] == oracle["token_ids"], (again, oracle)
+            same_as_captured.append(again["token_ids"])
         stop(kube, namespace, engine)
     cold_name = f"{engine}-cold"
     kube.kubectl("apply", "-f", "-", input=json.dumps(gpu_endpoint(cold_name, namespace, chart_image, gpu,
                  host_python, False, engine, model, args)))  # fmt: skip
-    starts.append(timed_start(kube, namespace, cold_name, L.ROLE_COLD))
-    stop(kube, namespace, cold_name)
+    for _ in range(2):  # two cold starts: is a cold start reproducible?
+        starts.append(timed_start(kube, namespace, cold_name, L.ROLE_COLD))
+        stop(kube, namespace, cold_name)
     for start in starts:
-        report.append({"engine": engine, **dataclasses.asdict(start)})
-    for restored in starts[:2]:
-        compare(restored, starts[2])
+        difference = first_difference(start.token_ids, starts[2].token_ids)
+        report.append({"engine": engine, **dataclasses.asdict(start), "differs_from_cold_at": difference})
+    report.append({"engine": engine, "kind": "captured", "seconds": 0, "phases": {},
+                   "captured_answer": oracle, "restored_answers": same_as_captured})  # fmt: skip
+    compare(starts[:2], starts[2:])
     return snap, starts
 
 

@@ -46,7 +46,7 @@ from warmstart.engines.base import (
 from warmstart.engines.host import gpu_facts
 from warmstart.engines.vllm import memory, weights_files
 from warmstart.engines.vllm.driver import _Driver, _Submission
-from warmstart.engines.vllm.frontend import ServingApp, VllmFrontend
+from warmstart.engines.vllm.frontend import WARM_UP_COMPLETION, ServingApp, VllmFrontend
 from warmstart.engines.vllm.identity import (
     ENGINE_KIND,
     model_files_digest,
@@ -317,12 +317,20 @@ class VllmEngine(Engine):
             held_at_release=self._held,
             weights_image=str(self._weights_image or ""),
             weights_from_files=self._weights_plan.nbytes if self._weights_plan else 0,
+            warm_up=self._warm_up_record(),
             memory_at_release=self._memory,
             timings={key: round(value, 4) for key, value in self._all_timings().items()},
         )
         return facts
 
     # --- internals -----------------------------------------------------------------------------------
+
+    def _warm_up_record(self) -> dict[str, Any]:
+        """The warm-up completion and what the engine answered (vLLM's server only): what the process a
+        snapshot holds answered, for a restored replica to be asked again."""
+        if self._frontend is None or not self._frontend.warm_up_answer:
+            return {}
+        return {"request": dict(WARM_UP_COMPLETION), **self._frontend.warm_up_answer}
 
     def _all_timings(self) -> dict[str, float]:
         return {**self.timings, **(self._frontend.timings if self._frontend is not None else {})}

@@ -26,6 +26,11 @@ from warmstart.engines.vllm.options import VllmOptions
 log = logging.getLogger(__name__)
 
 WARM_UP_ROUTES = ("/v1/completions", "/v1/chat/completions")
+# The warm-up's completion; its answer travels in the snapshot (`describe()["warm_up"]`), so a restored
+# replica can be asked the same and shown to answer as the process it was captured from did.
+WARM_UP_COMPLETION = {
+    "prompt": "warm up", "max_tokens": 16, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
+}  # fmt: skip
 VLLM_WAITING = "vllm:num_requests_waiting"  # requests in vLLM's scheduler queue, per engine
 VLLM_RUNNING = "vllm:num_requests_running"
 
@@ -38,6 +43,7 @@ class VllmFrontend:
         self.args: Any = None
         self.llm: Any = None  # vLLM's AsyncLLM
         self.timings: dict[str, float] = {}
+        self.warm_up_answer: dict[str, Any] = {}
 
     def load(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -106,12 +112,15 @@ class VllmFrontend:
         async with httpx.AsyncClient(transport=transport, base_url="http://warm-up") as client:
             for route in WARM_UP_ROUTES:
                 payload = {**body, "messages": [{"role": "user", "content": "warm up"}]} if "chat" in route \
-                    else {**body, "prompt": "warm up"}  # fmt: skip
+                    else {**WARM_UP_COMPLETION, "model": self.served_model_name}  # fmt: skip
                 answer = await client.post(route, json=payload)
                 if answer.status_code != 200 and route == WARM_UP_ROUTES[0]:
                     raise EngineError(f"vLLM's server failed its warm-up on {route}: {answer.text[:500]}")
                 if answer.status_code != 200:  # a model without a chat template serves no chat
                     log.info("warm-up: %s answered %d: %s", route, answer.status_code, answer.text[:200])
+                elif route == WARM_UP_ROUTES[0]:
+                    choice = answer.json()["choices"][0]
+                    self.warm_up_answer = {"token_ids": choice.get("token_ids"), "text": choice.get("text")}
 
     async def build_app(self) -> Any:
         """vLLM's FastAPI app with its state initialised in the running loop."""
