@@ -312,7 +312,7 @@ def ask(kube: ControlPlane, namespace: str, name: str, prompt: str, tokens: int)
     url = f"http://{service['spec']['clusterIP']}/v1/completions"
     argv = ["exec", "-n", namespace, "client", "--", "python3", "-c", FIRST_TOKEN, url, "model", prompt,
             str(tokens), str(time.time() + 60)]  # fmt: skip
-    return json.loads(kube.kubectl(*argv).strip().splitlines()[-1])["answer"]["choices"][0]
+    return json.loads(kube.kubectl(*argv).stdout.strip().splitlines()[-1])["answer"]["choices"][0]
 
 
 def captured_answer(gpu: RealNode, namespace: str, snap: dict[str, Any]) -> dict[str, Any]:
