@@ -6,8 +6,9 @@ model's `packed_modules_mapping` names). `plan` finds, for every parameter, the 
 holds, and proves each by comparing the bytes, before the sleep; the plan stays in the process's memory, so a
 restored process has it. `refill` reads those ranges back with the weights image's parallel pinned reads:
 the weights image's speed without writing an image anywhere, and from files a restored pod already mounts
-(the restore compared their digest with the capture's). A parameter that matches no file range (quantized,
-transformed, sharded) leaves no plan, and the engine reloads through vLLM instead.
+(the restore compared their sizes and sampled digests with the capture's, and each header is checked again
+before a byte is copied). A parameter that matches no file range (quantized, transformed, sharded) leaves no
+plan, and the engine reloads through vLLM instead.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def plan(model: Any, model_dir: Path) -> Plan:
         raise NoPlan(f"no safetensors files in {model_dir}")
     stored = {name: tensor for _digest, tensors in headers.values() for name, tensor in tensors.items()}
     files = tuple((name, digest) for name, (digest, _tensors) in headers.items())
-    index = {name: i for i, (name, _size) in enumerate(files)}
+    index = {name: i for i, (name, _digest) in enumerate(files)}
     packed = dict(getattr(model, "packed_modules_mapping", None) or {})
     names, pieces = [], []
     for name, tensor in parameters(model):
