@@ -230,6 +230,8 @@ def test_snapshots_disabled_needs_no_storage():
         (["--no-such-flag"], "the worker would refuse them: unrecognized arguments: --no-such-flag"),
         (["--max-num-seqs", "many"], "the worker would refuse them: argument --max-num-seqs: invalid int"),
         (["--port", "9000"], "--port is set by the operator: use engine.port"),
+        (["--probe-port=9001"], "--probe-port is set by the operator: use engine.port"),
+        (["--start-timeout", "5"], "--start-timeout is set by the operator"),
         (["--device=cpu"], "--device is set by the operator: use resources.gpus"),
         (["--", "--enforce-eager"], "unrecognized arguments: --"),
     ],

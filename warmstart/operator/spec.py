@@ -45,6 +45,8 @@ OPERATOR_FLAGS = {
     "--tensor-parallel-size": "engine.tensorParallelSize",
     "--host": "",
     "--port": "engine.port",
+    "--probe-port": "engine.port",
+    "--start-timeout": "",
     "--revision": "model.revision",
     "--control-dir": "",
 }
