@@ -39,6 +39,7 @@ def test_missing_process_is_reported() -> None:
     assert not use.uses_cuda and "does not exist" in use.reason
 
 
+@pytest.mark.spawns  # looking the driver up the first time in a process runs `ldconfig -p` (ctypes)
 def test_no_libcuda_is_unavailable_not_a_crash() -> None:
     if _has_libcuda():
         pytest.skip("this machine has a CUDA driver")
@@ -46,6 +47,7 @@ def test_no_libcuda_is_unavailable_not_a_crash() -> None:
         cuda.state(os.getpid())
 
 
+@pytest.mark.spawns  # the same lookup, when this test is the first to make it
 def test_no_libcuda_means_no_devices() -> None:
     if _has_libcuda():
         pytest.skip("this machine has a CUDA driver")

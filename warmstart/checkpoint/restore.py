@@ -284,7 +284,7 @@ def restore(
     work_dir: Path,
     resume_payload: dict[str, Any] | None = None,
     failures: FailureCounter | None = None,
-    before_claim: Callable[[], None] = lambda: None,
+    before_claim: Callable[[], None] | None = None,
 ) -> RestoreResult:
     """Restore `snapshot_id` into `sandbox`; `control` is the sandbox's control directory (host path).
 
@@ -307,8 +307,9 @@ def restore(
             signed = check_signed(store, snapshot_id, verifier, expected_identity)
             stager = give_plan(stager, signed, sandbox.init_pid)
             snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
-        with timed(timings, "pod_checks"):
-            before_claim()
+        if before_claim is not None:
+            with timed(timings, "pod_checks"):
+                before_claim()
         claim_restore(control, snapshot_id)
         claimed = True
         with timed(timings, "place_sandbox_files"):
