@@ -13,7 +13,6 @@ The engine's port may change: a restore's answer may move the engine to another 
 from __future__ import annotations
 
 import http.client
-import logging
 import threading
 import time
 import urllib.parse
@@ -21,8 +20,6 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from warmstart.worker_flags import PROBE_LIVE_PATH, PROBE_READY_PATH, PROBE_WAIT_MAX_SECONDS
-
-log = logging.getLogger(__name__)
 
 ASK_EVERY_SECONDS = 0.02
 ASK_TIMEOUT_SECONDS = 0.5
