@@ -201,10 +201,10 @@ def test_a_gpu_snapshot_is_refused_where_the_agent_has_no_cuda(pod_given_h100: A
 @pytest.mark.parametrize(
     ("image", "why"),
     [("sha256:other", "image: snapshot has 'sha256:img', here is 'sha256:other'"),
-     ("", "the kubelet reports no image digest for the worker container")],
+     ("", "neither the container runtime nor the kubelet reports")],
 )  # fmt: skip
 def test_a_pod_running_another_image_is_unfit_and_the_snapshot_not_at_fault(image: str, why: str) -> None:
-    """The image is the kubelet's word, checked once the snapshot is verified: PodUnfit (a refusal that
+    """The image is the runtime's word, checked once the snapshot is verified: PodUnfit (a refusal that
     counts nothing against the snapshot), naming the difference."""
     snapshot = SimpleNamespace(id="s", identity=gpu_identity(), meta={})
     with pytest.raises(PodUnfit, match=re.escape(why)):

@@ -7,6 +7,7 @@ import datetime as dt
 import os
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
@@ -23,6 +25,8 @@ from warmstart.agent import pods
 from warmstart.agent.agent import Agent, AgentConfig, Operation
 from warmstart.agent.capture import request_problem
 from warmstart.agent.cleanup import snapshots_to_remove
+from warmstart.agent.context import NodeContext
+from warmstart.agent.cri import ContainerRuntime
 from warmstart.agent.grpc_api import serve
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
@@ -385,16 +389,18 @@ def test_grpc_answers_on_a_root_only_socket_for_this_node_alone(offline_agent: A
 
 @pytest.mark.spawns
 def test_the_generated_grpc_code_is_current(tmp_path: Path) -> None:
-    """agent_pb2*.py are what hack/generate-proto makes of agent.proto today."""
+    """The *_pb2*.py files are what hack/generate-proto makes of the .proto files today."""
     repo, python_dir = Path(__file__).resolve().parents[2], Path(sys.executable).parent
     command = [str(repo / "hack" / "generate-proto"), str(tmp_path)]
     environment = {**os.environ, "PATH": f"{python_dir}:{os.environ['PATH']}"}
     subprocess.run(command, check=True, timeout=120, env=environment)
     generated = sorted((tmp_path / "warmstart" / "agent" / "proto").iterdir())
-    assert [path.name for path in generated] == ["agent_pb2.py", "agent_pb2.pyi", "agent_pb2_grpc.py"]
+    assert [path.name for path in generated] == [
+        f"{name}{suffix}" for name in ("agent", "cri") for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+    ]
     checked_in = repo / "warmstart" / "agent" / "proto"
     stale = [path.name for path in generated if path.read_bytes() != (checked_in / path.name).read_bytes()]
-    assert stale == [], f"run hack/generate-proto: {stale} differ from agent.proto"
+    assert stale == [], f"run hack/generate-proto: {stale} differ from the .proto files"
 
 
 def test_metrics_endpoint_serves_the_agents_series() -> None:
@@ -435,3 +441,22 @@ def test_restore_work_directories_of_no_running_restore_are_reclaimed(offline_ag
     assert (root / "running" / "criu" / "pages-1.img").exists()  # a link is removed, never followed
     offline_agent._in_flight.clear()
     assert offline_agent.cleanup.reclaim_work_dirs() == ["running"]
+
+
+def test_a_runtime_that_cannot_be_asked_answers_nothing(tmp_path: Path) -> None:
+    assert ContainerRuntime(tmp_path / "absent.sock").running_image("uid", "worker") == ""
+    with socket.socket(socket.AF_UNIX) as unanswered:  # a socket nobody listens on
+        unanswered.bind(str(tmp_path / "cri.sock"))
+        assert ContainerRuntime(tmp_path / "cri.sock").running_image("uid", "worker") == ""
+
+
+def test_without_the_runtimes_answer_the_image_is_the_kubelets(tmp_path: Path) -> None:
+    pod = {"metadata": {"namespace": "ns", "name": "p", "uid": "u"}}
+    reported = {**pod, "status": {"containerStatuses": [{"name": "worker", "imageID": "sha256:abc"}]}}
+    kube = SimpleNamespace(get_pod=lambda namespace, name: reported)
+    silent = ContainerRuntime(tmp_path / "absent.sock")
+    node = NodeContext(
+        config=AgentConfig(node="n", store=tmp_path, criu_command="criu"), kube=kube, signer=None,
+        verifier=None, metrics=None, store=None, criu=None, runtime=silent,
+    )  # type: ignore[arg-type]  # fmt: skip
+    assert node.worker_image(pod) == "sha256:abc"

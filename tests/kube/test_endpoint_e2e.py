@@ -46,6 +46,8 @@ from endpoint_flow import (
 )
 from node_plugin import HostPython
 
+from warmstart.agent import objects
+from warmstart.agent.cri import ContainerRuntime
 from warmstart.api import labels as L
 from warmstart.api.snapshot import MAX_RESTORE_FAILURES
 from warmstart.snapshot import residency
@@ -97,7 +99,12 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         lambda: (pods := ready_workers(kube, namespace, L.ROLE_RESTORE)) and len(pods) == 2 and pods,
         "two restore replicas Ready",
     )  # fmt: skip
+    runtime = ContainerRuntime(real_node.containerd_socket)  # the agent asks it (chart: agent.criSocket)
     for pod in restored:
+        # The runtime's word on the image is the kubelet's, which the snapshot recorded at capture.
+        uid, reported = pod["metadata"]["uid"], objects.worker_image_id(pod)
+        assert runtime.running_image(uid, L.WORKER_CONTAINER) == reported == identity["image"], reported
+        assert runtime.running_image(uid, "no-such-container") == ""
         reasons = {event["reason"] for event in events_of(kube, namespace, pod["metadata"]["name"])}
         assert "Restored" in reasons, (pod["metadata"]["name"], reasons)
         assert "RestoreRefused" not in reasons and "RestoreFailed" not in reasons, reasons

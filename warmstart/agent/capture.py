@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from warmstart.agent import objects
-from warmstart.agent.context import NodeContext
+from warmstart.agent.context import NO_IMAGE_DIGEST, NodeContext
 from warmstart.agent.pods import PodSandbox
 from warmstart.api import labels as L
 from warmstart.api.snapshot import AGENT, CaptureState, Phase, SnapshotStatus, derive_phase, status_patch
@@ -141,9 +141,9 @@ class CapturePhase:
         published = ""
         try:
             problem = request_problem(payload, (snap.get("spec") or {}).get("requestKey") or {})
-            image = objects.worker_image_id(node.kube.get_pod(namespace, pod_name) or pod)
+            image = node.worker_image(pod)
             if not problem and not image:
-                problem = "the kubelet reports no image digest for the worker container"
+                problem = NO_IMAGE_DIGEST
             if problem:
                 # Not captured: the worker carries on serving, as after any failed capture.
                 control.send(RESTORE_COMPLETE, {"restored_in_place": True})

@@ -32,6 +32,7 @@ def _run(args: argparse.Namespace) -> int:
         config = AgentConfig(
             node=settings.node, store=Path(settings.store).resolve(), criu_command=settings.criu,
             kubelet_root=Path(settings.kubelet_root), key=settings.key, max_captures=settings.max_captures,
+            cri_socket=Path(settings.cri_socket) if settings.cri_socket else None,
             max_restores=settings.max_restores, resync_seconds=settings.resync,
             prestage_interval=settings.prestage_interval, prestage_max_bytes=settings.prestage_max_bytes,
             remote=RemoteConfig.from_env() if os.environ.get("WARMSTART_S3_BUCKET") else None,

@@ -12,6 +12,7 @@ from typing import Any
 
 from warmstart.agent import objects
 from warmstart.agent.cluster_store import ClusterStore
+from warmstart.agent.cri import ContainerRuntime
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
 from warmstart.agent.node_facts import node_gpus
@@ -23,6 +24,7 @@ from warmstart.agent.pods import (
     control_volume_holders,
 )
 from warmstart.agent.settings import DEFAULT_PRESTAGE_MAX_BYTES
+from warmstart.api import labels as L
 from warmstart.checkpoint.criu import Criu
 from warmstart.cuda_driver import GpuDevice
 from warmstart.protocol import ControlDir
@@ -32,6 +34,7 @@ from warmstart.snapshot.store import SnapshotStore
 
 NODE_LOOK_SECONDS = 0.05  # how often a starting pod is looked for on the node
 API_LOOK_SECONDS = 0.2  # and in the API server, whose word comes later
+NO_IMAGE_DIGEST = "neither the container runtime nor the kubelet reports the worker container's image digest"
 
 
 @dataclass
@@ -42,6 +45,7 @@ class AgentConfig:
     store: Path
     criu_command: str
     kubelet_root: Path = DEFAULT_KUBELET_ROOT
+    cri_socket: Path | None = None  # the container runtime's, asked for a worker's image; None: the kubelet
     key: str | None = None
     work_dir: Path | None = None  # where restores materialise images (default: inside the store)
     max_captures: int = 1
@@ -76,6 +80,7 @@ class NodeContext:
     store: SnapshotStore
     criu: Criu
     cluster_store: ClusterStore | None = None  # the bucket behind the local store, when there is one
+    runtime: ContainerRuntime | None = None  # the node's container runtime, when the agent may ask it
     stopping: threading.Event = field(default_factory=threading.Event)
     # The node's GPUs and driver major version (FactsUnavailable without CUDA); replaceable in tests.
     gpus: Callable[[], tuple[list[GpuDevice], int]] = node_gpus
@@ -95,6 +100,7 @@ class NodeContext:
         return cls(
             config=config, kube=kube, signer=signer, verifier=verifier, metrics=metrics, store=store,
             criu=Criu(config.criu_command, timeout=config.criu_timeout), cluster_store=cluster_store,
+            runtime=ContainerRuntime(config.cri_socket) if config.cri_socket else None,
         )  # fmt: skip
 
     def control_dir(self, pod_uid: str) -> ControlDir:
@@ -120,9 +126,13 @@ class NodeContext:
         return PodSandbox.find(meta["uid"], root, remaining, self.stopping.is_set, container=container)
 
     def worker_image(self, pod: dict[str, Any]) -> str:
-        """The image digest the kubelet reports for the pod's worker container, waited for while it starts
-        (it reports it with the container, up to a second after the start); "" when it never does."""
-        namespace, name = objects.meta(pod)["namespace"], objects.meta(pod)["name"]
+        """The image digest the pod's worker container runs from: the container runtime's answer when the
+        agent may ask it, else the kubelet's report, waited for while the container starts (the kubelet
+        reports it up to a second after the start); "" when neither ever does."""
+        meta = objects.meta(pod)
+        if self.runtime and (image := self.runtime.running_image(meta["uid"], L.WORKER_CONTAINER)):
+            return image
+        namespace, name = meta["namespace"], meta["name"]
         deadline = time.monotonic() + self.config.start_timeout
         while not (image := objects.worker_image_id(self.kube.get_pod(namespace, name) or {})):
             if time.monotonic() >= deadline or self.stopping.is_set():

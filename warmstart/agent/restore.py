@@ -25,7 +25,7 @@ from typing import Any
 from warmstart import procinfo
 from warmstart.agent import objects
 from warmstart.agent.cluster_store import PullFailed
-from warmstart.agent.context import NodeContext
+from warmstart.agent.context import NO_IMAGE_DIGEST, NodeContext
 from warmstart.agent.node_facts import FactsUnavailable, pod_gpu_facts, pod_restore_facts, visible_devices
 from warmstart.agent.pods import PodProcessError, PodSandbox
 from warmstart.api import labels as L
@@ -181,7 +181,7 @@ class RestorePhase:
     def expected_identity(self, recorded: SnapshotIdentity, sandbox: PodSandbox) -> SnapshotIdentity:
         """The identity this pod on this node can take, as far as the node shows it: the recorded one with,
         for a GPU snapshot, the product and compute capability of the pod's GPUs and the node's driver;
-        Refused, naming each difference, when they differ. The image is the kubelet's word: `pod_checks`."""
+        Refused, naming each difference, when they differ. The image is the runtime's word: `pod_checks`."""
         if recorded.device != "cuda":
             return recorded
         try:
@@ -197,13 +197,13 @@ class RestorePhase:
         return here
 
     def pod_checks(self, snapshot: Snapshot, pod: dict[str, Any], control: ControlDir) -> None:
-        """What the kubelet and the pod's worker say, checked once the snapshot is verified (the restore
-        verifies it meanwhile): the image the worker runs from, then the worker's restore facts; PodUnfit
-        names what differs."""
+        """What the container runtime and the pod's worker say, checked once the snapshot is verified (the
+        restore verifies it meanwhile): the image the worker runs from, then the worker's restore facts;
+        PodUnfit names what differs."""
         try:
             image = self.node.worker_image(pod)
             if not image:
-                raise Refused("the kubelet reports no image digest for the worker container")
+                raise Refused(NO_IMAGE_DIGEST)
             self._refuse_differences(snapshot.identity, dataclasses.replace(snapshot.identity, image=image))
             self.check_restore_facts(snapshot, control)
         except Refused as exc:

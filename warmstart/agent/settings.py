@@ -29,6 +29,12 @@ class AgentSettings(CommandSettings):
         "the kubelet's root directory as mounted in the agent",
         min_length=1,
     )
+    cri_socket: str = setting(
+        "/run/containerd/containerd.sock",
+        "WARMSTART_AGENT_CRI_SOCKET",
+        "the container runtime's CRI socket as mounted in the agent, asked which image a worker runs "
+        "from (empty, or no socket there: the kubelet's report is awaited)",
+    )
     key: str | None = setting(
         None,
         "WARMSTART_SIGNING_KEY",
