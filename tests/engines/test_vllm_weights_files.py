@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.engines.vllm import weights_files
+from warmstart.engines.vllm import weights_files, weights_staged
 from warmstart.engines.vllm.weights_files import NoPlan
+from warmstart.gpu.weight_stager.plan import StagingPlan
 
 torch = pytest.importorskip("torch")
 save_file = pytest.importorskip("safetensors.torch").save_file
@@ -111,3 +112,37 @@ def test_what_is_not_a_safetensors_file_leaves_no_plan(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors").write_bytes((12).to_bytes(8, "little") + b'{"x": {"a":1}')
     with pytest.raises(NoPlan, match="header"):
         weights_files.plan(Fused(), tmp_path)
+
+
+def test_the_staged_block_holds_every_range_and_puts_each_back_in_place(tmp_path: Path) -> None:
+    """The stager's plan (`weights_staged`), followed as the stager does (each copy from its file into the
+    block), then the woken engine's copies out of the block: the parameters' own bytes at their addresses."""
+    torch.manual_seed(1)
+    model = Fused()
+    write(tmp_path, stored(model))
+    planned = weights_files.plan(model, tmp_path)
+    staged = weights_staged.staging(planned, tmp_path, 0, "GPU-test", granularity=2 << 20)
+    plan = StagingPlan.from_dict(staged.plan.to_dict())  # what the stager is given, checked as it checks it
+    assert plan.range_bytes == 2 << 20 and len(plan.copies) == 4 and plan.device_uuid == "GPU-test"
+    assert all(offset % weights_staged.BLOCK_ALIGNMENT == 0 for _path, _at, offset, _n in plan.copies)
+    block = torch.full((plan.range_bytes,), 0xFF, dtype=torch.uint8)
+    for path, file_offset, offset, nbytes in plan.copies:
+        with open(path, "rb") as file:
+            file.seek(file_offset)
+            read = bytearray(file.read(nbytes))
+        block[offset : offset + nbytes] = torch.frombuffer(read, dtype=torch.uint8)
+    before = {name: p.data.clone() for name, p in model.named_parameters()}
+    pointers = {name: p.data.data_ptr() for name, p in model.named_parameters()}
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.fill_(float("nan"))
+    assert weights_staged.place(model, planned, staged, block) == planned.nbytes
+    for name, parameter in model.named_parameters():
+        assert torch.equal(parameter.data, before[name]), name
+        assert parameter.data.data_ptr() == pointers[name]
+
+
+def test_the_block_is_planned_only_where_the_gpu_holds_the_weights_twice() -> None:
+    weights = 16 << 30
+    assert weights_staged.fits(weights, 2 * weights + weights_staged.HEADROOM_BYTES)
+    assert not weights_staged.fits(weights, 2 * weights + weights_staged.HEADROOM_BYTES - 1)

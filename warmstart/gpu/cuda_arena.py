@@ -15,7 +15,9 @@ CUDA driver.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 from warmstart.cuda_driver import CudaError, CudaUnavailable, check, driver
@@ -27,9 +29,11 @@ __all__ = [
     "CudaUnavailable",
     "CudaVmmArena",
     "VmmRange",
+    "allocation_granularity",
     "cuda_device_count",
     "cuda_ordinal",
     "primary_context",
+    "shared_memory_view",
 ]
 
 
@@ -72,25 +76,19 @@ class VmmRange:
     primary context current first.
     """
 
-    def __init__(self, device_index: int, nbytes: int) -> None:
+    def __init__(self, device_index: int, nbytes: int, backed: bool = True) -> None:
+        """Reserve `nbytes` rounded up to the allocation granularity; backed: with fresh memory mapped."""
         if nbytes <= 0:
             raise ValueError(f"a device range must be positive, got {nbytes} bytes")
         self.device_index = device_index
         cu = driver()
-        granularity = int(
-            check(
-                cu.cuMemGetAllocationGranularity(
-                    self._allocation_prop(),
-                    cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED,
-                ),
-                "cuMemGetAllocationGranularity",
-            )
-        )
+        granularity = allocation_granularity(device_index)
         self.size = round_up(nbytes, granularity)
         self.address = int(check(cu.cuMemAddressReserve(self.size, granularity, 0, 0), "cuMemAddressReserve"))
         self._handle: Any = None
         try:
-            self.map()
+            if backed:
+                self.map()
         except CudaError:
             cu.cuMemAddressFree(self.address, self.size)
             raise
@@ -150,12 +148,42 @@ class VmmRange:
             self.size = 0
 
     def _allocation_prop(self) -> Any:
-        cu = driver()
-        prop = cu.CUmemAllocationProp()
-        prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-        prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-        prop.location.id = self.device_index
-        return prop
+        return _device_memory_prop(self.device_index)
+
+
+def _device_memory_prop(device_index: int) -> Any:
+    cu = driver()
+    prop = cu.CUmemAllocationProp()
+    prop.type = cu.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = device_index
+    return prop
+
+
+def allocation_granularity(device_index: int) -> int:
+    """The size every device allocation of this GPU is rounded up to (2 MiB on the GPUs measured)."""
+    cu = driver()
+    flag = cu.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_RECOMMENDED
+    prop = _device_memory_prop(device_index)
+    return int(check(cu.cuMemGetAllocationGranularity(prop, flag), "cuMemGetAllocationGranularity"))
+
+
+@contextlib.contextmanager
+def shared_memory_view(device_index: int, fd: int, nbytes: int) -> Iterator[Any]:
+    """Device memory another process exported as a descriptor (a weight stager's), mapped at a fresh address
+    of this process for as long as the block runs, as a flat uint8 torch tensor; the block's kernels are
+    waited for before it is unmapped and its range given back."""
+    import torch
+
+    primary_context(device_index).make_current()
+    span = VmmRange(device_index, nbytes, backed=False)
+    try:
+        span.map_shared(fd)
+        yield torch.as_tensor(_CudaArrayView(span.address, nbytes), device=f"cuda:{device_index}")
+    finally:
+        with contextlib.suppress(Exception):  # a faulted context cannot synchronize; free what can be
+            torch.cuda.synchronize(device_index)
+        span.free()
 
 
 class CudaVmmArena:

@@ -14,9 +14,12 @@ to be checkpointed runs no thread of ours.
 
 Before vLLM is imported the engine sets what makes its process dumpable (`quiesce`): the engine core in
 this process, torch.distributed's rendezvous through a file instead of a TCP store on libuv (whose io_uring
-CRIU cannot dump). After a level-2 sleep the weights come back by `reload_weights`, or, when
-`WARMSTART_VLLM_WEIGHTS_IMAGE` names a directory, from an image of the loaded parameters written there at
-release (`weights_image`: parallel pinned reads into the same addresses; no model loader).
+CRIU cannot dump). After a level-2 sleep the weights come back, fastest first: copied on the GPU from the
+block a weight stager filled while the process was being restored (`weights_staged`; the restore starts one
+when the snapshot carries the engine's `weight_staging_plan()`), read from the model's own files
+(`weights_files`), or through vLLM's `reload_weights`. When `WARMSTART_VLLM_WEIGHTS_IMAGE` names a
+directory, an image of the loaded parameters is written there at release and read back instead
+(`weights_image`).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from warmstart.engines.base import (
     check_token_ids,
 )
 from warmstart.engines.host import gpu_facts
-from warmstart.engines.vllm import memory, weights_files
+from warmstart.engines.vllm import memory, weights_files, weights_staged
 from warmstart.engines.vllm.driver import _Driver, _Submission
 from warmstart.engines.vllm.frontend import WARM_UP_COMPLETION, ServingApp, VllmFrontend
 from warmstart.engines.vllm.identity import (
@@ -55,6 +58,7 @@ from warmstart.engines.vllm.identity import (
 )
 from warmstart.engines.vllm.options import VllmOptions, import_vllm, sampling_kwargs
 from warmstart.engines.vllm.quiesce import apply_env_defaults, open_resources, undumpable, use_file_rendezvous
+from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.identity import SnapshotIdentity
 
 log = logging.getLogger(__name__)
@@ -132,6 +136,8 @@ class VllmEngine(Engine):
         self._held: dict[str, int] = {}
         self._weights_image: Path | None = None
         self._weights_plan: weights_files.Plan | None = None
+        self._staging: weights_staged.Staging | None = None
+        self._staged_socket: str | None = None
         self._memory: dict[str, Any] = {}
         self._kv_error: BaseException | None = None
         self.timings: dict[str, float] = {}
@@ -229,32 +235,43 @@ class VllmEngine(Engine):
         if self._asleep_level == 2:
             llm.wake_up(tags=["weights"])
             self.timings["wake_weights_s"] = time.perf_counter() - started
-            choice = _refill_choice(self._weights_image.parent) if self._weights_image else RefillChoice()
             model = self._model()
-            kv_thread = None
-            refilled = self._weights_image is not None or self._weights_plan is not None
-            if choice.overlap and choice.how != "reload" and refilled:
-                # Mapping the KV cache (cuMemCreate + cuMemMap, ~0.25 s for 100 GiB) needs none of the
-                # weights: it runs beside the refill, whose threads spend their time in preadv and copies.
-                kv_thread = threading.Thread(target=self._wake_kv_cache, args=(llm,), name="vllm-kv-wake")
-                kv_thread.start()
-            mark = time.perf_counter()
-            try:
-                how = self._refill_weights(llm, model, choice)
-            finally:
-                if kv_thread is not None:
-                    kv_thread.join()
-            self.timings[f"weights_{how}_s"] = time.perf_counter() - mark
-            if kv_thread is None:
-                self._wake_kv_cache(llm)
-            elif self._kv_error is not None:
-                raise EngineError(f"vLLM could not wake its KV cache: {self._kv_error}") from self._kv_error
+            if self._take_staged_weights(model):
+                self._wake_kv_cache(llm)  # only now: the staged block held the KV cache's room till here
+            else:
+                self._refill_weights_and_wake_kv_cache(llm, model)
         else:
             llm.wake_up()
         llm.reset_prefix_cache()  # cached prefixes pointed into the discarded KV cache
         self.timings["reacquire_s"] = time.perf_counter() - started
         self._asleep_level = 0
         log.info("awake: %s", ", ".join(f"{key} {value:.3f}" for key, value in self.timings.items()))
+
+    def weight_staging_plan(self) -> StagingPlan | None:
+        """What a weight stager puts on the GPU for the next `reacquire()`: the weights' file ranges in one
+        block (`weights_staged`); None where it cannot help, or where the GPU has no room for the block."""
+        self._staging = None
+        if self._weights_plan is None or self.options.tensor_parallel_size != 1:
+            return None
+        import torch
+
+        from warmstart.cuda_driver import device_uuid
+        from warmstart.gpu.cuda_arena import allocation_granularity
+
+        index = torch.cuda.current_device()
+        free, _total = torch.cuda.mem_get_info(index)
+        if not weights_staged.fits(self._weights_plan.nbytes, free):
+            log.info("no weight stager: %.1f GB free asleep, too little for the weights twice", free / 1e9)
+            return None
+        model_dir = self._resolve_model_dir().absolute()
+        self._staging = weights_staged.staging(
+            self._weights_plan, model_dir, index, device_uuid(index), allocation_granularity(index)
+        )
+        return self._staging.plan
+
+    def expect_staged_weights(self, socket_path: str | os.PathLike[str] | None) -> None:
+        """Have the next `reacquire()` copy the weights a weight stager prepared at `socket_path`."""
+        self._staged_socket = None if socket_path is None else str(socket_path)
 
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         if self._frontend is not None:
@@ -317,6 +334,7 @@ class VllmEngine(Engine):
             held_at_release=self._held,
             weights_image=str(self._weights_image or ""),
             weights_from_files=self._weights_plan.nbytes if self._weights_plan else 0,
+            weights_staged=self._staging.plan.range_bytes if self._staging else 0,
             warm_up=self._warm_up_record(),
             memory_at_release=self._memory,
             timings={key: round(value, 4) for key, value in self._all_timings().items()},
@@ -371,6 +389,42 @@ class VllmEngine(Engine):
         self.timings["weights_plan_s"] = time.perf_counter() - started
         log.info("weights planned from the model's files: %.2f GB, proven in %.2f s",
                  self._weights_plan.nbytes / 1e9, self.timings["weights_plan_s"])  # fmt: skip
+
+    def _take_staged_weights(self, model: Any) -> bool:
+        """The weights copied from the stager's block, when a stager was started; False: refill them."""
+        socket_path, self._staged_socket = self._staged_socket, None
+        if socket_path is None or self._staging is None or self._weights_plan is None:
+            return False
+        mark = time.perf_counter()
+        try:
+            stats = weights_staged.copy_in(model, self._weights_plan, self._staging, socket_path)
+        except Exception as exc:  # noqa: BLE001 (whatever went wrong with the stager, the files are there)
+            log.warning("no staged weights (%s); refilling them from the model's files", exc)
+            return False
+        self.timings["weights_staged_s"] = time.perf_counter() - mark
+        log.info("weights copied from the weight stager's block: %s", stats)
+        return True
+
+    def _refill_weights_and_wake_kv_cache(self, llm: Any, model: Any) -> None:
+        choice = _refill_choice(self._weights_image.parent) if self._weights_image else RefillChoice()
+        kv_thread = None
+        refilled = self._weights_image is not None or self._weights_plan is not None
+        if choice.overlap and choice.how != "reload" and refilled:
+            # Mapping the KV cache (cuMemCreate + cuMemMap, ~0.25 s for 100 GiB) needs none of the
+            # weights: it runs beside the refill, whose threads spend their time in preadv and copies.
+            kv_thread = threading.Thread(target=self._wake_kv_cache, args=(llm,), name="vllm-kv-wake")
+            kv_thread.start()
+        mark = time.perf_counter()
+        try:
+            how = self._refill_weights(llm, model, choice)
+        finally:
+            if kv_thread is not None:
+                kv_thread.join()
+        self.timings[f"weights_{how}_s"] = time.perf_counter() - mark
+        if kv_thread is None:
+            self._wake_kv_cache(llm)
+        elif self._kv_error is not None:
+            raise EngineError(f"vLLM could not wake its KV cache: {self._kv_error}") from self._kv_error
 
     def _wake_kv_cache(self, llm: Any) -> None:
         mark = time.perf_counter()

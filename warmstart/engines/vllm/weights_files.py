@@ -143,7 +143,7 @@ def _prove(model: Any, model_dir: Path, result: Plan, threads: int = 8) -> None:
     import torch
 
     targets = [tensor.reshape(-1).view(torch.uint8) for _, tensor in parameters(model)]
-    chunks = list(_chunks(result, PROVE_CHUNK))
+    chunks = list(file_chunks(result, PROVE_CHUNK))
     with _opened(model_dir, result) as fds:
 
         def differs(chunk: Chunk) -> bool:
@@ -186,13 +186,14 @@ def refill(model: Any, model_dir: Path, planned: Plan, threads: int, chunk_bytes
             raise NoPlan(f"{name} changed since the plan")
     targets = [tensor.reshape(-1).view(torch.uint8) for _, tensor in tensors]
     with _opened(model_dir, planned) as fds:
-        copy_chunks(targets, fds, list(_chunks(planned, chunk_bytes)), threads, chunk_bytes)
+        copy_chunks(targets, fds, list(file_chunks(planned, chunk_bytes)), threads, chunk_bytes)
     seconds = time.perf_counter() - started
     total = planned.nbytes
     return {"bytes": float(total), "seconds": seconds, "gb_per_s": total / seconds / 1e9 if seconds else 0.0}
 
 
-def _chunks(planned: Plan, chunk_bytes: int) -> Iterator[Chunk]:
+def file_chunks(planned: Plan, chunk_bytes: int) -> Iterator[Chunk]:
+    """Every parameter's file ranges as chunks of at most chunk_bytes, in the plan's order."""
     for target, pieces in enumerate(planned.pieces):
         start = 0
         for piece in pieces:
