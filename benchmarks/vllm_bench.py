@@ -50,14 +50,17 @@ QWEN3_8B = dict(
 )  # fmt: skip
 
 
-# What the refill file says for each restore step (read by the resumed engine): the current defaults
-# (16 MiB chunks, the KV cache mapped beside the refill) or the 2026-12-01 behaviour ("-old").
+# What the refill file says for each restore from the weights image (read by the resumed engine): the
+# current defaults (16 MiB chunks, the KV cache mapped beside the refill) or the 2026-12-01 way ("-old").
 REFILLS = {
     "restore-image": "image",
     "restore-image-old": "image threads=8 chunk=64 overlap=0",
-    "restore-notrim": "image",
     "restore-reload": "reload",
 }
+# The stores: "store" is captured as a user's worker is (the weights planned from the model's files, a
+# weight stager at restore), "store-image" with a weights image, "store-notrim" with cached memory kept.
+CAPTURES = {"capture": "store", "capture-image": "store-image", "capture-notrim": "store-notrim"}
+NO_STAGER = {"WARMSTART_WEIGHT_STAGER": "0"}  # the restoring side starts no stager: the files' refill
 
 
 def log(message: str) -> None:
@@ -383,7 +386,9 @@ def serve_once(
             "--device", "cuda", "--store", str(args.work / store), "--work-dir", str(args.work / "pods"),
             "--port", str(args.port), "--criu", args.criu]  # fmt: skip
     argv += [f"--worker-arg={flag}" for flag in engine_flags(args)]
-    env = dict(os.environ, WARMSTART_VLLM_WEIGHTS_IMAGE=str(args.work / "weights-image"), **(env_extra or {}))
+    env = dict(os.environ, **(env_extra or {}))
+    if store == "store-image":
+        env["WARMSTART_VLLM_WEIGHTS_IMAGE"] = str(args.work / "weights-image")
     return timed_server(args, argv, env, label, results, reference)
 
 
@@ -519,22 +524,23 @@ def run_step(
     args: argparse.Namespace, step: str, label: str, results: list[dict[str, Any]], reference: Any
 ) -> Any:
     """One step; returns the outputs a capture recorded (the reference of every later step)."""
-    refill = args.work / "weights-image" / "refill"
-    if step in ("capture", "capture-notrim"):
-        # capture-notrim: a second store, cached GPU/host memory left in place at release
-        store = "store" if step == "capture" else "store-notrim"
-        env_extra = {} if step == "capture" else {"WARMSTART_VLLM_TRIM": "0"}
-        outputs = serve_once(args, step, results, reference, store, env_extra)
-        results[-1]["image"] = image_sizes(args.work, store)
+    if step in CAPTURES:
+        env_extra = {"WARMSTART_VLLM_TRIM": "0"} if step == "capture-notrim" else {}
+        outputs = serve_once(args, step, results, reference, CAPTURES[step], env_extra)
+        results[-1]["image"] = image_sizes(args.work, CAPTURES[step])
         return outputs
-    if step.startswith("restore-"):
-        refill.parent.mkdir(parents=True, exist_ok=True)
-        refill.write_text(REFILLS.get(step.removesuffix("-dropped"), "image"))
+    if step.startswith("restore"):
+        kind = step.removesuffix("-dropped").removesuffix("-thp")
+        if kind in REFILLS:
+            refill = args.work / "weights-image" / "refill"
+            refill.parent.mkdir(parents=True, exist_ok=True)
+            refill.write_text(REFILLS[kind])
         if step.endswith("dropped"):
             drop_caches()
-        store = "store-notrim" if "notrim" in step else "store"
+        store = "store-image" if kind in REFILLS else "store-notrim" if kind == "restore-notrim" else "store"
+        env_extra = NO_STAGER if kind == "restore-files" else {}
         with transparent_hugepages("always" if "-thp" in step else None):
-            serve_once(args, step, results, reference, store)
+            serve_once(args, step, results, reference, store, env_extra)
     elif step == "cold":
         cold_worker(args, label, results, reference)
     elif step == "vllm-serve":
@@ -563,9 +569,12 @@ def main() -> int:
     parser.add_argument("--start-timeout", type=float, default=300)
     parser.add_argument(
         "--steps",
-        default="capture,restore-image,restore-image-dropped,restore-reload,vllm-serve,vllm-hot",
-        help="comma-separated: capture, capture-notrim, restore-image[-old|-thp][-dropped], restore-reload, "
-        "restore-notrim, cold (a separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), "
+        default="capture,restore,restore-files,restore-dropped,vllm-serve,vllm-hot",
+        help="comma-separated: capture (as a user's worker: weights from a weight stager at restore), "
+        "capture-image (a weights image), capture-notrim; restore (a weight stager), restore-files (none: "
+        "the weights read from the model's files after the wake), restore-image[-old|-thp], "
+        "restore-reload (these two from capture-image), restore-notrim, each with -dropped (page cache "
+        "dropped first); cold (a separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), "
         "vllm-serve, vllm-hot, vllm-dropped",
     )
     args = parser.parse_args()
@@ -578,7 +587,7 @@ def main() -> int:
         for step in args.steps.split(","):
             label = f"cold-{next(colds)}" if step == "cold" else step
             outputs = run_step(args, step, label, results, reference)
-            if step.startswith("capture") and outputs is None:
+            if step in CAPTURES and outputs is None:
                 break
             reference = reference or outputs
             # after every step, so a run stopped at its time limit still leaves its results
