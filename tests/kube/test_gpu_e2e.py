@@ -131,15 +131,32 @@ def report() -> Iterator[list[dict[str, Any]]]:
 ENGINE_LOGS = f'for f in {L.CONTROL_DIR_PATH}/logs/*; do echo "== $f"; tail -n 400 "$f"; done'
 
 
-def keep_worker_log(kube: ControlPlane, namespace: str, pod: str, kind: str) -> None:
+def keep_worker_log(kube: ControlPlane, namespace: str, pod: str, kind: str) -> str:
     """The worker's logs of a timed start, the supervisor's and the engine's (its resume or load, its
-    server's start), kept with the results: the pod goes with the scale to zero."""
+    server's start), kept with the results (the pod goes with the scale to zero) and returned."""
     directory = results_dir() / "worker-logs"
     directory.mkdir(parents=True, exist_ok=True)
     supervisor = kube.kubectl("logs", "-n", namespace, pod, check=False)
     engine = kube.kubectl("exec", "-n", namespace, pod, "--", "sh", "-c", ENGINE_LOGS, check=False)
-    (directory / f"{kind}-{pod}.log").write_text("\n".join(
-        [supervisor.stdout, supervisor.stderr, engine.stdout, engine.stderr]))  # fmt: skip
+    text = "\n".join([supervisor.stdout, supervisor.stderr, engine.stdout, engine.stderr])
+    (directory / f"{kind}-{pod}.log").write_text(text)
+    return text
+
+
+CAPTURE_TIMINGS = ("weights_plan_s", "weights_image_write_s")  # in the same line, from before the capture
+
+
+def engine_wake_phases(log: str) -> dict[str, float]:
+    """The vLLM engine's own timings of its wake after resume, from the `awake: name seconds, ...` line of
+    its log: how its weights came back (`weights_staged_s`, `weights_files_s`, ...) and the KV cache."""
+    line = next((line for line in reversed(log.splitlines()) if "awake: " in line), "")
+    phases = {}
+    for item in line.partition("awake: ")[2].split(", "):
+        name, _, seconds = item.partition(" ")
+        resumed = name.startswith(("wake_", "weights_", "reacquire")) and name not in CAPTURE_TIMINGS
+        if resumed and seconds.replace(".", "", 1).isdigit():
+            phases[f"engine_{name.removesuffix('_s')}"] = float(seconds)
+    return phases
 
 
 def pack_worker_logs(directory: Path) -> None:
@@ -242,13 +259,14 @@ def timed_start(kube: ControlPlane, namespace: str, name: str, kind: str) -> Sta
         pod_name = pods[0]["metadata"]["name"]
         became_ready = timeline.wait_ready(pod_name, 30.0)  # Ready already: it answered
         phases = timeline.start_phases(pods[0], since=requested)
-    keep_worker_log(kube, namespace, pod_name, kind)
+    log = keep_worker_log(kube, namespace, pod_name, kind)
     status = json.loads((pods[0]["metadata"].get("annotations") or {}).get(L.STATUS_ANNOTATION) or "{}")
     if kind == L.ROLE_RESTORE:  # a restore pod the agent refused starts cold: no figure of a restore
         events = events_of(kube, namespace, pod_name)
         reasons = {event["reason"]: event["message"] for event in events}
         assert "Restored" in reasons and "restoreSeconds" in status, f"{name} was not restored: {reasons}"
     phases.update(status.get("restorePhases", {}))
+    phases.update(engine_wake_phases(log) if kind == L.ROLE_RESTORE else {})
     phases["ready_to_first_token"] = reply["first_token_at"] - became_ready
     if (endpoint := timeline.at[ENDPOINT].get(pod_name)) is not None:  # the Service's part, split
         phases["ready_to_endpoint"] = endpoint - became_ready
