@@ -75,5 +75,14 @@ def criu_command() -> str:
     return criu_command_or_skip()
 
 
-def pytest_report_header(config: pytest.Config) -> str:
-    return f"warmstart cache: {os.environ.get('WARMSTART_CACHE', '~/.cache/warmstart')}"
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """The cache, and the disk the run writes to: the real nodes' kubelets evict pods below 1 GiB free, and
+    the end-to-end tests write snapshots, stores and node state (about 17 GiB at the peak of one run)."""
+    import shutil
+    import tempfile
+
+    free = shutil.disk_usage(tempfile.gettempdir()).free
+    return [
+        f"warmstart cache: {os.environ.get('WARMSTART_CACHE', '~/.cache/warmstart')}",
+        f"free disk under {tempfile.gettempdir()}: {free / 2**30:.1f} GiB",
+    ]
