@@ -57,10 +57,22 @@ REFILLS = {
     "restore-image-old": "image threads=8 chunk=64 overlap=0",
     "restore-reload": "reload",
 }
-# The stores: "store" is captured as a user's worker is (the weights planned from the model's files, a
-# weight stager at restore), "store-image" with a weights image, "store-notrim" with cached memory kept.
-CAPTURES = {"capture": "store", "capture-image": "store-image", "capture-notrim": "store-notrim"}
-NO_STAGER = {"WARMSTART_WEIGHT_STAGER": "0"}  # the restoring side starts no stager: the files' refill
+# The stores: "store" is captured as a user's worker is (the weights read back from the model's files after
+# the wake), "store-staged" with a staging plan (a weight stager fills them while CRIU restores the process),
+# "store-image" with a weights image, "store-notrim" with cached memory kept.
+CAPTURES = {
+    "capture": ("store", {}),
+    "capture-staged": ("store-staged", {"WARMSTART_VLLM_STAGED_WEIGHTS": "1"}),
+    "capture-image": ("store-image", {}),
+    "capture-notrim": ("store-notrim", {"WARMSTART_VLLM_TRIM": "0"}),
+}
+RESTORES = {  # store, environment of the restoring side
+    "restore": ("store", {}),
+    "restore-staged": ("store-staged", {}),
+    "restore-staged-off": ("store-staged", {"WARMSTART_WEIGHT_STAGER": "0"}),  # no stager: the files
+    "restore-notrim": ("store-notrim", {}),
+    **{kind: ("store-image", {}) for kind in REFILLS},
+}
 
 
 def log(message: str) -> None:
@@ -525,20 +537,18 @@ def run_step(
 ) -> Any:
     """One step; returns the outputs a capture recorded (the reference of every later step)."""
     if step in CAPTURES:
-        env_extra = {"WARMSTART_VLLM_TRIM": "0"} if step == "capture-notrim" else {}
-        outputs = serve_once(args, step, results, reference, CAPTURES[step], env_extra)
-        results[-1]["image"] = image_sizes(args.work, CAPTURES[step])
+        store, env_extra = CAPTURES[step]
+        outputs = serve_once(args, step, results, reference, store, env_extra)
+        results[-1]["image"] = image_sizes(args.work, store)
         return outputs
-    if step.startswith("restore"):
-        kind = step.removesuffix("-dropped").removesuffix("-thp")
+    if (kind := step.removesuffix("-dropped").removesuffix("-thp")) in RESTORES:
         if kind in REFILLS:
             refill = args.work / "weights-image" / "refill"
             refill.parent.mkdir(parents=True, exist_ok=True)
             refill.write_text(REFILLS[kind])
         if step.endswith("dropped"):
             drop_caches()
-        store = "store-image" if kind in REFILLS else "store-notrim" if kind == "restore-notrim" else "store"
-        env_extra = NO_STAGER if kind == "restore-files" else {}
+        store, env_extra = RESTORES[kind]
         with transparent_hugepages("always" if "-thp" in step else None):
             serve_once(args, step, results, reference, store, env_extra)
     elif step == "cold":
@@ -569,13 +579,13 @@ def main() -> int:
     parser.add_argument("--start-timeout", type=float, default=300)
     parser.add_argument(
         "--steps",
-        default="capture,restore,restore-files,restore-dropped,vllm-serve,vllm-hot",
-        help="comma-separated: capture (as a user's worker: weights from a weight stager at restore), "
-        "capture-image (a weights image), capture-notrim; restore (a weight stager), restore-files (none: "
-        "the weights read from the model's files after the wake), restore-image[-old|-thp], "
-        "restore-reload (these two from capture-image), restore-notrim, each with -dropped (page cache "
-        "dropped first); cold (a separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), "
-        "vllm-serve, vllm-hot, vllm-dropped",
+        default="capture,restore,restore-dropped,vllm-serve,vllm-hot",
+        help="comma-separated: capture (as a user's worker), capture-staged (a staging plan), capture-image "
+        "(a weights image), capture-notrim; restore, restore-staged (a weight stager), restore-staged-off "
+        "(the same snapshot, no stager), restore-image[-old], restore-reload, restore-notrim (each from its "
+        "capture; -thp: transparent huge pages always; -dropped: page cache dropped first); cold (a "
+        "separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), vllm-serve, vllm-hot, "
+        "vllm-dropped",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)

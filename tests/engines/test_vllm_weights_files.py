@@ -4,6 +4,7 @@ and refuses what is not there; the refill writes the same bytes at the same addr
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,17 @@ def test_the_block_is_planned_only_where_the_gpu_holds_the_weights_twice() -> No
     weights = 16 << 30
     assert weights_staged.fits(weights, 2 * weights + weights_staged.HEADROOM_BYTES)
     assert not weights_staged.fits(weights, 2 * weights + weights_staged.HEADROOM_BYTES - 1)
+
+
+def test_no_staging_plan_unless_the_worker_asks_for_one(tmp_path: Path, monkeypatch) -> None:
+    from warmstart.engines.vllm.engine import STAGED_WEIGHTS_ENV, VllmEngine
+
+    model = Fused()
+    write(tmp_path, stored(model))
+    engine = VllmEngine(model=str(tmp_path), device="cuda")
+    engine._weights_plan = weights_files.plan(model, tmp_path)
+    monkeypatch.delenv(STAGED_WEIGHTS_ENV, raising=False)
+    assert engine.weight_staging_plan() is None
+    monkeypatch.setenv(STAGED_WEIGHTS_ENV, "1")
+    engine.options = dataclasses.replace(engine.options, tensor_parallel_size=2)  # one GPU only
+    assert engine.weight_staging_plan() is None

@@ -15,8 +15,9 @@ to be checkpointed runs no thread of ours.
 Before vLLM is imported the engine sets what makes its process dumpable (`quiesce`): the engine core in
 this process, torch.distributed's rendezvous through a file instead of a TCP store on libuv (whose io_uring
 CRIU cannot dump). After a level-2 sleep the weights come back, fastest first: copied on the GPU from the
-block a weight stager filled while the process was being restored (`weights_staged`; the restore starts one
-when the snapshot carries the engine's `weight_staging_plan()`), read from the model's own files
+block a weight stager filled while the process was being restored (`weights_staged`, with
+`WARMSTART_VLLM_STAGED_WEIGHTS=1` at capture: the restore starts a stager when the snapshot carries the
+engine's `weight_staging_plan()`), read from the model's own files
 (`weights_files`), or through vLLM's `reload_weights`. When `WARMSTART_VLLM_WEIGHTS_IMAGE` names a
 directory, an image of the loaded parameters is written there at release and read back instead
 (`weights_image`).
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from warmstart.config import env_flag
 from warmstart.engines.base import (
     Engine,
     EngineError,
@@ -68,6 +70,9 @@ WEIGHTS_IMAGE_ENV = "WARMSTART_VLLM_WEIGHTS_IMAGE"  # a directory: write an imag
 # image exists) or "reload" (vLLM's reload_weights); read at resume: one snapshot is measured both ways.
 REFILL_CHOICE_FILE = "refill"
 TRIM_ENV = "WARMSTART_VLLM_TRIM"  # "0": leave cached GPU and host memory in place at release
+# "1": give the snapshot a staging plan, so that a weight stager fills the weights while the process is
+# restored (`weights_staged`); off by default until it has been measured on a GPU.
+STAGED_WEIGHTS_ENV = "WARMSTART_VLLM_STAGED_WEIGHTS"
 # Refill defaults: on the H200, 16 MiB pinned chunks on 8 threads beat 64 MiB ones (smaller pinned
 # allocations at resume, more copies in flight).
 REFILL_THREADS = 8
@@ -251,6 +256,8 @@ class VllmEngine(Engine):
         """What a weight stager puts on the GPU for the next `reacquire()`: the weights' file ranges in one
         block (`weights_staged`); None where it cannot help, or where the GPU has no room for the block."""
         self._staging = None
+        if not env_flag(STAGED_WEIGHTS_ENV, False):
+            return None
         if self._weights_plan is None or self.options.tensor_parallel_size != 1:
             return None
         import torch
