@@ -5,7 +5,9 @@ of its own, and two endpoints of the builtin engine on CPU (tiny model): one wit
 Then, per round, scales each from 1 to 2 replicas and times the new pod from its first sight in a watch to
 its Ready condition; the restored pod's answer is compared with the cold one's. Baselines from the same run:
 a bare pod of the same image (what the kubelet and containerd take for any pod: the floor of a pod start)
-and a serial read of the snapshot's files from the page cache (the floor of moving its bytes).
+and a serial read of the snapshot's files from the page cache (the floor of moving its bytes). Last, the
+agent is rolled out again without the container runtime's socket (`agent.criSocket: ""`) and the restores
+repeated: the image a worker runs from then comes from the kubelet's report (the agent's `pod_checks` phase).
 
     .venv/bin/python benchmarks/pod_start.py --rounds 3
 
@@ -33,8 +35,10 @@ from control_plane import images  # noqa: E402
 from control_plane.cluster import ControlPlane, wait_for  # noqa: E402
 from control_plane.node import NodeImage, RealNode  # noqa: E402
 from endpoint_flow import (  # noqa: E402
+    CHART,
     COLD_ENDPOINT,
     ENDPOINT,
+    RELEASE,
     agent_store,
     client_pod,
     completion,
@@ -84,6 +88,8 @@ def scale_out(kube: ControlPlane, clock: PodTimeline, name: str, role: str) -> d
     assert pod is not None and ready(pod)
     answer = completion(kube, NAMESPACE, pod_url(pod))
     phases = clock.start_phases(pod, since=clock.at["seen"][pod_name])
+    report = json.loads((pod["metadata"].get("annotations") or {}).get(L.STATUS_ANNOTATION) or "{}")
+    phases.update({f"agent_{name}": seconds for name, seconds in report.get("restorePhases", {}).items()})
     kube.kubectl("scale", f"iep/{name}", "-n", NAMESPACE, "--replicas=1")
     wait_for(lambda: len(worker_pods(kube, NAMESPACE, role, name)) == 1, timeout=TIMEOUT, message="scaled in")
     return {"pod": pod_name, "seconds": seconds, "answer": answer, **phases}
@@ -116,6 +122,14 @@ def prepare(kube: ControlPlane, node: RealNode, chart_image: str) -> tuple[PodTi
     return clock, snap["status"]["snapshotId"], agent_store(node, NAMESPACE)
 
 
+def without_runtime_socket(kube: ControlPlane) -> None:
+    """The agent rolled out again with `agent.criSocket: ""`: it waits for the kubelet's report."""
+    kube.helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, "--reuse-values", "--set", "agent.criSocket=",
+              timeout=120)  # fmt: skip
+    agent = f"daemonset/{RELEASE}-warmstart-agent"
+    kube.kubectl("rollout", "status", agent, "-n", NAMESPACE, "--timeout=180s", timeout=200)
+
+
 def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
     chart = images.chart_images()[0].reference
     built = images.built_images()
@@ -137,6 +151,8 @@ def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
             kube.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
             rows["cold"].append(scale_out(kube, clock, COLD_ENDPOINT, L.ROLE_COLD))
             rows["restore"].append(scale_out(kube, clock, ENDPOINT, L.ROLE_RESTORE))
+        without_runtime_socket(kube)
+        rows["restore_kubelet"] = [scale_out(kube, clock, ENDPOINT, L.ROLE_RESTORE) for _ in range(rounds)]
         clock.stop()
         size, read_s = serial_read(store, snapshot_id)
         return {
@@ -159,12 +175,8 @@ def table(result: dict[str, Any]) -> str:
     median = {kind: statistics.median(r["seconds"] for r in runs) for kind, runs in rows.items()}
     size, read = result["snapshot_bytes"], result["serial_read_seconds"]
     floor = median["bare"] + read
-    phases = {
-        key: statistics.median(r[key] for r in rows["restore"])
-        for key in ("scheduling", "container_start", "to_agent", "agent_restore", "resume_to_ready")
-        if all(key in r for r in rows["restore"])
-    }
-    same = all(r["answer"] == rows["cold"][0]["answer"] for r in rows["restore"] + rows["cold"])
+    restored = rows["restore"] + rows.get("restore_kubelet", [])
+    same = all(r["answer"] == rows["cold"][0]["answer"] for r in restored + rows["cold"])
     lines = [
         f"{'pod start (created -> Ready)':<40} {'median s':>9}   runs (s)",
         *(
@@ -173,12 +185,17 @@ def table(result: dict[str, Any]) -> str:
                 ("bare", "bare pod, same image (kubelet floor)"),
                 ("cold", "cold start (builtin, tiny, CPU)"),
                 ("restore", "restored by the agent"),
+                ("restore_kubelet", "restored, image from the kubelet"),
             )
+            if kind in rows
         ),
         "",
         f"restore vs cold start: {median['cold'] / median['restore']:.1f}x faster",
-        "restored pod, median phases: "
-        + ", ".join(f"{key.replace('_', ' ')} {value:.2f} s" for key, value in phases.items()),
+        *(
+            f"{label}, median phases: {median_phases(rows[kind])}"
+            for kind, label in (("restore", "restored"), ("restore_kubelet", "image from the kubelet"))
+            if kind in rows
+        ),
         f"snapshot {result['snapshot']}: {size / 2**20:.1f} MiB; one reader from the page cache "
         f"{read:.3f} s ({size / read / 1e9:.2f} GB/s)",
         f"floor (bare pod + serial read of every snapshot byte): {floor:.2f} s; "
@@ -186,6 +203,14 @@ def table(result: dict[str, Any]) -> str:
         f"answers identical to the cold start's: {same}",
     ]
     return "\n".join(line for line in lines if line)
+
+
+def median_phases(measured: list[dict[str, Any]]) -> str:
+    keys = [key for key in measured[0] if key not in ("pod", "seconds", "answer")]
+    values = {
+        key: statistics.median(r[key] for r in measured) for key in keys if all(key in r for r in measured)
+    }
+    return ", ".join(f"{key.replace('_', ' ')} {value:.2f} s" for key, value in values.items())
 
 
 def run_benchmark(

@@ -76,8 +76,8 @@ def criu_command() -> str:
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
-    """The cache, and the disk the run writes to: the real nodes' kubelets evict pods below 1 GiB free, and
-    the end-to-end tests write snapshots, stores and node state (about 17 GiB at the peak of one run)."""
+    """The cache, and the disk the run writes to: the real nodes' kubelets evict pods below 1 GiB free
+    (docs/testing.md, "Disk": a fresh run needs about 18 GiB)."""
     import shutil
     import tempfile
 
