@@ -11,7 +11,7 @@ import yaml
 from support import container_settings, helm_template
 
 from warmstart.agent.settings import AgentSettings
-from warmstart.cli import build_parser
+from warmstart.cli import COMMAND_MODULES, build_parser, named_command
 from warmstart.operator.settings import OperatorSettings
 from warmstart.settings import SettingsError, load
 
@@ -91,3 +91,15 @@ def test_the_chart_sets_only_variables_its_commands_read(flags):
         unknown = {name for name in set_here - known if not name.startswith(OTHER_VARIABLES)}
         assert not unknown, f"the chart sets {sorted(unknown)} on the {command}, which reads no such setting"
         container_settings(container, command, model)  # raises SettingsError naming what it cannot use
+
+
+def commands_of(parser: Any) -> set[str]:
+    return set(next(action for action in parser._actions if action.dest == "command").choices)
+
+
+@pytest.mark.parametrize("command", sorted(COMMAND_MODULES))
+def test_a_command_line_builds_only_its_own_commands_parser(command: str) -> None:
+    """Each entry of the command table names the module that registers that command (and no other)."""
+    assert named_command(["--log-level", "DEBUG", command, "--help"]) == command
+    assert commands_of(build_parser(command)) == {command}
+    assert commands_of(build_parser()) == set(COMMAND_MODULES)

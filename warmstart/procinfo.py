@@ -8,6 +8,7 @@ in parentheses and may itself hold spaces and parentheses, so the fields after i
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +90,12 @@ def boot_time(proc: Path = PROC) -> int:
         if name == "btime":
             return int(value)
     raise ValueError(f"{proc / 'stat'} has no btime line")
+
+
+def process_start_time() -> float:
+    """When this process started, in epoch seconds (now when /proc cannot say)."""
+    started = start_time()
+    return started if started is not None else time.time()
 
 
 def start_time(pid: int | str = "self", proc: Path = PROC) -> float | None:

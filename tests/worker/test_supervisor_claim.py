@@ -6,6 +6,8 @@ as the agent does); tests/checkpoint/test_restore_claim.py runs the real restore
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +57,20 @@ def test_a_restore_that_never_answers_ends_the_supervisor_with_an_error_not_a_se
     assert worker.process.wait(timeout=120) == EXIT_RESTORE_UNANSWERED
     assert "never answered" in worker.logs()
     assert not (worker.log_dir / "engine.log").exists()
+
+
+@pytest.mark.spawns
+def test_the_supervisor_starts_without_the_servers_imports() -> None:
+    """A restore waits for the supervisor's restore facts, written right after its imports: `warmstart
+    worker` imports neither the HTTP server nor pydantic nor an engine (the engine process does), nor the
+    other commands' modules (the agent's and operator's settings models)."""
+    heavy = ("uvicorn", "fastapi", "pydantic", "torch", "vllm", "warmstart.worker.engine_process",
+             "warmstart.agent.cli", "warmstart.operator.cli")  # fmt: skip
+    code = (
+        "import sys; import warmstart.worker.supervisor;"
+        "from warmstart.cli import build_parser, named_command;"
+        "build_parser(named_command(['--log-level', 'INFO', 'worker', '--mode', 'restore']));"
+        "print(' '.join(sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    assert [name for name in heavy if name in run.stdout.split()] == []

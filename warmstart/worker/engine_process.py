@@ -33,7 +33,7 @@ from warmstart.protocol import (
 from warmstart.worker.connections import ConnectionLimits, quiet_connection_logs, uvicorn_options
 from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.openai_requests import RequestLimits
-from warmstart.worker.options import engine_options, http_limits
+from warmstart.worker.options import engine_options
 from warmstart.worker_flags import add_worker_arguments
 
 log = logging.getLogger("warmstart.worker.engine")
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.mode not in ("cold", "capture"):
         parser.error(f"the engine process runs in cold or capture mode, not {args.mode}")
-    started_at = args.started_at or process_start_time()
+    started_at = args.started_at or procinfo.process_start_time()
     signal.signal(signal.SIGTERM, _exit_on_signal)  # uvicorn handles it while serving
 
     from warmstart.engines import create_engine
@@ -222,10 +222,18 @@ class _HttpRunner:
         log.info("serving (%s start: %.3f s)", mode, elapsed)
 
 
-def process_start_time() -> float:
-    """When this process started, in epoch seconds (from /proc; now if unavailable)."""
-    started = procinfo.start_time()
-    return started if started is not None else time.time()
+def http_limits(args: argparse.Namespace) -> tuple[ConnectionLimits, RequestLimits]:
+    """The server's bounds on connections and on each request, from the flags."""
+    connections = ConnectionLimits(
+        max_connections=args.http_max_connections,
+        max_connections_per_client=args.http_max_connections_per_client,
+        keep_alive_seconds=args.http_keep_alive_seconds,
+        body_timeout_seconds=args.http_body_timeout_seconds,
+    )
+    requests = RequestLimits(
+        max_body_bytes=args.max_request_bytes, max_n=args.max_n, max_tokens=args.max_output_tokens
+    )
+    return connections, requests
 
 
 def _exit_on_signal(signum: int, _frame: Any) -> None:

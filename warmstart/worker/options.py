@@ -10,8 +10,6 @@ from typing import Any
 
 from warmstart.config import cache_dir, env_float
 from warmstart.protocol import CONTROL_DIR_ENV
-from warmstart.worker.connections import ConnectionLimits
-from warmstart.worker.openai_requests import RequestLimits
 from warmstart.worker_flags import DEFAULT_RESTORE_TIMEOUT
 
 
@@ -88,20 +86,6 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
         for key, value in args.engine_arg or []:
             argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
     return argv
-
-
-def http_limits(args: argparse.Namespace) -> tuple[ConnectionLimits, RequestLimits]:
-    """The server's bounds on connections and on each request, from the flags."""
-    connections = ConnectionLimits(
-        max_connections=args.http_max_connections,
-        max_connections_per_client=args.http_max_connections_per_client,
-        keep_alive_seconds=args.http_keep_alive_seconds,
-        body_timeout_seconds=args.http_body_timeout_seconds,
-    )
-    requests = RequestLimits(
-        max_body_bytes=args.max_request_bytes, max_n=args.max_n, max_tokens=args.max_output_tokens
-    )
-    return connections, requests
 
 
 def check_worker_args(args: argparse.Namespace) -> str | None:

@@ -41,7 +41,6 @@ from warmstart.protocol import (
     ControlDir,
     Signal,
 )
-from warmstart.worker.engine_process import process_start_time
 from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.options import engine_argv, log_dir, restore_timeout
 from warmstart.worker.probe import EngineWatch, ProbeServer
@@ -70,7 +69,7 @@ class Supervisor:
         _become_subreaper()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._on_signal)
-        started = process_start_time()
+        started = procinfo.process_start_time()
         if self.args.probe_port is not None:
             ProbeServer(self.args.probe_port, self.engine).start()
         if self.args.mode == "restore":
