@@ -55,6 +55,7 @@ from node_plugin import HostPython
 from pod_timeline import ENDPOINT, PodTimeline
 
 from warmstart.api import labels as L
+from warmstart.engines.vllm.engine import STAGED_WEIGHTS_ENV
 from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.signing import load_signer, signature_document
 
@@ -227,6 +228,8 @@ def gpu_endpoint(
     if node.gpu:
         library = str(gpu_node.driver_library_dir())
         spec["template"]["env"].append({"name": "LD_LIBRARY_PATH", "value": library})
+    if staged := os.environ.get(STAGED_WEIGHTS_ENV):  # the workers' switch, passed on from the run's
+        spec["template"]["env"].append({"name": STAGED_WEIGHTS_ENV, "value": staged})
     return body
 
 
