@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from warmstart.protocol import ControlDir
 from warmstart.snapshot.remote import RemoteConfig, RemoteStore
 from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.store import SnapshotStore
+
+log = logging.getLogger(__name__)
 
 NODE_LOOK_SECONDS = 0.05  # how often a starting pod is looked for on the node
 API_LOOK_SECONDS = 0.2  # and in the API server, whose word comes later
@@ -97,10 +100,14 @@ class NodeContext:
                 pull_timeout=config.pull_timeout, cache_max_bytes=config.cache_max_bytes,
                 cache_max_age=config.cache_max_age, gc_grace=config.cleanup_grace,
             )  # fmt: skip
+        runtime = ContainerRuntime(config.cri_socket) if config.cri_socket else None
+        if runtime is not None and not runtime.socket.is_socket():
+            log.warning("no container runtime socket at %s (agent.criSocket): restores wait for the kubelet "
+                        "to report a worker's image", runtime.socket)  # fmt: skip
         return cls(
             config=config, kube=kube, signer=signer, verifier=verifier, metrics=metrics, store=store,
             criu=Criu(config.criu_command, timeout=config.criu_timeout), cluster_store=cluster_store,
-            runtime=ContainerRuntime(config.cri_socket) if config.cri_socket else None,
+            runtime=runtime,
         )  # fmt: skip
 
     def control_dir(self, pod_uid: str) -> ControlDir:
@@ -130,9 +137,12 @@ class NodeContext:
         agent may ask it, else the kubelet's report, waited for while the container starts (the kubelet
         reports it up to a second after the start); "" when neither ever does."""
         meta = objects.meta(pod)
-        if self.runtime and (image := self.runtime.running_image(meta["uid"], L.WORKER_CONTAINER)):
-            return image
         namespace, name = meta["namespace"], meta["name"]
+        if self.runtime:
+            if image := self.runtime.running_image(meta["uid"], L.WORKER_CONTAINER):
+                return image
+            log.info("pod %s/%s: no image from the container runtime; waiting for the kubelet's report",
+                     namespace, name)  # fmt: skip
         deadline = time.monotonic() + self.config.start_timeout
         while not (image := objects.worker_image_id(self.kube.get_pod(namespace, name) or {})):
             if time.monotonic() >= deadline or self.stopping.is_set():
