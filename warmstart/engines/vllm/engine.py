@@ -17,10 +17,9 @@ this process, torch.distributed's rendezvous through a file instead of a TCP sto
 CRIU cannot dump). After a level-2 sleep the weights come back, fastest first: copied on the GPU from the
 block a weight stager filled while the process was being restored (`weights_staged`, with
 `WARMSTART_VLLM_STAGED_WEIGHTS=1` at capture: the restore starts a stager when the snapshot carries the
-engine's `weight_staging_plan()`), read from the model's own files
-(`weights_files`), or through vLLM's `reload_weights`. When `WARMSTART_VLLM_WEIGHTS_IMAGE` names a
-directory, an image of the loaded parameters is written there at release and read back instead
-(`weights_image`).
+engine's `weight_staging_plan()`), read from the model's own files (`weights_files`), or through vLLM's
+`reload_weights`. When `WARMSTART_VLLM_WEIGHTS_IMAGE` names a directory, an image of the loaded parameters
+is written there at release and read back instead (`weights_image`).
 """
 
 from __future__ import annotations
