@@ -66,8 +66,11 @@ def start_seconds(clock: PodTimeline, name: str) -> float:
 
 
 def bare_pod(name: str, chart_image: str, node: RealNode) -> dict[str, Any]:
+    """The worker's image doing nothing, mounting what a worker pod mounts of its own: no service account
+    token (the operator leaves it out of worker pods)."""
     body = json.loads(client_pod(NAMESPACE, chart_image, node))
     body["metadata"]["name"] = name
+    body["spec"]["automountServiceAccountToken"] = False
     return body
 
 
