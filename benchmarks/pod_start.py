@@ -66,11 +66,14 @@ def start_seconds(clock: PodTimeline, name: str) -> float:
 
 
 def bare_pod(name: str, chart_image: str, node: RealNode) -> dict[str, Any]:
-    """The worker's image doing nothing, mounting what a worker pod mounts of its own: no service account
-    token (the operator leaves it out of worker pods)."""
+    """The worker's image doing nothing, as a worker pod is made: no service account token (the operator
+    leaves it out), Ready by a readiness probe a second apart (without one the kubelet marks a pod Ready only
+    at its next relist of the runtime, up to a second later, which a worker pod does not wait for)."""
     body = json.loads(client_pod(NAMESPACE, chart_image, node))
     body["metadata"]["name"] = name
     body["spec"]["automountServiceAccountToken"] = False
+    probe = {"exec": {"command": ["true"]}, "periodSeconds": 1, "failureThreshold": 1}
+    body["spec"]["containers"][0]["readinessProbe"] = probe
     return body
 
 
