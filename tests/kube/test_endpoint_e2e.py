@@ -114,6 +114,7 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
             "exec", "-n", namespace, pod["metadata"]["name"], "--", "test", "!", "-e", L.STORE_MOUNT_PATH
         )
     agent_logs = kube.kubectl("logs", "-n", namespace, "-l", "app.kubernetes.io/component=agent", "--tail=-1")
+    assert "workers' images: from the container runtime at" in agent_logs.stdout, agent_logs.stdout
     for fallback in ("no container runtime socket", "no image from the container runtime"):
         assert fallback not in agent_logs.stdout, agent_logs.stdout  # the agent asked the runtime itself
     assert not worker_pods(kube, namespace, L.ROLE_COLD), "the cold replica was replaced"

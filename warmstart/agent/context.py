@@ -101,7 +101,11 @@ class NodeContext:
                 cache_max_age=config.cache_max_age, gc_grace=config.cleanup_grace,
             )  # fmt: skip
         runtime = ContainerRuntime(config.cri_socket) if config.cri_socket else None
-        if runtime is not None and not runtime.socket.is_socket():
+        if runtime is None:
+            log.info("workers' images: from the kubelet's reports")
+        elif runtime.socket.is_socket():
+            log.info("workers' images: from the container runtime at %s", runtime.socket)
+        else:
             log.warning("no container runtime socket at %s (agent.criSocket): restores wait for the kubelet "
                         "to report a worker's image", runtime.socket)  # fmt: skip
         return cls(
