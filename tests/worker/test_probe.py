@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -102,3 +103,21 @@ def test_liveness_passes_while_the_engine_starts_then_follows_its_health(engine:
 def test_the_probe_port_is_the_one_after_the_engines() -> None:
     assert probe_port(8000) == 8001
     assert probe_port(65535) == 65534
+
+
+def test_probes_are_answered_by_the_threads_started_with_the_server() -> None:
+    """No thread per request: each would take a PID of the pod's namespace, which a restore may need."""
+    server = ProbeServer(0, EngineWatch(port=free_port(), start_timeout=60.0)).start()
+    try:
+        started = {thread.ident for thread in threading.enumerate()}
+        paths = ["/ready?wait=0.5"] * 3 + ["/live"] * 3  # held readiness probes beside liveness ones
+        clients = [threading.Thread(target=get, args=(server.port, path)) for path in paths]
+        for client in clients:
+            client.start()
+        time.sleep(0.25)  # the readiness probes are being held now
+        serving = {thread.ident for thread in threading.enumerate()} - {client.ident for client in clients}
+        for client in clients:
+            client.join(10)
+        assert serving == started == {thread.ident for thread in threading.enumerate()}
+    finally:
+        server.stop()

@@ -8,21 +8,29 @@
   then while the engine's `/health` answers 200.
 
 The engine's port may change: a restore's answer may move the engine to another port.
+
+Requests are handled by a fixed set of threads started with the server, never a thread per request: every
+thread takes a PID of the pod's namespace, and a restore needs the PIDs the captured engine had. The capture
+pod's supervisor started the same threads, in the same order, before its engine; a thread per probe would
+take the next PIDs whenever the kubelet asked, up to the engine's own before the agent can reserve them.
 """
 
 from __future__ import annotations
 
 import http.client
+import queue
+import socket
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from warmstart.worker_flags import PROBE_LIVE_PATH, PROBE_READY_PATH, PROBE_WAIT_MAX_SECONDS
 
 ASK_EVERY_SECONDS = 0.02
 ASK_TIMEOUT_SECONDS = 0.5
+HANDLER_THREADS = 4  # a held readiness probe, a liveness probe, and room for a retry of each
 
 
 @dataclass
@@ -72,12 +80,11 @@ def wait_seconds(query: str) -> float | None:
 
 
 class ProbeServer:
-    """The endpoints on `port` (all addresses: the kubelet probes the pod's IP), in a thread of their own."""
+    """The endpoints on `port` (all addresses: the kubelet probes the pod's IP), in threads of their own."""
 
     def __init__(self, port: int, engine: EngineWatch) -> None:
         handler = type("Handler", (_Handler,), {"engine": engine})
-        self._server = ThreadingHTTPServer(("0.0.0.0", port), handler)
-        self._server.daemon_threads = True
+        self._server = _PooledHTTPServer(("0.0.0.0", port), handler)
         self._thread = threading.Thread(target=self._server.serve_forever, name="probe", daemon=True)
 
     @property
@@ -85,12 +92,47 @@ class ProbeServer:
         return int(self._server.server_address[1])
 
     def start(self) -> ProbeServer:
+        self._server.start_handlers()
         self._thread.start()
         return self
 
     def stop(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _PooledHTTPServer(HTTPServer):
+    """An HTTP server whose requests wait in a queue for `HANDLER_THREADS` threads started up front."""
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._requests: queue.Queue[tuple[socket.socket, object] | None] = queue.Queue()
+        self._handlers = [
+            threading.Thread(target=self._handle_queued, name=f"probe-handler-{n}", daemon=True)
+            for n in range(HANDLER_THREADS)
+        ]
+
+    def start_handlers(self) -> None:
+        for thread in self._handlers:
+            thread.start()
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        self._requests.put((request, client_address))
+
+    def server_close(self) -> None:
+        super().server_close()
+        for _ in self._handlers:
+            self._requests.put(None)
+
+    def _handle_queued(self) -> None:
+        while (queued := self._requests.get()) is not None:
+            request, client_address = queued
+            try:
+                self.finish_request(request, client_address)
+            except Exception:  # noqa: BLE001 (what socketserver does with a handler's error)
+                self.handle_error(request, client_address)
+            finally:
+                self.shutdown_request(request)
 
 
 class _Handler(BaseHTTPRequestHandler):
