@@ -3,11 +3,12 @@
 Installs the chart (operator and agent DaemonSet from the project's image) on a control plane and real node
 of its own, and two endpoints of the builtin engine on CPU (tiny model): one with snapshots, one without.
 Then, per round, scales each from 1 to 2 replicas and times the new pod from its first sight in a watch to
-its Ready condition; the restored pod's answer is compared with the cold one's. Baselines from the same run:
-a bare pod of the same image (what the kubelet and containerd take for any pod: the floor of a pod start)
-and a serial read of the snapshot's files from the page cache (the floor of moving its bytes). Last, the
-agent is rolled out again without the container runtime's socket (`agent.criSocket: ""`) and the restores
-repeated: the image a worker runs from then comes from the kubelet's report (the agent's `pod_checks` phase).
+its Ready condition; the restored pod's answer (its token ids) is compared with the cold one's. Baselines
+from the same run: a bare pod of the same image (what the kubelet and containerd take for any pod: the floor
+of a pod start) and a serial read of the snapshot's files from the page cache (the floor of moving its
+bytes). Last, the agent is rolled out again without the container runtime's socket (`agent.criSocket: ""`)
+and the restores repeated: the image a worker runs from then comes from the kubelet's report (the agent's
+`pod_checks` phase).
 
     .venv/bin/python benchmarks/pod_start.py --rounds 3
 
@@ -206,7 +207,7 @@ def table(result: dict[str, Any]) -> str:
         f"{read:.3f} s ({size / read / 1e9:.2f} GB/s)",
         f"floor (bare pod + serial read of every snapshot byte): {floor:.2f} s; "
         f"restore is {median['restore'] / floor:.2f}x the floor",
-        f"answers identical to the cold start's: {same}",
+        f"token ids identical to the cold start's: {same}",
     ]
     return "\n".join(line for line in lines if line)
 

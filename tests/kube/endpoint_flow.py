@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from control_plane import gpu_node, host_state
 from control_plane.cluster import ControlPlane, ControlPlaneError, wait_for
@@ -27,12 +27,13 @@ PROMPT = "the quick brown fox"
 MODELS_MOUNT = "/cache/models"  # under WARMSTART_CACHE: where the builtin engine keeps generated models
 WORKER_PORT = 8000  # the engine's default port, which the operator gives the worker
 START_TIMEOUT = 300.0  # a loaded 2-core machine starts several Python processes at once
-# Run with the image's python3 in the client pod: one completion (Host header optional); on stdout the
-# response body and the seconds from sending the request to the whole answer.
+# Run with the image's python3 in the client pod: one greedy completion with its token ids (Host header
+# optional); on stdout the response body and the seconds from sending the request to the whole answer.
 COMPLETE = """
 import json, sys, time, urllib.error, urllib.request
 url, prompt, host, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-body = json.dumps({"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}).encode()
+body = {"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+body = json.dumps(body).encode()
 headers = {"Content-Type": "application/json", **({"Host": host} if host else {})}
 request = urllib.request.Request(url, data=body, headers=headers)
 started = time.monotonic()
@@ -242,10 +243,18 @@ def client_pod(namespace: str, chart_image: str, node: RealNode) -> str:
     return json.dumps(pod)
 
 
+class Answer(NamedTuple):
+    """A completion as the oracle compares it: two answers are the same when their token ids are."""
+
+    token_ids: tuple[int, ...]
+    text: str
+
+
 def timed_completion(
     kube: ControlPlane, namespace: str, url: str, host: str = "", timeout: float = REQUEST_TIMEOUT
-) -> tuple[str, float]:
-    """A greedy completion from the client pod, and the seconds from request to answer measured there.
+) -> tuple[Answer, float]:
+    """A greedy completion from the client pod, and the seconds from request to answer measured there; an
+    answer without token ids or with a blank text fails (an empty answer would make every comparison pass).
 
     A connection that could not be made (refused, or timed out) raises ConnectionError, which waits retry: a
     Service whose first replica just turned Ready is refused until kube-proxy has programmed its endpoint, and
@@ -260,10 +269,13 @@ def timed_completion(
             raise ConnectionError(f"{url}: {reason}") from error
         raise
     reply = json.loads(result.stdout)
-    return reply["answer"]["choices"][0]["text"], reply["seconds"]
+    choice = reply["answer"]["choices"][0]
+    answer = Answer(tuple(choice.get("token_ids") or ()), choice["text"])
+    assert answer.token_ids and answer.text.strip(), f"{url} answered no tokens: {reply['answer']}"
+    return answer, reply["seconds"]
 
 
-def completion(kube: ControlPlane, namespace: str, url: str) -> str:
+def completion(kube: ControlPlane, namespace: str, url: str) -> Answer:
     return timed_completion(kube, namespace, url)[0]
 
 

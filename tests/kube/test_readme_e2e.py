@@ -23,6 +23,7 @@ from control_plane import network
 from control_plane.cluster import ControlPlane, ControlPlaneError, wait_for
 from control_plane.node import RealNode
 from endpoint_flow import (
+    Answer,
     agent_cgroups,
     client_pod,
     events_of,
@@ -197,7 +198,7 @@ def scale_and_wait_gone(kube: ControlPlane, name: str) -> None:
              interval=1, message=f"{name}'s pods gone")  # fmt: skip
 
 
-def completion_or_none(kube: ControlPlane, url: str) -> str | None:
+def completion_or_none(kube: ControlPlane, url: str) -> Answer | None:
     """A completion, None while the replica behind `url` cannot answer yet."""
     try:
         return timed_completion(kube, NAMESPACE, url)[0]

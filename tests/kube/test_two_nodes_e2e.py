@@ -24,6 +24,7 @@ from endpoint_flow import (
     CHART,
     ENDPOINT,
     RELEASE,
+    Answer,
     agent_store,
     chart_values,
     client_pod,
@@ -118,7 +119,7 @@ def capture_on_a(
     host_python: HostPython,
     models: Path,
     prestage: str = "None",
-) -> tuple[str, str, str]:
+) -> tuple[str, Answer, str]:
     """The endpoint's capture on A alone; (the snapshot's id, the captured replica's answer, the Service's
     URL) once its InferenceSnapshot is Ready, which it turns only once pushed to the object store."""
     node_a, node_b = nodes
@@ -133,7 +134,6 @@ def capture_on_a(
     snapshot_id = snap["status"]["snapshotId"]
     url = service_url(kube, namespace, ENDPOINT)
     answer = wait(lambda: completion(kube, namespace, url), "a completion from the captured replica")
-    assert answer.strip(), "the captured replica answered an empty text"
     return snapshot_id, answer, url
 
 
