@@ -57,9 +57,10 @@ REFILLS = {
     "restore-image-old": "image threads=8 chunk=64 overlap=0",
     "restore-reload": "reload",
 }
-# The stores: "store" is captured as a user's worker is (the weights read back from the model's files after
-# the wake), "store-staged" with a staging plan (a weight stager fills them while CRIU restores the process),
-# "store-image" with a weights image, "store-notrim" with cached memory kept.
+# The stores: "store" is captured as a user's worker is (with a staging plan: a weight stager fills the
+# weights while CRIU restores the process), "store-staged" the same, asked for explicitly (as the 2026-12-04
+# run did, before it was the default), "store-image" with a weights image, "store-notrim" with cached memory
+# kept. `restore-staged-off` restores a staged snapshot with no stager: the weights from the model's files.
 CAPTURES = {
     "capture": ("store", {}),
     "capture-staged": ("store-staged", {"WARMSTART_VLLM_STAGED_WEIGHTS": "1"}),

@@ -549,6 +549,7 @@ class RealNode:
                 *self._nsenter(),
                 str(bin_dir / "kube-proxy"),
                 f"--config={self.config_dir / 'kube-proxy.json'}",
+                "--v=2",  # each rules sync and how long it took: a Service's share of a replica's start
             ],
         )
         if self.gpu:

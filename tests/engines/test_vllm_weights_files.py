@@ -4,7 +4,6 @@ and refuses what is not there; the refill writes the same bytes at the same addr
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -149,15 +148,20 @@ def test_the_block_is_planned_only_where_the_gpu_holds_the_weights_twice() -> No
     assert not weights_staged.fits(weights, 2 * weights + weights_staged.HEADROOM_BYTES - 1)
 
 
-def test_no_staging_plan_unless_the_worker_asks_for_one(tmp_path: Path, monkeypatch) -> None:
-    from warmstart.engines.vllm.engine import STAGED_WEIGHTS_ENV, VllmEngine
+def test_a_staging_plan_is_offered_on_one_gpu_unless_the_worker_turns_it_off(monkeypatch) -> None:
+    from warmstart.engines.vllm.engine import STAGED_WEIGHTS_ENV, staging_wanted
 
-    model = Fused()
-    write(tmp_path, stored(model))
-    engine = VllmEngine(model=str(tmp_path), device="cuda")
-    engine._weights_plan = weights_files.plan(model, tmp_path)
     monkeypatch.delenv(STAGED_WEIGHTS_ENV, raising=False)
-    assert engine.weight_staging_plan() is None
-    monkeypatch.setenv(STAGED_WEIGHTS_ENV, "1")
-    engine.options = dataclasses.replace(engine.options, tensor_parallel_size=2)  # one GPU only
+    assert staging_wanted(1)
+    assert not staging_wanted(2)
+    monkeypatch.setenv(STAGED_WEIGHTS_ENV, "0")
+    assert not staging_wanted(1)
+
+
+def test_no_staging_plan_without_a_weights_plan(tmp_path: Path) -> None:
+    from warmstart.engines.vllm.engine import VllmEngine
+
+    write(tmp_path, stored(Fused()))
+    engine = VllmEngine(model=str(tmp_path), device="cuda")
+    assert engine._weights_plan is None
     assert engine.weight_staging_plan() is None

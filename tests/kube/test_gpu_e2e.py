@@ -69,28 +69,46 @@ ANSWER_TOKENS = 16
 CAPTURE_TIMEOUT = 900.0  # the capture pod writes 16 GiB of weights (first start), loads and warms them
 START_TIMEOUT = 600.0  # a cold vLLM at 8B shapes compiles and captures graphs
 # Run by the client pod's python3: POST the completion until one succeeds (the replica is starting), then once
-# more for the answer; prints the wall-clock time of the first token and the answer's JSON.
+# more for the answer; prints the wall-clock time of the first token, how long that successful request took,
+# the failed attempts by reason, and the answer's JSON. While the Service has no ready endpoint kube-proxy
+# rejects each connection with an ICMP error, which the node's kernel rate-limits per client (icmp_ratelimit:
+# a burst of 6, then one a second): past the burst a rejected SYN is dropped instead, and TCP would resend it
+# only after its 1 s initial timeout. A connection is given 50 ms, then tried afresh, so the first token comes
+# when the Service first routes to the replica, not up to a second later.
 FIRST_TOKEN = """
-import json, sys, time, urllib.error, urllib.request
+import http.client, json, socket, sys, time, urllib.parse
 url, model, prompt = sys.argv[1], sys.argv[2], sys.argv[3]
 tokens, deadline = int(sys.argv[4]), float(sys.argv[5])
+address = urllib.parse.urlsplit(url)
 def complete(max_tokens, timeout):
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}
-    headers = {"Content-Type": "application/json"}
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
-    with urllib.request.urlopen(request, timeout=timeout) as response:
+    connection = http.client.HTTPConnection(address.hostname, address.port or 80, timeout=0.05)
+    try:
+        connection.connect()
+        connection.sock.settimeout(timeout)
+        connection.request("POST", address.path, json.dumps(body), {"Content-Type": "application/json"})
+        response = connection.getresponse()
+        if response.status != 200:
+            raise ConnectionError(f"HTTP {response.status}")
         return json.loads(response.read())
+    finally:
+        connection.close()
+refused = {}
 while True:
+    sent = time.time()
     try:
         complete(1, 5)
         first = time.time()
         break
-    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+    except (ConnectionError, TimeoutError, OSError) as error:
+        reason = type(error).__name__
+        refused[reason] = refused.get(reason, 0) + 1
         if time.time() > deadline:
             sys.exit("no answer before the deadline")
         time.sleep(0.02)
-print(json.dumps({"first_token_at": first, "answer": complete(tokens, 120)}))
+print(json.dumps({"first_token_at": first, "answered_in": first - sent, "refused": refused,
+                  "answer": complete(tokens, 120)}))
 """
 
 
@@ -104,6 +122,7 @@ class Start:
     token_ids: list[int]
     text: str
     phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    refused: dict[str, int] = dataclasses.field(default_factory=dict)  # failed requests before it, by reason
 
 
 @pytest.fixture(scope="module")
@@ -182,6 +201,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         if row["kind"] == "captured":
             captured = row["captured_answer"].get("token_ids")
             versus = f"the captured process answered {captured}, the restored ones {row['restored_answers']}"
+        if refused := row.get("refused"):
+            phases += "; refused before: " + ", ".join(f"{n}x {why}" for why, n in refused.items())
         lines.append(f"| {row['engine']} | {row['kind']} | {row['seconds']:.2f} | {versus} | {phases} |")
     return "\n".join(lines) + "\n"
 
@@ -271,10 +292,12 @@ def timed_start(kube: ControlPlane, namespace: str, name: str, kind: str) -> Sta
     phases.update(status.get("restorePhases", {}))
     phases.update(engine_wake_phases(log) if kind == L.ROLE_RESTORE else {})
     phases["ready_to_first_token"] = reply["first_token_at"] - became_ready
+    phases["first_request"] = reply["answered_in"]
     if (endpoint := timeline.at[ENDPOINT].get(pod_name)) is not None:  # the Service's part, split
         phases["ready_to_endpoint"] = endpoint - became_ready
         phases["endpoint_to_first_token"] = reply["first_token_at"] - endpoint
-    return Start(name, kind, reply["first_token_at"] - requested, choice["token_ids"], choice["text"], phases)
+    seconds = reply["first_token_at"] - requested
+    return Start(name, kind, seconds, choice["token_ids"], choice["text"], phases, reply["refused"])
 
 
 def serving_pods(kube: ControlPlane, namespace: str, name: str) -> list[dict[str, Any]]:

@@ -15,9 +15,9 @@ to be checkpointed runs no thread of ours.
 Before vLLM is imported the engine sets what makes its process dumpable (`quiesce`): the engine core in
 this process, torch.distributed's rendezvous through a file instead of a TCP store on libuv (whose io_uring
 CRIU cannot dump). After a level-2 sleep the weights come back, fastest first: copied on the GPU from the
-block a weight stager filled while the process was being restored (`weights_staged`, with
-`WARMSTART_VLLM_STAGED_WEIGHTS=1` at capture: the restore starts a stager when the snapshot carries the
-engine's `weight_staging_plan()`), read from the model's own files (`weights_files`), or through vLLM's
+block a weight stager filled while the process was being restored (`weights_staged`: the restore starts a
+stager when the snapshot carries the engine's `weight_staging_plan()`; `WARMSTART_VLLM_STAGED_WEIGHTS=0` at
+capture gives none), read from the model's own files (`weights_files`), or through vLLM's
 `reload_weights`. When `WARMSTART_VLLM_WEIGHTS_IMAGE` names a directory, an image of the loaded parameters
 is written there at release and read back instead (`weights_image`).
 """
@@ -76,6 +76,12 @@ STAGED_WEIGHTS_ENV = "WARMSTART_VLLM_STAGED_WEIGHTS"
 # allocations at resume, more copies in flight).
 REFILL_THREADS = 8
 REFILL_CHUNK_MIB = 16
+
+
+def staging_wanted(tensor_parallel_size: int) -> bool:
+    """Whether the engine offers a weight staging plan: on one GPU, unless the worker says
+    `WARMSTART_VLLM_STAGED_WEIGHTS=0`."""
+    return tensor_parallel_size == 1 and env_flag(STAGED_WEIGHTS_ENV, True)
 
 
 class VllmEngine(Engine):
@@ -255,9 +261,7 @@ class VllmEngine(Engine):
         """What a weight stager puts on the GPU for the next `reacquire()`: the weights' file ranges in one
         block (`weights_staged`); None where it cannot help, or where the GPU has no room for the block."""
         self._staging = None
-        if not env_flag(STAGED_WEIGHTS_ENV, False):
-            return None
-        if self._weights_plan is None or self.options.tensor_parallel_size != 1:
+        if self._weights_plan is None or not staging_wanted(self.options.tensor_parallel_size):
             return None
         import torch
 
