@@ -83,15 +83,6 @@ def is_running(pid: int, proc: Path = PROC) -> bool:
     return stat is not None and stat.running
 
 
-def boot_time(proc: Path = PROC) -> int:
-    """When this machine booted, in epoch seconds (`btime` of /proc/stat); OSError/ValueError otherwise."""
-    for line in (proc / "stat").read_text().splitlines():
-        name, _, value = line.partition(" ")
-        if name == "btime":
-            return int(value)
-    raise ValueError(f"{proc / 'stat'} has no btime line")
-
-
 def process_start_time() -> float:
     """When this process started, in epoch seconds (now when /proc cannot say)."""
     started = start_time()
@@ -103,10 +94,10 @@ def start_time(pid: int | str = "self", proc: Path = PROC) -> float | None:
     ticks = start_ticks(pid, proc)
     if ticks is None:
         return None
-    try:
-        return boot_time(proc) + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError):
-        return None
+    # The start is counted in clock ticks after boot; the boot's epoch time in /proc/stat (`btime`) is whole
+    # seconds, which would put the start up to a second early. The process's age on the boot clock is exact.
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    return time.time() - age
 
 
 def anonymous_memory_by_mapping(

@@ -51,10 +51,20 @@ def test_a_reaped_process_is_gone_and_a_zombie_is_not_running(awkward_child) -> 
     assert procinfo.read_stat(awkward_child.pid) is None and procinfo.start_ticks(awkward_child.pid) is None
 
 
-def test_start_time_is_after_boot_and_not_in_the_future() -> None:
-    started = procinfo.start_time()
-    assert started is not None
-    assert procinfo.boot_time() <= started <= time.time()
+@pytest.mark.spawns
+def test_a_start_time_is_exact_to_a_clock_tick() -> None:
+    # Counted from the boot's whole-second epoch time (`btime`), it could be up to a second early.
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    before = time.time()
+    child = subprocess.Popen(["sleep", "5"])
+    after = time.time()
+    try:
+        started = procinfo.start_time(child.pid)
+        assert started is not None
+        assert before - tick <= started <= after + tick, (before, started, after)
+    finally:
+        child.kill()
+        child.wait()
 
 
 def test_a_stat_line_is_parsed_from_the_last_parenthesis() -> None:
