@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import shlex
+import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from support import recording_criu_command, wait_for_line
+from support import recording_criu_command, wait_for_line, wait_until
 
 from warmstart.checkpoint import weight_staging
 from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
@@ -18,11 +20,12 @@ from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.restore import (
     LAZY_PAGES_ENV,
     FailureCounter,
+    PidTaken,
     RestoreFailed,
     RestoreRefused,
     restore,
 )
-from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
+from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, namespace_pids, waiting_init_command
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
@@ -270,6 +273,45 @@ def test_failed_criu_restore_is_cleaned_up_and_counted(
         assert sandbox.host_pids() == [sandbox.init_pid]
         assert counter.count(captured.snapshot.id) == attempt
     assert counter.invalid(captured.snapshot.id)
+
+
+def _hold_pid(sandbox: Sandbox, pid: int) -> int:
+    """A process of the sandbox's PID namespace given `pid` there (as a pod's own process could hold it);
+    its host PID."""
+    script = f"echo {pid - 1} > /proc/sys/kernel/ns_last_pid; sleep 300 & wait"
+    subprocess.Popen(["nsenter", f"--target={sandbox.init_pid}", "--pid", "--", "/bin/sh", "-c", script])
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        held = [host for host in sandbox.host_pids() if namespace_pids(host)[-1:] == [pid]]
+        if held:
+            return held[0]
+        time.sleep(0.05)
+    raise AssertionError(f"PID {pid} not taken in the sandbox: {sandbox.host_pids()}")
+
+
+def test_a_pid_taken_in_the_pod_fails_the_restore_without_counting_it_against_the_snapshot(
+    tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
+) -> None:
+    criu, _ = counting_criu
+    _, captured = _capture(tmp_path, store, key, criu, sandboxes)
+    engine_pid = captured.snapshot.meta["engine_pid"]
+    sandbox = Sandbox.start(tmp_path / "taken", waiting_init_command(), reserve_pids=True)
+    sandboxes.append(sandbox)
+    holder = _hold_pid(sandbox, engine_pid)
+    control = ControlDir(sandbox.host_dir / "control")
+    with pytest.raises(PidTaken, match=f"PID {engine_pid}, which the snapshot's process had, is taken"):
+        restore(
+            store=store, verifier=load_verifier(key), snapshot_id=captured.snapshot.id,
+            expected_identity=_identity(9), sandbox=sandbox, control=control, criu=criu,
+            work_dir=tmp_path / "taken-work",
+        )  # fmt: skip
+    answered = control.read(RESTORE_FAILED)  # the worker cold-starts
+    assert answered is not None and f"PID {engine_pid}" in answered.payload["reason"]
+    assert answered.payload["failures"] is None
+    assert FailureCounter(store.root).count(captured.snapshot.id) == 0
+    # cleaned up as any failed restore: init alone is left once the killed are reaped
+    wait_until(lambda: sandbox.host_pids() == [sandbox.init_pid], "the pod's processes but init killed", 10)
+    assert not Path(f"/proc/{holder}").exists()
 
 
 def test_failed_dump_leaves_no_snapshot_and_source_keeps_serving(

@@ -37,6 +37,7 @@ from warmstart.api.snapshot import (
 )
 from warmstart.checkpoint.restore import (
     FailureCounter,
+    PidTaken,
     PodUnfit,
     RestoreClaimed,
     RestoreFailed,
@@ -305,6 +306,9 @@ class RestorePhase:
             log.info("no restore into %s: %s", objects.key(pod), exc)
             self.node.metrics.restores.labels("refused").inc()
             return
+        except PidTaken as exc:  # answered and cleaned up; the pod's doing: not counted against the snapshot
+            self._failed_in_pod(pod, str(exc))
+            return
         except (RestoreRefused, RestoreFailed) as exc:
             self._failed(pod, snap, snapshot_id, str(exc), failures)
             return
@@ -328,6 +332,13 @@ class RestorePhase:
         node.kube.annotate_pod(namespace, name, report)
         node.kube.event(pod, "Pod", "Normal", "Restored", f"from snapshot {snapshot_id} in {seconds:.2f}s")
         node.kube.clear_restore_failures(snap)
+
+    def _failed_in_pod(self, pod: dict[str, Any], reason: str) -> None:
+        """Report a restore that failed because of something in the pod: the worker starts cold."""
+        self.node.metrics.restores.labels("failed").inc()
+        self.node.kube.event(pod, "Pod", "Warning", "RestoreFailed", f"{reason}; the worker starts cold")
+        namespace, name = objects.meta(pod)["namespace"], objects.meta(pod)["name"]
+        self.node.kube.annotate_pod(namespace, name, {"restoreFailed": reason})
 
     def _failed(
         self,

@@ -81,6 +81,16 @@ def first_error_line(log_file: Path) -> str | None:
     return None
 
 
+# CRIU restoring a process whose PID is in use in the target namespace (clone3 with set_tid: EEXIST).
+_PID_TAKEN = re.compile(r"Can't fork for (\d+): File exists")
+
+
+def taken_pid(error: CriuError) -> int | None:
+    """The PID a failed restore could not have because a process of the target namespace holds it."""
+    match = _PID_TAKEN.search(str(error))
+    return int(match.group(1)) if match else None
+
+
 def _split(command: Sequence[str] | str) -> list[str]:
     parts = shlex.split(command) if isinstance(command, str) else list(command)
     if not parts:

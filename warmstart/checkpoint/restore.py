@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.checkpoint import cuda
-from warmstart.checkpoint.criu import Criu, CriuError
+from warmstart.checkpoint.criu import Criu, CriuError, taken_pid
 from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.checkpoint.weight_staging import StagerProcess, give_plan, spawn_stager_early
@@ -94,6 +94,11 @@ class SnapshotVanished(RestoreRefused):
 
 class RestoreFailed(RuntimeError):
     """CRIU or the CUDA restore failed; what was restored has been killed."""
+
+
+class PidTaken(RestoreFailed):
+    """A PID the snapshot's processes had is held by a process of the pod: the pod's doing, not the
+    snapshot's. What was restored has been killed, the pod answered `restore-failed`; nothing is counted."""
 
 
 @dataclass
@@ -324,6 +329,13 @@ def restore(
         raise
     except (CriuError, cuda.CudaCheckpointError, cuda.CudaUnavailable, OSError) as exc:
         _undo(stager, sandbox, claimed)
+        if isinstance(exc, CriuError) and (pid := taken_pid(exc)) is not None:
+            taken = PidTaken(
+                f"restore of {snapshot_id} failed: PID {pid}, which the snapshot's process had, is taken in "
+                "the pod (not counted against the snapshot)"
+            )
+            _answer_failed(control, snapshot_id, str(taken), None)
+            raise taken from exc
         failed = RestoreFailed(f"restore of {snapshot_id} failed: {exc}")
         _vanished_or_counted(store, control, failures, snapshot_id, failed)
         raise failed from exc
