@@ -76,7 +76,7 @@ START_TIMEOUT = 600.0  # a cold vLLM at 8B shapes compiles and captures graphs
 # only after its 1 s initial timeout. A connection is given 50 ms, then tried afresh, so the first token comes
 # when the Service first routes to the replica, not up to a second later.
 FIRST_TOKEN = """
-import http.client, json, socket, sys, time, urllib.parse
+import http.client, json, sys, time, urllib.parse
 url, model, prompt = sys.argv[1], sys.argv[2], sys.argv[3]
 tokens, deadline = int(sys.argv[4]), float(sys.argv[5])
 address = urllib.parse.urlsplit(url)
