@@ -42,6 +42,7 @@ from warmstart.checkpoint.restore import (
     RestoreClaimed,
     RestoreFailed,
     RestoreRefused,
+    SnapshotVanished,
     restore,
 )
 from warmstart.identity import SnapshotIdentity
@@ -306,8 +307,8 @@ class RestorePhase:
             log.info("no restore into %s: %s", objects.key(pod), exc)
             self.node.metrics.restores.labels("refused").inc()
             return
-        except PidTaken as exc:  # answered and cleaned up; the pod's doing: not counted against the snapshot
-            self._failed_in_pod(pod, str(exc))
+        except (PidTaken, SnapshotVanished) as exc:  # answered and cleaned up; not the snapshot's doing
+            self._failed_uncounted(pod, str(exc))
             return
         except (RestoreRefused, RestoreFailed) as exc:
             self._failed(pod, snap, snapshot_id, str(exc), failures)
@@ -333,8 +334,9 @@ class RestorePhase:
         node.kube.event(pod, "Pod", "Normal", "Restored", f"from snapshot {snapshot_id} in {seconds:.2f}s")
         node.kube.clear_restore_failures(snap)
 
-    def _failed_in_pod(self, pod: dict[str, Any], reason: str) -> None:
-        """Report a restore that failed because of something in the pod: the worker starts cold."""
+    def _failed_uncounted(self, pod: dict[str, Any], reason: str) -> None:
+        """Report a restore that failed for a reason not the snapshot's (the pod's, or the snapshot deleted
+        meanwhile): the worker starts cold, the snapshot's count of failures stays."""
         self.node.metrics.restores.labels("failed").inc()
         self.node.kube.event(pod, "Pod", "Warning", "RestoreFailed", f"{reason}; the worker starts cold")
         namespace, name = objects.meta(pod)["namespace"], objects.meta(pod)["name"]
