@@ -37,12 +37,11 @@ from warmstart.api.snapshot import (
 )
 from warmstart.checkpoint.restore import (
     FailureCounter,
-    PidTaken,
+    NotCounted,
     PodUnfit,
     RestoreClaimed,
     RestoreFailed,
     RestoreRefused,
-    SnapshotVanished,
     restore,
 )
 from warmstart.identity import SnapshotIdentity
@@ -307,8 +306,8 @@ class RestorePhase:
             log.info("no restore into %s: %s", objects.key(pod), exc)
             self.node.metrics.restores.labels("refused").inc()
             return
-        except (PidTaken, SnapshotVanished) as exc:  # answered and cleaned up; not the snapshot's doing
-            self._failed_uncounted(pod, str(exc))
+        except NotCounted as exc:  # answered and cleaned up; the pod's doing, or the snapshot is gone
+            self._report_failed(pod, str(exc), f"{exc}; the worker starts cold")
             return
         except (RestoreRefused, RestoreFailed) as exc:
             self._failed(pod, snap, snapshot_id, str(exc), failures)
@@ -334,11 +333,10 @@ class RestorePhase:
         node.kube.event(pod, "Pod", "Normal", "Restored", f"from snapshot {snapshot_id} in {seconds:.2f}s")
         node.kube.clear_restore_failures(snap)
 
-    def _failed_uncounted(self, pod: dict[str, Any], reason: str) -> None:
-        """Report a restore that failed for a reason not the snapshot's (the pod's, or the snapshot deleted
-        meanwhile): the worker starts cold, the snapshot's count of failures stays."""
+    def _report_failed(self, pod: dict[str, Any], reason: str, message: str) -> None:
+        """A failed restore in the metrics, the pod's Event (`message`) and its annotation (`reason`)."""
         self.node.metrics.restores.labels("failed").inc()
-        self.node.kube.event(pod, "Pod", "Warning", "RestoreFailed", f"{reason}; the worker starts cold")
+        self.node.kube.event(pod, "Pod", "Warning", "RestoreFailed", message)
         namespace, name = objects.meta(pod)["namespace"], objects.meta(pod)["name"]
         self.node.kube.annotate_pod(namespace, name, {"restoreFailed": reason})
 
@@ -353,12 +351,9 @@ class RestorePhase:
         """Report a failed restore (already counted in this store's `failures`, which stops this node
         trying it) and add it to the snapshot's count over all nodes: Invalid once that reaches the limit."""
         node, meta = self.node, objects.meta(snap)
-        node.metrics.restores.labels("failed").inc()
         count = node.kube.add_restore_failure(meta["namespace"], meta["name"], reason)
-        message = f"{reason} (failure {count} of {failures.max_failures}); the worker starts cold"
-        node.kube.event(pod, "Pod", "Warning", "RestoreFailed", message)
-        node.kube.annotate_pod(
-            objects.meta(pod)["namespace"], objects.meta(pod)["name"], {"restoreFailed": reason}
+        self._report_failed(
+            pod, reason, f"{reason} (failure {count} of {failures.max_failures}); the worker starts cold"
         )
         if count is not None and count >= failures.max_failures:  # the operator turns it Invalid
             node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "Invalid", f"{count} restores failed: {reason}")

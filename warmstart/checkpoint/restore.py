@@ -87,18 +87,22 @@ class PodUnfit(RuntimeError):
     nothing was claimed or sent, and the snapshot is not at fault."""
 
 
-class SnapshotVanished(RestoreRefused):
-    """The snapshot was unpublished (deleted) while it was being restored: the pod is answered
-    `restore-failed` and cold-starts, and the failure is not counted against a snapshot that is gone."""
+class NotCounted(Exception):
+    """A restore that failed for a reason not the snapshot's: the pod was answered `restore-failed` and
+    cold-starts, and nothing is counted against the snapshot."""
+
+
+class SnapshotVanished(RestoreRefused, NotCounted):
+    """The snapshot was unpublished (deleted) while it was being restored."""
 
 
 class RestoreFailed(RuntimeError):
     """CRIU or the CUDA restore failed; what was restored has been killed."""
 
 
-class PidTaken(RestoreFailed):
-    """A PID the snapshot's processes had is held by a process of the pod: the pod's doing, not the
-    snapshot's. What was restored has been killed, the pod answered `restore-failed`; nothing is counted."""
+class PidTaken(RestoreFailed, NotCounted):
+    """A PID the snapshot's processes had is held by a process of the pod: the pod's doing. What was
+    restored has been killed."""
 
 
 @dataclass
@@ -329,14 +333,7 @@ def restore(
         raise
     except (CriuError, cuda.CudaCheckpointError, cuda.CudaUnavailable, OSError) as exc:
         _undo(stager, sandbox, claimed)
-        if isinstance(exc, CriuError) and (pid := taken_pid(exc)) is not None:
-            taken = PidTaken(
-                f"restore of {snapshot_id} failed: PID {pid}, which the snapshot's process had, is taken in "
-                "the pod (not counted against the snapshot)"
-            )
-            _answer_failed(control, snapshot_id, str(taken), None)
-            raise taken from exc
-        failed = RestoreFailed(f"restore of {snapshot_id} failed: {exc}")
+        failed = _failure(snapshot_id, exc)
         _vanished_or_counted(store, control, failures, snapshot_id, failed)
         raise failed from exc
     except BaseException:  # interrupted: leave nothing half-restored behind
@@ -461,13 +458,27 @@ def _hand_over_restore_log(work_dir: Path, sandbox: Sandbox) -> None:
         log.warning("CRIU's restore log stays in %s: %s", source, exc)
 
 
+def _failure(snapshot_id: str, exc: Exception) -> RestoreFailed:
+    """What a failed CRIU or CUDA restore is: PidTaken when CRIU found a PID it needed held in the pod."""
+    if isinstance(exc, CriuError) and (pid := taken_pid(exc)) is not None:
+        return PidTaken(
+            f"restore of {snapshot_id} failed: PID {pid}, which the snapshot's process had, is taken in "
+            "the pod (not counted against the snapshot)"
+        )
+    return RestoreFailed(f"restore of {snapshot_id} failed: {exc}")
+
+
 def _vanished_or_counted(
     store: SnapshotStore, control: ControlDir, failures: FailureCounter, snapshot_id: str, exc: Exception
 ) -> None:
-    """Answer `restore-failed`; count the failure against the snapshot unless it is no longer published
-    (then SnapshotVanished, saying so, instead of a digest or an errno that reads like corruption)."""
+    """Answer `restore-failed`; count the failure against the snapshot unless it is NotCounted or the
+    snapshot is no longer published (then SnapshotVanished, saying so, instead of a digest or an errno that
+    reads like corruption)."""
     if store.is_published(snapshot_id):
-        _fail(control, failures, snapshot_id, str(exc))
+        if isinstance(exc, NotCounted):
+            _answer_failed(control, snapshot_id, str(exc), None)
+        else:
+            _fail(control, failures, snapshot_id, str(exc))
         return
     vanished = SnapshotVanished(
         f"snapshot {snapshot_id} was deleted while it was being restored (not counted against it): {exc}"
