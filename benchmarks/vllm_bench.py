@@ -71,6 +71,7 @@ RESTORES = {  # store, environment of the restoring side
     "restore": ("store", {}),
     "restore-staged": ("store-staged", {}),
     "restore-staged-off": ("store-staged", {"WARMSTART_WEIGHT_STAGER": "0"}),  # no stager: the files
+    "restore-staged-rehash": ("store-staged", {"WARMSTART_VERIFIED_RECORDS": "0"}),  # every blob hashed
     "restore-notrim": ("store-notrim", {}),
     **{kind: ("store-image", {}) for kind in REFILLS},
 }
@@ -583,7 +584,8 @@ def main() -> int:
         default="capture,restore,restore-dropped,vllm-serve,vllm-hot",
         help="comma-separated: capture (as a user's worker), capture-staged (a staging plan), capture-image "
         "(a weights image), capture-notrim; restore, restore-staged (a weight stager), restore-staged-off "
-        "(the same snapshot, no stager), restore-image[-old], restore-reload, restore-notrim (each from its "
+        "(the same snapshot, no stager), restore-staged-rehash (no verified records: every blob hashed), "
+        "restore-image[-old], restore-reload, restore-notrim (each from its "
         "capture; -thp: transparent huge pages always; -dropped: page cache dropped first); cold (a "
         "separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), vllm-serve, vllm-hot, "
         "vllm-dropped",

@@ -37,7 +37,7 @@ def _run(args: argparse.Namespace) -> int:
             prestage_interval=settings.prestage_interval, prestage_max_bytes=settings.prestage_max_bytes,
             remote=RemoteConfig.from_env() if os.environ.get("WARMSTART_S3_BUCKET") else None,
             pull_timeout=settings.pull_timeout, cache_max_bytes=settings.cache_max_bytes,
-            cache_max_age=settings.cache_max_age,
+            cache_max_age=settings.cache_max_age, verified_records=settings.verified_records,
         )  # fmt: skip
     except (SettingsError, ValueError) as exc:  # RemoteConfigError too: a bucket named but unusable
         print(f"warmstart agent: {exc}", file=sys.stderr)

@@ -67,6 +67,7 @@ class AgentConfig:
     pull_timeout: float = 120.0  # for a restore's pull; past it the worker starts cold
     cache_max_bytes: int = 0  # the node cache's bound when there is a bucket; 0: none
     cache_max_age: float = 0.0
+    verified_records: bool = True  # restores skip blobs this node verified before, unchanged since
 
     @property
     def restore_work_dir(self) -> Path:
@@ -92,7 +93,7 @@ class NodeContext:
     def create(
         cls, config: AgentConfig, kube: KubeStatus, signer: Signer, verifier: Verifier, metrics: AgentMetrics
     ) -> NodeContext:
-        store = SnapshotStore(config.store)
+        store = SnapshotStore(config.store, verified_records=config.verified_records)
         cluster_store = None
         if config.remote is not None:
             cluster_store = ClusterStore(

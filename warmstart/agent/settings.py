@@ -78,6 +78,13 @@ class AgentSettings(CommandSettings):
         "start (always lets CRIU restore into 2 MiB pages); it stays after the agent stops; unset: leave the "
         "node's as it is",
     )
+    verified_records: bool = setting(
+        True,
+        "WARMSTART_VERIFIED_RECORDS",
+        "restore without hashing again a blob this node verified before, its inode, size and mtime "
+        "unchanged since (any write through the filesystem moves the mtime); false: hash every blob on every "
+        "restore, so damage beneath the filesystem is caught too",
+    )
     pull_timeout: float = setting(
         120.0,
         "WARMSTART_AGENT_PULL_TIMEOUT_SECONDS",

@@ -49,6 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
     from warmstart.checkpoint.sandbox import SandboxError
     from warmstart.config import default_criu_command
     from warmstart.snapshot.store import SnapshotStore
+    from warmstart.snapshot.verified import records_wanted
 
     store_root = Path(args.store).resolve()
     spec = WorkerSpec(args.engine, args.model, args.device, args.host, args.port, list(args.worker_arg))
@@ -57,7 +58,8 @@ def _serve(args: argparse.Namespace) -> int:
     if criu is None:
         print(f"snapshots are off: {why_not}")
     work_dir = Path(args.work_dir).resolve() if args.work_dir else None
-    node = LocalNode(spec, SnapshotStore(store_root), signer, verifier, criu, work_dir, args.ready_timeout)
+    store = SnapshotStore(store_root, verified_records=records_wanted())
+    node = LocalNode(spec, store, signer, verifier, criu, work_dir, args.ready_timeout)
     _stop_on_signals()
     try:
         with hugepages.selected(args.transparent_hugepages):

@@ -38,6 +38,7 @@ from warmstart.snapshot.layout import (
 from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN, digest_hex
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.staging_owner import newest_mtime, staging_is_stale, this_host
+from warmstart.snapshot.verified import VerifiedRecords
 
 
 @dataclass
@@ -77,6 +78,8 @@ def collect_garbage(
         if referenced is not None:
             report.referenced_blobs = len(referenced)
             _gc_blobs(layout, referenced, grace, report)
+        if not dry_run:
+            VerifiedRecords(layout.root).prune({blob.name for blob in layout.blobs_dir.iterdir()})
     return report
 
 

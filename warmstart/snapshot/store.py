@@ -27,6 +27,7 @@ from warmstart.snapshot.manifest import MIN_CHUNK_SIZE
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.staging import Staging
 from warmstart.snapshot.staging_owner import create_staging_root
+from warmstart.snapshot.verified import VerifiedRecords
 
 DEFAULT_CHUNK_SIZE = 64 << 20  # files above this also get per-chunk digests, verified in parallel
 
@@ -40,7 +41,10 @@ class SnapshotStore:
         *,
         hash_workers: int | None = None,
         chunk_size: int = DEFAULT_CHUNK_SIZE,
+        verified_records: bool = False,
     ) -> None:
+        """`verified_records`: restores (`materialize`) skip blobs this user verified before, unchanged
+        since (`verified.VerifiedRecords`); `verify` always hashes every blob."""
         if chunk_size != 0 and chunk_size < MIN_CHUNK_SIZE:
             raise ValueError(
                 f"chunk_size must be 0 (no chunk digests) or at least {MIN_CHUNK_SIZE}, got {chunk_size}"
@@ -48,6 +52,7 @@ class SnapshotStore:
         self.layout = StoreLayout(Path(root))
         self.hash_workers = hash_workers
         self.chunk_size = chunk_size
+        self.records = VerifiedRecords(self.layout.root) if verified_records else None
 
     def __repr__(self) -> str:
         return f"SnapshotStore({str(self.root)!r})"
@@ -146,7 +151,7 @@ class SnapshotStore:
         """Verify, then build `dest` from blobs (see `verify.materialize_snapshot`)."""
         return verify.materialize_snapshot(
             self.layout, snapshot_id, dest, verifier, prefix=prefix, expected_identity=expected_identity,
-            strip_prefix=strip_prefix, link=link, workers=self.hash_workers,
+            strip_prefix=strip_prefix, link=link, workers=self.hash_workers, records=self.records,
         )  # fmt: skip
 
     def gc(

@@ -27,6 +27,7 @@ from warmstart.snapshot.manifest import (
     check_prefix,
 )
 from warmstart.snapshot.signing import Verifier
+from warmstart.snapshot.verified import BlobState, VerifiedRecords
 
 MAX_REPORTED_PROBLEMS = 5
 ContentCheck = tuple[int, Callable[[], str], tuple[FileEntry, str, str]]
@@ -40,13 +41,15 @@ def verify_snapshot(
     *,
     prefix: str | None = None,
     workers: int | None = None,
+    records: VerifiedRecords | None = None,
 ) -> Snapshot:
     """Check signature, schema, identity and every blob's size and digest; SnapshotInvalid otherwise.
 
-    With `prefix`, only blobs of files under it are hashed (signature and schema are always checked).
+    With `prefix`, only blobs of files under it are hashed (signature and schema are always checked); with
+    `records`, a blob they say matched, unchanged since, is not hashed again.
     """
     manifest = verified_manifest(layout, snapshot_id, verifier, expected_identity)
-    verify_blobs(layout, snapshot_id, selected_entries(manifest, prefix), workers)
+    verify_blobs(layout, snapshot_id, selected_entries(manifest, prefix), workers, records)
     return Snapshot(layout.snapshots_dir / snapshot_id, manifest)
 
 
@@ -75,7 +78,11 @@ def selected_entries(manifest: Manifest, prefix: str | None) -> dict[str, FileEn
 
 
 def verify_blobs(
-    layout: StoreLayout, snapshot_id: str, entries: dict[str, FileEntry], workers: int | None
+    layout: StoreLayout,
+    snapshot_id: str,
+    entries: dict[str, FileEntry],
+    workers: int | None,
+    records: VerifiedRecords | None = None,
 ) -> None:
     problems: list[str] = []
     by_blob: dict[FileEntry, list[str]] = {}  # each distinct (blob, chunking) is hashed once
@@ -85,13 +92,33 @@ def verify_blobs(
             problems.append(problem)
         else:
             by_blob.setdefault(dataclasses.replace(entry, mode=0), []).append(path)
-    for entry, what in _content_mismatches(layout, by_blob, workers):
+    states = _unrecorded(layout, by_blob, records)
+    mismatched = _content_mismatches(layout, states, workers)
+    for entry, what in mismatched:
         names = ", ".join(repr(p) for p in by_blob[entry])
         problems.append(f"file {names}: blob {entry.digest} {what} does not match (corrupted)")
+    if records is not None:
+        wrong = {entry for entry, _ in mismatched}
+        for entry, state in states.items():
+            if state is not None and entry not in wrong:
+                records.remember(entry, state, layout.blob_path(entry.digest))
     if problems:
         extra = len(problems) - MAX_REPORTED_PROBLEMS
         reason = "; ".join(problems[:MAX_REPORTED_PROBLEMS]) + (f"; and {extra} more" if extra > 0 else "")
         raise SnapshotInvalid(reason, snapshot_id=snapshot_id)
+
+
+def _unrecorded(
+    layout: StoreLayout, entries: Iterable[FileEntry], records: VerifiedRecords | None
+) -> dict[FileEntry, BlobState | None]:
+    """The entries to hash, each with its blob's state as seen before hashing (None: not to be recorded);
+    those `records` says matched, unchanged since, are left out."""
+    if records is None:
+        return dict.fromkeys(entries)
+    states = {entry: records.state(layout.blob_path(entry.digest)) for entry in entries}
+    return {
+        entry: state for entry, state in states.items() if state is None or not records.holds(entry, state)
+    }
 
 
 def blobs_not_matching(layout: StoreLayout, entries: Iterable[FileEntry], workers: int | None) -> set[str]:
@@ -169,8 +196,9 @@ def materialize_snapshot(
     strip_prefix: bool = False,
     link: bool = True,
     workers: int | None = None,
+    records: VerifiedRecords | None = None,
 ) -> Snapshot:
-    """Verify, then build `dest` from blobs: hardlinks on the same filesystem, copies otherwise.
+    """Verify (`verify_snapshot`), then build `dest` from blobs: hardlinks on one filesystem, else copies.
 
     Files keep their paths relative to the snapshot (`criu/pages-1.img` -> `dest/criu/pages-1.img`), or
     lose the prefix with `strip_prefix=True`. Copies get the recorded mode exactly; a hardlink shares the
@@ -178,7 +206,7 @@ def materialize_snapshot(
     differs from that, the file is copied instead).
     """
     snapshot = verify_snapshot(
-        layout, snapshot_id, verifier, expected_identity, prefix=prefix, workers=workers
+        layout, snapshot_id, verifier, expected_identity, prefix=prefix, workers=workers, records=records
     )
     selected = selected_entries(snapshot.manifest, prefix)
     target_root = Path(dest)
