@@ -43,11 +43,18 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-QWEN3_8B = dict(
-    vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-    num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
-    max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+QWEN3_COMMON = dict(
+    vocab_size=151936, head_dim=128, num_key_value_heads=8, max_position_embeddings=40960,
+    rope_theta=1000000.0, rms_norm_eps=1e-6,
 )  # fmt: skip
+SHAPES = {  # the published Qwen3 configurations' shapes
+    "qwen3-0.6b": dict(QWEN3_COMMON, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, tie_word_embeddings=True),
+    "qwen3-8b": dict(QWEN3_COMMON, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                     num_attention_heads=32, tie_word_embeddings=False),
+    "qwen3-14b": dict(QWEN3_COMMON, hidden_size=5120, intermediate_size=17408, num_hidden_layers=40,
+                      num_attention_heads=40, tie_word_embeddings=False),
+}  # fmt: skip
 
 
 # What the refill file says for each restore from the weights image (read by the resumed engine): the
@@ -150,12 +157,13 @@ def tokenizer_covers(directory: Path, vocab_size: int) -> bool:
     return len(vocab) == vocab_size
 
 
-def write_model(directory: Path, seed: int = 0) -> None:
-    """Qwen3-8B's shapes, seeded random bf16 weights in 4 GiB safetensors shards, and the tokenizer above
-    (rewritten in a model written before it covered the vocabulary)."""
+def write_model(directory: Path, shape: str = "qwen3-8b", seed: int = 0) -> None:
+    """A Qwen3 model's shapes (SHAPES), seeded random bf16 weights in 4 GiB safetensors shards, and the
+    tokenizer above (rewritten in a model written before it covered the vocabulary)."""
+    vocab_size = QWEN3_COMMON["vocab_size"]
     if (directory / "complete").exists():
-        if not tokenizer_covers(directory, QWEN3_8B["vocab_size"]):
-            write_tokenizer(directory, QWEN3_8B["vocab_size"])
+        if not tokenizer_covers(directory, vocab_size):
+            write_tokenizer(directory, vocab_size)
             log(f"tokenizer of {directory} rewritten to cover the vocabulary")
         return
     import torch
@@ -164,7 +172,7 @@ def write_model(directory: Path, seed: int = 0) -> None:
 
     started = time.time()
     directory.mkdir(parents=True, exist_ok=True)
-    config = Qwen3Config(**QWEN3_8B, torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"])
+    config = Qwen3Config(**SHAPES[shape], torch_dtype="bfloat16", architectures=["Qwen3ForCausalLM"])
     config.save_pretrained(directory)
     with torch.device("meta"):
         shapes = {name: t.shape for name, t in Qwen3ForCausalLM(config).state_dict().items()}
@@ -194,7 +202,7 @@ def write_model(directory: Path, seed: int = 0) -> None:
     (directory / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {}, "weight_map": weight_map})
     )
-    write_tokenizer(directory, QWEN3_8B["vocab_size"])
+    write_tokenizer(directory, vocab_size)
     (directory / "complete").write_text("1")
     log(f"model written to {directory} in {time.time() - started:.1f} s")
 
@@ -572,6 +580,7 @@ def main() -> int:
     )
     parser.add_argument("--criu", required=True)
     parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-8b", help="of a model written anew")
     parser.add_argument("--work", type=Path, default=Path("/var/tmp/warmstart-vllm"))
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "local")
     parser.add_argument("--port", type=int, default=8130)
@@ -592,7 +601,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    write_model(args.model)
+    write_model(args.model, args.shape)
     results: list[dict[str, Any]] = []
     reference = None
     colds = itertools.count(1)

@@ -8,7 +8,8 @@
 # CRIU >= 4.2 (4.1.1 cannot dump inet sockets on kernels 6.16+): WARMSTART_CRIU, or the portable folder made by
 # `WARMSTART_CRIU_SUITE=sid hack/criu-setup` copied to .dev/criu-sid. Results go to $OUT (default
 # benchmarks/results/local); scratch to $BENCH_WORK (default /var/tmp/warmstart-vllm), the model to $MODEL_DIR.
-# $STEPS picks the benchmark's steps (its --help lists them); `cold` is a separate cold start of the same spec.
+# $STEPS picks the benchmark's steps (its --help lists them); `cold` is a separate cold start of the same spec;
+# $SHAPE a Qwen3 size for a model written anew (qwen3-0.6b, qwen3-8b, qwen3-14b; give it its own $MODEL_DIR).
 # Every start's greedy token ids and logprobs are compared with the capture's and the first cold start's
 # (results.json: vs_capture, vs_cold; the log ends with one line per start).
 set -uo pipefail
@@ -57,4 +58,4 @@ echo "transparent hugepages: $(cat /sys/kernel/mm/transparent_hugepage/enabled)"
 # vLLM's server imports more than its engine: a missing module is found here, not after the model loads.
 python3 -c 'import vllm.entrypoints.openai.api_server' 2>&1 | tail -3 || exit 5
 python3 benchmarks/vllm_bench.py --criu "$WARMSTART_CRIU" --model "$MODEL_DIR" --work "$WORK" --out "$OUT" \
-    ${STEPS:+--steps "$STEPS"} 2>&1 | tee "$OUT/vllm_bench.log"
+    ${STEPS:+--steps "$STEPS"} ${SHAPE:+--shape "$SHAPE"} 2>&1 | tee "$OUT/vllm_bench.log"

@@ -30,7 +30,7 @@ def tokenizer_dir(bench: ModuleType, tmp_path_factory: pytest.TempPathFactory) -
         "transformers", reason="the benchmark's tokenizer needs `transformers` (the dev extra)"
     )
     directory = tmp_path_factory.mktemp("qwen3-8b-tokenizer")
-    bench.write_tokenizer(directory, bench.QWEN3_8B["vocab_size"])
+    bench.write_tokenizer(directory, bench.QWEN3_COMMON["vocab_size"])
     return directory
 
 
@@ -40,7 +40,7 @@ def test_every_token_id_of_the_model_decodes_to_non_empty_text(
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)  # as vLLM loads it
-    vocab_size = bench.QWEN3_8B["vocab_size"]
+    vocab_size = bench.QWEN3_COMMON["vocab_size"]
     assert len(tokenizer) == vocab_size
     texts = tokenizer.batch_decode([[token] for token in range(vocab_size)], skip_special_tokens=False)
     empty = [token for token, text in enumerate(texts) if not text]
@@ -76,9 +76,9 @@ def test_a_model_written_with_a_partial_tokenizer_gets_a_full_one(bench: ModuleT
     )
     (tmp_path / "complete").write_text("1")
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"vocab": {"a": 0, "b": 1}}}))
-    assert not bench.tokenizer_covers(tmp_path, bench.QWEN3_8B["vocab_size"])
+    assert not bench.tokenizer_covers(tmp_path, bench.QWEN3_COMMON["vocab_size"])
     bench.write_model(tmp_path)  # the weights are there ("complete"): only the tokenizer is rewritten
-    assert bench.tokenizer_covers(tmp_path, bench.QWEN3_8B["vocab_size"])
+    assert bench.tokenizer_covers(tmp_path, bench.QWEN3_COMMON["vocab_size"])
 
 
 # --- comparing outputs ------------------------------------------------------------------------------------
@@ -178,3 +178,14 @@ def test_every_start_is_compared_with_the_capture_and_the_first_cold_start(bench
     assert "vs_cold" not in cold_1 and cold_2["vs_cold"]["identical"]
     assert "vs_capture" not in failed
     assert len(lines) == 4 and lines[2].startswith("cold-1: vs capture: token ids identical False")
+
+
+@pytest.mark.parametrize(("shape", "billions"), [("qwen3-0.6b", 0.6), ("qwen3-8b", 8.2), ("qwen3-14b", 14.8)])
+def test_each_shape_has_its_published_model_size(bench: ModuleType, shape: str, billions: float) -> None:
+    """Parameters of the configuration the bench writes, against the size Qwen publishes for that model."""
+    torch = pytest.importorskip("torch", reason="the model's shapes are checked with torch (the dev extra)")
+    transformers = pytest.importorskip("transformers", reason="Qwen3's model class (the dev extra)")
+    config = transformers.Qwen3Config(**bench.SHAPES[shape])
+    with torch.device("meta"):
+        model = transformers.Qwen3ForCausalLM(config)
+    assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, rel=0.02)
