@@ -8,10 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from snapshot_helpers import write_files
 
+from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot import Snapshot, SnapshotInvalid, SnapshotStore
 from warmstart.snapshot import verify as verify_module
-from warmstart.snapshot.signing import Verifier
+from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.verified import RECORDS_DIR, VerifiedRecords, filesystem_type, records_wanted
 
 FILES = {
@@ -254,3 +256,24 @@ def test_a_blob_that_changed_while_it_was_hashed_gets_no_record(
     records = os.listdir(recording.root / RECORDS_DIR)
     assert [name for name in records if name.startswith(blob.name)] == []
     assert len(records) == 1  # the small blob, hashed whole, unchanged
+
+
+def test_a_snapshot_published_by_a_recording_store_is_restored_without_hashing(
+    recording: SnapshotStore,
+    signer: Signer,
+    verifier: Verifier,
+    identity: SnapshotIdentity,
+    tmp_path: Path,
+    hashed: list[str],
+) -> None:
+    """The publisher hashed every blob it stored: its records spare the first restore the same work."""
+    with recording.stage(identity) as staging:
+        write_files(staging.dir, FILES)
+        snapshot = staging.publish(signer)
+    hashed.clear()
+
+    recording.materialize(snapshot.id, tmp_path / "first", verifier)
+    assert hashed == []
+    _overwrite_keeping_mode(_blob(recording, snapshot), 3)
+    with pytest.raises(SnapshotInvalid, match="corrupted"):
+        recording.materialize(snapshot.id, tmp_path / "second", verifier)

@@ -14,9 +14,10 @@ import os
 import secrets
 import stat
 import time
+from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from warmstart.clock import utc_now
 from warmstart.fileio import fsync_dir, write_new_file
@@ -30,6 +31,9 @@ from warmstart.snapshot.layout import MANIFEST_FILE, SIGNATURE_FILE, StoreLayout
 from warmstart.snapshot.manifest import CREATED_FORMAT, FileEntry, Manifest, SnapshotError
 from warmstart.snapshot.signing import Signer, signature_document
 from warmstart.snapshot.verify import blobs_not_matching
+
+if TYPE_CHECKING:
+    from warmstart.snapshot.verified import VerifiedRecords
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +49,7 @@ class Staged(Protocol):
     timings: dict[str, float]
     hash_workers: int | None
     chunk_size: int
+    records: VerifiedRecords | None
 
     def collect_files(self) -> dict[str, Path]: ...
 
@@ -90,6 +95,8 @@ def publish_staging(staging: Staged, signer: Signer) -> Snapshot:
     except BaseException:
         _remove_unreferenced(layout, written)
         raise
+    if staging.records is not None:
+        _record_published(layout, entries.values(), staging.records)
     log.info("published snapshot %s (%d files, %d bytes)", snapshot_id, len(entries), manifest.size)
     return Snapshot(final, manifest)
 
@@ -133,6 +140,16 @@ def _ingest_all(
 
     parallel_map(ingest_one, list(entries.items()), workers=workers)
     fsync_dir(layout.blobs_dir)
+
+
+def _record_published(layout: StoreLayout, entries: Iterable[FileEntry], records: VerifiedRecords) -> None:
+    """Record the published blobs as verified: each was hashed here (a staged file linked in, or a blob
+    already stored and checked before it was kept), so the next restore need not hash it again."""
+    for entry in entries:
+        blob = layout.blob_path(entry.digest)
+        state = records.state(blob)
+        if state is not None:
+            records.remember(entry, state, blob)
 
 
 def _remove_unreferenced(layout: StoreLayout, written: list[str]) -> None:

@@ -21,6 +21,7 @@ from warmstart.snapshot.publish import publish_staging
 
 if TYPE_CHECKING:
     from warmstart.snapshot.signing import Signer
+    from warmstart.snapshot.verified import VerifiedRecords
 
 
 class Staging:
@@ -39,6 +40,7 @@ class Staging:
         *,
         hash_workers: int | None,
         chunk_size: int,
+        records: VerifiedRecords | None = None,
     ) -> None:
         self.layout = layout
         self.root = root
@@ -49,6 +51,7 @@ class Staging:
         self.timings: dict[str, float] = {}
         self.hash_workers = hash_workers
         self.chunk_size = chunk_size
+        self.records = records  # where the published blobs, hashed here, are recorded as verified
         self.snapshot: Snapshot | None = None
 
     def __enter__(self) -> Staging:

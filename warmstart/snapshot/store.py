@@ -43,8 +43,8 @@ class SnapshotStore:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         verified_records: bool = False,
     ) -> None:
-        """`verified_records`: restores (`materialize`) skip blobs this user verified before, unchanged
-        since (`verified.VerifiedRecords`); `verify` always hashes every blob."""
+        """`verified_records`: restores (`materialize`) skip blobs this user verified (or hashed to publish)
+        before, unchanged since (`verified.VerifiedRecords`); `verify` always hashes every blob."""
         if chunk_size != 0 and chunk_size < MIN_CHUNK_SIZE:
             raise ValueError(
                 f"chunk_size must be 0 (no chunk digests) or at least {MIN_CHUNK_SIZE}, got {chunk_size}"
@@ -93,6 +93,7 @@ class SnapshotStore:
             meta,
             hash_workers=self.hash_workers,
             chunk_size=self.chunk_size,
+            records=self.records,
         )
 
     def get(self, snapshot_id: str, *, verifier: Verifier | None = None) -> Snapshot:
