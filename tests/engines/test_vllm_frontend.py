@@ -18,8 +18,9 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, Gauge
 
-from warmstart.engines.vllm.frontend import ServingApp
+from warmstart.engines.vllm.frontend import ServingApp, VllmFrontend
 from warmstart.engines.vllm.inproc_client import InprocAsyncClient
+from warmstart.engines.vllm.options import VllmOptions
 from warmstart.worker.engine_process import _HttpRunner
 from warmstart.worker.metrics import WorkerMetrics
 from warmstart.worker.openai_requests import RequestLimits
@@ -210,8 +211,34 @@ class FakeFrontend:
 
         return app
 
+    async def app_for_serving(self) -> FastAPI:
+        return await self.build_app()
+
     def metrics_registry(self) -> CollectorRegistry:
         return self.registry
+
+
+def test_the_app_built_at_warm_up_is_the_one_served_and_only_once() -> None:
+    """A restored copy serves the app built before the capture (nothing to build after the wake); a second
+    serving loop in the same process gets a fresh app, never one an earlier loop has served."""
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    class Frontend(VllmFrontend):
+        async def _warm_up(self) -> None:
+            loops.append(asyncio.get_running_loop())
+
+        async def build_app(self) -> str:
+            loops.append(asyncio.get_running_loop())
+            return f"app {len(loops)}"
+
+    frontend = Frontend(VllmOptions(model="tiny"), "tiny")
+    frontend.llm = type("AsyncLLM", (), {"output_handler": None})()
+    frontend.warm_up()
+    assert len(loops) == 2 and loops[0] is not loops[1]  # warmed up, then built apart from the warm-up
+
+    assert asyncio.run(frontend.app_for_serving()) == "app 2"
+    assert len(loops) == 2
+    assert asyncio.run(frontend.app_for_serving()) == "app 3"
 
 
 def test_the_worker_load_gauges_follow_the_engine_scheduler_at_every_scrape() -> None:

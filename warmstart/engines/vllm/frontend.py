@@ -7,8 +7,9 @@ process a checkpoint captures: every route vLLM serves (completions and chat wit
 restore, with the engine state it had at the capture.
 
 Around a checkpoint the engine drives it synchronously (`sleep`, `wake_up`, `collective_rpc`: they run on
-the core's thread); it warms up through its own app in a short-lived event loop before the capture, and
-after resume builds the app state afresh in the serving loop (`ServingApp.prepare`).
+the core's thread); it warms up through its own app in a short-lived event loop before the capture, then
+builds a second app for serving, which answers nothing before the capture, so nothing in it is bound to
+that loop: a restored copy serves it from uvicorn's loop without building anything (`ServingApp.prepare`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class VllmFrontend:
         self.llm: Any = None  # vLLM's AsyncLLM
         self.timings: dict[str, float] = {}
         self.warm_up_answer: dict[str, Any] = {}
+        self._serving_app: Any = None  # built before the capture, taken by the serving loop
 
     def load(self) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -98,10 +100,17 @@ class VllmFrontend:
             self.llm.output_handler = None  # its task died with that loop; the next request starts one
 
     def warm_up(self) -> None:
-        """Build the app and answer one request on each generation route, through vLLM's own code."""
+        """Build the app and answer one request on each generation route, through vLLM's own code; then
+        build the app the worker will serve (after a restore, too)."""
         started = time.perf_counter()
         self.run(self._warm_up())
         self.timings["warm_up_s"] = time.perf_counter() - started
+        self._serving_app = self.run(self.build_app())
+
+    async def app_for_serving(self) -> Any:
+        """The app built for serving at warm-up (once); an app built now when there is none."""
+        app, self._serving_app = self._serving_app, None
+        return app if app is not None else await self.build_app()
 
     async def _warm_up(self) -> None:
         import httpx
@@ -193,8 +202,9 @@ class ServingApp:
         self._inner: Any = None
 
     async def prepare(self) -> None:
-        self._inner = await self._frontend.build_app()
-        log.info("vLLM's server built in %.3f s", self._frontend.timings["build_app_s"])
+        started = time.perf_counter()
+        self._inner = await self._frontend.app_for_serving()
+        log.info("vLLM's server ready to bind in %.3f s", time.perf_counter() - started)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
