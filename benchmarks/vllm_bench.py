@@ -29,6 +29,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -520,6 +521,64 @@ def image_sizes(work: Path, store: str = "store") -> dict[str, Any]:
             "other_bytes": total - pages, "largest": [[name, size] for size, name in biggest]}  # fmt: skip
 
 
+# --- the disk: the floor of a restore with the page cache dropped --------------------------------------
+
+READ_THREADS = 8
+READ_CHUNK = 16 << 20
+
+
+def read_rate(paths: list[Path], threads: int = READ_THREADS) -> dict[str, Any]:
+    """Bytes, seconds and GB/s to read `paths` whole in 16 MiB reads from `threads` threads."""
+    pieces = [(path, offset) for path in paths for offset in range(0, path.stat().st_size, READ_CHUNK)]
+
+    def read(piece: tuple[Path, int]) -> int:
+        fd = os.open(piece[0], os.O_RDONLY)
+        try:
+            return len(os.pread(fd, READ_CHUNK, piece[1]))
+        finally:
+            os.close(fd)
+
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        total = sum(pool.map(read, pieces))
+    seconds = time.perf_counter() - started
+    return {"bytes": total, "seconds": round(seconds, 3), "gb_per_s": round(total / seconds / 1e9, 3)}
+
+
+def weight_files(model: Path) -> list[Path]:
+    return sorted(model.glob("*.safetensors"))
+
+
+def read_floor(results: list[dict[str, Any]], weights_bytes: int) -> float | None:
+    """Seconds to read a dropped restore's every byte (the newest capture's image and the weights) at the
+    disk's measured rate (a `disk` step before); None without both."""
+    disks = [row["read"] for row in results if row.get("run") == "disk"]
+    images = [row["image"] for row in results if row.get("image")]
+    if not disks or not images:
+        return None
+    return (images[-1]["total_bytes"] + weights_bytes) / (disks[-1]["gb_per_s"] * 1e9)
+
+
+def disk_step(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    drop_caches()
+    rate = read_rate(weight_files(args.model))
+    results.append({"run": "disk", "read": rate})
+    log(f"disk: the model's files, page cache dropped: {rate['bytes'] / 1e9:.2f} GB in "
+        f"{rate['seconds']:.2f} s, {rate['gb_per_s']:.2f} GB/s ({READ_THREADS} threads)")  # fmt: skip
+    drop_caches()
+
+
+def against_floor(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+    """Put a dropped restore (the last row) against the read floor, when the run measured the disk."""
+    floor = read_floor(results, sum(path.stat().st_size for path in weight_files(args.model)))
+    row = results[-1]
+    if floor is None or "to_first_token_s" not in row:
+        return
+    row["floor_read_s"] = round(floor, 3)
+    row["vs_floor"] = round(row["to_first_token_s"] / floor, 3)
+    log(f"{row['run']}: {row['vs_floor']:.2f}x the floor of reading every byte ({floor:.2f} s)")
+
+
 # --- vLLM alone ----------------------------------------------------------------------------------------
 
 
@@ -561,6 +620,10 @@ def run_step(
         store, env_extra = RESTORES[kind]
         with transparent_hugepages("always" if "-thp" in step else None):
             serve_once(args, step, results, reference, store, env_extra)
+        if step.endswith("dropped"):
+            against_floor(args, results)
+    elif step == "disk":
+        disk_step(args, results)
     elif step == "cold":
         cold_worker(args, label, results, reference)
     elif step == "vllm-serve":
@@ -595,7 +658,8 @@ def main() -> int:
         "(a weights image), capture-notrim; restore, restore-staged (a weight stager), restore-staged-off "
         "(the same snapshot, no stager), restore-staged-rehash (no verified records: every blob hashed), "
         "restore-image[-old], restore-reload, restore-notrim (each from its "
-        "capture; -thp: transparent huge pages always; -dropped: page cache dropped first); cold (a "
+        "capture; -thp: transparent huge pages always; -dropped: page cache dropped first, against the read "
+        "floor when a `disk` step measured the disk before); disk; cold (a "
         "separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), vllm-serve, vllm-hot, "
         "vllm-dropped",
     )

@@ -189,3 +189,24 @@ def test_each_shape_has_its_published_model_size(bench: ModuleType, shape: str, 
     with torch.device("meta"):
         model = transformers.Qwen3ForCausalLM(config)
     assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, rel=0.02)
+
+
+def test_the_disk_read_counts_every_byte_of_every_file(bench: ModuleType, tmp_path: Path) -> None:
+    sizes = [0, 1, bench.READ_CHUNK + 5, 2 * bench.READ_CHUNK]
+    files = []
+    for index, size in enumerate(sizes):
+        files.append(tmp_path / f"model-{index}.safetensors")
+        files[-1].write_bytes(b"\1" * size)
+    rate = bench.read_rate(files, threads=3)
+    assert rate["bytes"] == sum(sizes) and rate["gb_per_s"] > 0
+    assert bench.weight_files(tmp_path) == files
+
+
+def test_a_dropped_restore_is_put_against_reading_every_byte_at_the_measured_rate(bench: ModuleType) -> None:
+    results: list[dict[str, Any]] = [
+        {"run": "capture-staged", "image": {"total_bytes": 4_000_000_000}},
+        {"run": "disk", "read": {"gb_per_s": 2.0}},
+    ]
+    assert bench.read_floor(results, 16_000_000_000) == pytest.approx(10.0)
+    assert bench.read_floor(results[:1], 16_000_000_000) is None  # no disk measured: no floor
+    assert bench.read_floor(results[1:], 16_000_000_000) is None  # no image: no floor
