@@ -14,7 +14,6 @@ import os
 import secrets
 import stat
 import time
-from collections.abc import Iterable
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -96,7 +95,10 @@ def publish_staging(staging: Staged, signer: Signer) -> Snapshot:
         _remove_unreferenced(layout, written)
         raise
     if staging.records is not None:
-        _record_published(layout, entries.values(), staging.records)
+        # Every blob was hashed here (a staged file linked in, or a stored one kept once it checked out):
+        # the next restore need not hash it again.
+        for entry in entries.values():
+            staging.records.remember_as_is(entry, layout.blob_path(entry.digest))
     log.info("published snapshot %s (%d files, %d bytes)", snapshot_id, len(entries), manifest.size)
     return Snapshot(final, manifest)
 
@@ -140,16 +142,6 @@ def _ingest_all(
 
     parallel_map(ingest_one, list(entries.items()), workers=workers)
     fsync_dir(layout.blobs_dir)
-
-
-def _record_published(layout: StoreLayout, entries: Iterable[FileEntry], records: VerifiedRecords) -> None:
-    """Record the published blobs as verified: each was hashed here (a staged file linked in, or a blob
-    already stored and checked before it was kept), so the next restore need not hash it again."""
-    for entry in entries:
-        blob = layout.blob_path(entry.digest)
-        state = records.state(blob)
-        if state is not None:
-            records.remember(entry, state, blob)
 
 
 def _remove_unreferenced(layout: StoreLayout, written: list[str]) -> None:

@@ -85,8 +85,16 @@ class VerifiedRecords:
     def remember(self, entry: FileEntry, state: BlobState, blob: Path) -> None:
         """Record that the blob matched `entry` as it was in `state` (nothing when it changed since, or
         when the record cannot be written: the next restore hashes it again)."""
-        if self.state(blob) != state:
-            return
+        if self.state(blob) == state:
+            self._write(entry, state)
+
+    def remember_as_is(self, entry: FileEntry, blob: Path) -> None:
+        """Record the blob as it is now, its bytes just hashed by this process as `entry`'s."""
+        state = self.state(blob)
+        if state is not None:
+            self._write(entry, state)
+
+    def _write(self, entry: FileEntry, state: BlobState) -> None:
         with contextlib.suppress(OSError):
             with contextlib.suppress(FileExistsError):
                 os.mkdir(self.directory, 0o700)
