@@ -14,6 +14,7 @@ import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -42,7 +43,7 @@ from warmstart.agent.pods import (
     read_environ,
     supervisor_of,
 )
-from warmstart.agent.proto import agent_pb2, agent_pb2_grpc
+from warmstart.agent.proto import agent_pb2, agent_pb2_grpc, cri_pb2, cri_pb2_grpc
 from warmstart.agent.restore import worker_port
 from warmstart.agent.settings import AgentSettings
 from warmstart.api import labels as L
@@ -444,10 +445,64 @@ def test_restore_work_directories_of_no_running_restore_are_reclaimed(offline_ag
 
 
 def test_a_runtime_that_cannot_be_asked_answers_nothing(tmp_path: Path) -> None:
-    assert ContainerRuntime(tmp_path / "absent.sock").running_image("uid", "worker") == ""
+    assert ContainerRuntime(tmp_path / "absent.sock").container_image("uid", "worker") == ""
     with socket.socket(socket.AF_UNIX) as unanswered:  # a socket nobody listens on
         unanswered.bind(str(tmp_path / "cri.sock"))
-        assert ContainerRuntime(tmp_path / "cri.sock").running_image("uid", "worker") == ""
+        assert ContainerRuntime(tmp_path / "cri.sock").container_image("uid", "worker") == ""
+
+
+class _RuntimeListingLate(cri_pb2_grpc.RuntimeServiceServicer):
+    """A CRI runtime service whose pod has an exited first attempt of the worker (another image) and, from its
+    `listed_from`th list on, a second attempt in `state`."""
+
+    def __init__(self, listed_from: int, state: int = cri_pb2.CONTAINER_CREATED) -> None:
+        self.lists, self.listed_from, self.state = 0, listed_from, state
+
+    def ListContainers(self, request, context):  # noqa: N802 (the CRI's name)
+        self.lists += 1
+        assert request.filter.label_selector["io.kubernetes.pod.uid"] == "uid"
+        exited = cri_pb2.Container(
+            id="old",
+            metadata=cri_pb2.ContainerMetadata(name="worker", attempt=0),
+            state=cri_pb2.CONTAINER_EXITED,
+        )
+        if self.lists < self.listed_from:
+            return cri_pb2.ListContainersResponse(containers=[exited])
+        new = cri_pb2.Container(
+            id="new", metadata=cri_pb2.ContainerMetadata(name="worker", attempt=1), state=self.state
+        )
+        return cri_pb2.ListContainersResponse(containers=[new, exited])
+
+    def ContainerStatus(self, request, context):  # noqa: N802
+        images = {"new": "sha256:new", "old": "sha256:old"}
+        return cri_pb2.ContainerStatusResponse(
+            status=cri_pb2.ContainerStatus(image_ref=images[request.container_id])
+        )
+
+
+@pytest.mark.parametrize(
+    ("listed_from", "state", "expected"),
+    [
+        (1, cri_pb2.CONTAINER_CREATED, "sha256:new"),  # known from the container's creation
+        (1, cri_pb2.CONTAINER_RUNNING, "sha256:new"),
+        (4, cri_pb2.CONTAINER_RUNNING, "sha256:new"),  # listed late: asked again
+        (1, cri_pb2.CONTAINER_EXITED, ""),  # an exited container is never the worker
+        (10_000, cri_pb2.CONTAINER_RUNNING, ""),  # never listed: "" after a bounded time
+    ],
+)
+def test_the_runtime_names_the_image_of_the_pods_live_worker_container(
+    tmp_path: Path, listed_from: int, state: int, expected: str
+) -> None:
+    runtime = _RuntimeListingLate(listed_from, state)
+    server = grpc.server(ThreadPoolExecutor(max_workers=2))
+    cri_pb2_grpc.add_RuntimeServiceServicer_to_server(runtime, server)
+    server.add_insecure_port(f"unix://{tmp_path / 'cri.sock'}")
+    server.start()
+    try:
+        assert ContainerRuntime(tmp_path / "cri.sock").container_image("uid", "worker") == expected
+    finally:
+        server.stop(None)
+    assert runtime.lists >= (listed_from if expected else 2)
 
 
 def test_without_the_runtimes_answer_the_image_is_the_kubelets(tmp_path: Path) -> None:

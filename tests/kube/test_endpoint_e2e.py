@@ -103,8 +103,8 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
     for pod in restored:
         # The runtime's word on the image is the kubelet's, which the snapshot recorded at capture.
         uid, reported = pod["metadata"]["uid"], objects.worker_image_id(pod)
-        assert runtime.running_image(uid, L.WORKER_CONTAINER) == reported == identity["image"], reported
-        assert runtime.running_image(uid, "no-such-container") == ""
+        assert runtime.container_image(uid, L.WORKER_CONTAINER) == reported == identity["image"], reported
+        assert runtime.container_image(uid, "no-such-container") == ""
         reasons = {event["reason"] for event in events_of(kube, namespace, pod["metadata"]["name"])}
         assert "Restored" in reasons, (pod["metadata"]["name"], reasons)
         assert "RestoreRefused" not in reasons and "RestoreFailed" not in reasons, reasons

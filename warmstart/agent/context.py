@@ -144,7 +144,7 @@ class NodeContext:
         meta = objects.meta(pod)
         namespace, name = meta["namespace"], meta["name"]
         if self.runtime:
-            if image := self.runtime.running_image(meta["uid"], L.WORKER_CONTAINER):
+            if image := self.runtime.container_image(meta["uid"], L.WORKER_CONTAINER, self.stopping.is_set):
                 return image
             log.info("pod %s/%s: no image from the container runtime; waiting for the kubelet's report",
                      namespace, name)  # fmt: skip
