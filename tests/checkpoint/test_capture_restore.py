@@ -299,7 +299,10 @@ def test_a_pid_taken_in_the_pod_fails_the_restore_without_counting_it_against_th
     sandboxes.append(sandbox)
     holder = _hold_pid(sandbox, engine_pid)
     control = ControlDir(sandbox.host_dir / "control")
-    with pytest.raises(PidTaken, match=f"PID {engine_pid}, which the snapshot's process had, is taken"):
+    taken = (
+        f"PID {engine_pid}, which the snapshot's process had, is taken in the pod by process named 'sleep'"
+    )
+    with pytest.raises(PidTaken, match=taken):
         restore(
             store=store, verifier=load_verifier(key), snapshot_id=captured.snapshot.id,
             expected_identity=_identity(9), sandbox=sandbox, control=control, criu=criu,

@@ -332,8 +332,8 @@ def restore(
         _vanished_or_counted(store, control, failures, snapshot_id, exc)
         raise
     except (CriuError, cuda.CudaCheckpointError, cuda.CudaUnavailable, OSError) as exc:
+        failed = _failure(snapshot_id, exc, sandbox)
         _undo(stager, sandbox, claimed)
-        failed = _failure(snapshot_id, exc)
         _vanished_or_counted(store, control, failures, snapshot_id, failed)
         raise failed from exc
     except BaseException:  # interrupted: leave nothing half-restored behind
@@ -458,12 +458,14 @@ def _hand_over_restore_log(work_dir: Path, sandbox: Sandbox) -> None:
         log.warning("CRIU's restore log stays in %s: %s", source, exc)
 
 
-def _failure(snapshot_id: str, exc: Exception) -> RestoreFailed:
-    """What a failed CRIU or CUDA restore is: PidTaken when CRIU found a PID it needed held in the pod."""
+def _failure(snapshot_id: str, exc: Exception, sandbox: Sandbox) -> RestoreFailed:
+    """What a failed CRIU or CUDA restore is: PidTaken when CRIU found a PID it needed held in the pod (by
+    what, while it still is)."""
     if isinstance(exc, CriuError) and (pid := taken_pid(exc)) is not None:
+        holder = sandbox.task_holding(pid)
         return PidTaken(
             f"restore of {snapshot_id} failed: PID {pid}, which the snapshot's process had, is taken in "
-            "the pod (not counted against the snapshot)"
+            f"the pod{f' by {holder}' if holder else ''} (not counted against the snapshot)"
         )
     return RestoreFailed(f"restore of {snapshot_id} failed: {exc}")
 

@@ -169,6 +169,31 @@ class Sandbox:
                 continue
         return None
 
+    def task_holding(self, namespace_tid: int) -> str:
+        """What holds `namespace_tid` in the sandbox's PID namespace (a process, or a thread of one), in
+        words; "" when nothing does."""
+        for pid in self.host_pids():
+            try:
+                tids = os.listdir(f"/proc/{pid}/task")
+            except OSError:
+                continue
+            for tid in tids:
+                try:
+                    if namespace_pids(int(tid), Path(f"/proc/{pid}/task"))[-1] != namespace_tid:
+                        continue
+                    name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+                    owner = (
+                        Path(f"/proc/{pid}/cmdline")
+                        .read_bytes()
+                        .replace(b"\0", b" ")
+                        .decode(errors="replace")
+                    )
+                except OSError:
+                    continue
+                what = "process" if int(tid) == pid else f"a thread of pid {namespace_pids(pid)[-1]}"
+                return f"{what} named {name!r} ({owner.strip()[:120]})"
+        return ""
+
     def host_pids(self) -> list[int]:
         """Host PIDs of every process in the sandbox's PID namespace (init included)."""
         found = []
