@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -54,6 +55,10 @@ RESTORE_ANSWER_TIMEOUT_ENV = "WARMSTART_RESTORE_ANSWER_TIMEOUT"
 DEFAULT_RESTORE_ANSWER_TIMEOUT = 1800.0
 EXIT_RESTORE_UNANSWERED = 75  # EX_TEMPFAIL: the pod may be restarted, it was not given an engine
 POLL_SECONDS = 0.05
+# A restore gives the engine back the PIDs it had when it was captured, in a pod whose supervisor holds the
+# lowest PIDs of its namespace with threads of its own (one once held the PID a captured engine had). So a
+# capture's engine starts past this PID, which no supervisor's thread reaches.
+ENGINE_PID_FLOOR = 1000
 ENGINE_LOG = "engine.log"
 
 
@@ -139,6 +144,8 @@ class Supervisor:
         return self._wait_for_engine()
 
     def _run_engine(self, mode: str, started_at: float) -> int:
+        if mode == "capture":
+            pids_past(ENGINE_PID_FLOOR)
         self.engine_pid = self._spawn(mode, started_at)
         log.info("engine process %d started (%s); logs in %s", self.engine_pid, mode, log_dir(self.args))
         if self.stop_signal is not None:
@@ -220,6 +227,18 @@ def _show_restore_facts(args: argparse.Namespace, control: ControlDir, started: 
         log.warning("restore facts: %s (a restore will be refused; the engine starts cold)", facts.error)
     log.info("restore facts written in %.3f s, %.3f s after the worker started",
              time.monotonic() - measured, time.time() - started)  # fmt: skip
+
+
+def pids_past(floor: int) -> None:
+    """Take and give back PIDs of this namespace, a short thread each, until the next one is past `floor`
+    (at once where the namespace's PIDs are past it already)."""
+    seen: list[int] = []
+    for _ in range(floor):
+        thread = threading.Thread(target=lambda: seen.append(threading.get_native_id()), name="pid-floor")
+        thread.start()
+        thread.join()
+        if seen[-1] >= floor:
+            return
 
 
 def _restore_answer(control: ControlDir) -> Signal | None:
