@@ -67,11 +67,16 @@ REFILLS = {
 }
 # The stores: "store" is captured as a user's worker is (with a staging plan: a weight stager fills the
 # weights while CRIU restores the process), "store-staged" the same, asked for explicitly (as the 2026-12-04
-# run did, before it was the default), "store-image" with a weights image, "store-notrim" with cached memory
-# kept. `restore-staged-off` restores a staged snapshot with no stager: the weights from the model's files.
+# run did, before it was the default), "store-staged-kv" with the stager's block in the KV cache's own
+# allocations, "store-image" with a weights image, "store-notrim" with cached memory kept.
+# `restore-staged-off` restores a staged snapshot with no stager: the weights from the model's files.
 CAPTURES = {
     "capture": ("store", {}),
     "capture-staged": ("store-staged", {"WARMSTART_VLLM_STAGED_WEIGHTS": "1"}),
+    "capture-staged-kv": (
+        "store-staged-kv",
+        {"WARMSTART_VLLM_STAGED_WEIGHTS": "1", "WARMSTART_VLLM_KV_STAGED": "1"},
+    ),
     "capture-image": ("store-image", {}),
     "capture-notrim": ("store-notrim", {"WARMSTART_VLLM_TRIM": "0"}),
 }
@@ -80,6 +85,7 @@ RESTORES = {  # store, environment of the restoring side
     "restore-staged": ("store-staged", {}),
     "restore-staged-off": ("store-staged", {"WARMSTART_WEIGHT_STAGER": "0"}),  # no stager: the files
     "restore-staged-rehash": ("store-staged", {"WARMSTART_VERIFIED_RECORDS": "0"}),  # every blob hashed
+    "restore-staged-kv": ("store-staged-kv", {}),  # the KV cache woken on the stager's memory
     "restore-notrim": ("store-notrim", {}),
     **{kind: ("store-image", {}) for kind in REFILLS},
 }

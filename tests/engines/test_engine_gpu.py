@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import os
 import subprocess
 import sys
 import time
@@ -193,3 +195,46 @@ def test_a_failing_stager_leaves_the_engine_to_refill(make_engine, tmp_path: Pat
     assert stager.wait(timeout=60) == 1
     assert not engine.last_refill_stats.get("staged")
     assert engine.generate([_greedy()])[0].token_ids == before
+
+
+@pytest.mark.spawns
+@VMM_SKIP
+def test_a_stager_hands_over_allocations_of_the_planned_sizes_that_outlive_it(tmp_path: Path) -> None:
+    """vLLM's KV cache as the stager's block: the stager allocates the planned segments, fills the copies
+    across them, and hands over one descriptor each; the engine's view shows the bytes, and the handles it
+    takes over keep the memory (mapped anywhere) after the view and the stager are gone."""
+    from warmstart.cuda_driver import check, driver
+    from warmstart.gpu.cuda_arena import VmmRange, allocation_granularity, imported_block, read_write_access
+    from warmstart.gpu.weight_stager.client import acknowledge, receive_staged_weights
+    from warmstart.gpu.weight_stager.plan import StagingPlan
+
+    granule = allocation_granularity(0)
+    payload = bytes(range(256)) * (3 * granule // 256)  # spans the first two segments and part of the third
+    (tmp_path / "w.bin").write_bytes(payload)
+    segments = (granule, granule, 2 * granule)
+    plan = StagingPlan(0, sum(segments), ((str(tmp_path / "w.bin"), 0, 0, len(payload)),), "", segments)
+    stager, socket_path = _start_stager(plan.to_json(), tmp_path)
+    fds, report = receive_staged_weights(socket_path, timeout=60)
+    try:
+        assert len(fds) == len(segments) and report["bytes"] == len(payload)
+        with imported_block(0, fds, segments) as block:
+            assert bytes(block.tensor[: len(payload)].cpu().numpy()) == payload
+            handles = block.take_handles()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        acknowledge(report)
+    assert stager.wait(timeout=60) == 0
+    cu = driver()
+    third = VmmRange(0, segments[2], backed=False)
+    try:
+        check(cu.cuMemMap(third.address, segments[2], 0, handles[2], 0), "cuMemMap")
+        check(cu.cuMemSetAccess(third.address, segments[2], [read_write_access(0)], 1), "cuMemSetAccess")
+        out = (ctypes.c_ubyte * granule)()
+        check(cu.cuMemcpyDtoH(out, third.address, granule), "cuMemcpyDtoH")
+        assert bytes(out) == payload[2 * granule : 3 * granule]
+        check(cu.cuMemUnmap(third.address, segments[2]), "cuMemUnmap")
+    finally:
+        for handle in handles:
+            cu.cuMemRelease(handle)
+        third.free()

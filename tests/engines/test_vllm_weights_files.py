@@ -10,7 +10,7 @@ import pytest
 
 from warmstart.engines.vllm import weights_files, weights_staged
 from warmstart.engines.vllm.weights_files import NoPlan
-from warmstart.gpu.weight_stager.plan import StagingPlan
+from warmstart.gpu.weight_stager.plan import MAX_SEGMENTS, StagingPlan
 
 torch = pytest.importorskip("torch")
 save_file = pytest.importorskip("safetensors.torch").save_file
@@ -140,6 +140,25 @@ def test_the_staged_block_holds_every_range_and_puts_each_back_in_place(tmp_path
     for name, parameter in model.named_parameters():
         assert torch.equal(parameter.data, before[name]), name
         assert parameter.data.data_ptr() == pointers[name]
+
+
+def test_the_kv_caches_allocations_are_the_block_where_they_hold_the_weights(tmp_path: Path) -> None:
+    model = Fused()
+    write(tmp_path, stored(model))
+    planned = weights_files.plan(model, tmp_path)
+    own = weights_staged.staging(planned, tmp_path, 0, "GPU-test", granularity=2 << 20)
+    end = weights_staged.staged_end(own)
+    assert own.plan.segments == () and end == max(at + n for _p, _f, at, n in own.plan.copies)
+    kv = (2 << 20, 4 << 20)
+    shared = weights_staged.staging(planned, tmp_path, 0, "GPU-test", 2 << 20, kv_segments=kv)
+    assert shared.plan.segments == kv and shared.plan.range_bytes == sum(kv)
+    assert shared.placements == own.placements and shared.plan.copies == own.plan.copies
+    StagingPlan.from_dict(shared.plan.to_dict())  # the stager takes it
+    too_small = weights_staged.staging(planned, tmp_path, 0, "GPU-test", 2 << 20, kv_segments=(4096,))
+    assert too_small.plan.segments == () and too_small.plan == own.plan
+    assert weights_staged.holds((end,), end) and not weights_staged.holds((end - 1,), end)
+    assert not weights_staged.holds((), 0)
+    assert not weights_staged.holds((1 << 30,) * (MAX_SEGMENTS + 1), end)
 
 
 def test_the_block_is_planned_only_where_the_gpu_holds_the_weights_twice() -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from warmstart.gpu.weight_stager.channel import listen
 from warmstart.gpu.weight_stager.client import StagedWeightsUnavailable, receive_staged_weights
-from warmstart.gpu.weight_stager.plan import RANGE_SLACK_BYTES, StagingPlan
+from warmstart.gpu.weight_stager.plan import MAX_SEGMENTS, RANGE_SLACK_BYTES, StagingPlan
 from warmstart.gpu.weight_stager.stage import open_inside
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +52,28 @@ def test_plan_round_trips_and_refuses_what_it_cannot_stage(tmp_path: Path) -> No
         "a range of": StagingPlan(
             0, 8192 + RANGE_SLACK_BYTES + 1, ((path, 0, 0, 8192),)
         ),  # memory for nothing
+    }
+    for reason, bad in refused.items():
+        with pytest.raises(ValueError, match=reason):
+            StagingPlan.from_json(bad.to_json())
+
+
+def test_a_plan_of_segments_is_their_allocations_end_to_end(tmp_path: Path) -> None:
+    """vLLM's KV cache as the block: its allocations may reach far past the copies (the engine keeps them),
+    but must add up to the range, none empty, no more than one message's descriptors."""
+    path = _plan(tmp_path).copies[0][0]
+    copies = ((path, 0, 0, 8192),)
+    segments = (1 << 30, 1 << 30)
+    plan = StagingPlan(0, 2 << 30, copies, "GPU-1", segments)
+    assert StagingPlan.from_json(plan.to_json()) == plan and plan.allocations == segments
+    assert _plan(tmp_path).allocations == (1 << 21,)  # no segments: one allocation of the range
+    refused = {
+        "segments of": StagingPlan(0, 3 << 30, copies, "", segments),
+        "none empty": StagingPlan(0, 1 << 30, copies, "", (1 << 30, 0)),
+        f"1 to {MAX_SEGMENTS}": StagingPlan(
+            0, (MAX_SEGMENTS + 1) << 21, copies, "", (2 << 20,) * (MAX_SEGMENTS + 1)
+        ),
+        "out of range": StagingPlan(0, 4096, copies, "", (4096,)),
     }
     for reason, bad in refused.items():
         with pytest.raises(ValueError, match=reason):

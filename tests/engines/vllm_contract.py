@@ -809,6 +809,33 @@ def cumem_allocator() -> str:
     return f"{how}; allocator_and_pools[tag] = (MemPool, allocator); AllocationData.handle[1] is the size"
 
 
+# --- kv_cache.py: the KV cache woken on the stager's memory ------------------------------------------------
+
+
+@check(
+    "CuMemAllocator.wake_up calls the module's create_and_map(data.handle) for each allocation, which hands "
+    "the handle to python_create_and_map(device, size, address, handle slot)",
+    "ast",
+    "kv_cache.py",
+)
+def wake_up_creates_through_the_module() -> str:
+    _module, tree, how = import_or_source("vllm.device_allocator.cumem")
+    wake_up = function_def(class_def(tree, "CuMemAllocator"), "wake_up")
+    handle_names = {
+        ast.unparse(node.targets[0])
+        for node in ast.walk(wake_up)
+        if isinstance(node, ast.Assign) and ast.unparse(node.value) == "data.handle"
+    }
+    calls = [ast.unparse(call.args[0]) for call in calls_in(wake_up, "create_and_map") if len(call.args) == 1]
+    if not calls or not set(calls) <= handle_names | {"data.handle"}:
+        raise ContractError(f"wake_up does not call create_and_map(data.handle): {calls}")
+    helper = function_def(tree, "create_and_map")
+    forwarded = [ast.unparse(call) for call in calls_in(helper, "python_create_and_map")]
+    if forwarded != [f"python_create_and_map(*{helper.args.args[0].arg})"]:
+        raise ContractError(f"create_and_map does not forward its handle whole: {forwarded}")
+    return f"{how}; wake_up -> create_and_map(handle) -> python_create_and_map(*handle)"
+
+
 # --- benchmarks/vllm_bench.py: what it asks of vLLM's server ------------------------------------------------
 
 

@@ -28,12 +28,14 @@ __all__ = [
     "CudaError",
     "CudaUnavailable",
     "CudaVmmArena",
+    "ImportedBlock",
     "VmmRange",
     "allocation_granularity",
     "cuda_device_count",
     "cuda_ordinal",
     "primary_context",
-    "shared_memory_view",
+    "read_write_access",
+    "imported_block",
 ]
 
 
@@ -114,15 +116,12 @@ class VmmRange:
     def _map_handle(self, handle: Any) -> None:
         """Map `handle` (ours from now on: released on failure or at unmap) over the whole range."""
         cu = driver()
-        prop = self._allocation_prop()
         try:
             check(cu.cuMemMap(self.address, self.size, 0, handle, 0), "cuMemMap")
         except CudaError:
             cu.cuMemRelease(handle)
             raise
-        access = cu.CUmemAccessDesc()
-        access.location = prop.location
-        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+        access = read_write_access(self.device_index)
         try:
             check(cu.cuMemSetAccess(self.address, self.size, [access], 1), "cuMemSetAccess")
         except CudaError:  # leave the range unmapped, so a later map() can try again
@@ -160,6 +159,15 @@ def _device_memory_prop(device_index: int) -> Any:
     return prop
 
 
+def read_write_access(device_index: int) -> Any:
+    """The access descriptor that lets the device with `device_index` read and write a mapping."""
+    cu = driver()
+    access = cu.CUmemAccessDesc()
+    access.location = _device_memory_prop(device_index).location
+    access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+    return access
+
+
 def allocation_granularity(device_index: int) -> int:
     """The size every device allocation of this GPU is rounded up to (2 MiB on the GPUs measured)."""
     cu = driver()
@@ -168,22 +176,71 @@ def allocation_granularity(device_index: int) -> int:
     return int(check(cu.cuMemGetAllocationGranularity(prop, flag), "cuMemGetAllocationGranularity"))
 
 
+class ImportedBlock:
+    """Allocations another process exported (one descriptor each), mapped end to end at a fresh address of
+    this process: `tensor` is the whole as a flat uint8 torch tensor. The imported handles are released with
+    the block unless `take_handles()` took them over."""
+
+    def __init__(self, device_index: int, fds: list[int], sizes: tuple[int, ...]) -> None:
+        if len(fds) != len(sizes):
+            raise CudaError(f"{len(fds)} descriptors for {len(sizes)} allocations")
+        cu = driver()
+        kind = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
+        self.device_index, self.sizes = device_index, sizes
+        self.span = VmmRange(device_index, sum(sizes), backed=False)
+        self.handles: list[Any] = []
+        self._mapped: list[tuple[int, int]] = []  # address, size
+        try:
+            for fd in fds:
+                self.handles.append(check(cu.cuMemImportFromShareableHandle(fd, kind), "cuMemImport"))
+            at = self.span.address
+            for handle, size in zip(self.handles, sizes, strict=True):
+                check(cu.cuMemMap(at, size, 0, handle, 0), "cuMemMap")
+                self._mapped.append((at, size))
+                at += size
+            access = read_write_access(device_index)
+            check(cu.cuMemSetAccess(self.span.address, self.span.size, [access], 1), "cuMemSetAccess")
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def tensor(self) -> Any:
+        import torch
+
+        nbytes = sum(self.sizes)
+        return torch.as_tensor(_CudaArrayView(self.span.address, nbytes), device=f"cuda:{self.device_index}")
+
+    def take_handles(self) -> list[Any]:
+        """The imported handles, the caller's to map elsewhere and release from now on."""
+        handles, self.handles = self.handles, []
+        return handles
+
+    def close(self) -> None:
+        cu = driver()
+        for at, size in self._mapped:
+            cu.cuMemUnmap(at, size)
+        self._mapped = []
+        for handle in self.handles:
+            cu.cuMemRelease(handle)
+        self.handles = []
+        self.span.free()
+
+
 @contextlib.contextmanager
-def shared_memory_view(device_index: int, fd: int, nbytes: int) -> Iterator[Any]:
-    """Device memory another process exported as a descriptor (a weight stager's), mapped at a fresh address
-    of this process for as long as the block runs, as a flat uint8 torch tensor; the block's kernels are
-    waited for before it is unmapped and its range given back."""
+def imported_block(device_index: int, fds: list[int], sizes: tuple[int, ...]) -> Iterator[ImportedBlock]:
+    """An `ImportedBlock` for as long as the block runs; the block's kernels are waited for before it is
+    unmapped and its range given back."""
     import torch
 
     primary_context(device_index).make_current()
-    span = VmmRange(device_index, nbytes, backed=False)
+    block = ImportedBlock(device_index, fds, sizes)
     try:
-        span.map_shared(fd)
-        yield torch.as_tensor(_CudaArrayView(span.address, nbytes), device=f"cuda:{device_index}")
+        yield block
     finally:
         with contextlib.suppress(Exception):  # a faulted context cannot synchronize; free what can be
             torch.cuda.synchronize(device_index)
-        span.free()
+        block.close()
 
 
 class CudaVmmArena:

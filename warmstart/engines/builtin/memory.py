@@ -28,7 +28,7 @@ from warmstart.config import env_flag
 from warmstart.cuda_driver import device_uuid
 from warmstart.gpu.arena import Arena, create_arena
 from warmstart.gpu.cuda_arena import CudaVmmArena
-from warmstart.gpu.weight_stager.client import acknowledge, receive_staged_weights
+from warmstart.gpu.weight_stager.client import StagedWeightsUnavailable, acknowledge, receive_staged_weights
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache
 from warmstart.procinfo import anonymous_memory_by_mapping
@@ -274,11 +274,14 @@ class EngineMemory:
         self.fill_weights()
 
     def _map_staged_weights(self, socket_path: str) -> None:
-        fd, report = receive_staged_weights(socket_path)
+        fds, report = receive_staged_weights(socket_path)
         try:
-            self.weights.reacquire_shared(fd)
+            if len(fds) != 1:
+                raise StagedWeightsUnavailable(f"the weight stager sent {len(fds)} allocations for one arena")
+            self.weights.reacquire_shared(fds[0])
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
             acknowledge(report)
         stats = {"bytes": report["bytes"], "seconds": report.get("seconds"), "copy": report.get("copy")}
         self.last_refill_stats = {**stats, "staged": True}

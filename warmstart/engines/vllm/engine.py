@@ -48,7 +48,7 @@ from warmstart.engines.base import (
     check_token_ids,
 )
 from warmstart.engines.host import gpu_facts
-from warmstart.engines.vllm import memory, weights_files, weights_staged
+from warmstart.engines.vllm import kv_cache, memory, weights_files, weights_staged
 from warmstart.engines.vllm.driver import _Driver, _Submission
 from warmstart.engines.vllm.frontend import WARM_UP_COMPLETION, ServingApp, VllmFrontend
 from warmstart.engines.vllm.identity import (
@@ -69,8 +69,8 @@ WEIGHTS_IMAGE_ENV = "WARMSTART_VLLM_WEIGHTS_IMAGE"  # a directory: write an imag
 # image exists) or "reload" (vLLM's reload_weights); read at resume: one snapshot is measured both ways.
 REFILL_CHOICE_FILE = "refill"
 TRIM_ENV = "WARMSTART_VLLM_TRIM"  # "0": leave cached GPU and host memory in place at release
-# "1": give the snapshot a staging plan, so that a weight stager fills the weights while the process is
-# restored (`weights_staged`); off by default until it has been measured on a GPU.
+# "0" at capture: no staging plan (the weights come back from the model's files after the wake); by default
+# a weight stager fills them while the process is restored (`weights_staged`).
 STAGED_WEIGHTS_ENV = "WARMSTART_VLLM_STAGED_WEIGHTS"
 # Refill defaults: on the H200, 16 MiB pinned chunks on 8 threads beat 64 MiB ones (smaller pinned
 # allocations at resume, more copies in flight).
@@ -148,6 +148,7 @@ class VllmEngine(Engine):
         self._weights_plan: weights_files.Plan | None = None
         self._staging: weights_staged.Staging | None = None
         self._staged_socket: str | None = None
+        self._kv_adopted: set[int] = set()  # KV cache allocations mapped on the stager's memory
         self._memory: dict[str, Any] = {}
         self._kv_error: BaseException | None = None
         self.timings: dict[str, float] = {}
@@ -270,12 +271,20 @@ class VllmEngine(Engine):
 
         index = torch.cuda.current_device()
         free, _total = torch.cuda.mem_get_info(index)
-        if not weights_staged.fits(self._weights_plan.nbytes, free):
+        kv_segments = kv_cache.segments(memory.cumem_allocator()) if kv_cache.wanted() else ()
+        if not weights_staged.holds(kv_segments, self._weights_plan.nbytes) and not weights_staged.fits(
+            self._weights_plan.nbytes, free
+        ):
             log.info("no weight stager: %.1f GB free asleep, too little for the weights twice", free / 1e9)
             return None
         model_dir = self._resolve_model_dir().absolute()
         self._staging = weights_staged.staging(
-            self._weights_plan, model_dir, index, device_uuid(index), allocation_granularity(index)
+            self._weights_plan,
+            model_dir,
+            index,
+            device_uuid(index),
+            allocation_granularity(index),
+            kv_segments,
         )
         return self._staging.plan
 
@@ -344,7 +353,8 @@ class VllmEngine(Engine):
             held_at_release=self._held,
             weights_image=str(self._weights_image or ""),
             weights_from_files=self._weights_plan.nbytes if self._weights_plan else 0,
-            weights_staged=self._staging.plan.range_bytes if self._staging else 0,
+            weights_staged=sum(c[3] for c in self._staging.plan.copies) if self._staging else 0,
+            weights_staged_in_kv_cache=bool(self._staging and self._staging.plan.segments),
             warm_up=self._warm_up_record(),
             memory_at_release=self._memory,
             timings={key: round(value, 4) for key, value in self._all_timings().items()},
@@ -407,11 +417,16 @@ class VllmEngine(Engine):
             return False
         mark = time.perf_counter()
         try:
-            stats = weights_staged.copy_in(model, self._weights_plan, self._staging, socket_path)
+            stats, handles = weights_staged.copy_in(model, self._weights_plan, self._staging, socket_path)
         except Exception as exc:  # noqa: BLE001 (whatever went wrong with the stager, the files are there)
             log.warning("no staged weights (%s); refilling them from the model's files", exc)
             return False
         self.timings["weights_staged_s"] = time.perf_counter() - mark
+        if handles:
+            mark = time.perf_counter()
+            allocator = memory.cumem_allocator()
+            self._kv_adopted = kv_cache.adopt(allocator, handles, self._staging.plan.device_index)
+            self.timings["kv_cache_adopted_s"] = time.perf_counter() - mark
         log.info("weights copied from the weight stager's block: %s", stats)
         return True
 
@@ -439,8 +454,10 @@ class VllmEngine(Engine):
     def _wake_kv_cache(self, llm: Any) -> None:
         mark = time.perf_counter()
         self._kv_error = None
+        adopted, self._kv_adopted = self._kv_adopted, set()
         try:
-            llm.wake_up(tags=["kv_cache"])
+            with kv_cache.mapped_ones_kept(adopted):
+                llm.wake_up(tags=["kv_cache"])
         except Exception as exc:  # noqa: BLE001 (re-raised by reacquire in its own thread)
             self._kv_error = exc
             if threading.current_thread() is threading.main_thread():

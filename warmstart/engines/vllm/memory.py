@@ -86,7 +86,7 @@ def breakdown() -> dict[str, Any]:
     facts["gpu_processes_gib"] = gpu_processes()
     facts["torch_allocated_gib"] = round(torch.cuda.memory_allocated() / GIB, 3)
     facts["torch_reserved_gib"] = round(torch.cuda.memory_reserved() / GIB, 3)
-    allocator = _cumem_allocator()
+    allocator = cumem_allocator()
     if allocator is not None:
         facts["cumem_tags"] = cumem_tags(allocator)
     with contextlib.suppress(Exception):  # a private torch API: its shape may change
@@ -142,7 +142,8 @@ def malloc_trim() -> bool:
         return False
 
 
-def _cumem_allocator() -> Any:
+def cumem_allocator() -> Any:
+    """vLLM's sleep allocator of this process, None without one."""
     try:
         from vllm.device_allocator.cumem import CuMemAllocator
     except ImportError:

@@ -6,8 +6,10 @@ another process's allocation. So the stager fills one block laid out here (every
 to end) while CRIU and the CUDA restore run, and the woken engine maps that block at a fresh address and
 copies each range into place on the GPU, device to device, instead of reading the files after the wake.
 
-The block needs as much free device memory as the weights, on top of them, until the copies are done, and
-before the KV cache wakes: `fits` decides at capture whether a restore may count on that.
+The block is the KV cache's own allocations where they can hold the weights (`kv_cache`): the engine keeps
+them after the copies, so a restore needs no more device memory than the engine had. Otherwise it is one
+allocation of its own, which needs as much free device memory as the weights, on top of them, until the
+copies are done, and before the KV cache wakes: `fits` decides at capture whether a restore may count on it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from warmstart.engines.vllm.weights_files import Plan, file_chunks
 from warmstart.engines.vllm.weights_image import parameters
 from warmstart.gpu.arena import round_up
 from warmstart.gpu.weight_stager.client import acknowledge, receive_staged_weights
-from warmstart.gpu.weight_stager.plan import StagingPlan
+from warmstart.gpu.weight_stager.plan import MAX_SEGMENTS, StagingPlan
 
 BLOCK_ALIGNMENT = 4096  # each range starts on a page of the block
 WHOLE_PIECES = 1 << 62  # one copy per file range
@@ -48,44 +50,76 @@ class Staging:
     placements: tuple[Placement, ...]
 
 
-def staging(planned: Plan, model_dir: Path, device_index: int, device_uuid: str, granularity: int) -> Staging:
-    """Lay every parameter's file ranges end to end in one block of the GPU with `device_index`."""
+def staging(
+    planned: Plan,
+    model_dir: Path,
+    device_index: int,
+    device_uuid: str,
+    granularity: int,
+    kv_segments: tuple[int, ...] = (),
+) -> Staging:
+    """Lay every parameter's file ranges end to end in one block of the GPU with `device_index`: the KV
+    cache's allocations (`kv_segments`, their sizes in order) where they hold them all, else its own."""
     copies, placements, at = [], [], 0
     for chunk in file_chunks(planned, WHOLE_PIECES):
         path = str(model_dir / planned.files[chunk.fd_index][0])
         copies.append((path, chunk.file_offset, at, chunk.length))
         placements.append(Placement(chunk.target, chunk.start, at, chunk.length))
         at = round_up(at + chunk.length, BLOCK_ALIGNMENT)
-    plan = StagingPlan(device_index, round_up(at, granularity), tuple(copies), device_uuid)
+    if holds(kv_segments, at):
+        plan = StagingPlan(device_index, sum(kv_segments), tuple(copies), device_uuid, kv_segments)
+    else:
+        plan = StagingPlan(device_index, round_up(at, granularity), tuple(copies), device_uuid)
     return Staging(plan, tuple(placements))
 
 
+def holds(kv_segments: tuple[int, ...], staged_bytes: int) -> bool:
+    """Whether the KV cache's allocations can be the block: as many as one message carries, room enough."""
+    return 0 < len(kv_segments) <= MAX_SEGMENTS and sum(kv_segments) >= staged_bytes
+
+
 def fits(staged_bytes: int, free_bytes_asleep: int) -> bool:
-    """Whether the block and the weights fit in what the sleeping engine leaves free on its GPU."""
+    """Whether a block of its own and the weights fit in what the sleeping engine leaves free on its GPU."""
     return 2 * staged_bytes + HEADROOM_BYTES <= free_bytes_asleep
 
 
-def copy_in(model: Any, planned: Plan, staged: Staging, socket_path: str) -> dict[str, Any]:
+def copy_in(model: Any, planned: Plan, staged: Staging, socket_path: str) -> tuple[dict[str, Any], list[Any]]:
     """Wait for the stager at `socket_path`, map its block and copy every range into the model's parameters
-    (woken, at their addresses); `StagedWeightsUnavailable` or a CUDA error when there is nothing to copy."""
-    from warmstart.gpu.cuda_arena import shared_memory_view
+    (woken, at their addresses); `StagedWeightsUnavailable` or a CUDA error when there is nothing to copy.
+
+    With the KV cache's allocations as the block, the bytes the weights took are cleared and the
+    allocations' handles returned, in order, for `kv_cache.adopt`; else no handles."""
+    from warmstart.gpu.cuda_arena import imported_block
 
     started = time.perf_counter()
-    fd, report = receive_staged_weights(socket_path)
+    fds, report = receive_staged_weights(socket_path)
     waited = time.perf_counter() - started
+    handles: list[Any] = []
     try:
-        with shared_memory_view(staged.plan.device_index, fd, staged.plan.range_bytes) as block:
-            copied = place(model, planned, staged, block)
+        with imported_block(staged.plan.device_index, fds, staged.plan.allocations) as block:
+            view = block.tensor
+            copied = place(model, planned, staged, view)
+            if staged.plan.segments:
+                view[: staged_end(staged)].zero_()  # the KV cache never sees the weights' bytes
+                handles = block.take_handles()
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
         acknowledge(report)
-    return {
+    stats = {
         "bytes": copied,
         "waited_s": round(waited, 3),
         "copied_s": round(time.perf_counter() - started - waited, 3),
         "stager_fill_s": report.get("seconds"),
         "stager_copy": report.get("copy"),
+        "kv_cache_allocations": len(handles),
     }
+    return stats, handles
+
+
+def staged_end(staged: Staging) -> int:
+    """Where the last staged range ends in the block."""
+    return max(at.block_offset + at.nbytes for at in staged.placements)
 
 
 def place(model: Any, planned: Plan, staged: Staging, block: Any) -> int:

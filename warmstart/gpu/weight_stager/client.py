@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from warmstart.gpu.weight_stager.channel import ACK, socket_address
+from warmstart.gpu.weight_stager.plan import MAX_SEGMENTS
 
 ENGINE_WAIT_SECONDS = 600.0  # an engine waits this long for its stager's answer (it hears at once if it dies)
 
@@ -20,10 +21,11 @@ class StagedWeightsUnavailable(RuntimeError):
 
 def receive_staged_weights(
     socket_path: str | os.PathLike[str], timeout: float = ENGINE_WAIT_SECONDS
-) -> tuple[int, dict[str, Any]]:
-    """Wait for the stager at `socket_path`; return the shared memory's file descriptor and its report.
+) -> tuple[list[int], dict[str, Any]]:
+    """Wait for the stager at `socket_path`; return the shared memory's file descriptors (one per allocation
+    of the plan, in order) and its report.
 
-    The caller maps the descriptor, closes it, then calls `acknowledge`. Raises `StagedWeightsUnavailable`
+    The caller maps the descriptors, closes them, then calls `acknowledge`. Raises `StagedWeightsUnavailable`
     with the reason whenever there is nothing to map.
     """
     deadline = time.monotonic() + timeout
@@ -31,7 +33,7 @@ def receive_staged_weights(
     fds: list[int] = []
     try:
         connection.settimeout(max(0.1, deadline - time.monotonic()))
-        message, fds, _flags, _address = socket.recv_fds(connection, 1 << 16, 1)
+        message, fds, _flags, _address = socket.recv_fds(connection, 1 << 16, MAX_SEGMENTS)
         report = json.loads(message or b'{"error": "the stager hung up"}')
         if not fds:
             raise StagedWeightsUnavailable(
@@ -47,7 +49,7 @@ def receive_staged_weights(
             raise
         raise StagedWeightsUnavailable(f"no usable answer from the weight stager: {exc}") from exc
     report["_connection"] = connection
-    return fds[0], report
+    return fds, report
 
 
 def acknowledge(report: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 RANGE_SLACK_BYTES = 1 << 29  # allocation granularity and more: how far the range may reach past the copies
+MAX_SEGMENTS = 250  # descriptors in one message (the kernel takes at most 253)
 
 Copy = tuple[str, int, int, int]  # file, offset in the file, offset in the weight range, bytes
 
@@ -20,6 +21,9 @@ class StagingPlan:
     range_bytes: int  # the engine's weight range, rounded up to the allocation granularity
     copies: tuple[Copy, ...]
     device_uuid: str = ""  # the same GPU in the stager's process, whatever its ordinal there
+    # When set, the range is these allocations end to end, each handed over on its own: memory the engine
+    # keeps after the copies (vLLM's KV cache), so the range may reach far past the copies.
+    segments: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -36,7 +40,8 @@ class StagingPlan:
         """A plan from its dict form; ValueError (or KeyError/TypeError) names what is wrong."""
         copies = tuple((str(p), int(f), int(a), int(n)) for p, f, a, n in data["copies"])
         uuid = str(data.get("device_uuid", ""))
-        plan = cls(int(data["device_index"]), int(data["range_bytes"]), copies, uuid)
+        segments = tuple(int(size) for size in data.get("segments", ()))
+        plan = cls(int(data["device_index"]), int(data["range_bytes"]), copies, uuid, segments)
         plan.check()
         return plan
 
@@ -50,6 +55,22 @@ class StagingPlan:
                 raise ValueError(
                     f"staging plan: copy of {nbytes} bytes from {path} to {offset} is out of range"
                 )
+        if self.segments:
+            self._check_segments()
+            return
         end = max(offset + nbytes for _, _, offset, nbytes in self.copies)
         if self.range_bytes > end + RANGE_SLACK_BYTES:
             raise ValueError(f"staging plan: a range of {self.range_bytes} bytes for {end} bytes of copies")
+
+    def _check_segments(self) -> None:
+        if len(self.segments) > MAX_SEGMENTS or min(self.segments) <= 0:
+            raise ValueError(f"staging plan: {len(self.segments)} segments (1 to {MAX_SEGMENTS}, none empty)")
+        if sum(self.segments) != self.range_bytes:
+            raise ValueError(
+                f"staging plan: segments of {sum(self.segments)} bytes for a range of {self.range_bytes}"
+            )
+
+    @property
+    def allocations(self) -> tuple[int, ...]:
+        """The sizes of the allocations the range is made of, in order."""
+        return self.segments or (self.range_bytes,)

@@ -59,11 +59,11 @@ def stage(
                 "the plan came %.3f s after the start; CUDA kept it waiting %.3f s more",
                 started - launched, time.perf_counter() - opened,
             )  # fmt: skip
-            memory = SharedDeviceMemory(_stager_device(plan), plan.range_bytes)
+            memory = SharedDeviceMemory(_stager_device(plan), plan.allocations)
             paths = fill(memory, plan.copies, files, threads, copy)
-            fd = memory.export()
+            fds = memory.export()
         except Exception as exc:
-            _answer(listener, {"error": f"{type(exc).__name__}: {exc}"}, None)
+            _answer(listener, {"error": f"{type(exc).__name__}: {exc}"}, [])
             raise
         report = {
             "bytes": sum(c[3] for c in plan.copies),
@@ -71,9 +71,10 @@ def stage(
             "copy": ",".join(sorted(set(paths))),
         }
         try:
-            _answer(listener, report, fd)
+            _answer(listener, report, fds)
         finally:
-            os.close(fd)
+            for fd in fds:
+                os.close(fd)
     finally:
         if memory is not None:
             memory.close()  # an engine that imported the memory keeps it alive
@@ -146,20 +147,21 @@ def _stager_device(plan: StagingPlan) -> int:
     return device_with_uuid(plan.device_uuid)
 
 
-def _answer(listener: socket.socket, report: dict[str, Any], fd: int | None) -> None:
+def _answer(listener: socket.socket, report: dict[str, Any], fds: list[int]) -> None:
     listener.settimeout(ACCEPT_SECONDS)
     connection, _ = listener.accept()
     with connection:
         connection.settimeout(ACCEPT_SECONDS)
-        socket.send_fds(connection, [json.dumps(report).encode()], [fd] if fd is not None else [])
-        if fd is not None:
+        socket.send_fds(connection, [json.dumps(report).encode()], fds)
+        if fds:
             connection.recv(len(ACK))  # wait until the engine has imported the memory (or hung up)
 
 
 class SharedDeviceMemory:
-    """Device memory with an exportable POSIX file-descriptor handle, mapped here for the fill."""
+    """Device allocations of the given sizes, each with an exportable POSIX file-descriptor handle, mapped
+    here end to end at `address` for the fill."""
 
-    def __init__(self, device_index: int, nbytes: int) -> None:
+    def __init__(self, device_index: int, sizes: tuple[int, ...]) -> None:
         from warmstart.cuda_driver import check, driver
 
         cu = driver()
@@ -172,25 +174,44 @@ class SharedDeviceMemory:
         prop.location.type = cu.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         prop.location.id = device_index
         prop.requestedHandleTypes = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        self.size = nbytes
-        self.handle = check(cu.cuMemCreate(nbytes, prop, 0), "cuMemCreate")
-        self.address = int(check(cu.cuMemAddressReserve(nbytes, 0, 0, 0), "cuMemAddressReserve"))
-        check(cu.cuMemMap(self.address, nbytes, 0, self.handle, 0), "cuMemMap")
-        access = cu.CUmemAccessDesc()
-        access.location = prop.location
-        access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        check(cu.cuMemSetAccess(self.address, nbytes, [access], 1), "cuMemSetAccess")
+        self.size = sum(sizes)
+        self.address = int(check(cu.cuMemAddressReserve(self.size, 0, 0, 0), "cuMemAddressReserve"))
+        self.handles: list[tuple[Any, int, int]] = []  # handle, where it is mapped, its size
+        try:
+            for size in sizes:
+                handle = check(cu.cuMemCreate(size, prop, 0), "cuMemCreate")
+                at = self.address + sum(mapped for _, _, mapped in self.handles)
+                self.handles.append((handle, at, size))
+                check(cu.cuMemMap(at, size, 0, handle, 0), "cuMemMap")
+            access = cu.CUmemAccessDesc()
+            access.location = prop.location
+            access.flags = cu.CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
+            check(cu.cuMemSetAccess(self.address, self.size, [access], 1), "cuMemSetAccess")
+        except BaseException:
+            self.close()
+            raise
 
-    def export(self) -> int:
+    def export(self) -> list[int]:
+        """One descriptor per allocation, in order; the caller closes them."""
         cu = self._cu
         kind = cu.CUmemAllocationHandleType.CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR
-        return int(self._check(cu.cuMemExportToShareableHandle(self.handle, kind, 0), "cuMemExport"))
+        fds: list[int] = []
+        try:
+            for handle, _, _ in self.handles:
+                fds.append(int(self._check(cu.cuMemExportToShareableHandle(handle, kind, 0), "cuMemExport")))
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
 
     def close(self) -> None:
         cu = self._cu
-        cu.cuMemUnmap(self.address, self.size)
+        for handle, at, size in self.handles:
+            cu.cuMemUnmap(at, size)  # an allocation that failed to map: an error, ignored
+            cu.cuMemRelease(handle)
+        self.handles = []
         cu.cuMemAddressFree(self.address, self.size)
-        cu.cuMemRelease(self.handle)
 
 
 def fill(
