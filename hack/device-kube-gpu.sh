@@ -3,19 +3,21 @@
 # kubelet, containerd, runc, CNI, kube-proxy, CoreDNS, NVIDIA's device plugin and the chart's image, then the
 # GPU end-to-end tests (tests/kube/test_gpu_e2e.py). From the repository root:
 #
-#   hack/device-kube-gpu.sh prepare [all|base|image]
+#   hack/device-kube-gpu.sh prepare [all|base|image|keda]
 #                                          here: .dev/kube-gpu/ holds what the GPU machine lacks, compressed
 #                                          and split into chunks below the transfer limit (PART_BYTES): the
 #                                          base once (binaries, node packages, wheels), the chart's image
-#                                          after every code change
+#                                          after every code change; KEDA and its HTTP add-on (optional:
+#                                          their test skips without them) once, when built
 #   hack/device-kube-gpu.sh stage FILE...  there: keep carried chunks outside the tree (calls back to back)
 #   hack/device-kube-gpu.sh run [ARGS]     there: unpack once (and vLLM, when hack/device-vllm-prepare.sh's
 #                                          chunks were staged too), then pytest ARGS (default: the GPU e2e
 #                                          tests); results in $OUT (default benchmarks/results/local)
 #
-# `prepare` needs `hack/control-plane build --gpu` and `hack/control-plane images` done, Debian's apt (the
-# node's runtime packages are downloaded and unpacked into a folder, with wrappers that give them their
-# libraries) and pip (the Python packages the GPU machine's python lacks, as wheels for it).
+# `prepare` needs `hack/control-plane build --gpu` and `hack/control-plane images` done (`hack/control-plane
+# addons` too for the keda payload), Debian's apt (the node's runtime packages are downloaded and unpacked
+# into a folder, with wrappers that give them their libraries) and pip (the Python packages the GPU
+# machine's python lacks, as wheels for it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PACK=.dev/kube-gpu
@@ -43,20 +45,25 @@ chart_image() {
     echo "ghcr.io/warmstart/warmstart:$(awk '/^appVersion:/{gsub(/"/, "", $2); print $2}' charts/warmstart/Chart.yaml)"
 }
 
-# Two payloads: `base` (what rarely changes: the binaries, the node's packages, wheels) and `image` (the
-# chart's image, rebuilt by every code change), each one xz stream cut into chunks with its own SHA256.
+# Payloads: `base` (what rarely changes: the binaries, the node's packages, wheels), `image` (the chart's
+# image, rebuilt by every code change) and `keda` (KEDA's and the add-on's images and manifests, optional),
+# each one xz stream cut into chunks with its own SHA256.
 prepare() {
-    local which=${1:-all}
+    local which=${1:-all} cache=${WARMSTART_CACHE:-$HOME/.cache/warmstart}
     tmp=$(mktemp -d)  # global: the EXIT trap removes it
     trap 'rm -rf "$tmp"' EXIT
     mkdir -p "$PACK"
-    if [[ $which != image && ( $which == base || ! -f $PACK/SHA256.base ) ]]; then
+    if [[ $which == base || ( $which == all && ! -f $PACK/SHA256.base ) ]]; then
         prepare_base "$tmp/base"
         pack "$tmp/base" base
     fi
-    if [[ $which != base ]]; then
+    if [[ $which == image || $which == all ]]; then
         prepare_image "$tmp/image"
         pack "$tmp/image" image
+    fi
+    if [[ $which == keda || ( $which == all && ! -f $PACK/SHA256.keda && -f $cache/k8s/addons/stamp.json ) ]]; then
+        prepare_keda "$tmp/keda"
+        pack "$tmp/keda" keda
     fi
     du -sh "$PACK"/kube-gpu-*.part_*
 }
@@ -115,6 +122,13 @@ index = {sys.argv[3]: {**entry, "archive": archive.name}}
 PY
 }
 
+prepare_keda() {
+    local payload=$1 cache=${WARMSTART_CACHE:-$HOME/.cache/warmstart}
+    [[ -f $cache/k8s/addons/stamp.json ]] || { echo "build first: hack/control-plane addons" >&2; exit 2; }
+    mkdir -p "$payload/cache/k8s/addons"
+    cp -r "$cache"/k8s/addons/{stamp.json,manifests.yaml,images} "$payload/cache/k8s/addons/"
+}
+
 pack() {  # DIR NAME: one xz stream with a large window (the Kubernetes binaries share most of their code)
     rm -f "$PACK"/kube-gpu-"$2".part_* "$PACK/SHA256.$2"
     tar -C "$1" -cf - . | xz -T1 --lzma2=preset=2,dict=256MiB > "$PACK/$2.tar.xz"
@@ -133,6 +147,7 @@ unpack() {
         xz -d -T0 < "$STAGE/$name.tar.xz" | tar -C "$ROOT" -xf -
         rm "$STAGE/$name.tar.xz"
     done
+    unpack_keda
     mkdir -p "$ROOT/site"
     if [[ $WHEELS_FOR_PYTHON == 1 ]]; then
         "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$ROOT/site" "$ROOT"/wheels/*.whl
@@ -148,6 +163,16 @@ for entry in index.values():
 (images / "built.json").write_text(json.dumps(index, indent=2) + "\n")
 PY
     touch "$ROOT/.unpacked"
+}
+
+# KEDA and its HTTP add-on, when their chunks were staged too (carry $PACK/SHA256.keda).
+unpack_keda() {
+    ls "$STAGE"/kube-gpu-keda.part_* >/dev/null 2>&1 || { echo "no KEDA staged: its test will skip"; return 0; }
+    cat "$STAGE"/kube-gpu-keda.part_* > "$STAGE/keda.tar.xz"
+    [[ -f $PACK/SHA256.keda && $(sha256sum "$STAGE/keda.tar.xz" | cut -d' ' -f1) == $(cat "$PACK/SHA256.keda") ]] \
+        || { echo "KEDA chunks damaged or missing, or $PACK/SHA256.keda not carried" >&2; exit 3; }
+    xz -d -T0 < "$STAGE/keda.tar.xz" | tar -C "$ROOT" -xf -
+    rm "$STAGE/keda.tar.xz"
 }
 
 # vLLM, when its chunks were staged too (hack/device-vllm-prepare.sh; carry .dev/vllm/SHA256 and small/).

@@ -6,9 +6,10 @@
   the control plane and the node are never rebuilt for it. Its Go build cache is its own and removed after.
 - `manifests()`: what the two projects ship to install themselves, KEDA's `config/minimal` (everything but
   the admission webhooks) and the add-on's `config/default`, rendered by `kubectl kustomize` from the module
-  sources, with our images, the pods placed on the real node, one replica each and their resource requests
-  dropped (the node is a small machine). The add-on's ScaledObject for its own interceptor is left out: it
-  scales on CPU, which needs a metrics-server this cluster does not run.
+  sources when they are built (kept beside the images, so that a machine without Go's module proxy can
+  install them from a copy of the cache), with our images, the pods placed on the real node, one replica
+  each and their resource requests dropped (the node is a small machine). The add-on's ScaledObject for
+  its own interceptor is left out: it scales on CPU, which needs a metrics-server this cluster does not run.
 - `install()`: apply them and wait until KEDA serves the external metrics API and the interceptor is Ready.
 """
 
@@ -37,7 +38,7 @@ INTERCEPTOR_PROXY_PORT = 8080
 EXTERNAL_METRICS_API = "v1beta1.external.metrics.k8s.io"
 # The images of KEDA's and the add-on's releases run as this user; the manifests insist on a non-root one.
 NONROOT_USER = "65532:65532"
-RECIPE = 2
+RECIPE = 3
 INSTALL_TIMEOUT = 240.0
 
 
@@ -92,6 +93,10 @@ def stamp_path() -> Path:
     return addons_dir() / "stamp.json"
 
 
+def manifests_path() -> Path:
+    return addons_dir() / "manifests.yaml"
+
+
 def archive_path(binary: AddonBinary) -> Path:
     return addons_dir() / "images" / f"{binary.name}.tar"
 
@@ -110,7 +115,8 @@ def is_cached() -> bool:
         recorded = json.loads(stamp_path().read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-    return recorded == wanted_stamp() and all(archive_path(binary).is_file() for binary in BINARIES)
+    built = all(archive_path(binary).is_file() for binary in BINARIES) and manifests_path().is_file()
+    return recorded == wanted_stamp() and built
 
 
 def missing_reason() -> str | None:
@@ -190,10 +196,27 @@ def build_addons(force: bool = False) -> None:
             executable = scratch / "bin" / binary.name
             compile_binary(progress, binary, executable, scratch / "go-cache")
             write_image(binary, executable)
+        render_shipped_manifests(progress)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     stamp_path().write_text(json.dumps(wanted_stamp(), indent=2) + "\n")
     progress.step(f"done: images in {addons_dir() / 'images'}")
+
+
+def render_shipped_manifests(progress: build.Progress) -> None:
+    progress.step("rendering the manifests KEDA and the add-on ship, with kubectl kustomize")
+    kubectl = versions.bin_dir() / "kubectl"
+    if not kubectl.is_file():
+        raise build.BuildError(f"{kubectl} is missing: run `hack/control-plane build` first")
+    documents = []
+    for module, version, relative in MANIFEST_SOURCES:
+        directory = Path(build.download_module(module, f"v{version}")["Dir"]) / relative
+        result = subprocess.run([str(kubectl), "kustomize", str(directory)], capture_output=True, text=True,
+                                timeout=120)  # fmt: skip
+        if result.returncode != 0:
+            raise build.BuildError(f"kubectl kustomize {directory}: {result.stderr.strip()}")
+        documents.extend(document for document in yaml.safe_load_all(result.stdout) if document)
+    manifests_path().write_text(yaml.safe_dump_all(documents))
 
 
 def main_with(force: bool) -> int:
@@ -206,12 +229,6 @@ def main_with(force: bool) -> int:
 
 
 # -- install -------------------------------------------------------------------------------------------------
-
-
-def rendered(plane: ControlPlane, module: str, version: str, relative: str) -> list[dict[str, Any]]:
-    directory = Path(build.download_module(module, f"v{version}")["Dir"]) / relative
-    text = plane.kubectl("kustomize", str(directory)).stdout
-    return [document for document in yaml.safe_load_all(text) if document]
 
 
 def placed(document: dict[str, Any], placement: dict[str, Any]) -> dict[str, Any]:
@@ -231,20 +248,19 @@ def placed(document: dict[str, Any], placement: dict[str, Any]) -> dict[str, Any
     return document
 
 
-def manifests(plane: ControlPlane, placement: dict[str, Any]) -> list[dict[str, Any]]:
+def manifests(placement: dict[str, Any]) -> list[dict[str, Any]]:
     documents = []
-    for module, version, relative in MANIFEST_SOURCES:
-        for document in rendered(plane, module, version, relative):
-            kind = document["kind"]
-            if kind == "ScaledObject":
-                continue
-            documents.append(placed(document, placement) if kind == "Deployment" else document)
+    for document in yaml.safe_load_all(manifests_path().read_text()):
+        kind = document["kind"]
+        if kind == "ScaledObject":
+            continue
+        documents.append(placed(document, placement) if kind == "Deployment" else document)
     return documents
 
 
 def install(plane: ControlPlane, placement: dict[str, Any], timeout: float = INSTALL_TIMEOUT) -> None:
     """Install KEDA and the HTTP add-on; returns once both can scale (raises with their state if not)."""
-    documents = manifests(plane, placement)
+    documents = manifests(placement)
     plane.kubectl(
         "apply", "--server-side", "--force-conflicts", "-f", "-",
         input="\n---\n".join(yaml.safe_dump(document) for document in documents),

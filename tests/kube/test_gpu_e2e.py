@@ -32,9 +32,12 @@ from control_plane import gpu_node
 from control_plane.cluster import ControlPlane, wait_for
 from control_plane.node import RealNode
 from endpoint_flow import (
+    HOLD_SECONDS,
     RELEASE,
     agent_cgroups,
     agent_store,
+    at_zero,
+    autoscaled,
     client_pod,
     diagnostics,
     endpoint,
@@ -46,6 +49,7 @@ from endpoint_flow import (
     ready,
     ready_snapshot,
     restore_claims,
+    routed_host,
     tamper,
     uninstall,
     waiter,
@@ -70,24 +74,28 @@ CAPTURE_TIMEOUT = 900.0  # the capture pod writes 16 GiB of weights (first start
 START_TIMEOUT = 600.0  # a cold vLLM at 8B shapes compiles and captures graphs
 # Run by the client pod's python3: POST the completion until one succeeds (the replica is starting), then once
 # more for the answer; prints the wall-clock time of the first token, how long that successful request took,
-# the failed attempts by reason, and the answer's JSON. While the Service has no ready endpoint kube-proxy
-# rejects each connection with an ICMP error, which the node's kernel rate-limits per client (icmp_ratelimit:
-# a burst of 6, then one a second): past the burst a rejected SYN is dropped instead, and TCP would resend it
-# only after its 1 s initial timeout. A connection is given 50 ms, then tried afresh, so the first token comes
-# when the Service first routes to the replica, not up to a second later.
+# the failed attempts by reason, and the answer's JSON. Optional: the Host header (KEDA's interceptor routes
+# by it) and how long an attempt may wait for its answer (the interceptor holds it until a replica is Ready).
+# While the Service has no ready endpoint kube-proxy rejects each connection with an ICMP error, which the
+# node's kernel rate-limits per client (icmp_ratelimit: a burst of 6, then one a second): past the burst a
+# rejected SYN is dropped instead, and TCP would resend it only after its 1 s initial timeout. A connection
+# is given 50 ms, then tried afresh, so the first token comes when the Service first routes to the replica,
+# not up to a second later.
 FIRST_TOKEN = """
 import http.client, json, sys, time, urllib.parse
 url, model, prompt = sys.argv[1], sys.argv[2], sys.argv[3]
 tokens, deadline = int(sys.argv[4]), float(sys.argv[5])
+host, hold = (sys.argv[6], float(sys.argv[7])) if len(sys.argv) > 7 else ("", 5.0)
 address = urllib.parse.urlsplit(url)
 def complete(max_tokens, timeout):
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
             "return_token_ids": True}
+    headers = {"Content-Type": "application/json", **({"Host": host} if host else {})}
     connection = http.client.HTTPConnection(address.hostname, address.port or 80, timeout=0.05)
     try:
         connection.connect()
         connection.sock.settimeout(timeout)
-        connection.request("POST", address.path, json.dumps(body), {"Content-Type": "application/json"})
+        connection.request("POST", address.path, json.dumps(body), headers)
         response = connection.getresponse()
         if response.status != 200:
             raise ConnectionError(f"HTTP {response.status}")
@@ -98,7 +106,7 @@ refused = {}
 while True:
     sent = time.time()
     try:
-        complete(1, 5)
+        complete(1, hold)
         first = time.time()
         break
     except (ConnectionError, TimeoutError, OSError) as error:
@@ -258,22 +266,30 @@ def scale(kube: ControlPlane, namespace: str, name: str, replicas: int) -> None:
     kube.kubectl("scale", f"iep/{name}", "-n", namespace, f"--replicas={replicas}")
 
 
-def timed_start(kube: ControlPlane, namespace: str, name: str, kind: str) -> Start:
+def timed_start(kube: ControlPlane, namespace: str, name: str, kind: str, interceptor: str = "") -> Start:
     """Scale `name` from zero to one and time the first token through its Service from the client pod, with
     the steps of the replica's start on the way (`PodTimeline.start_phases`, the agent's own phases, and
-    Ready -> first token)."""
+    Ready -> first token). With `interceptor` (KEDA's HTTP add-on, at that address) the request is sent
+    there and is what scales the endpoint: the interceptor holds it at zero replicas."""
     wait = waiter(kube, namespace)
     wait(lambda: not serving_pods(kube, namespace, name) or None, f"{name} at zero", START_TIMEOUT)
-    service = get(kube, "service", namespace, name)
-    url = f"http://{service['spec']['clusterIP']}/v1/completions"
+    if interceptor:
+        url, route = (
+            f"http://{interceptor}/v1/completions",
+            [routed_host(kube, namespace, name), str(HOLD_SECONDS)],
+        )
+    else:
+        service = get(kube, "service", namespace, name)
+        url, route = f"http://{service['spec']['clusterIP']}/v1/completions", []
     with PodTimeline(kube, namespace) as timeline:
         requested = time.time()
         deadline = requested + START_TIMEOUT
         argv = [str(kube.binary("kubectl")), "exec", "-n", namespace, "client", "--", "python3", "-c",
-                FIRST_TOKEN, url, "model", PROMPT, str(ANSWER_TOKENS), str(deadline)]  # fmt: skip
+                FIRST_TOKEN, url, "model", PROMPT, str(ANSWER_TOKENS), str(deadline), *route]  # fmt: skip
         client = subprocess.Popen(argv, env=kube.tool_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True)  # fmt: skip
-        scale(kube, namespace, name, 1)
+        if not interceptor:
+            scale(kube, namespace, name, 1)
         out, err = client.communicate(timeout=START_TIMEOUT + 60)
         assert client.returncode == 0, f"{err}\n{out}"
         reply = json.loads(out.strip().splitlines()[-1])
@@ -385,6 +401,17 @@ def compare(restored: list[Start], cold: list[Start]) -> None:
         assert start.token_ids == cold[0].token_ids, (start, cold[0])
 
 
+def turned_to_restores(kube: ControlPlane, namespace: str, name: str) -> None:
+    """Wait until the endpoint's Deployment makes restore pods (the operator turns it once the snapshot is
+    Ready)."""
+
+    def restore_pods() -> bool:
+        template = get(kube, "deployment", namespace, name)["spec"]["template"]
+        return template["metadata"]["labels"][L.ROLE_LABEL] == L.ROLE_RESTORE
+
+    waiter(kube, namespace)(lambda: restore_pods() or None, f"{name}'s Deployment turned to restores")
+
+
 def engine_flow(
     kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
     engine: str, model: str, args: list[str], report: list[dict[str, Any]],
@@ -395,12 +422,7 @@ def engine_flow(
     body = gpu_endpoint(engine, namespace, chart_image, gpu, host_python, True, engine, model, args)
     snap = capture(kube, gpu, namespace, body, report)
     oracle = captured_answer(gpu, namespace, snap)
-
-    def restore_pods() -> bool:
-        template = get(kube, "deployment", namespace, engine)["spec"]["template"]
-        return template["metadata"]["labels"][L.ROLE_LABEL] == L.ROLE_RESTORE
-
-    waiter(kube, namespace)(lambda: restore_pods() or None, "the Deployment's pods turned to restores")
+    turned_to_restores(kube, namespace, engine)
     starts, same_as_captured = [], []
     for _ in range(2):  # `kubectl scale` to 1 from zero, twice
         starts.append(timed_start(kube, namespace, engine, L.ROLE_RESTORE))
@@ -478,9 +500,14 @@ def test_builtin_engine_gpu_replicas_restore_and_answer_like_a_cold_pod(
     release: str,
     report: list[dict[str, Any]], tmp_path: Path,
 ) -> None:  # fmt: skip
-    model, args = ("qwen3-8b", ["--max-model-len=1024", "--max-num-seqs=16"]) if gpu.gpu else ("tiny", [])
+    model, args = builtin_shapes(gpu)
     snap, _ = engine_flow(kube, gpu, chart_image, host_python, namespace, "builtin", model, args, report)
     refusals_on_the_gpu_node(kube, gpu, namespace, snap, tmp_path)
+
+
+def builtin_shapes(gpu: RealNode) -> tuple[str, list[str]]:
+    """The builtin engine's model and arguments: Qwen3-8B's shapes on a GPU, the tiny model in a rehearsal."""
+    return ("qwen3-8b", ["--max-model-len=1024", "--max-num-seqs=16"]) if gpu.gpu else ("tiny", [])
 
 
 def test_vllm_gpu_replicas_restore_and_answer_like_a_cold_pod(
@@ -495,6 +522,38 @@ def test_vllm_gpu_replicas_restore_and_answer_like_a_cold_pod(
     args = ["--max-model-len=1024", "--gpu-memory-utilization=0.85"]
     engine_flow(kube, gpu, chart_image, host_python, namespace, "vllm", "/cache/models/qwen3-8b-vllm", args,
                 report)  # fmt: skip
+
+
+def test_a_request_at_zero_through_keda_is_answered_by_a_restored_gpu_replica(
+    kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, keda: str, namespace: str,
+    release: str, report: list[dict[str, Any]],
+) -> None:  # fmt: skip
+    """Scale from zero as users autoscale: builtin endpoints fronted by KEDA's HTTP add-on, at zero replicas;
+    a request to the interceptor is held while KEDA scales its endpoint to one, restored (snapshots on) or
+    cold (off). Each timed from the request to its first token; then KEDA takes it back to zero (one GPU: the
+    next replica needs the one before it gone)."""
+    model, args = builtin_shapes(gpu)
+    kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, gpu))
+    bodies = {
+        kind: autoscaled(gpu_endpoint(name, namespace, chart_image, gpu, host_python, kind == L.ROLE_RESTORE,
+                                      "builtin", model, args), 0, 1)
+        for kind, name in ((L.ROLE_RESTORE, "keda"), (L.ROLE_COLD, "keda-cold"))
+    }  # fmt: skip
+    capture(kube, gpu, namespace, bodies[L.ROLE_RESTORE], report)
+    turned_to_restores(kube, namespace, "keda")
+    kube.kubectl("apply", "-f", "-", input=json.dumps(bodies[L.ROLE_COLD]))
+    starts = {}
+    for kind, body in bodies.items():
+        name = body["metadata"]["name"]
+        starts[kind] = timed_start(kube, namespace, name, kind, interceptor=keda)
+        waiter(kube, namespace)(lambda name=name: at_zero(kube, namespace, name) or None,
+                                f"KEDA taking {name} back to zero", START_TIMEOUT)  # fmt: skip
+    restored, cold = starts[L.ROLE_RESTORE], starts[L.ROLE_COLD]
+    for start in (restored, cold):
+        difference = first_difference(start.token_ids, cold.token_ids)
+        report.append({"engine": "builtin, KEDA HTTP add-on", **dataclasses.asdict(start),
+                       "differs_from_cold_at": difference})  # fmt: skip
+    assert restored.text.strip() and restored.token_ids == cold.token_ids, (restored, cold)
 
 
 def vllm_model(directory: Path) -> None:
