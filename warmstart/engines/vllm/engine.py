@@ -353,7 +353,7 @@ class VllmEngine(Engine):
             held_at_release=self._held,
             weights_image=str(self._weights_image or ""),
             weights_from_files=self._weights_plan.nbytes if self._weights_plan else 0,
-            weights_staged=sum(c[3] for c in self._staging.plan.copies) if self._staging else 0,
+            weights_staged=self._staging.plan.copied_bytes if self._staging else 0,
             weights_staged_in_kv_cache=bool(self._staging and self._staging.plan.segments),
             warm_up=self._warm_up_record(),
             memory_at_release=self._memory,

@@ -71,6 +71,11 @@ class StagingPlan:
             )
 
     @property
+    def copied_bytes(self) -> int:
+        """The bytes the copies fill."""
+        return sum(nbytes for _, _, _, nbytes in self.copies)
+
+    @property
     def allocations(self) -> tuple[int, ...]:
         """The sizes of the allocations the range is made of, in order."""
         return self.segments or (self.range_bytes,)

@@ -66,7 +66,7 @@ def stage(
             _answer(listener, {"error": f"{type(exc).__name__}: {exc}"}, [])
             raise
         report = {
-            "bytes": sum(c[3] for c in plan.copies),
+            "bytes": plan.copied_bytes,
             "seconds": round(time.perf_counter() - started, 3),
             "copy": ",".join(sorted(set(paths))),
         }
