@@ -65,14 +65,17 @@ REFILLS = {
     "restore-image-old": "image threads=8 chunk=64 overlap=0",
     "restore-reload": "reload",
 }
-# The stores: "store" is captured as a user's worker is (with a staging plan: a weight stager fills the
-# weights while CRIU restores the process), "store-staged" the same, asked for explicitly (as the 2026-12-04
-# run did, before it was the default), "store-staged-kv" with the stager's block in the KV cache's own
-# allocations, "store-image" with a weights image, "store-notrim" with cached memory kept.
+# The stores: "store" is captured as a user's worker is (a weight stager fills the weights into the KV
+# cache's own allocations while CRIU restores the process), "store-staged-kv" the same, asked for
+# explicitly, "store-staged" with the stager's block apart from the KV cache (the default until 2026-12-05),
+# "store-image" with a weights image, "store-notrim" with cached memory kept.
 # `restore-staged-off` restores a staged snapshot with no stager: the weights from the model's files.
 CAPTURES = {
     "capture": ("store", {}),
-    "capture-staged": ("store-staged", {"WARMSTART_VLLM_STAGED_WEIGHTS": "1"}),
+    "capture-staged": (
+        "store-staged",
+        {"WARMSTART_VLLM_STAGED_WEIGHTS": "1", "WARMSTART_VLLM_KV_STAGED": "0"},
+    ),
     "capture-staged-kv": (
         "store-staged-kv",
         {"WARMSTART_VLLM_STAGED_WEIGHTS": "1", "WARMSTART_VLLM_KV_STAGED": "1"},
@@ -371,12 +374,12 @@ def compare(reference: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> d
 
 
 def agreement(results: list[dict[str, Any]]) -> list[str]:
-    """Every start against the captured process and against the first separate cold start (`vs_capture`,
-    `vs_cold` in its row); one line each."""
-    references = {
-        "capture": next((row for row in results if row["run"] == "capture" and row.get("outputs")), None),
-        "cold": next((row for row in results if row["run"].startswith("cold") and row.get("outputs")), None),
-    }
+    """Every start against every captured process of the run and against its first separate cold start
+    (`vs_<capture step>`, `vs_cold` in its row); one line each. Two captures are two cold starts too."""
+    references = {row["run"]: row for row in results if row["run"] in CAPTURES and row.get("outputs")}
+    references["cold"] = next(
+        (row for row in results if row["run"].startswith("cold") and row.get("outputs")), None
+    )
     lines = []
     for row in results:
         if not row.get("outputs"):
@@ -607,14 +610,23 @@ def vllm_alone(args: argparse.Namespace, label: str, sleeps: bool, results: list
         results.append({"run": label, "error": f"exit {code.returncode}"})
 
 
+def captured_outputs(work: Path, store: str) -> Path:
+    """Where a capture keeps its process's outputs: the reference of every restore of its store, also in a
+    later run on the same work folder."""
+    return work / store / "capture-outputs.json"
+
+
 def run_step(
     args: argparse.Namespace, step: str, label: str, results: list[dict[str, Any]], reference: Any
 ) -> Any:
-    """One step; returns the outputs a capture recorded (the reference of every later step)."""
+    """One step; returns the outputs a capture recorded (the first is the reference of every separate cold
+    start; each restore is compared with its own store's capture)."""
     if step in CAPTURES:
         store, env_extra = CAPTURES[step]
         outputs = serve_once(args, step, results, reference, store, env_extra)
         results[-1]["image"] = image_sizes(args.work, store)
+        if outputs is not None:
+            captured_outputs(args.work, store).write_text(json.dumps(outputs))
         return outputs
     if (kind := step.removesuffix("-dropped").removesuffix("-thp")) in RESTORES:
         if kind in REFILLS:
@@ -624,6 +636,8 @@ def run_step(
         if step.endswith("dropped"):
             drop_caches()
         store, env_extra = RESTORES[kind]
+        own = captured_outputs(args.work, store)
+        reference = json.loads(own.read_text()) if own.exists() else None
         with transparent_hugepages("always" if "-thp" in step else None):
             serve_once(args, step, results, reference, store, env_extra)
         if step.endswith("dropped"):

@@ -85,8 +85,8 @@ def test_the_wake_is_restored_when_it_fails(cumem: types.ModuleType) -> None:
         assert cumem.create_and_map is original
 
 
-def test_the_kv_cache_is_staged_only_when_the_worker_asks_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_kv_cache_is_staged_unless_the_worker_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(kv_cache.KV_STAGED_ENV, raising=False)
-    assert not kv_cache.wanted()  # not yet measured on a GPU
-    monkeypatch.setenv(kv_cache.KV_STAGED_ENV, "1")
     assert kv_cache.wanted()
+    monkeypatch.setenv(kv_cache.KV_STAGED_ENV, "0")
+    assert not kv_cache.wanted()
