@@ -558,14 +558,13 @@ def weight_files(model: Path) -> list[Path]:
     return sorted(model.glob("*.safetensors"))
 
 
-def read_floor(results: list[dict[str, Any]], weights_bytes: int) -> float | None:
-    """Seconds to read a dropped restore's every byte (the newest capture's image and the weights) at the
-    disk's measured rate (a `disk` step before); None without both."""
+def read_floor(results: list[dict[str, Any]], image_bytes: int, weights_bytes: int) -> float | None:
+    """Seconds to read a dropped restore's every byte (its snapshot's image and the weights) at the disk's
+    measured rate (a `disk` step before); None without one."""
     disks = [row["read"] for row in results if row.get("run") == "disk"]
-    images = [row["image"] for row in results if row.get("image")]
-    if not disks or not images:
+    if not disks:
         return None
-    return (images[-1]["total_bytes"] + weights_bytes) / (disks[-1]["gb_per_s"] * 1e9)
+    return (image_bytes + weights_bytes) / (disks[-1]["gb_per_s"] * 1e9)
 
 
 def disk_step(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
@@ -577,9 +576,11 @@ def disk_step(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
     drop_caches()
 
 
-def against_floor(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
-    """Put a dropped restore (the last row) against the read floor, when the run measured the disk."""
-    floor = read_floor(results, sum(path.stat().st_size for path in weight_files(args.model)))
+def against_floor(args: argparse.Namespace, results: list[dict[str, Any]], store: str) -> None:
+    """Put a dropped restore (the last row) from `store` against the read floor, when the run measured the
+    disk."""
+    image = image_sizes(args.work, store)["total_bytes"]
+    floor = read_floor(results, image, sum(path.stat().st_size for path in weight_files(args.model)))
     row = results[-1]
     if floor is None or "to_first_token_s" not in row:
         return
@@ -641,7 +642,7 @@ def run_step(
         with transparent_hugepages("always" if "-thp" in step else None):
             serve_once(args, step, results, reference, store, env_extra)
         if step.endswith("dropped"):
-            against_floor(args, results)
+            against_floor(args, results, store)
     elif step == "disk":
         disk_step(args, results)
     elif step == "cold":
