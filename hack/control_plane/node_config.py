@@ -7,6 +7,7 @@ namespace of its own where those paths are bind mounts of the node's directories
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from . import network, versions
@@ -137,6 +138,16 @@ def kubelet_config(
     return json.dumps(config, indent=2) + "\n"
 
 
+# kube-proxy's least interval between two syncs of its rules, for a testbed that measures a cluster with it
+# lowered ("0s"); unset, kube-proxy's default (1 s), as most clusters run it.
+MIN_SYNC_ENV = "WARMSTART_KUBE_PROXY_MIN_SYNC"
+
+
+def proxy_sync() -> dict[str, str]:
+    value = os.environ.get(MIN_SYNC_ENV, "").strip()
+    return {"minSyncPeriod": value} if value else {}
+
+
 def kube_proxy_config(
     addresses: network.NodeAddresses, kubeconfig: Path, hostname: str = network.NODE_NAME
 ) -> str:
@@ -149,7 +160,7 @@ def kube_proxy_config(
         "mode": "nftables",
         # Masquerading every Service connection lets a pod reach a Service whose endpoint shares its bridge
         # without br_netfilter (a module and sysctls global to the machine).
-        "nftables": {"masqueradeAll": True},
+        "nftables": {"masqueradeAll": True, **proxy_sync()},
         "clusterCIDR": str(addresses.pod_subnet),
         "metricsBindAddress": "127.0.0.1:10249",
         "healthzBindAddress": "127.0.0.1:10256",

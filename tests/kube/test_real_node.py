@@ -369,6 +369,18 @@ def test_the_node_has_a_stamp_of_its_own() -> None:
     assert versions.node_stamp_path() != versions.stamp_path()
 
 
+def test_kube_proxy_syncs_at_its_default_interval_unless_the_testbed_lowers_it(tmp_path, monkeypatch) -> None:
+    addresses = network.NodeAddresses(
+        ipaddress.ip_network("203.0.113.0/24"), ipaddress.ip_network("10.245.0.0/24")
+    )
+    monkeypatch.delenv(node_config.MIN_SYNC_ENV, raising=False)
+    proxy = json.loads(node_config.kube_proxy_config(addresses, tmp_path / "kubeconfig"))
+    assert "minSyncPeriod" not in proxy["nftables"] and proxy["nftables"]["masqueradeAll"] is True
+    monkeypatch.setenv(node_config.MIN_SYNC_ENV, "0s")
+    proxy = json.loads(node_config.kube_proxy_config(addresses, tmp_path / "kubeconfig"))
+    assert proxy["nftables"]["minSyncPeriod"] == "0s"
+
+
 def test_kubelet_and_containerd_carry_the_settings_this_kind_of_machine_needs(tmp_path) -> None:
     addresses = network.NodeAddresses(
         ipaddress.ip_network("203.0.113.0/24"), ipaddress.ip_network("10.245.0.0/24")
