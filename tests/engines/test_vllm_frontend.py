@@ -241,6 +241,36 @@ def test_the_app_built_at_warm_up_is_the_one_served_and_only_once() -> None:
     assert asyncio.run(frontend.app_for_serving()) == "app 3"
 
 
+@pytest.mark.parametrize(
+    ("max_logprobs", "asked"), [(20, [0, 1, 2, 15, 20]), (2, [0, 1, 2]), (-1, [0, 1, 2, 15, 20])]
+)
+def test_the_warm_up_asks_each_logprobs_count_the_server_takes(max_logprobs: int, asked: list[int]) -> None:
+    """A first request asking logprobs after a restore must not compile a kernel the captured process never
+    ran: the warm-up asks each count vLLM compiles for, within the server's `max_logprobs`."""
+    bodies: list[dict[str, Any]] = []
+    app = FastAPI()
+
+    @app.post("/v1/completions")
+    async def completions(body: dict[str, Any]) -> dict[str, Any]:
+        bodies.append(body)
+        return {"choices": [{"token_ids": [7], "text": "x"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict[str, Any]) -> dict[str, Any]:
+        return {"choices": []}
+
+    class Frontend(VllmFrontend):
+        async def build_app(self) -> FastAPI:
+            return app
+
+    frontend = Frontend(VllmOptions(model="tiny"), "tiny")
+    config = type("ModelConfig", (), {"max_logprobs": max_logprobs})()
+    frontend.llm = type("AsyncLLM", (), {"output_handler": None, "model_config": config})()
+    frontend.warm_up()
+    assert [body.get("logprobs") for body in bodies] == [None, *asked]
+    assert frontend.warm_up_answer == {"token_ids": [7], "text": "x"}  # the recorded answer is the plain one
+
+
 def test_the_worker_load_gauges_follow_the_engine_scheduler_at_every_scrape() -> None:
     frontend, metrics = FakeFrontend(), WorkerMetrics()
     app = ServingApp(frontend, lambda: True, metrics)  # type: ignore[arg-type]

@@ -400,9 +400,9 @@ def request_output() -> str:
     return check_attributes("vllm.outputs:CompletionOutput", ("text", "token_ids", "finish_reason"))
 
 
-@check("ModelConfig has max_model_len and dtype", "import", "engine.py")
+@check("ModelConfig has max_model_len, dtype and max_logprobs", "import", "engine.py, frontend.py")
 def model_config() -> str:
-    return check_attributes("vllm.config:ModelConfig", ("max_model_len", "dtype"))
+    return check_attributes("vllm.config:ModelConfig", ("max_model_len", "dtype", "max_logprobs"))
 
 
 @check(

@@ -32,6 +32,10 @@ WARM_UP_ROUTES = ("/v1/completions", "/v1/chat/completions")
 WARM_UP_COMPLETION = {
     "prompt": "warm up", "max_tokens": 16, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
 }  # fmt: skip
+# Top-logprobs counts asked once at warm-up: vLLM compiles its log-softmax kernel for each power of two of
+# the count + 1 on first use (its own warm-up covers 5), and a restored engine compiled only what its
+# captured process had; without these a restore's first request asking 1 or 2 compiled there (H200 logs).
+LOGPROB_WARM_UPS = (0, 1, 2, 15, 20)
 VLLM_WAITING = "vllm:num_requests_waiting"  # requests in vLLM's scheduler queue, per engine
 VLLM_RUNNING = "vllm:num_requests_running"
 
@@ -130,6 +134,13 @@ class VllmFrontend:
                 elif route == WARM_UP_ROUTES[0]:
                     choice = answer.json()["choices"][0]
                     self.warm_up_answer = {"token_ids": choice.get("token_ids"), "text": choice.get("text")}
+            for count in logprob_warm_ups(self.llm.model_config.max_logprobs):
+                payload = {**body, "prompt": "warm up", "max_tokens": 1, "logprobs": count}
+                answer = await client.post(WARM_UP_ROUTES[0], json=payload)
+                if answer.status_code != 200:
+                    log.info(
+                        "warm-up: logprobs=%d answered %d: %s", count, answer.status_code, answer.text[:200]
+                    )
 
     async def build_app(self) -> Any:
         """vLLM's FastAPI app with its state initialised in the running loop."""
@@ -151,6 +162,11 @@ class VllmFrontend:
         from vllm.v1.metrics.prometheus import get_prometheus_registry
 
         return get_prometheus_registry()
+
+
+def logprob_warm_ups(max_logprobs: int) -> list[int]:
+    """The warm-up's logprobs counts the server takes (`max_logprobs` -1: any)."""
+    return [count for count in LOGPROB_WARM_UPS if max_logprobs < 0 or count <= max_logprobs]
 
 
 def _import_server() -> None:
