@@ -34,7 +34,7 @@ WARM_UP_COMPLETION = {
 }  # fmt: skip
 # Top-logprobs counts asked once at warm-up: vLLM compiles its log-softmax kernel for each power of two of
 # the count + 1 on first use (its own warm-up covers 5), and a restored engine compiled only what its
-# captured process had; without these a restore's first request asking 1 or 2 compiled there (H200 logs).
+# captured process had; without these every restore's first request asking 2 compiled it (H200 logs).
 LOGPROB_WARM_UPS = (0, 1, 2, 15, 20)
 VLLM_WAITING = "vllm:num_requests_waiting"  # requests in vLLM's scheduler queue, per engine
 VLLM_RUNNING = "vllm:num_requests_running"
