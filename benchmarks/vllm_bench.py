@@ -327,12 +327,16 @@ def completion_record(choice: dict[str, Any]) -> dict[str, Any]:
     return {"text": choice["text"], "token_ids": list(ids), "logprobs": chosen, "top": top}
 
 
-def greedy(base: str, model: str) -> list[dict[str, Any]]:
-    """The prompt set, one prompt at a time (the batch shape of every start alike)."""
-    return [
-        completion_record(post(f"{base}/v1/completions", completion_body(model, prompt))["choices"][0])
-        for prompt in PROMPTS
-    ]
+def greedy(base: str, model: str) -> tuple[list[dict[str, Any]], list[float]]:
+    """The prompt set, one prompt at a time (the batch shape of every start alike), and each request's
+    seconds (the first of a restore paying for anything its captured process never ran, a kernel compiled)."""
+    records, seconds = [], []
+    for prompt in PROMPTS:
+        started = time.perf_counter()
+        answer = post(f"{base}/v1/completions", completion_body(model, prompt))
+        seconds.append(round(time.perf_counter() - started, 3))
+        records.append(completion_record(answer["choices"][0]))
+    return records, seconds
 
 
 def divergence(reference: dict[str, Any], output: dict[str, Any]) -> dict[str, Any]:
@@ -474,12 +478,15 @@ def timed_server(
             f"http://127.0.0.1:{port}", model, started + args.start_timeout, lambda: process.poll() is None
         )
         row["to_first_token_s"] = round(got - started, 3)
-        outputs = greedy(f"http://127.0.0.1:{port}", model)
+        outputs, row["request_s"] = greedy(f"http://127.0.0.1:{port}", model)
         row["outputs"] = outputs
         row["vs_capture"] = None if reference is None else compare(reference, outputs)
         row["api"] = api_checks(f"http://127.0.0.1:{port}", model)
         against = "the reference" if reference is None else f"vs capture: {summary(row['vs_capture'])}"
-        log(f"{label}: first token after {row['to_first_token_s']:.2f} s; {against}; api {row['api']}")
+        log(
+            f"{label}: first token after {row['to_first_token_s']:.2f} s; requests {row['request_s']} s; "
+            f"{against}; api {row['api']}"
+        )
     except (RuntimeError, TimeoutError, urllib.error.URLError, KeyError, ValueError) as exc:
         row["error"] = str(exc)
         log(f"{label}: FAILED {exc}")
