@@ -379,7 +379,8 @@ def compare(reference: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> d
 
 def agreement(results: list[dict[str, Any]]) -> list[str]:
     """Every start against every captured process of the run and against its first separate cold start
-    (`vs_<capture step>`, `vs_cold` in its row); one line each. Two captures are two cold starts too."""
+    (`vs_<capture step>`, `vs_cold` in its row, beside `vs_own_capture`, which the start wrote itself); one
+    line each. Two captures are two cold starts too."""
     references = {row["run"]: row for row in results if row["run"] in CAPTURES and row.get("outputs")}
     references["cold"] = next(
         (row for row in results if row["run"].startswith("cold") and row.get("outputs")), None
@@ -480,9 +481,12 @@ def timed_server(
         row["to_first_token_s"] = round(got - started, 3)
         outputs, row["request_s"] = greedy(f"http://127.0.0.1:{port}", model)
         row["outputs"] = outputs
-        row["vs_capture"] = None if reference is None else compare(reference, outputs)
+        # Against its own capture (the run's first, for a separate start); `agreement` writes `vs_<step>`.
+        row["vs_own_capture"] = None if reference is None else compare(reference, outputs)
         row["api"] = api_checks(f"http://127.0.0.1:{port}", model)
-        against = "the reference" if reference is None else f"vs capture: {summary(row['vs_capture'])}"
+        against = (
+            "the reference" if reference is None else f"vs its capture: {summary(row['vs_own_capture'])}"
+        )
         log(
             f"{label}: first token after {row['to_first_token_s']:.2f} s; requests {row['request_s']} s; "
             f"{against}; api {row['api']}"

@@ -11,7 +11,7 @@
 # $STEPS picks the benchmark's steps (its --help lists them); `cold` is a separate cold start of the same spec;
 # $SHAPE a Qwen3 size for a model written anew (qwen3-0.6b, qwen3-8b, qwen3-14b; give it its own $MODEL_DIR).
 # Every start's greedy token ids and logprobs are compared with the capture's and the first cold start's
-# (results.json: vs_capture, vs_cold; the log ends with one line per start).
+# (results.json: vs_own_capture, vs_<capture step>, vs_cold; the log ends with one line per start).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STAGE=${VLLM_STAGE:-/root/warmstart-vllm-stage}
