@@ -38,6 +38,11 @@ if [[ ! -d "$SITE/vllm" ]]; then
     mkdir -p "$SITE" && tar -C "$SITE" -xJf "$STAGE/vllm.tar.xz" && rm "$STAGE/vllm.tar.xz"
     python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" .dev/vllm/small/*.whl || exit 4
 fi
+# Bytecode for vLLM's packages and this tree, as an installed package has it (pip compiles at install; the
+# wheels and the tree came without): otherwise every start, `vllm serve`'s and `warmstart serve`'s alike,
+# compiles each module it imports (benchmarks/serve_start.py measures what that costs). Up-to-date files are
+# skipped.
+python3 -m compileall -q -j 0 "$SITE" warmstart >/dev/null 2>&1 || true
 if [[ -z "${WARMSTART_CRIU:-}" && -x .dev/criu-sid/criu ]]; then
     C=$PWD/.dev/criu-sid
     export WARMSTART_CRIU="$C/ld-linux-x86-64.so.2 --library-path $C $C/criu"

@@ -6,12 +6,14 @@ from __future__ import annotations
 import http.server
 import json
 import os
+import re
 import shutil
 import signal
 import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -174,9 +176,15 @@ def test_serve_command_once_prints_the_table(tmp_path: Path, criu_command: str) 
     assert "cold+capture" in first.stdout and "generated a signing key" in first.stdout
     assert stat.S_IMODE(default_key_path(store).stat().st_mode) == 0o600
     assert not (store / "keys").exists()  # the key never lives inside the store it protects
+    began = time.monotonic()
     second = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    wall = time.monotonic() - began
     assert second.returncode == 0, second.stderr[-2000:]
     assert "│ restore " in second.stdout
+    # the command's own start, before the restore's clock: counted, and within the command's whole run
+    before = re.search(r"phases: command_start (\d+\.\d+)s, verify_materialize", second.stdout)
+    assert before is not None, second.stdout[-2000:]
+    assert 0.0 < float(before.group(1)) < wall
     shutil.rmtree(tmp_path / "pods", ignore_errors=True)
 
 
