@@ -10,8 +10,9 @@ tokenizer trained on the spot whose vocabulary is filled up to the model's, so t
 model can emit decodes to non-empty text. Every start is timed from the command's launch to the first
 token of a greedy completion received over HTTP. After it, a fixed prompt set is completed greedily, one
 prompt at a time (the same batch shape every time), and the token ids and their logprobs are recorded; every
-start is compared with the captured process and with the first separate cold start (`cold` steps:
-`warmstart worker --mode cold`, the same engine arguments): where the token ids first differ, the largest
+start is compared with the captured process and with the first separate cold start of each kind (`cold`
+steps: `warmstart worker --mode cold`, the same engine arguments; `cold-eager`: the same without CUDA graphs
+or compiled kernels): where the token ids first differ, the largest
 logprob difference before that, and how far apart the two tokens were where they differ. Needs root, vLLM,
 CRIU >= 4.2.
 """
@@ -38,6 +39,9 @@ PROMPTS = ["hello world the snapshot", "the worker restores in seconds", "snapsh
 TOKENS = 16
 TOP_LOGPROBS = 2  # per generated token: its own logprob and the best alternatives (how close a tie was)
 SPECIAL_TOKENS = ["<unk>", "<|endoftext|>"]
+# Separate cold starts (no snapshot) by step, and the label of each (numbered: cold-1, eager-1, ...); every
+# start is compared with the first of each kind.
+SEPARATE_COLDS = {"cold": "cold", "cold-eager": "eager"}
 FILLER_PREFIX = "\u0120w"  # byte-level for " w": filler token i decodes to " w<i>"
 # A ChatML template, so vLLM's chat route has one to apply (the tokenizer is trained here, without one).
 CHAT_TEMPLATE = (
@@ -382,9 +386,10 @@ def agreement(results: list[dict[str, Any]]) -> list[str]:
     (`vs_<capture step>`, `vs_cold` in its row, beside `vs_own_capture`, which the start wrote itself); one
     line each. Two captures are two cold starts too."""
     references = {row["run"]: row for row in results if row["run"] in CAPTURES and row.get("outputs")}
-    references["cold"] = next(
-        (row for row in results if row["run"].startswith("cold") and row.get("outputs")), None
-    )
+    for kind in SEPARATE_COLDS.values():  # the first of each kind of separate cold start
+        references[kind] = next(
+            (row for row in results if row["run"].startswith(f"{kind}-") and row.get("outputs")), None
+        )
     lines = []
     for row in results:
         if not row.get("outputs"):
@@ -439,11 +444,16 @@ def engine_flags(args: argparse.Namespace) -> list[str]:
     ]
 
 
-def cold_worker(args: argparse.Namespace, label: str, results: list[dict[str, Any]], reference: Any) -> None:
-    """A separate cold start of the capture's engine spec: `warmstart worker --mode cold`, no snapshot."""
+def cold_worker(
+    args: argparse.Namespace, label: str, results: list[dict[str, Any]], reference: Any, eager: bool = False
+) -> None:
+    """A separate cold start of the capture's engine spec: `warmstart worker --mode cold`, no snapshot;
+    `eager`: without CUDA graphs or compiled kernels (`--enforce-eager`), to tell their part in how cold
+    starts disagree."""
     argv = [sys.executable, "-m", "warmstart", "worker", "--engine", "vllm", "--model", str(args.model),
             "--device", "cuda", "--mode", "cold", "--host", "127.0.0.1", "--port", str(args.port),
             "--log-dir", str(args.work / "pods" / label), *engine_flags(args)]  # fmt: skip
+    argv += ["--enforce-eager"] if eager else []
     timed_server(args, argv, dict(os.environ), label, results, reference)
 
 
@@ -656,8 +666,8 @@ def run_step(
             against_floor(args, results, store)
     elif step == "disk":
         disk_step(args, results)
-    elif step == "cold":
-        cold_worker(args, label, results, reference)
+    elif step in SEPARATE_COLDS:
+        cold_worker(args, label, results, reference, eager=step == "cold-eager")
     elif step == "vllm-serve":
         vllm_serve(args, step, results, reference)
     elif step.startswith("vllm-"):
@@ -692,18 +702,18 @@ def main() -> int:
         "restore-image[-old], restore-reload, restore-notrim (each from its "
         "capture; -thp: transparent huge pages always; -dropped: page cache dropped first, against the read "
         "floor when a `disk` step measured the disk before); disk; cold (a "
-        "separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), vllm-serve, vllm-hot, "
-        "vllm-dropped",
+        "separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), cold-eager (the same with "
+        "--enforce-eager: eager-1, eager-2, ...), vllm-serve, vllm-hot, vllm-dropped",
     )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     write_model(args.model, args.shape)
     results: list[dict[str, Any]] = []
     reference = None
-    colds = itertools.count(1)
+    counts = {step: itertools.count(1) for step in SEPARATE_COLDS}
     try:
         for step in args.steps.split(","):
-            label = f"cold-{next(colds)}" if step == "cold" else step
+            label = f"{SEPARATE_COLDS[step]}-{next(counts[step])}" if step in SEPARATE_COLDS else step
             outputs = run_step(args, step, label, results, reference)
             if step in CAPTURES and outputs is None:
                 break

@@ -180,6 +180,22 @@ def test_every_start_is_compared_with_the_capture_and_the_first_cold_start(bench
     assert len(lines) == 4 and lines[2].startswith("cold-1: vs capture: token ids identical False")
 
 
+def test_eager_cold_starts_are_a_reference_of_their_own(bench: ModuleType) -> None:
+    drifted = copy.deepcopy(REFERENCE)
+    drifted[1] = record([11, 10], [-0.5, -0.25])
+    results = [
+        {"run": "capture", "outputs": REFERENCE},
+        {"run": "cold-1", "outputs": copy.deepcopy(REFERENCE)},
+        {"run": "eager-1", "outputs": drifted},
+        {"run": "eager-2", "outputs": copy.deepcopy(drifted)},
+    ]
+    bench.agreement(results)
+    capture, cold, eager_1, eager_2 = results
+    assert cold["vs_eager"]["first_diff"][1] == 0 and "vs_eager" not in eager_1
+    assert eager_2["vs_eager"]["identical"] and not eager_2["vs_cold"]["identical"]
+    assert capture["vs_cold"]["identical"] and not capture["vs_eager"]["identical"]
+
+
 @pytest.mark.parametrize(("shape", "billions"), [("qwen3-0.6b", 0.6), ("qwen3-8b", 8.2), ("qwen3-14b", 14.8)])
 def test_each_shape_has_its_published_model_size(bench: ModuleType, shape: str, billions: float) -> None:
     """Parameters of the configuration the bench writes, against the size Qwen publishes for that model."""
