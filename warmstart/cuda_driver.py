@@ -7,6 +7,7 @@ a GPU nor libcuda, and a machine without them gets `CudaUnavailable` with the re
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,20 @@ def driver() -> Any:
             raise CudaUnavailable(f"cuInit failed: {error_name(cu, error)}")
         _initialised = cu
         return cu
+
+
+def warm_up() -> None:
+    """Import the bindings and run `cuInit` on a thread of their own, so that the first driver call of a
+    process that only now needs the driver (a restore's) finds them done, both having overlapped what the
+    caller waited for meanwhile (CRIU's restore, a child process). Without a usable driver it does nothing;
+    the call that needs one says why."""
+    if _initialised is None:
+        threading.Thread(target=_initialise_quietly, name="cuda-driver-warm-up", daemon=True).start()
+
+
+def _initialise_quietly() -> None:
+    with contextlib.suppress(CudaUnavailable):
+        driver()
 
 
 def error_name(cu: Any, error: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from typing import Any
 
@@ -52,6 +53,37 @@ def test_no_libcuda_means_no_devices() -> None:
     if _has_libcuda():
         pytest.skip("this machine has a CUDA driver")
     assert cuda_driver.device_count() == 0
+
+
+def _warm_up_threads() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == "cuda-driver-warm-up"]
+
+
+def test_the_driver_warm_up_initialises_it_on_a_thread_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    called_on: list[str] = []
+    monkeypatch.setattr(cuda_driver, "_initialised", None)
+    monkeypatch.setattr(cuda_driver, "driver", lambda: called_on.append(threading.current_thread().name))
+    cuda_driver.warm_up()
+    for thread in _warm_up_threads():
+        thread.join(timeout=30)
+    assert called_on == ["cuda-driver-warm-up"]
+    monkeypatch.setattr(cuda_driver, "_initialised", object())  # initialised already: nothing to warm
+    cuda_driver.warm_up()
+    assert called_on == ["cuda-driver-warm-up"] and not _warm_up_threads()
+
+
+def test_a_driver_warm_up_without_a_driver_says_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unavailable() -> None:
+        raise cuda_driver.CudaUnavailable("no CUDA driver here")
+
+    escaped: list[BaseException | None] = []
+    monkeypatch.setattr(cuda_driver, "_initialised", None)
+    monkeypatch.setattr(cuda_driver, "driver", unavailable)
+    monkeypatch.setattr(threading, "excepthook", lambda hook: escaped.append(hook.exc_value))
+    cuda_driver.warm_up()
+    for thread in _warm_up_threads():
+        thread.join(timeout=30)
+    assert escaped == []  # the restore's own driver call reports it, when it needs the driver
 
 
 def test_driver_results_are_unpacked_and_errors_name_the_call() -> None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmstart import cuda_driver
 from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu, CriuError, taken_pid
 from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
@@ -314,6 +315,8 @@ def restore(
             # The plan is the signed manifest's: the weights go to the GPU while the blobs are hashed
             # and CRIU restores the engine; a blob that fails its digest stops the stager below.
             signed = check_signed(store, snapshot_id, verifier, expected_identity)
+            if signed.meta.get("uses_cuda"):
+                cuda_driver.warm_up()  # meanwhile: ready by the CUDA restore (`cuda_driver` times the rest)
             stager = give_plan(stager, signed, sandbox.init_pid)
             snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
         if before_claim is not None:
@@ -399,6 +402,8 @@ def _restore_process(
         raise CriuError(f"CRIU reported pid {namespace_pid} but no such process runs in the sandbox")
     if snapshot.meta.get("uses_cuda"):
         gpu_pids = _restored_cuda_pids(snapshot, sandbox, namespace_pid)
+        with timed(timings, "cuda_driver"):
+            cuda.driver()
         with timed(timings, "cuda_restore"):
             cuda.resume_all(gpu_pids)  # any one failing fails the restore: the caller kills the whole tree
     return namespace_pid, host_pid

@@ -54,14 +54,18 @@ def _setup_script(mountpoint: Path, reserve_pids: bool) -> str:
     return " && ".join(steps) + ' && exec "$@"'
 
 
+# Resolved here, not in the forked child: a child of a process with other threads (one may be loading a
+# library: the CUDA driver's warm-up) must not call the dynamic loader before exec.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+
 def _die_with_parent() -> None:
     """In the forked child: SIGKILL when the process that started the sandbox dies.
 
     With `unshare --kill-child` the namespace's PID 1 dies with `unshare`, and the kernel then kills every
     process of the namespace: a sandbox never outlives its owner, even one killed with SIGKILL.
     """
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def pid_namespace_of(pid: int) -> str:
