@@ -361,10 +361,20 @@ def test_a_deleted_inference_snapshot_takes_the_store_files_captured_for_it_alon
     assert offline_agent.metrics.value("warmstart_agent_store_snapshots_deleted_total") == 1
 
 
+def test_prestage_takes_only_snapshots_signed_with_its_key(offline_agent: Agent, tmp_path: Path) -> None:
+    ours = _publish(offline_agent.node.store, tmp_path / "key", b"x" * 10, namespace="team-a")
+    forged = _publish(offline_agent.node.store, generate_hmac_key(tmp_path / "another-key"), b"y" * 10,
+                      namespace="team-a")  # fmt: skip
+    stored = offline_agent.prestage._stored(_isnap(ours.id, namespace="team-a"))
+    assert stored is not None and stored.id == ours.id
+    assert offline_agent.prestage._stored(_isnap(forged.id, namespace="team-a")) is None
+
+
 @pytest.mark.spawns
 def test_grpc_answers_on_a_root_only_socket_for_this_node_alone(offline_agent: Agent, tmp_path: Path) -> None:
     published = _publish(offline_agent.node.store, tmp_path / "key", b"x" * 1000, namespace="team-a")
     _publish(offline_agent.node.store, tmp_path / "key", b"y" * 10, node="node-b")  # a shared store
+    _publish(offline_agent.node.store, generate_hmac_key(tmp_path / "another-key"), b"z" * 10)  # not ours
     socket_path = tmp_path / "run" / "agent.sock"
     socket_path.parent.mkdir()
     socket_path.symlink_to(tmp_path / "elsewhere")

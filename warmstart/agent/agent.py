@@ -201,7 +201,8 @@ class Agent:
         }  # fmt: skip
 
     def list_snapshots(self, identity_hash: str = "") -> list[dict[str, Any]]:
-        """The store snapshots captured on this node (the store may be shared by every node)."""
+        """The store snapshots captured on this node (the store may be shared by every node), those signed
+        with this agent's key alone."""
         return [
             {
                 "id": s.id,
@@ -213,6 +214,6 @@ class Agent:
                 "namespace": str(s.meta.get("namespace", "")),
                 "inference_snapshot": str(s.meta.get("inferenceSnapshot", "")),
             }  # fmt: skip
-            for s in self.node.store.list(identity_hash or None)
+            for s in self.node.store.list(identity_hash or None, verifier=self.node.verifier)
             if s.meta.get("node") == self.config.node
         ]

@@ -112,7 +112,7 @@ class PrestagePhase:
             if cluster_store is not None:  # the bucket's snapshot into this node's cache, ahead of a replica
                 stored = cluster_store.local_copy(snapshot_id, "prestage")
             else:
-                stored = self.node.store.get(snapshot_id)
+                stored = self.node.store.get(snapshot_id, verifier=self.node.verifier)
         except (SnapshotError, ValueError, PullFailed) as exc:
             log.debug("InferenceSnapshot %s: nothing to pre-stage (%s)", objects.key(snap), exc)
             return None
