@@ -18,9 +18,11 @@ VLLM_SITE := $(VLLM_CONTRACT_DIR)/$(shell sha256sum $(VLLM_CONTRACT_REQS) | cut 
 
 .PHONY: demo test docs setup criu control-plane images addons vllm-contract lint unit clean
 
+# CRIU's command line resolved once (hack/criu resolves it again at every call: two shell scripts, about 30 ms
+# a call on 2 cores, and a restore makes two).
 demo: $(VENV)/.installed criu
 	$(BIN)/warmstart serve --engine builtin --model demo --device cpu --store $(STORE) --port $(PORT) \
-		--criu "$(CURDIR)/hack/criu"
+		--criu "$$(hack/criu-setup --print)"
 
 test: $(VENV)/.installed docs criu control-plane images addons vllm-contract
 	$(BIN)/ruff check .
