@@ -37,6 +37,7 @@ PACKAGE = REPO / "warmstart"
 SERVE_IMPORTS = "import warmstart.serve.cli, warmstart.serve.local_node, warmstart.checkpoint.restore"
 VARIANTS = ("bytecode", "no bytecode")
 COLUMNS = ("first_token", "command_start", "ready", "rest")
+Rounds = dict[str, list[dict[str, float]]]  # variant -> each round's figures, by column
 
 
 def package_copies(work: Path) -> dict[str, dict[str, str]]:
@@ -134,9 +135,6 @@ def main() -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"rounds": rounds, "floors": floors}, indent=1))
     return 0
-
-
-Rounds = dict[str, list[dict[str, float]]]
 
 
 def measure(args: argparse.Namespace, work: Path) -> tuple[Rounds, dict[str, list[float]]]:
