@@ -139,12 +139,18 @@ def kubelet_config(
 
 
 # kube-proxy's least interval between two syncs of its rules, for a testbed that measures a cluster with it
-# lowered ("0s"); unset, kube-proxy's default (1 s), as most clusters run it.
+# lowered ("100ms"); unset, kube-proxy's default (1 s), as most clusters run it.
 MIN_SYNC_ENV = "WARMSTART_KUBE_PROXY_MIN_SYNC"
 
 
 def proxy_sync() -> dict[str, str]:
     value = os.environ.get(MIN_SYNC_ENV, "").strip()
+    if value and not any(digit in value for digit in "123456789"):
+        # kube-proxy's config defaulting replaces a zero minSyncPeriod with its 1 s default.
+        raise ValueError(
+            f"{MIN_SYNC_ENV}={value}: kube-proxy reads a zero minSyncPeriod as its default, 1s; "
+            "give a short non-zero duration such as 1ms"
+        )
     return {"minSyncPeriod": value} if value else {}
 
 

@@ -376,9 +376,13 @@ def test_kube_proxy_syncs_at_its_default_interval_unless_the_testbed_lowers_it(t
     monkeypatch.delenv(node_config.MIN_SYNC_ENV, raising=False)
     proxy = json.loads(node_config.kube_proxy_config(addresses, tmp_path / "kubeconfig"))
     assert "minSyncPeriod" not in proxy["nftables"] and proxy["nftables"]["masqueradeAll"] is True
-    monkeypatch.setenv(node_config.MIN_SYNC_ENV, "0s")
+    monkeypatch.setenv(node_config.MIN_SYNC_ENV, "100ms")
     proxy = json.loads(node_config.kube_proxy_config(addresses, tmp_path / "kubeconfig"))
-    assert proxy["nftables"]["minSyncPeriod"] == "0s"
+    assert proxy["nftables"]["minSyncPeriod"] == "100ms"
+    for zero in ("0s", "0", "0.0ms", "0h0m0s"):  # kube-proxy would run at its 1 s default
+        monkeypatch.setenv(node_config.MIN_SYNC_ENV, zero)
+        with pytest.raises(ValueError, match=r"zero minSyncPeriod as its default, 1s.*1ms"):
+            node_config.kube_proxy_config(addresses, tmp_path / "kubeconfig")
 
 
 def test_kubelet_and_containerd_carry_the_settings_this_kind_of_machine_needs(tmp_path) -> None:
