@@ -45,6 +45,21 @@ def test_tracking_keeps_a_sooner_wake_up_and_a_reconcile_sets_the_next():
     assert wakeups.take_due() == [("ns", "a")]
 
 
+def test_a_change_during_a_reconcile_still_wakes_the_endpoint_after_it():
+    clock = Clock()
+    wakeups = Wakeups(resync_seconds=3600, clock=clock)
+    wakeups.track(("ns", "a"))
+    wakeups.now(("ns", "a"))  # a child deleted while the handler runs, having read the children before
+    clock.now += 0.01
+    wakeups.reconciled(("ns", "a"))  # the handler ends
+    assert wakeups.take_due() == [("ns", "a")]
+    wakeups.reconciled(("ns", "a"))  # the next run, with nothing asked meanwhile: the resync
+    clock.now += 3599
+    assert wakeups.take_due() == []
+    clock.now += 1
+    assert wakeups.take_due() == [("ns", "a")]
+
+
 def test_a_failed_reconcile_is_not_woken_before_its_retry_and_a_deleted_one_never():
     clock = Clock()
     wakeups = Wakeups(resync_seconds=2, clock=clock)

@@ -34,6 +34,9 @@ class Wakeups:
         self.resync_seconds = resync_seconds
         self._clock = clock
         self._due: dict[Key, float] = {}
+        # Wake-ups asked for and not yet taken: a reconcile that ends meanwhile must not drop them (it may
+        # have read the endpoint's children before the change that asked).
+        self._asked: dict[Key, float] = {}
         self._lock = threading.Lock()
 
     def track(self, key: Key) -> None:
@@ -50,12 +53,15 @@ class Wakeups:
         when = self._clock() + seconds
         with self._lock:
             self._due[key] = min(when, self._due.get(key, when))
+            self._asked[key] = min(when, self._asked.get(key, when))
 
     def reconciled(self, key: Key, follow_up: float | None = None) -> None:
-        """Its handler just ran: next wake-up at the resync, or at `follow_up` seconds if sooner."""
+        """Its handler just ran: next wake-up at the resync, or at `follow_up` seconds if sooner, or at a
+        wake-up asked for and not yet taken."""
         seconds = min(self.resync_seconds, follow_up) if follow_up is not None else self.resync_seconds
+        when = self._clock() + seconds
         with self._lock:
-            self._due[key] = self._clock() + seconds
+            self._due[key] = min(when, self._asked.get(key, when))
 
     def retrying(self, key: Key, delay: float) -> None:
         """Its handler failed and kopf retries it after `delay`: no resync before then (kopf would hold
@@ -66,6 +72,7 @@ class Wakeups:
     def forget(self, key: Key) -> None:
         with self._lock:
             self._due.pop(key, None)
+            self._asked.pop(key, None)
 
     def take_due(self) -> list[Key]:
         """The endpoints due now; each is next due at the resync (its handler will run meanwhile)."""
@@ -74,6 +81,7 @@ class Wakeups:
             due = sorted(key for key, when in self._due.items() if when <= now)
             for key in due:
                 self._due[key] = now + self.resync_seconds
+                self._asked.pop(key, None)
         return due
 
     def keys(self) -> list[Key]:
