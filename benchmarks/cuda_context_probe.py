@@ -5,7 +5,8 @@ child's device memory (nvidia-smi) and its anonymous host memory, takes a CUDA c
 device memory into the process's host memory), measures again, restores and lets the child go. The host
 growth is what CRIU would then have to store and restore: the part of an image no engine can shed.
 
-    python3 benchmarks/cuda_context_probe.py        # as root, on a GPU host; prints a markdown table
+    python3 benchmarks/cuda_context_probe.py [SUBSTRING...]   # as root, on a GPU host; a markdown table
+                                                               # of every variant (or those named)
 """
 
 from __future__ import annotations
@@ -35,6 +36,30 @@ VARIANTS = {
         " from torch._inductor import async_compile as ac; getattr(ac, 'shutdown_compile_workers', int)()"
     ),
 }
+# What the CUDA restore's time grows with: bytes of device memory, or objects (vLLM's engine holds about
+# 1,900 CUDA graphs at its default capture sizes, each a few kernels, all in one shared memory pool).
+GRAPHS = """
+x = torch.zeros(4096, device='cuda'); graphs = []; pool = None
+for _ in range({count}):
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, pool=pool):
+        y = x
+        for _ in range(16):
+            y = y * 1.0001 + 1
+    pool = pool or g.pool()
+    graphs.append(g)
+"""
+VARIANTS.update(
+    {
+        "+ 2 GiB of tensors": (
+            "x = torch.zeros(1, device='cuda'); m = torch.ones(2 << 30, dtype=torch.uint8, device='cuda')"
+        ),
+        **{
+            f"+ {count} CUDA graphs of 32 kernels": f"exec({GRAPHS.format(count=count)!r})"
+            for count in (500, 2000)
+        },
+    }
+)
 # The driver's local-memory reserve (stack bytes x every thread the GPU holds) is device memory a checkpoint
 # copies: the same states with the stack limit lowered just before it, as the builtin engine's release does.
 LOWER_STACK = (
@@ -93,12 +118,15 @@ def probe(setup: str) -> dict[str, float]:
 
 
 def main() -> int:
+    only = sys.argv[1:]  # substrings of the variants to run (all by default)
     rows = [
         "| process state | GPU memory (nvidia-smi) | host anon before | host growth at checkpoint | "
         "checkpoint s | restore s |",
         "|---|---|---|---|---|---|",
     ]
     for name, setup in VARIANTS.items():
+        if only and not any(part in name for part in only):
+            continue
         r = probe(setup)
         rows.append(
             f"| {name} | {r['gpu_gib']:.2f} GiB | {r['host_gib']:.2f} GiB | {r['copied_gib']:.2f} GiB | "

@@ -86,6 +86,8 @@ CAPTURES = {
     ),
     "capture-image": ("store-image", {}),
     "capture-notrim": ("store-notrim", {"WARMSTART_VLLM_TRIM": "0"}),
+    # the GPU's local-memory reserve left in the checkpoint (`warmstart/gpu/local_memory.py`)
+    "capture-localmem-kept": ("store-localmem-kept", {"WARMSTART_SHRINK_LOCAL_MEMORY": "0"}),
 }
 RESTORES = {  # store, environment of the restoring side
     "restore": ("store", {}),
@@ -94,6 +96,7 @@ RESTORES = {  # store, environment of the restoring side
     "restore-staged-rehash": ("store-staged", {"WARMSTART_VERIFIED_RECORDS": "0"}),  # every blob hashed
     "restore-staged-kv": ("store-staged-kv", {}),  # the KV cache woken on the stager's memory
     "restore-notrim": ("store-notrim", {}),
+    "restore-localmem-kept": ("store-localmem-kept", {}),
     **{kind: ("store-image", {}) for kind in REFILLS},
 }
 
@@ -697,9 +700,10 @@ def main() -> int:
         "--steps",
         default="capture,restore,restore-dropped,vllm-serve,vllm-hot",
         help="comma-separated: capture (as a user's worker), capture-staged (a staging plan), capture-image "
-        "(a weights image), capture-notrim; restore, restore-staged (a weight stager), restore-staged-off "
+        "(a weights image), capture-notrim, capture-localmem-kept (the GPU's local-memory reserve kept in "
+        "the checkpoint); restore, restore-staged (a weight stager), restore-staged-off "
         "(the same snapshot, no stager), restore-staged-rehash (no verified records: every blob hashed), "
-        "restore-image[-old], restore-reload, restore-notrim (each from its "
+        "restore-image[-old], restore-reload, restore-notrim, restore-localmem-kept (each from its "
         "capture; -thp: transparent huge pages always; -dropped: page cache dropped first, against the read "
         "floor when a `disk` step measured the disk before); disk; cold (a "
         "separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), cold-eager (the same with "

@@ -135,7 +135,7 @@ e(d("qwen3-8b", 0, {}), "qwen3-8b", 0, {}, device="cuda")' || exit 5
         timeout 150 python3 benchmarks/kv_fit.py 2>&1 | tee "$OUT/kv_fit.txt" | grep -v ' INFO ' | tail -6
     fi
     if [[ "$steps" == *,levers,* ]]; then
-        for lever in ${LEVERS:-WARMSTART_BUILTIN_SHRINK_LOCAL_MEMORY}; do
+        for lever in ${LEVERS:-WARMSTART_SHRINK_LOCAL_MEMORY}; do
             [[ "$lever" == *=* ]] || lever="$lever=0"
             (export "$lever"; bench_restore "lever-${lever//=/-}" "$WARMSTART_CRIU" --repeat 2 --no-cold \
                 --no-drop-caches ${THP:+--transparent-hugepages "$THP"})

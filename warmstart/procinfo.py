@@ -131,3 +131,27 @@ def anonymous_memory(pid: int | str = "self", proc: Path = PROC) -> tuple[int, i
         if name in ("Anonymous", "AnonHugePages"):
             fields[name] = int(rest.split()[0]) * 1024
     return fields.get("Anonymous", 0), fields.get("AnonHugePages", 0)
+
+
+def memory_counters(pid: int | str = "self", proc: Path = PROC) -> dict[str, int]:
+    """Page faults so far (minor, major) and resident, anonymous and pinned KiB of a process (empty when it
+    cannot be read): taken before and after a step, they say how much memory the step touched or pinned."""
+    counters: dict[str, int] = {}
+    try:
+        stat = (proc / str(pid) / "stat").read_text(errors="replace")
+        status = (proc / str(pid) / "status").read_text(errors="replace")
+    except OSError:
+        return counters
+    fields = stat[stat.rfind(")") + 1 :].split()
+    if len(fields) > 9:
+        counters["minflt"], counters["majflt"] = int(fields[7]), int(fields[9])
+    for line in status.splitlines():
+        name, _, rest = line.partition(":")
+        if name in ("VmRSS", "RssAnon", "VmPin", "VmLck"):
+            counters[f"{name}_kib"] = int(rest.split()[0])
+    return counters
+
+
+def counters_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """`after` minus `before`, for the counters both have."""
+    return {name: after[name] - before[name] for name in after if name in before}

@@ -14,6 +14,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,8 +219,12 @@ def suspend(pid: int, timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> None:
 def resume(pid: int) -> None:
     """Restore then unlock whatever state the process is in (CHECKPOINTED or only LOCKED)."""
     current = state(pid)
+    started = time.perf_counter()
     if current is CheckpointState.CHECKPOINTED:
         restore(pid)
         current = state(pid)
+    restored = time.perf_counter()
     if current is CheckpointState.LOCKED:
         unlock(pid)
+    log.info("pid %d: CUDA restore %.3f s, unlock %.3f s", pid, restored - started,
+             time.perf_counter() - restored)  # fmt: skip

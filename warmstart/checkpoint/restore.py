@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmstart import cuda_driver
+from warmstart import cuda_driver, procinfo
 from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu, CriuError, taken_pid
 from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
@@ -404,8 +404,12 @@ def _restore_process(
         gpu_pids = _restored_cuda_pids(snapshot, sandbox, namespace_pid)
         with timed(timings, "cuda_driver"):
             cuda.driver()
+        before = procinfo.memory_counters(host_pid)
         with timed(timings, "cuda_restore"):
             cuda.resume_all(gpu_pids)  # any one failing fails the restore: the caller kills the whole tree
+        # What the driver's restore touched in host memory (pages it faulted in, memory it pinned again).
+        log.info("CUDA restore of pid %d in %.3f s: %s", host_pid, timings["cuda_restore"],
+                 procinfo.counters_delta(before, procinfo.memory_counters(host_pid)))  # fmt: skip
     return namespace_pid, host_pid
 
 

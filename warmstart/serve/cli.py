@@ -16,6 +16,7 @@ import argparse
 import signal
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -56,8 +57,10 @@ def _serve(args: argparse.Namespace) -> int:
 
     store_root = Path(args.store).resolve()
     spec = WorkerSpec(args.engine, args.model, args.device, args.host, args.port, list(args.worker_arg))
-    signer, verifier = _store_and_keys(store_root, args.key)
-    criu, why_not = usable_criu(args.criu or default_criu_command())
+    with ThreadPoolExecutor(1, thread_name_prefix="warmstart-criu-check") as pool:  # beside the keys
+        criu_check = pool.submit(usable_criu, args.criu or default_criu_command())
+        signer, verifier = _store_and_keys(store_root, args.key)
+        criu, why_not = criu_check.result()
     if criu is None:
         print(f"snapshots are off: {why_not}")
     work_dir = Path(args.work_dir).resolve() if args.work_dir else None

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmstart import __version__
 from warmstart.fileio import UnsafeInput, directory_fd, loads_json, read_regular_file, write_atomic
 from warmstart.serve.worker_spec import WorkerSpec
 
@@ -35,10 +36,11 @@ class IdentityCache:
     A worker's identity is only known once its engine has loaded (model digest, resolved engine arguments),
     which is the cost a restore avoids. So each capture records the identity its worker reported, keyed by
     everything that identity derives from and that is cheap to read here: engine, model, device, worker
-    arguments, Python/torch/warmstart versions and warmstart's own source files, NVIDIA driver and GPU
-    model, the image name; and the model files' sizes and mtimes. Any change there is a miss, and a miss is
-    a cold start that records afresh. Entries are signed with the store's key, like manifests, and name
-    their key inside the signed bytes: a record copied over another key's file name is refused.
+    arguments, Python's version, where and when torch and vLLM were installed and their version files,
+    warmstart's version and its own source files, NVIDIA driver and GPU model, the image name; and the model
+    files' sizes and mtimes. Any change there is a miss, and a miss is a cold start that records afresh.
+    Entries are signed with the store's key, like manifests, and name their key inside the signed bytes: a
+    record copied over another key's file name is refused.
 
     The record is written after the snapshot is published, and the snapshot's meta names the key too, so a
     start that finds no record (the last one died in between) recovers it from the published snapshot.
@@ -54,8 +56,9 @@ class IdentityCache:
     def key(spec: WorkerSpec) -> str:
         facts = {
             "engine": spec.engine, "model": spec.model, "device": spec.device, "args": spec.extra_args,
-            "python": sys.version, "torch": _distribution_version("torch"),
-            "warmstart": _distribution_version("warmstart"), "nvidia": _nvidia_facts(),
+            "python": sys.version, "torch": _package_fingerprint("torch"),
+            "vllm": _package_fingerprint("vllm"),
+            "warmstart": __version__, "nvidia": _nvidia_facts(),
             "image": os.environ.get("WARMSTART_IMAGE", ""), "cache": os.environ.get("WARMSTART_CACHE", ""),
             "code": _code_fingerprint(),
         }  # fmt: skip
@@ -172,13 +175,25 @@ def _code_fingerprint() -> str:
     return hashlib.sha256(json.dumps(sorted(entries)).encode()).hexdigest()
 
 
-def _distribution_version(name: str) -> str:
-    from importlib import metadata
+def _package_fingerprint(name: str) -> str:
+    """Where the package `name` is installed, when, and its version file's text; empty when it is not.
+
+    Found without importing it, nor `importlib.metadata` (whose import alone takes tens of milliseconds,
+    paid by every restore's command): a reinstall or an upgrade writes new files, so either shows."""
+    import importlib.util
 
     try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
         return ""
+    if spec is None or not spec.origin or not os.path.isfile(spec.origin):
+        return ""
+    origin = Path(spec.origin)
+    parts = [str(origin), str(origin.stat().st_mtime_ns)]
+    for version_file in ("version.py", "_version.py"):
+        with contextlib.suppress(OSError):
+            parts.append((origin.parent / version_file).read_text()[:4096])
+    return "\n".join(parts)
 
 
 def _nvidia_facts() -> str:

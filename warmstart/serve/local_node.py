@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmstart.fileio import UnsafeInput
 from warmstart.serve.identity_cache import CACHE_KEY_META, IdentityCache
+from warmstart.serve.readiness import import_http_client_meanwhile
 from warmstart.serve.worker_spec import CONTROL_SUBDIR, ServeError, StartReport, WorkerExited, WorkerSpec
 from warmstart.serve.workers import PlainWorker, wait_http_ready
 
@@ -160,6 +161,7 @@ class LocalNode:
 
         assert self.criu is not None and self.verifier is not None
         started, began_at = time.monotonic(), time.time()
+        import_http_client_meanwhile()  # for the readiness probes, while the restore mostly waits
         host_dir = self._new_sandbox_dir("restore")
         # PID 1 is the worker supervisor in restore mode: it adopts the restored engine, or cold-starts one
         # itself when the restore fails.

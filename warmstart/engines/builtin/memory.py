@@ -3,9 +3,9 @@
 `EngineMemory` owns the weight arena, the KV arena and the CUDA graphs' scratch pool. `release()` gives
 them back before a checkpoint (weights only where they come back at the same addresses), then sheds what
 a checkpoint would otherwise copy for nothing: cached device blocks, pinned host blocks and the GPU's
-per-thread local memory (`LocalMemoryLimit`). `reacquire()` takes it all back: the KV cache and scratch
-are mapped on a second thread while the weights come back, mapped from a weight stager when one was
-announced (`expect_staged_weights`), else refilled from the files.
+per-thread local memory (`warmstart.gpu.local_memory`). `reacquire()` takes it all back: the KV cache
+and scratch are mapped on a second thread while the weights come back, mapped from a weight stager when
+one was announced (`expect_staged_weights`), else refilled from the files.
 
 `kv_slots_that_fit` sizes the KV cache from GPU memory (as vLLM's gpu_memory_utilization does), so a
 --max-num-seqs x --max-model-len that does not fit is cut to what does instead of failing with CUDA OOM.
@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from warmstart.config import env_flag
 from warmstart.cuda_driver import device_uuid
 from warmstart.gpu.arena import Arena, create_arena
-from warmstart.gpu.cuda_arena import CudaVmmArena
+from warmstart.gpu.cuda_arena import CudaVmmArena, cuda_ordinal
+from warmstart.gpu.local_memory import LocalMemoryLimit
 from warmstart.gpu.weight_stager.client import StagedWeightsUnavailable, acknowledge, receive_staged_weights
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache
@@ -38,8 +38,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-LOCAL_MEMORY_ENV = "WARMSTART_BUILTIN_SHRINK_LOCAL_MEMORY"  # "0": keep the GPU's local memory reserve
-CHECKPOINT_STACK_BYTES = 16  # per-thread stack limit while checkpointed: the reserve all but goes
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
@@ -84,43 +82,6 @@ def _rss_anon() -> int:
     return 0
 
 
-class LocalMemoryLimit:
-    """The GPU stack-size limit, lowered while checkpointed and put back after.
-
-    The driver keeps a local-memory reserve of stack bytes x every thread the GPU can hold (hundreds of MiB
-    on an H200), and a CUDA checkpoint copies it like any allocation. Lowering the limit shrinks the
-    reserve; raising it again after the restore re-reserves it before any kernel runs.
-    """
-
-    def __init__(self, device: torch.device) -> None:
-        self._device = device
-        self._saved: int | None = None
-
-    def lower(self) -> None:
-        from warmstart.cuda_driver import CudaError, CudaUnavailable, check, driver
-
-        try:
-            cu = driver()
-            limit = cu.CUlimit.CU_LIMIT_STACK_SIZE
-            torch.cuda.set_device(self._device)
-            saved = int(check(cu.cuCtxGetLimit(limit), "cuCtxGetLimit"))
-            check(cu.cuCtxSetLimit(limit, CHECKPOINT_STACK_BYTES), "cuCtxSetLimit")
-        except (CudaError, CudaUnavailable) as exc:
-            log.warning("GPU local memory stays in the checkpoint: %s", exc)
-            return
-        self._saved = saved
-
-    def restore(self) -> None:
-        if self._saved is None:
-            return
-        from warmstart.cuda_driver import check, driver
-
-        cu = driver()
-        torch.cuda.set_device(self._device)
-        check(cu.cuCtxSetLimit(cu.CUlimit.CU_LIMIT_STACK_SIZE, self._saved), "cuCtxSetLimit")
-        self._saved = None
-
-
 # --- the arenas ----------------------------------------------------------------------------------------
 
 
@@ -149,7 +110,7 @@ class EngineMemory:
         self.last_refill_stats: dict[str, Any] | None = None
         self.last_release_stats: dict[str, Any] | None = None
         self._staged_weights_socket: str | None = None
-        self._local_memory = LocalMemoryLimit(device) if device.type == "cuda" else None
+        self._local_memory = LocalMemoryLimit(cuda_ordinal(device)) if device.type == "cuda" else None
 
     @property
     def on_cuda(self) -> bool:
@@ -212,9 +173,7 @@ class EngineMemory:
                 self.scratch.release()  # the graphs rewrite their intermediates on every replay
             torch.cuda.empty_cache()  # cached blocks would otherwise travel in the checkpoint
             release_pinned_cache()
-            if env_flag(LOCAL_MEMORY_ENV):
-                self._local_memory.lower()
-                stats["local_memory_lowered"] = True
+            stats["local_memory_lowered"] = self._local_memory.lower()
         stats["host_anon_bytes"] = _rss_anon()
         stats["host_anon_largest"] = anonymous_memory_by_mapping()
         if self.on_cuda:

@@ -59,6 +59,7 @@ from warmstart.engines.vllm.identity import (
 )
 from warmstart.engines.vllm.options import VllmOptions, import_vllm, sampling_kwargs
 from warmstart.engines.vllm.quiesce import apply_env_defaults, open_resources, undumpable, use_file_rendezvous
+from warmstart.gpu.local_memory import LocalMemoryLimit
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.identity import SnapshotIdentity
 
@@ -150,6 +151,7 @@ class VllmEngine(Engine):
         self._staged_socket: str | None = None
         self._kv_adopted: set[int] = set()  # KV cache allocations mapped on the stager's memory
         self._memory: dict[str, Any] = {}
+        self._local_memory: LocalMemoryLimit | None = None
         self._kv_error: BaseException | None = None
         self.timings: dict[str, float] = {}
 
@@ -227,6 +229,7 @@ class VllmEngine(Engine):
         if os.environ.get(TRIM_ENV, "1") != "0":
             mark = time.perf_counter()
             self._memory["trimmed"] = memory.trim()
+            self._memory["local_memory_lowered"] = self._lower_local_memory()
             self._memory["after_trim"] = memory.breakdown()
             self.timings["trim_s"] = time.perf_counter() - mark
         log.info("memory at release: %s", self._memory)
@@ -243,6 +246,8 @@ class VllmEngine(Engine):
         if self._asleep_level == 0:
             return  # nothing was released
         started = time.perf_counter()
+        if self._local_memory is not None:
+            self._local_memory.restore()  # before any kernel runs
         if self._asleep_level == 2:
             llm.wake_up(tags=["weights"])
             self.timings["wake_weights_s"] = time.perf_counter() - started
@@ -409,6 +414,16 @@ class VllmEngine(Engine):
         self.timings["weights_plan_s"] = time.perf_counter() - started
         log.info("weights planned from the model's files: %.2f GB, proven in %.2f s",
                  self._weights_plan.nbytes / 1e9, self.timings["weights_plan_s"])  # fmt: skip
+
+    def _lower_local_memory(self) -> bool:
+        """The driver's local-memory reserve out of the checkpoint (`gpu/local_memory.py`), where this
+        process holds the engine's CUDA context (not a multiprocess engine's, nor tensor parallelism's)."""
+        import torch
+
+        if self.options.tensor_parallel_size != 1 or not torch.cuda.is_initialized():
+            return False
+        self._local_memory = LocalMemoryLimit(torch.cuda.current_device())
+        return self._local_memory.lower()
 
     def _take_staged_weights(self, model: Any) -> bool:
         """The weights copied from the stager's block, when a stager was started; False: refill them."""
