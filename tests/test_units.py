@@ -183,3 +183,19 @@ def test_capture_refuses_ids_a_restore_sandbox_cannot_give_back(tmp_path: Path) 
     (tmp_path / f"core-{RESERVED_PIDS + 1}.img").write_bytes(b"")
     with pytest.raises(CaptureError, match=f"id {RESERVED_PIDS + 1}; restores keep only ids up to"):
         check_ids_restorable(tmp_path)
+
+
+def test_identity_key_follows_the_installed_packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another torch or vLLM (a new version file, or files written anew) is another key; reading it imports
+    neither package."""
+    package = tmp_path / "site" / "torch"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("raise ImportError('never imported')\n")
+    (package / "version.py").write_text("__version__ = '1.0'\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    first = IdentityCache.key(WorkerSpec(model="tiny"))
+    assert IdentityCache.key(WorkerSpec(model="tiny")) == first
+    (package / "version.py").write_text("__version__ = '1.1'\n")
+    assert IdentityCache.key(WorkerSpec(model="tiny")) != first
+    assert "torch" not in sys.modules

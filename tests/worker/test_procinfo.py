@@ -117,3 +117,18 @@ def test_anonymous_memory_and_its_huge_pages_are_read_from_smaps_rollup(tmp_path
     assert procinfo.anonymous_memory(7, proc=tmp_path) == (800 << 10, 512 << 10)
     anonymous, huge = procinfo.anonymous_memory()  # this process's own
     assert anonymous > 0 and 0 <= huge <= anonymous
+
+
+def test_memory_counters_see_the_pages_a_step_touches() -> None:
+    before = procinfo.memory_counters()
+    touched = bytearray(32 << 20)  # zero-filled: every page faulted in by the allocation's writes
+    delta = procinfo.counters_delta(before, procinfo.memory_counters())
+    assert len(touched) == 32 << 20
+    assert delta["minflt"] >= (32 << 20) // (2 << 20)  # at least one fault per huge page
+    assert delta["RssAnon_kib"] >= 30 << 10 and delta["majflt"] >= 0
+    assert {"VmPin_kib", "VmLck_kib", "VmRSS_kib"} <= set(delta)
+
+
+def test_memory_counters_of_no_process_are_empty(tmp_path: Path) -> None:
+    assert procinfo.memory_counters(1, proc=tmp_path) == {}
+    assert procinfo.counters_delta({"minflt": 1}, {}) == {}

@@ -46,7 +46,8 @@ def print_report(report: StartReport, spec: WorkerSpec) -> None:
     if report.reason:
         console.print(f"[yellow]{report.reason}[/yellow]")
     if report.timings:
-        console.print("phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in report.timings.items()))
+        phases = ", ".join(f"{k} {v:.2f}s" for k, v in report.timings.items())
+        console.print(f"phases: {phases}", soft_wrap=True)  # one line, for scripts that read it
 
 
 def _serve(args: argparse.Namespace) -> int:
