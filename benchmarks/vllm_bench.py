@@ -480,7 +480,7 @@ def timed_server(
     """Start a server, time it to the first token over HTTP, record and compare its greedy outputs, check
     its API."""
     port = args.port
-    log_path = args.out / f"serve-{label}.log"
+    log_path = args.out / f"serve-{len(results) + 1:02d}-{label}.log"  # one per start, in the run's order
     started = time.time()
     with open(log_path, "w") as log_file:
         process = subprocess.Popen(argv, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=REPO,
@@ -517,7 +517,8 @@ def timed_server(
             process.wait()
     text = log_path.read_text(errors="replace")
     for line in text.splitlines():
-        if line.startswith("phases:") or "│" in line and ("restore" in line or "cold" in line):
+        table_row = "│" in line and ("restore" in line or "cold" in line)
+        if table_row or line.startswith("phases:") or "CUDA restore" in line:
             row.setdefault("report", []).append(line.strip())
     results.append(row)
     return row.get("outputs")
