@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """vLLM on one GPU, one run: `warmstart serve --engine vllm` (cold + capture, then restores) against vLLM's
-own cold start and its wake from sleep levels 1 and 2 in a live process, page cache hot and dropped.
+own cold start and its wake from sleep levels 1 and 2 in a live process; page cache hot, dropped, and
+dropped then pre-staged as a node's agent and the endpoint's stager DaemonSet do; every restore against its
+floor (`floor`: every byte it reads and puts on the GPU, measured in the same run).
 
     python3 benchmarks/vllm_bench.py --criu "DIR/ld-linux-x86-64.so.2 --library-path DIR DIR/criu" \\
         --model /var/tmp/qwen3-8b-shapes --work /var/tmp/warmstart-vllm --out results/
@@ -23,14 +25,18 @@ import argparse
 import contextlib
 import itertools
 import json
+import multiprocessing
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +103,8 @@ RESTORES = {  # store, environment of the restoring side
     "restore-staged-kv": ("store-staged-kv", {}),  # the KV cache woken on the stager's memory
     "restore-notrim": ("store-notrim", {}),
     "restore-localmem-kept": ("store-localmem-kept", {}),
+    # fewer stager threads: less of the host's memory bandwidth taken from the CUDA restore running beside it
+    "restore-stager-4": ("store", {"WARMSTART_STAGER_THREADS": "4"}),
     **{kind: ("store-image", {}) for kind in REFILLS},
 }
 
@@ -555,63 +563,79 @@ def image_sizes(work: Path, store: str = "store") -> dict[str, Any]:
             "other_bytes": total - pages, "largest": [[name, size] for size, name in biggest]}  # fmt: skip
 
 
-# --- the disk: the floor of a restore with the page cache dropped --------------------------------------
-
-READ_THREADS = 8
-READ_CHUNK = 16 << 20
+# --- the floor: every byte a restore moves, and the page cache before a restore --------------------------
 
 
-def read_rate(paths: list[Path], threads: int = READ_THREADS) -> dict[str, Any]:
-    """Bytes, seconds and GB/s to read `paths` whole in 16 MiB reads from `threads` threads."""
-    pieces = [(path, offset) for path in paths for offset in range(0, path.stat().st_size, READ_CHUNK)]
+def newest_snapshot(work: Path, store: str) -> tuple[Any, Any]:
+    from warmstart.snapshot.store import SnapshotStore
 
-    def read(piece: tuple[Path, int]) -> int:
-        fd = os.open(piece[0], os.O_RDONLY)
-        try:
-            return len(os.pread(fd, READ_CHUNK, piece[1]))
-        finally:
-            os.close(fd)
-
-    started = time.perf_counter()
-    with ThreadPoolExecutor(threads) as pool:
-        total = sum(pool.map(read, pieces))
-    seconds = time.perf_counter() - started
-    return {"bytes": total, "seconds": round(seconds, 3), "gb_per_s": round(total / seconds / 1e9, 3)}
+    snapshots = SnapshotStore(work / store)
+    return snapshots, snapshots.list()[0]
 
 
-def weight_files(model: Path) -> list[Path]:
-    return sorted(model.glob("*.safetensors"))
+def floor_step(args: argparse.Namespace, results: list[dict[str, Any]], store: str = "store") -> None:
+    """The floors of a restore of `store`'s newest snapshot, measured as the builtin engine's benchmark
+    measures them (`warmstart.bench.restore_floors`): its CRIU image and the weights read (page cache hot;
+    dropped, the faster of 8 and 32 readers), the weights and the checkpointed device memory to the GPU at
+    the pinned rate, and CRIU's cost for a trivial process. Each piece is counted one after the other. In a
+    child process: its CUDA context is gone before the next start."""
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=spawn) as child:
+        row = child.submit(measure_floors, args.criu, args.work, store).result()
+    results.append(row)
+    if "error" in row:
+        log(f"floor: FAILED {row['error']}")
+    for cache in ("hot", "dropped"):
+        if cache in row:
+            log(f"floor, page cache {cache}: {row[cache]['seconds']:.2f} s = {row[cache]['detail']}")
 
 
-def read_floor(results: list[dict[str, Any]], image_bytes: int, weights_bytes: int) -> float | None:
-    """Seconds to read a dropped restore's every byte (its snapshot's image and the weights) at the disk's
-    measured rate (a `disk` step before); None without one."""
-    disks = [row["read"] for row in results if row.get("run") == "disk"]
-    if not disks:
-        return None
-    return (image_bytes + weights_bytes) / (disks[-1]["gb_per_s"] * 1e9)
+def measure_floors(criu_command: str, work: Path, store: str) -> dict[str, Any]:
+    from warmstart.bench import restore_floors
+    from warmstart.serve.local_node import usable_criu
+
+    criu, why_not = usable_criu(criu_command)
+    if criu is None:
+        return {"run": "floor", "store": store, "error": why_not}
+    snapshots, snapshot = newest_snapshot(work, store)
+    scratch = Path(tempfile.mkdtemp(prefix="floor-", dir=work))
+    try:
+        floors = restore_floors(snapshots, snapshot, criu, scratch, can_drop=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    row: dict[str, Any] = {"run": "floor", "store": store, "snapshot": snapshot.id}
+    for floor in floors:
+        row[floor.cache] = {"seconds": round(floor.seconds, 3), "detail": floor.detail}
+    return row
 
 
-def disk_step(args: argparse.Namespace, results: list[dict[str, Any]]) -> None:
+def prestage(args: argparse.Namespace, store: str, with_weights: bool) -> float:
+    """After a dropped page cache: the snapshot's blobs read back as the node agent pre-stages them (and the
+    model's files, as the endpoint's stager DaemonSet does, `with_weights`); the seconds it took."""
+    from warmstart.bench import prestage as read_ahead
+
     drop_caches()
-    rate = read_rate(weight_files(args.model))
-    results.append({"run": "disk", "read": rate})
-    log(f"disk: the model's files, page cache dropped: {rate['bytes'] / 1e9:.2f} GB in "
-        f"{rate['seconds']:.2f} s, {rate['gb_per_s']:.2f} GB/s ({READ_THREADS} threads)")  # fmt: skip
-    drop_caches()
+    return read_ahead(*newest_snapshot(args.work, store), with_weights)
 
 
-def against_floor(args: argparse.Namespace, results: list[dict[str, Any]], store: str) -> None:
-    """Put a dropped restore (the last row) from `store` against the read floor, when the run measured the
-    disk."""
-    image = image_sizes(args.work, store)["total_bytes"]
-    floor = read_floor(results, image, sum(path.stat().st_size for path in weight_files(args.model)))
-    row = results[-1]
-    if floor is None or "to_first_token_s" not in row:
-        return
-    row["floor_read_s"] = round(floor, 3)
-    row["vs_floor"] = round(row["to_first_token_s"] / floor, 3)
-    log(f"{row['run']}: {row['vs_floor']:.2f}x the floor of reading every byte ({floor:.2f} s)")
+def against_floors(results: list[dict[str, Any]]) -> list[str]:
+    """Every restore put against the newest floor of its store measured in the run, for the page cache it
+    found: dropped for `-dropped`, hot for the others (a pre-staged restore finds what it reads in memory)."""
+    floors = {row["store"]: row for row in results if row.get("run") == "floor" and "error" not in row}
+    lines = []
+    for row in results:
+        parsed = restore_step(row.get("run", ""))
+        if parsed is None or "to_first_token_s" not in row:
+            continue
+        store = RESTORES[parsed.kind][0]
+        floor = (floors.get(store) or {}).get("dropped" if parsed.cache == "dropped" else "hot")
+        if floor is None:
+            continue
+        row["floor_s"] = floor["seconds"]
+        row["vs_floor"] = round(row["to_first_token_s"] / floor["seconds"], 3)
+        lines.append(f"{row['run']}: {row['to_first_token_s']:.2f} s, {row['vs_floor']:.2f}x the floor "
+                     f"({floor['seconds']:.2f} s)")  # fmt: skip
+    return lines
 
 
 # --- vLLM alone ----------------------------------------------------------------------------------------
@@ -642,6 +666,48 @@ def captured_outputs(work: Path, store: str) -> Path:
     return work / store / "capture-outputs.json"
 
 
+@dataclass(frozen=True)
+class RestoreStep:
+    kind: str  # a key of RESTORES
+    thp: bool  # transparent huge pages `always` while it restores
+    cache: str  # the page cache it finds: hot, or one of CACHE_STATES
+
+
+# What a restore step's last suffix does to the page cache first (the longest suffix is matched first).
+CACHE_STATES = ("dropped", "prestaged", "prestaged-snapshot")
+
+
+def restore_step(step: str) -> RestoreStep | None:
+    """`restore[-<variant>][-thp][-<cache state>]`, or None for a step that is not a restore."""
+    rest, cache = step, "hot"
+    for state in sorted(CACHE_STATES, key=len, reverse=True):
+        if rest.endswith(f"-{state}"):
+            rest, cache = rest.removesuffix(f"-{state}"), state
+            break
+    kind = rest.removesuffix("-thp")
+    return RestoreStep(kind, kind != rest, cache) if kind in RESTORES else None
+
+
+def restore(args: argparse.Namespace, step: str, parsed: RestoreStep, results: list[dict[str, Any]]) -> None:
+    if parsed.kind in REFILLS:
+        refill = args.work / "weights-image" / "refill"
+        refill.parent.mkdir(parents=True, exist_ok=True)
+        refill.write_text(REFILLS[parsed.kind])
+    store, env_extra = RESTORES[parsed.kind]
+    read_ahead_s = None
+    if parsed.cache == "dropped":
+        drop_caches()
+    elif parsed.cache.startswith("prestaged"):
+        read_ahead_s = prestage(args, store, with_weights=parsed.cache == "prestaged")
+        log(f"{step}: pre-staged after a dropped page cache in {read_ahead_s:.2f} s")
+    own = captured_outputs(args.work, store)
+    reference = json.loads(own.read_text()) if own.exists() else None
+    with transparent_hugepages("always" if parsed.thp else None):
+        serve_once(args, step, results, reference, store, env_extra)
+    if read_ahead_s is not None:
+        results[-1]["prestage_s"] = round(read_ahead_s, 3)
+
+
 def run_step(
     args: argparse.Namespace, step: str, label: str, results: list[dict[str, Any]], reference: Any
 ) -> Any:
@@ -654,22 +720,10 @@ def run_step(
         if outputs is not None:
             captured_outputs(args.work, store).write_text(json.dumps(outputs))
         return outputs
-    if (kind := step.removesuffix("-dropped").removesuffix("-thp")) in RESTORES:
-        if kind in REFILLS:
-            refill = args.work / "weights-image" / "refill"
-            refill.parent.mkdir(parents=True, exist_ok=True)
-            refill.write_text(REFILLS[kind])
-        if step.endswith("dropped"):
-            drop_caches()
-        store, env_extra = RESTORES[kind]
-        own = captured_outputs(args.work, store)
-        reference = json.loads(own.read_text()) if own.exists() else None
-        with transparent_hugepages("always" if "-thp" in step else None):
-            serve_once(args, step, results, reference, store, env_extra)
-        if step.endswith("dropped"):
-            against_floor(args, results, store)
-    elif step == "disk":
-        disk_step(args, results)
+    if (parsed := restore_step(step)) is not None:
+        restore(args, step, parsed, results)
+    elif step == "floor" or step.startswith("floor-"):  # floor-<store>: of another store's snapshot
+        floor_step(args, results, step.removeprefix("floor-") if step != "floor" else "store")
     elif step in SEPARATE_COLDS:
         cold_worker(args, label, results, reference, eager=step == "cold-eager")
     elif step == "vllm-serve":
@@ -704,9 +758,12 @@ def main() -> int:
         "(a weights image), capture-notrim, capture-localmem-kept (the GPU's local-memory reserve kept in "
         "the checkpoint); restore, restore-staged (a weight stager), restore-staged-off "
         "(the same snapshot, no stager), restore-staged-rehash (no verified records: every blob hashed), "
-        "restore-image[-old], restore-reload, restore-notrim, restore-localmem-kept (each from its "
-        "capture; -thp: transparent huge pages always; -dropped: page cache dropped first, against the read "
-        "floor when a `disk` step measured the disk before); disk; cold (a "
+        "restore-image[-old], restore-reload, restore-notrim, restore-localmem-kept, restore-stager-4 (4 "
+        "stager threads, not 8) (each from its "
+        "capture; -thp: transparent huge pages always; -dropped: page cache dropped first; "
+        "-prestaged-snapshot, -prestaged: dropped, then the snapshot's blobs read back as the node agent "
+        "pre-stages them, and the model's files too); floor (every byte a restore of the newest snapshot "
+        "moves, hot and dropped: each restore is put against it); cold (a "
         "separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), cold-eager (the same with "
         "--enforce-eager: eager-1, eager-2, ...), vllm-serve, vllm-hot, vllm-dropped",
     )
@@ -727,7 +784,7 @@ def main() -> int:
             (args.out / "results.json").write_text(json.dumps(results, indent=1))
     finally:
         engine_logs(args.work, args.out)
-        lines = agreement(results)
+        lines = agreement(results) + ["== restores against the floor (every byte)"] + against_floors(results)
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
     for row in results:
         row = {k: v for k, v in row.items() if k not in ("outputs",)}

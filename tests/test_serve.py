@@ -97,6 +97,25 @@ def test_two_restores_run_side_by_side_and_answer_identically(captured, make_nod
     assert [answers(node.spec.base_url) for node in nodes] == [original_answers, original_answers]
 
 
+def test_the_restore_floor_reads_the_captured_image_and_restores_a_process_with_criu(
+    captured, criu_command: str, tmp_path: Path
+) -> None:
+    """What the benchmarks put each restore against (`warmstart.bench.restore_floors`), from a real snapshot:
+    every byte of its CRIU image read, plus CRIU's own restore of a trivial process."""
+    from warmstart.bench import restore_floors
+
+    first, _, node = captured
+    snapshot = node.store.get(first.snapshot_id)
+    (tmp_path / "floor").mkdir()
+    (floor,) = restore_floors(
+        node.store, snapshot, Criu(criu_command, timeout=300), tmp_path / "floor", can_drop=False
+    )
+    image = sum(entry.size for name, entry in snapshot.files.items() if name.startswith("criu/"))
+    fixed = float(re.search(r"CRIU fixed ([0-9.]+) s", floor.detail).group(1))
+    assert image > 50 << 20 and f"{image / 2**30:.2f} GiB read" in floor.detail, floor.detail
+    assert floor.cache == "hot" and 0 < fixed < floor.seconds, floor.detail
+
+
 def test_the_demo_model_answers_in_words_identically_after_a_restore(tmp_path: Path, recording_criu) -> None:
     """What `make demo` serves: the trained `demo` preset (trained once into the cache, then reused), captured
     on its first start and restored on the next, answering in the same words."""

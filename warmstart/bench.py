@@ -225,9 +225,14 @@ def weight_files_and_bytes(snapshot: Snapshot) -> tuple[list[Path], int]:
 
 
 def checkpointed_gpu_bytes(snapshot: Snapshot) -> int:
-    """Device memory the CUDA checkpoint held (the GPU's use when the engine was released), 0 if unknown."""
+    """Device memory the CUDA checkpoint held, 0 if unknown: the builtin engine's GPU use when it was
+    released, vLLM's process's own device memory once asleep (and trimmed, where it was)."""
     engine = (snapshot.meta.get("worker") or {}).get("engine") or {}
-    return int((engine.get("at_release") or {}).get("gpu_used_bytes", 0))
+    if builtin := (engine.get("at_release") or {}).get("gpu_used_bytes"):
+        return int(builtin)
+    vllm = engine.get("memory_at_release") or {}
+    held = vllm.get("after_trim") or vllm.get("asleep") or {}
+    return int(sum(held.get("gpu_processes_gib") or []) * 2**30)
 
 
 @dataclass
@@ -369,13 +374,13 @@ def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu
         if can_drop and args.prestage:
             for series, with_weights in zip(prestaged, (False, True), strict=True):
                 drop_page_cache()
-                staged = _prestage(store, snapshot, with_weights)
+                staged = prestage(store, snapshot, with_weights)
                 _record(series, timed_start(node, restore, "restore", check_outputs=True), reference)
                 series.phases.setdefault("prestage_read", []).append(staged)
         if can_drop and args.cold_dropped:
             drop_page_cache()
             _record(cold_dropped, timed_start(node, lambda: node.start_cold("benchmark"), "cold"), reference)
-    floors = _floors(store, snapshot, criu, work, can_drop)
+    floors = restore_floors(store, snapshot, criu, work, can_drop)
     measured = [cold, cold_dropped] + [series for pair in restores.values() for series in pair] + prestaged
     _print_tables([s for s in measured if s.ready], floors, snapshot, capture.timings, args)
     identical = all(all(s.outputs_identical) for pair in restores.values() for s in pair)
@@ -387,7 +392,7 @@ def _bench(args: argparse.Namespace, node: LocalNode, store: SnapshotStore, criu
 PRESTAGED = ("snapshot", "snapshot and weights")
 
 
-def _prestage(store: SnapshotStore, snapshot: Snapshot, with_weights: bool) -> float:
+def prestage(store: SnapshotStore, snapshot: Snapshot, with_weights: bool) -> float:
     """Read the snapshot's blobs into the page cache as the node agent's pre-staging does (and, for the
     upper bound, the weight files, which the agent never reads: they are the pod's); the seconds it took."""
     from warmstart.snapshot import residency
@@ -420,7 +425,9 @@ def _record(series: Series, start: Start, reference: list[list[str]]) -> None:
         series.outputs_identical.append(start.outputs == reference)
 
 
-def _floors(store: SnapshotStore, snapshot: Snapshot, criu: Criu, work: Path, can_drop: bool) -> list[Floor]:
+def restore_floors(
+    store: SnapshotStore, snapshot: Snapshot, criu: Criu, work: Path, can_drop: bool
+) -> list[Floor]:
     """Every byte a restore moves: image and weight files read, weights and checkpointed device memory to
     the GPU."""
     fixed = criu_fixed_cost(criu, work)

@@ -8,7 +8,7 @@ import copy
 import importlib
 import json
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -207,22 +207,61 @@ def test_each_shape_has_its_published_model_size(bench: ModuleType, shape: str, 
     assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(billions, rel=0.02)
 
 
-def test_the_disk_read_counts_every_byte_of_every_file(bench: ModuleType, tmp_path: Path) -> None:
-    sizes = [0, 1, bench.READ_CHUNK + 5, 2 * bench.READ_CHUNK]
-    files = []
-    for index, size in enumerate(sizes):
-        files.append(tmp_path / f"model-{index}.safetensors")
-        files[-1].write_bytes(b"\1" * size)
-    rate = bench.read_rate(files, threads=3)
-    assert rate["bytes"] == sum(sizes) and rate["gb_per_s"] > 0
-    assert bench.weight_files(tmp_path) == files
+@pytest.mark.parametrize(
+    ("step", "kind", "thp", "cache"),
+    [
+        ("restore", "restore", False, "hot"),
+        ("restore-thp-dropped", "restore", True, "dropped"),
+        ("restore-thp-prestaged", "restore", True, "prestaged"),
+        ("restore-thp-prestaged-snapshot", "restore", True, "prestaged-snapshot"),
+        ("restore-localmem-kept-thp", "restore-localmem-kept", True, "hot"),
+        ("restore-image-old-dropped", "restore-image-old", False, "dropped"),
+    ],
+)
+def test_a_restore_step_names_its_store_its_pages_and_its_page_cache(
+    bench: ModuleType, step: str, kind: str, thp: bool, cache: str
+) -> None:
+    assert bench.restore_step(step) == bench.RestoreStep(kind, thp, cache)
 
 
-def test_a_dropped_restore_is_put_against_reading_every_byte_at_the_measured_rate(bench: ModuleType) -> None:
+@pytest.mark.parametrize("step", ["cold", "capture", "floor", "restore-bogus", "restore-prestaged-weights"])
+def test_other_steps_are_not_restores(bench: ModuleType, step: str) -> None:
+    assert bench.restore_step(step) is None
+
+
+def test_each_restore_is_put_against_the_newest_floor_of_its_store_for_the_cache_it_found(
+    bench: ModuleType,
+) -> None:
     results: list[dict[str, Any]] = [
-        {"run": "disk", "read": {"gb_per_s": 1.0}},
-        {"run": "restore-staged"},
-        {"run": "disk", "read": {"gb_per_s": 2.0}},  # the newest measurement counts
+        {"run": "floor", "store": "store", "hot": {"seconds": 9.0}, "dropped": {"seconds": 90.0}},
+        {"run": "floor", "store": "store", "hot": {"seconds": 1.0}, "dropped": {"seconds": 10.0}},
+        {"run": "floor", "store": "store-localmem-kept", "hot": {"seconds": 2.0}},
+        {"run": "restore-thp", "to_first_token_s": 1.5},
+        {"run": "restore-thp-dropped", "to_first_token_s": 12.0},
+        {"run": "restore-thp-prestaged", "to_first_token_s": 1.6},
+        {"run": "restore-localmem-kept-thp", "to_first_token_s": 1.0},
+        {"run": "restore-localmem-kept-thp-dropped", "to_first_token_s": 11.0},  # no dropped floor there
+        {"run": "restore-staged", "to_first_token_s": 1.0},  # no floor of its store
+        {"run": "restore-thp", "error": "timed out"},
+        {"run": "cold-1", "to_first_token_s": 30.0},
     ]
-    assert bench.read_floor(results, 4_000_000_000, 16_000_000_000) == pytest.approx(10.0)
-    assert bench.read_floor(results[1:2], 4_000_000_000, 16_000_000_000) is None  # no disk measured
+    lines = bench.against_floors(results)
+    assert [(row.get("floor_s"), row.get("vs_floor")) for row in results[3:]] == [
+        (1.0, 1.5), (10.0, 1.2), (1.0, 1.6), (2.0, 0.5), (None, None), (None, None), (None, None),
+        (None, None),
+    ]  # fmt: skip
+    assert len(lines) == 4 and lines[1] == "restore-thp-dropped: 12.00 s, 1.20x the floor (10.00 s)"
+
+
+def test_the_floor_counts_the_device_memory_each_engine_checkpointed() -> None:
+    from warmstart.bench import checkpointed_gpu_bytes
+
+    def snapshot(engine: dict[str, Any]) -> Any:  # only the manifest's meta is read
+        return SimpleNamespace(meta={"worker": {"engine": engine}})
+
+    asleep = {"gpu_processes_gib": [1.707]}
+    assert checkpointed_gpu_bytes(snapshot({"at_release": {"gpu_used_bytes": 5 << 30}})) == 5 << 30
+    vllm = {"memory_at_release": {"asleep": asleep, "after_trim": {"gpu_processes_gib": [1.5]}}}
+    assert checkpointed_gpu_bytes(snapshot(vllm)) == int(1.5 * 2**30)
+    assert checkpointed_gpu_bytes(snapshot({"memory_at_release": {"asleep": asleep}})) == int(1.707 * 2**30)
+    assert checkpointed_gpu_bytes(snapshot({})) == 0
