@@ -763,7 +763,8 @@ def main() -> int:
         "capture; -thp: transparent huge pages always; -dropped: page cache dropped first; "
         "-prestaged-snapshot, -prestaged: dropped, then the snapshot's blobs read back as the node agent "
         "pre-stages them, and the model's files too); floor (every byte a restore of the newest snapshot "
-        "moves, hot and dropped: each restore is put against it); cold (a "
+        "moves, hot and dropped: each restore of its store is put against it; floor-<store> for another "
+        "store's, e.g. floor-store-localmem-kept); cold (a "
         "separate `warmstart worker` cold start; repeatable: cold-1, cold-2, ...), cold-eager (the same with "
         "--enforce-eager: eager-1, eager-2, ...), vllm-serve, vllm-hot, vllm-dropped",
     )
