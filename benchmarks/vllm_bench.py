@@ -550,7 +550,8 @@ def engine_logs(work: Path, out: Path) -> None:
 
 
 def image_sizes(work: Path, store: str = "store") -> dict[str, Any]:
-    """What the newest snapshot holds: CRIU page images (host memory) and everything else."""
+    """What the newest snapshot holds: how many files (a restore verifies and links each), CRIU page images
+    (host memory) and everything else."""
     manifests = sorted((work / store / "snapshots").glob("*/manifest.json"), key=lambda p: p.stat().st_mtime)
     if not manifests:
         return {}
@@ -559,8 +560,9 @@ def image_sizes(work: Path, store: str = "store") -> dict[str, Any]:
     pages = sum(f["size"] for name, f in files.items() if Path(name).name.startswith("pages-"))
     total = sum(f["size"] for f in files.values())
     biggest = sorted(((f["size"], name) for name, f in files.items()), reverse=True)[:8]
-    return {"snapshot": manifests[-1].parent.name, "total_bytes": total, "pages_bytes": pages,
-            "other_bytes": total - pages, "largest": [[name, size] for size, name in biggest]}  # fmt: skip
+    return {"snapshot": manifests[-1].parent.name, "files": len(files), "total_bytes": total,
+            "pages_bytes": pages, "other_bytes": total - pages,
+            "largest": [[name, size] for size, name in biggest]}  # fmt: skip
 
 
 # --- the floor: every byte a restore moves, and the page cache before a restore --------------------------
