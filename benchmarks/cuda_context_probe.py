@@ -80,18 +80,27 @@ def rss_anon(pid: int) -> int:
     return 0
 
 
-def probe(setup: str) -> dict[str, float]:
-    from warmstart.checkpoint import cuda
-
+def start_child(setup: str) -> subprocess.Popen[str]:
+    """A child process that runs `setup` (torch imported), says it is ready and waits for its stdin to
+    close."""
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD.format(setup=setup)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+    if child.stdout is None or child.stdout.readline().strip() != "ready":
+        child.kill()
+        child.wait()
+        raise RuntimeError("the probe child failed to set up CUDA")
+    return child
+
+
+def probe(setup: str) -> dict[str, float]:
+    from warmstart.checkpoint import cuda
+
+    child = start_child(setup)
     try:
-        if child.stdout.readline().strip() != "ready":
-            raise RuntimeError("the probe child failed to set up CUDA")
         gpu = gpu_memory_of(child.pid) or 0
         host_before = rss_anon(child.pid)
         started = time.perf_counter()

@@ -32,7 +32,6 @@ import argparse
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -44,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cuda_context_probe import CHILD  # noqa: E402
+from cuda_context_probe import start_child  # noqa: E402
 from gpu_restore import gpu_memory_of  # noqa: E402
 from stager_copy import check_filled, copies_of, write_random  # noqa: E402
 
@@ -70,11 +69,14 @@ class Load:
     unit: Callable[[], int]
     units: list[tuple[int, float]] = field(default_factory=list)
 
+    def timed_unit(self) -> None:
+        started = time.perf_counter()
+        nbytes = self.unit()
+        self.units.append((nbytes, time.perf_counter() - started))
+
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            started = time.perf_counter()
-            nbytes = self.unit()
-            self.units.append((nbytes, time.perf_counter() - started))
+            self.timed_unit()
 
 
 @dataclass
@@ -110,9 +112,7 @@ def alone(load: Load, units: int = 2) -> float:
     """The load's median rate with nothing beside it (GiB/s)."""
     load.units.clear()
     for _ in range(units):
-        started = time.perf_counter()
-        nbytes = load.unit()
-        load.units.append((nbytes, time.perf_counter() - started))
+        load.timed_unit()
     return statistics.median(rate(unit) for unit in load.units)
 
 
@@ -147,20 +147,6 @@ def reads_load(files: list[Path]) -> Load:
     return Load("page-cache reads, 8 threads", unit)
 
 
-def start_child(device_gib: float) -> subprocess.Popen[str]:
-    setup = SETUP.format(nbytes=int(device_gib * GIB))
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD.format(setup=setup)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    if child.stdout is None or child.stdout.readline().strip() != "ready":
-        child.kill()
-        raise SystemExit("the child failed to set up CUDA")
-    return child
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -190,7 +176,7 @@ def main() -> int:
         fds = {str(path): os.open(path, os.O_RDONLY) for path in files}
         copies = copies_of(files)
         memory = SharedDeviceMemory(0, (-(-(copies[-1][2] + copies[-1][3]) // GIB) * GIB,))
-        child = start_child(args.device_gib)
+        child = start_child(SETUP.format(nbytes=int(args.device_gib * GIB)))
         emit(f"child: {(gpu_memory_of(child.pid) or 0) / GIB:.2f} GiB of device memory (nvidia-smi); "
              f"loads: {args.weights_gib:.1f} GiB of weights in {SCRATCH_FILES} files in {args.dir}; "
              f"the load starts {args.lead:.2f} s before each restore")  # fmt: skip

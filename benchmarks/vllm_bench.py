@@ -675,14 +675,14 @@ class RestoreStep:
     cache: str  # the page cache it finds: hot, or one of CACHE_STATES
 
 
-# What a restore step's last suffix does to the page cache first (the longest suffix is matched first).
-CACHE_STATES = ("dropped", "prestaged", "prestaged-snapshot")
+# What a restore step's last suffix does to the page cache first (longest first: the first that matches).
+CACHE_STATES = ("prestaged-snapshot", "prestaged", "dropped")
 
 
 def restore_step(step: str) -> RestoreStep | None:
     """`restore[-<variant>][-thp][-<cache state>]`, or None for a step that is not a restore."""
     rest, cache = step, "hot"
-    for state in sorted(CACHE_STATES, key=len, reverse=True):
+    for state in CACHE_STATES:
         if rest.endswith(f"-{state}"):
             rest, cache = rest.removesuffix(f"-{state}"), state
             break
