@@ -75,13 +75,17 @@ def inherit_cpuset(parent: Path, child: Path) -> None:
             (child / name).write_text(source.read_text())
 
 
+def cgroup_tree(root: Path) -> list[Path]:
+    """`root` and every cgroup under it. The kubelet removes a pod's cgroups while we look: a directory gone
+    between listing and reading is skipped, never an error (os.walk ignores what it cannot list)."""
+    return [Path(directory) for directory, _subdirectories, _files in os.walk(root)]
+
+
 def cgroup_pids(root: Path) -> set[int]:
     pids: set[int] = set()
-    if not root.is_dir():
-        return pids
-    for procs in root.rglob("cgroup.procs"):
+    for directory in cgroup_tree(root):
         with contextlib.suppress(OSError):
-            pids.update(int(line) for line in procs.read_text().split())
+            pids.update(int(line) for line in (directory / "cgroup.procs").read_text().split())
     return pids
 
 

@@ -371,7 +371,7 @@ def agent_cgroups(kube: ControlPlane, namespace: str, node: RealNode) -> list[Pa
     pod = next(p for p in agents if p["spec"].get("nodeName") == node.name)
     container = pod["status"]["containerStatuses"][0]["containerID"].rpartition("//")[2]
     root = host_state.process_hierarchy() / node.cgroup_root
-    found = [path for path in root.rglob(container) if path.is_dir()]
+    found = [path for path in host_state.cgroup_tree(root) if path.name == container]
     assert found, f"no cgroup of the agent's container {container} under {root}"
     return found
 

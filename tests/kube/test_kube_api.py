@@ -3,10 +3,12 @@ third-party schemas (KEDA, prometheus-operator) our objects must satisfy."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from pathlib import Path
 
 import pytest
+from control_plane import network
 
 pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 
@@ -183,12 +185,23 @@ def test_keda_schema_rejects_an_unknown_field(kube, namespace):
 
 def test_the_service_range_holds_thousands_of_services(kube, namespace):
     """Stress tests create hundreds of endpoints, each with a Service: a /24 would stop them at 253."""
+    address = free_service_address(kube)
+    assert address not in ipaddress.ip_network("10.0.0.0/24")
     service = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": "far", "namespace": namespace},
-        "spec": {"clusterIP": "10.0.15.250", "ports": [{"port": 80}]},
+        "spec": {"clusterIP": str(address), "ports": [{"port": 80}]},
     }
     kube.kubectl("apply", "-f", "-", input=json.dumps(service))
     created = json.loads(kube.kubectl("get", "service", "far", "-n", namespace, "-o", "json").stdout)
-    assert created["spec"]["clusterIP"] == "10.0.15.250"
+    assert created["spec"]["clusterIP"] == str(address)
+
+
+def free_service_address(kube) -> ipaddress.IPv4Address:
+    """The highest address of the range no Service holds: earlier tests' Services take random addresses
+    from the range's upper part, so a fixed one may already be taken."""
+    services = json.loads(kube.kubectl("get", "services", "--all-namespaces", "-o", "json").stdout)["items"]
+    taken = {ip for service in services for ip in service["spec"].get("clusterIPs", [])}
+    hosts = reversed(list(network.SERVICE_SUBNET.hosts()))
+    return next(address for address in hosts if str(address) not in taken)

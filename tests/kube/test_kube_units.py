@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import shutil
+import threading
 from pathlib import Path
 
 import pytest
-from control_plane import build, pki, versions
+from control_plane import build, host_state, pki, versions
 from control_plane.cluster import ControlPlane, fake_gpu_node, node_is_ready, wait_for
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -148,3 +150,30 @@ def test_the_node_runs_the_tools_folder_when_one_is_given(tmp_path: Path, monkey
     monkeypatch.setenv("WARMSTART_NODE_TOOLS", str(tmp_path))
     assert node_config.cni_bin_dir() == f"{tmp_path}/usr/lib/cni"
     assert f'bin_dir = "{tmp_path}/usr/lib/cni"' in node_config.containerd_toml()
+
+
+def test_cgroup_pids_reads_every_cgroup_of_a_tree(tmp_path: Path):
+    for number, relative in enumerate(("", "kubepods", "kubepods/pod-a/c1", "kubepods/pod-b")):
+        (tmp_path / relative).mkdir(parents=True, exist_ok=True)
+        (tmp_path / relative / "cgroup.procs").write_text(f"{100 + number}\n{200 + number}\n")
+    assert host_state.cgroup_pids(tmp_path) == {100, 101, 102, 103, 200, 201, 202, 203}
+    assert host_state.cgroup_pids(tmp_path / "absent") == set()
+
+
+def test_cgroup_pids_skips_cgroups_removed_while_it_looks(tmp_path: Path):
+    """The kubelet removes a pod's cgroups whenever a pod ends, also while a teardown collects pids."""
+    pods = [tmp_path / f"pod-{number}" / "container" for number in range(300)]
+    for pod in pods:
+        pod.mkdir(parents=True)
+        (pod / "cgroup.procs").write_text("7\n")
+
+    def remove_pods() -> None:
+        for pod in pods:
+            shutil.rmtree(pod.parent)
+
+    remover = threading.Thread(target=remove_pods)
+    remover.start()
+    while remover.is_alive():
+        assert host_state.cgroup_pids(tmp_path) <= {7}
+    remover.join()
+    assert host_state.cgroup_pids(tmp_path) == set()
