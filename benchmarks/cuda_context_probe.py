@@ -96,6 +96,17 @@ def start_child(setup: str) -> subprocess.Popen[str]:
     return child
 
 
+def stop_child(child: subprocess.Popen[str]) -> None:
+    """Close the child's stdin, so it exits; killed if it has not within a minute."""
+    if child.stdin is not None:
+        child.stdin.close()
+    try:
+        child.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        child.wait()
+
+
 def probe(setup: str) -> dict[str, float]:
     from warmstart.checkpoint import cuda
 
@@ -111,12 +122,7 @@ def probe(setup: str) -> dict[str, float]:
         cuda.resume(child.pid)
         restore_s = time.perf_counter() - started
     finally:
-        child.stdin.close()
-        try:
-            child.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        stop_child(child)
     return {
         "gpu_gib": gpu / GiB,
         "host_gib": host_before / GiB,

@@ -9,9 +9,9 @@ cache and 0.57-0.62 s hot, when the weight stager copies 16.4 GB from the page c
 memory bandwidth? And what would fewer stager threads cost the stager?
 
 A child process holds `--device-gib` of tensors besides its context and cuBLAS's state (about 1.5 GiB in
-all, as vLLM's engine asleep). Each round checkpoints it
-through the driver (lock + checkpoint), starts a load in this process, and times the restore (restore +
-unlock, as `warmstart.checkpoint.cuda.resume` does) while the load runs:
+all, as vLLM's engine asleep). Each round checkpoints it through the driver (lock + checkpoint), starts a
+load in this process, and times the restore (`warmstart.checkpoint.cuda.resume`: restore + unlock) while
+the load runs:
 
 - none;
 - the weight stager's fill (`warmstart.gpu.weight_stager.stage.fill`, buffered: page cache -> pinned buffers
@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from cuda_context_probe import start_child  # noqa: E402
+from cuda_context_probe import start_child, stop_child  # noqa: E402
 from gpu_restore import gpu_memory_of  # noqa: E402
 from stager_copy import check_filled, copies_of, write_random  # noqa: E402
 
@@ -98,8 +98,7 @@ def one_round(child: int, load: Load | None, lead: float) -> Round:
         thread.start()
         time.sleep(lead)
     started = time.perf_counter()
-    cuda.restore(child)
-    cuda.unlock(child)
+    cuda.resume(child)
     restore_s = time.perf_counter() - started
     stop.set()
     if thread is not None:
@@ -206,9 +205,7 @@ def main() -> int:
             os.close(fd)
     finally:
         if child is not None:
-            if child.stdin is not None:
-                child.stdin.close()
-            child.wait(timeout=60)
+            stop_child(child)
         shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
