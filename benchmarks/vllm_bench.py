@@ -65,6 +65,9 @@ SHAPES = {  # the published Qwen3 configurations' shapes
                      num_attention_heads=32, tie_word_embeddings=False),
     "qwen3-14b": dict(QWEN3_COMMON, hidden_size=5120, intermediate_size=17408, num_hidden_layers=40,
                       num_attention_heads=40, tie_word_embeddings=False),
+    # Not a published model: small enough for the writer's own test on CPU.
+    "qwen3-tiny": dict(QWEN3_COMMON, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                       num_attention_heads=8, tie_word_embeddings=False),
 }  # fmt: skip
 
 
@@ -201,7 +204,8 @@ def write_model(directory: Path, shape: str = "qwen3-8b", seed: int = 0) -> None
     config.save_pretrained(directory)
     with torch.device("meta"):
         shapes = {name: t.shape for name, t in Qwen3ForCausalLM(config).state_dict().items()}
-    generator = torch.Generator(device="cuda").manual_seed(seed)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the same seed draws other weights on each
+    generator = torch.Generator(device=device).manual_seed(seed)
     shard: dict[str, Any] = {}
     weight_map: dict[str, str] = {}
     size, index = 0, 0
@@ -217,7 +221,7 @@ def write_model(directory: Path, shape: str = "qwen3-8b", seed: int = 0) -> None
         if name.endswith("norm.weight"):
             tensor = torch.ones(shape, dtype=torch.bfloat16)
         else:
-            tensor = (torch.randn(shape, device="cuda", generator=generator) * 0.02).to(torch.bfloat16).cpu()
+            tensor = (torch.randn(shape, device=device, generator=generator) * 0.02).to(torch.bfloat16).cpu()
         shard[name] = tensor
         size += tensor.numel() * 2
         if size >= 4 << 30:
