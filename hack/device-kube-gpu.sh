@@ -13,6 +13,14 @@
 #   hack/device-kube-gpu.sh run [ARGS]     there: unpack once (and vLLM, when hack/device-vllm-prepare.sh's
 #                                          chunks were staged too), then pytest ARGS (default: the GPU e2e
 #                                          tests); results in $OUT (default benchmarks/results/local)
+#   hack/device-kube-gpu.sh start [ARGS]   there: `run ARGS` in a session of its own, which outlives the call
+#                                          (a whole round takes longer than one call may): returns at once
+#   hack/device-kube-gpu.sh wait           there: follow the started round for up to WAIT_SECONDS (560); its
+#                                          results in $OUT once it ended (exit: its status), 75 while it runs
+#
+# The round's last lines are one table: every start of both engines (scale -> first token), each step's
+# wall time, and the machine time since the first chunk was staged (the GPU time the round cost, but the
+# machine's own start). WARMSTART_GPU_E2E_SHAPE=qwen3-0.6b on `start` runs the quick round.
 #
 # `prepare` needs `hack/control-plane build --gpu` and `hack/control-plane images` done (`hack/control-plane
 # addons` too for the keda payload), Debian's apt (the node's runtime packages are downloaded and unpacked
@@ -24,6 +32,8 @@ PACK=.dev/kube-gpu
 STAGE=${KUBE_GPU_STAGE:-/root/warmstart-kube-gpu-stage}
 ROOT=${KUBE_GPU_ROOT:-/root/warmstart-kube-gpu}
 VLLM_STAGE=${VLLM_STAGE:-/root/warmstart-vllm-stage}  # where hack/device-vllm-bench.sh stage puts its chunks
+ROUND=${KUBE_GPU_ROUND:-/root/warmstart-kube-gpu-round}  # a started round: its log, status and results
+FIRST_STAGED=$STAGE/.first-staged  # when this machine got its first chunk (seconds since the epoch)
 PART_BYTES=${PART_BYTES:-50M}
 # A rehearsal on a machine with its own environment (this script's run, on CPU): PYTHON=.venv/bin/python
 # WHEELS_FOR_PYTHON=0 (the wheels are the GPU machine's python's).
@@ -213,21 +223,61 @@ run() {
     last=$(ls -td /tmp/pytest-of-*/pytest-* 2>/dev/null | head -1)
     [[ -n "$last" ]] && (cd "$last" && tar -czf "$OUT/logs.tgz" --ignore-failed-read kube*/logs node*/logs) \
         2>/dev/null || true
+    summary "$OUT"
     return "$status"
+}
+
+# The round's table, each step's wall time, and the machine time since the first chunk was staged.
+summary() {
+    echo "== the round"
+    [[ -f $1/kube-gpu.md ]] && cat "$1/kube-gpu.md"
+    if [[ -f $FIRST_STAGED ]]; then
+        echo "machine time since the first chunk was staged: $(( $(date +%s) - $(cat "$FIRST_STAGED") )) s"
+    fi
+}
+
+start() {
+    rm -rf "$ROUND" && mkdir -p "$ROUND/results"
+    ROUND=$ROUND OUT=$ROUND/results setsid bash -c '"$0" run "$@"; echo $? > "$ROUND/status"' "$0" "$@" \
+        > "$ROUND/log" 2>&1 < /dev/null &
+    echo "round started, pid $!; follow it with: $0 wait"
+}
+
+wait_round() {
+    [[ -f $ROUND/log ]] || { echo "no round started here (the machine was given back?)" >&2; exit 2; }
+    local deadline=$((SECONDS + ${WAIT_SECONDS:-560})) shown=0 lines
+    while :; do
+        lines=$(wc -l < "$ROUND/log")
+        (( lines > shown )) && sed -n "$((shown + 1)),${lines}p" "$ROUND/log"
+        shown=$lines
+        [[ -f $ROUND/status ]] && break
+        (( SECONDS < deadline )) || { echo "== still running"; exit 75; }
+        sleep 5
+    done
+    sed -n "$((shown + 1)),\$p" "$ROUND/log"
+    OUT=${OUT:-benchmarks/results/local}
+    mkdir -p "$OUT" && cp "$ROUND"/results/* "$OUT"/ 2>/dev/null || true
+    exit "$(cat "$ROUND/status")"
 }
 
 case "${1:-}" in
 prepare) prepare "${2:-all}" ;;
 stage)
     shift
-    mkdir -p "$STAGE" && cp "$@" "$STAGE/" && ls -la "$STAGE"
+    mkdir -p "$STAGE" && { [[ -f $FIRST_STAGED ]] || date +%s > "$FIRST_STAGED"; }
+    cp "$@" "$STAGE/" && ls -la "$STAGE"
     ;;
 run)
     shift
     run "$@"
     ;;
+start)
+    shift
+    start "$@"
+    ;;
+wait) wait_round ;;
 *)
-    echo "usage: $0 prepare [all|base|image] | stage FILE... | run [PYTEST ARGS]" >&2
+    echo "usage: $0 prepare [all|base|image|keda] | stage FILE... | run|start [PYTEST ARGS] | wait" >&2
     exit 2
     ;;
 esac
