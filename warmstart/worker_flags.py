@@ -9,12 +9,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from collections.abc import Callable
 from typing import Any, NoReturn
 
+from warmstart.config import checked_seconds
 from warmstart.protocol import CONTROL_DIR_ENV
 
 MODES = ("cold", "capture", "restore")
 DEFAULT_RESTORE_TIMEOUT = 600.0
+RESTORE_TIMEOUT_ENV = "WARMSTART_RESTORE_TIMEOUT"
 # The supervisor's probe endpoints on --probe-port (`warmstart.worker.probe`): `GET /ready?wait=S` answers
 # 200 once the engine's /ready does, held up to S seconds (at most PROBE_WAIT_MAX_SECONDS); `GET /live`.
 PROBE_READY_PATH = "/ready"
@@ -40,14 +43,19 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     engine.add_argument("--served-model-name", help="the model name clients ask for (default: the preset)")
     engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     engine.add_argument(
-        "--seed", type=int, default=0, help="seed of generated or trained weights (default 0)"
-    )
+        "--seed", type=integer(0, (1 << 32) - 1), default=0,
+        help="seed of generated or trained weights (default 0)",
+    )  # fmt: skip
     engine.add_argument(
         "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights dtype (auto: as stored)"
     )
     engine.add_argument("--revision", help="model revision of a Hugging Face model id (vllm engine)")
-    engine.add_argument("--max-model-len", type=int, help="context length (default min(model's, 4096))")
-    engine.add_argument("--max-num-seqs", type=int, help="sequences batched together (default 8 CPU, 16 GPU)")
+    engine.add_argument(
+        "--max-model-len", type=integer(1, 1 << 24), help="context length (default min(model's, 4096))"
+    )
+    engine.add_argument(
+        "--max-num-seqs", type=integer(1, 1 << 16), help="sequences batched together (default 8 CPU, 16 GPU)"
+    )
     engine.add_argument(
         "--cuda-graph-sizes", type=_int_list, help="decode batch sizes to capture, e.g. 1,2,4,8"
     )
@@ -65,14 +73,15 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         help="weight/KV memory backend (auto: cuda-vmm on CUDA, which keeps addresses; torch on CPU)",
     )
     engine.add_argument(
-        "--tensor-parallel-size", type=int, default=1,
+        "--tensor-parallel-size", type=integer(1, 1024), default=1,
         help="processes (one per GPU) the model is split over (default 1; the builtin engine: gloo on CPU, "
         "NCCL on CUDA)",
     )  # fmt: skip
     vllm = parser.add_argument_group("vllm engine (--engine vllm)")
     vllm.add_argument(
-        "--gpu-memory-utilization", type=float, default=0.9, help="share of GPU memory to take (default 0.9)"
-    )
+        "--gpu-memory-utilization", type=share, default=0.9,
+        help="share of GPU memory to take, more than 0 and at most 1 (default 0.9)",
+    )  # fmt: skip
     vllm.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
     vllm.add_argument(
         "--sleep-level", type=int, choices=(1, 2), default=2,
@@ -105,26 +114,27 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         "/ready is 200) and /live (default: not served)",
     )  # fmt: skip
     worker.add_argument(
-        "--start-timeout", type=float, default=DEFAULT_START_TIMEOUT,
+        "--start-timeout", type=seconds, default=DEFAULT_START_TIMEOUT,
         help="seconds the engine may take to be ready before /live fails and the kubelet restarts it "
         f"(default {DEFAULT_START_TIMEOUT:g})",
     )  # fmt: skip
     http = parser.add_argument_group("HTTP limits (what one client may hold)")
-    http.add_argument("--http-keep-alive-seconds", type=float, default=5.0,
+    http.add_argument("--http-keep-alive-seconds", type=seconds, default=5.0,
                       help="idle connections, request heads not in and bodies stalled are cut off after "
                       "this (default 5)")  # fmt: skip
-    http.add_argument("--http-max-connections", type=int, default=1024,
+    http.add_argument("--http-max-connections", type=integer(1, 1 << 20), default=1024,
                       help="open connections; past it the one waiting longest for its client goes "
                       "(default 1024)")  # fmt: skip
-    http.add_argument("--http-max-connections-per-client", type=int, default=256,
+    http.add_argument("--http-max-connections-per-client", type=integer(1, 1 << 20), default=256,
                       help="open connections from one address; past it that address's longest waiting "
                       "goes, else a 503 (default 256)")  # fmt: skip
-    http.add_argument("--http-body-timeout-seconds", type=float, default=30.0,
+    http.add_argument("--http-body-timeout-seconds", type=seconds, default=30.0,
                       help="a request body must arrive whole within this, else 408 (default 30)")  # fmt: skip
-    http.add_argument("--max-request-bytes", type=int, default=4 << 20,
+    http.add_argument("--max-request-bytes", type=integer(1, 1 << 40), default=4 << 20,
                       help="largest request body, else 413 (default 4 MiB)")  # fmt: skip
-    http.add_argument("--max-n", type=int, default=16, help="largest `n` of one request (default 16)")
-    http.add_argument("--max-output-tokens", type=int, default=None,
+    http.add_argument("--max-n", type=integer(1, 4096), default=16,
+                      help="largest `n` of one request (default 16)")  # fmt: skip
+    http.add_argument("--max-output-tokens", type=integer(1, 1 << 24), default=None,
                       help="largest max_tokens (default: what the context leaves)")  # fmt: skip
     worker.add_argument(
         "--control-dir",
@@ -137,10 +147,10 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     )
     worker.add_argument(
         "--restore-timeout",
-        type=float,
+        type=_restore_seconds,
         default=None,
         help=f"restore mode: seconds to wait for the agent before a cold start "
-        f"(default $WARMSTART_RESTORE_TIMEOUT or {DEFAULT_RESTORE_TIMEOUT:g})",
+        f"(default ${RESTORE_TIMEOUT_ENV} or {DEFAULT_RESTORE_TIMEOUT:g})",
     )
 
 
@@ -187,6 +197,48 @@ def _engine_arg(text: str) -> tuple[str, object]:
         return parse_engine_arg(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def seconds(text: str) -> float:
+    """An argparse type: a duration (`config.checked_seconds`: finite, more than 0, at most ten years)."""
+    try:
+        return checked_seconds(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{exc}, got {text!r}") from None
+
+
+def _restore_seconds(text: str) -> float:
+    try:
+        return seconds(text)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (--restore-timeout / {RESTORE_TIMEOUT_ENV})") from None
+
+
+def share(text: str) -> float:
+    """An argparse type: a share of a whole, more than 0 and at most 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 < value <= 1:  # also false for nan
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 1, got {text!r}")
+    return value
+
+
+def integer(minimum: int, maximum: int) -> Callable[[str], int]:
+    """An argparse type: an integer from `minimum` to `maximum`."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError(f"must be from {minimum} to {maximum}, got {text!r}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its messages
+    return parse
 
 
 def port_number(text: str) -> int:

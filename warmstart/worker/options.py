@@ -8,9 +8,14 @@ import os
 from pathlib import Path
 from typing import Any
 
-from warmstart.config import cache_dir, env_float
+from warmstart.config import cache_dir, env_seconds
 from warmstart.protocol import CONTROL_DIR_ENV
-from warmstart.worker_flags import DEFAULT_RESTORE_TIMEOUT
+from warmstart.worker_flags import DEFAULT_RESTORE_TIMEOUT, RESTORE_TIMEOUT_ENV
+
+# Once a restore holds the claim, how long past --restore-timeout to wait for its answer (it always answers;
+# this bounds a restorer that died): longer than a CRIU restore's own timeout and the verification before it.
+RESTORE_ANSWER_TIMEOUT_ENV = "WARMSTART_RESTORE_ANSWER_TIMEOUT"
+DEFAULT_RESTORE_ANSWER_TIMEOUT = 1800.0
 
 
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -89,7 +94,14 @@ def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
 
 
 def check_worker_args(args: argparse.Namespace) -> str | None:
-    """An error message naming what to fix, or None."""
+    """An error message naming what to fix, or None. It resolves the settings the environment gives into
+    `args` (`restore_timeout`, `restore_answer_timeout`), so that a bad one stops the worker here, before it
+    does anything a restorer could take for a pod ready to be restored."""
+    try:
+        args.restore_timeout = restore_timeout(args)
+        args.restore_answer_timeout = env_seconds(RESTORE_ANSWER_TIMEOUT_ENV, DEFAULT_RESTORE_ANSWER_TIMEOUT)
+    except ValueError as exc:
+        return str(exc)
     if args.mode in ("capture", "restore") and not args.control_dir:
         return f"--mode {args.mode} needs --control-dir (or {CONTROL_DIR_ENV})"
     if args.revision and args.engine != "vllm":
@@ -111,6 +123,8 @@ def log_dir(args: argparse.Namespace) -> Path:
 
 
 def restore_timeout(args: argparse.Namespace) -> float:
+    """--restore-timeout (checked as it was parsed), else $WARMSTART_RESTORE_TIMEOUT, else the default;
+    ValueError naming both when the variable is no duration."""
     if args.restore_timeout is not None:
-        return args.restore_timeout
-    return env_float("WARMSTART_RESTORE_TIMEOUT", DEFAULT_RESTORE_TIMEOUT)
+        return float(args.restore_timeout)
+    return env_seconds(RESTORE_TIMEOUT_ENV, DEFAULT_RESTORE_TIMEOUT, "--restore-timeout")

@@ -13,6 +13,9 @@ restore mode: no engine is started at first; the agent restores one into this na
 restore holds it already, the supervisor keeps waiting for that restore's answer (up to
 `WARMSTART_RESTORE_ANSWER_TIMEOUT` more seconds, then it exits with an error) and never starts a second
 engine next to the one being restored.
+
+Both timeouts are resolved and checked by `options.check_worker_args` before the supervisor runs: a bad
+setting stops the worker before it writes its restore facts, so no restore is tried into its pod.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from pathlib import Path
 from types import FrameType
 
 from warmstart import procinfo
-from warmstart.config import env_float
 from warmstart.protocol import (
     CLAIM_COLD,
     RESTORE_CLAIM,
@@ -43,16 +45,18 @@ from warmstart.protocol import (
     Signal,
 )
 from warmstart.worker.facts import measure_restore_facts
-from warmstart.worker.options import engine_argv, log_dir, restore_timeout
+from warmstart.worker.options import (
+    DEFAULT_RESTORE_ANSWER_TIMEOUT,
+    RESTORE_ANSWER_TIMEOUT_ENV,
+    engine_argv,
+    log_dir,
+    restore_timeout,
+)
 from warmstart.worker.probe import EngineWatch, ProbeServer
 
 log = logging.getLogger("warmstart.worker")
 
 PR_SET_CHILD_SUBREAPER = 36
-# Once a restore holds the claim, how long past --restore-timeout to wait for its answer (it always answers;
-# this bounds a restorer that died): longer than a CRIU restore's own timeout and the verification before it.
-RESTORE_ANSWER_TIMEOUT_ENV = "WARMSTART_RESTORE_ANSWER_TIMEOUT"
-DEFAULT_RESTORE_ANSWER_TIMEOUT = 1800.0
 EXIT_RESTORE_UNANSWERED = 75  # EX_TEMPFAIL: the pod may be restarted, it was not given an engine
 POLL_SECONDS = 0.05
 # A restore gives the engine back the PIDs it had when it was captured, in a pod whose supervisor holds the
@@ -88,8 +92,8 @@ class Supervisor:
     def _restore(self, started: float) -> int:
         control = ControlDir(self.args.control_dir)
         _show_restore_facts(self.args, control, started)
-        timeout = restore_timeout(self.args)
-        answer_timeout = env_float(RESTORE_ANSWER_TIMEOUT_ENV, DEFAULT_RESTORE_ANSWER_TIMEOUT)
+        timeout = restore_timeout(self.args)  # resolved and checked by check_worker_args
+        answer_timeout = getattr(self.args, "restore_answer_timeout", DEFAULT_RESTORE_ANSWER_TIMEOUT)
         waiting_since = time.monotonic()
         restorer_since: float | None = None  # when the restorer was found holding the claim
         log.info("restore mode: waiting up to %.0f s for the agent in %s", timeout, control.path)
@@ -107,8 +111,8 @@ class Supervisor:
                 restorer_since = now
                 log.warning(
                     "no restore within %.0f s, but a restore holds the claim (%s): waiting up to %.0f s "
-                    "more for its answer instead of starting a second engine",
-                    timeout, claim.payload, answer_timeout,
+                    "more (%s) for its answer instead of starting a second engine",
+                    timeout, claim.payload, answer_timeout, RESTORE_ANSWER_TIMEOUT_ENV,
                 )  # fmt: skip
             if restorer_since is not None and now - restorer_since >= answer_timeout:
                 log.error(
