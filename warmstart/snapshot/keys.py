@@ -8,6 +8,10 @@ after the store's resolved path. It is used only while that directory is a real 
 that no one else may write, and the key a regular file of this user that no one else may read or write
 (no symbolic link is followed): anything else is refused, saying what to fix, never trusted.
 
+A key file given (`--key`, WARMSTART_SIGNING_KEY) passes the same check before it signs anything: a regular
+file (a Kubernetes Secret's symbolic links are followed to it) owned by root or this user that no one else
+may read or write. A key only verified (a public key) may be read by anyone, never written.
+
 Two processes creating a store's key at once both end up with the one that was written first, whole.
 """
 
@@ -49,10 +53,10 @@ def signing_keys(store_root: Path, key: str | None) -> tuple[Signer, Verifier, s
 
     The third value is a note for the user when a key was generated, else "".
     """
-    from warmstart.snapshot.signing import keys_from_content, load_signer, load_verifier
+    from warmstart.snapshot.signing import keys_from_content
 
     if key is not None:
-        return load_signer(key), load_verifier(key), ""
+        return (*keys_from_content(Path(key), _read_key(Path(key), follow_symlinks=True)), "")
     path = default_key_path(store_root)
     created = _ensure_key(path)
     signer, verifier = keys_from_content(path, read_private_key(path))
@@ -65,6 +69,7 @@ def verification_key(store_root: Path, key: str | None) -> Verifier:
     from warmstart.snapshot.signing import SigningKeyError, keys_from_content, load_verifier
 
     if key:
+        _read_key(Path(key), follow_symlinks=True, forbidden=0o022)  # no one else may have written it
         return load_verifier(key)
     path = default_key_path(store_root)
     if not os.path.lexists(path):
@@ -103,17 +108,24 @@ def _private_directory(directory: Path) -> None:
 
 
 def read_private_key(path: Path) -> bytes:
-    """The bytes of a key file only this user may have written or read; SigningKeyError otherwise."""
+    """The bytes of a key file only this user may have written or read, in a directory no one else may
+    write, no symbolic link followed; SigningKeyError otherwise."""
+    _private_directory(path.parent)
+    return _read_key(path, follow_symlinks=False)
+
+
+def _read_key(path: Path, *, follow_symlinks: bool, forbidden: int = 0o077) -> bytes:
+    """The bytes of the key file at `path`, checked as it is open (`_not_private`: a regular file of root or
+    this user, none of the `forbidden` mode bits set); SigningKeyError saying what to fix otherwise."""
     from warmstart.snapshot.signing import MAX_KEY_FILE_BYTES, SigningKeyError
 
-    _private_directory(path.parent)
     try:
-        fd = os.open(path, READ_FLAGS | os.O_NOFOLLOW)
+        fd = os.open(path, READ_FLAGS if follow_symlinks else READ_FLAGS | os.O_NOFOLLOW)
     except OSError as exc:
-        why = "it is a symbolic link" if exc.errno == errno.ELOOP else exc.strerror
+        why = "it is a symbolic link" if exc.errno == errno.ELOOP and not follow_symlinks else exc.strerror
         raise SigningKeyError(f"the key file {path} is refused: {why}") from exc
     try:
-        problem = _not_private(os.fstat(fd), stat.S_ISREG, 0o077)
+        problem = _not_private(os.fstat(fd), stat.S_ISREG, forbidden)
         if problem:
             raise SigningKeyError(f"the key file {path} is refused: {problem}")
         content = os.read(fd, MAX_KEY_FILE_BYTES + 1)
@@ -125,11 +137,13 @@ def read_private_key(path: Path) -> bytes:
 
 
 def _not_private(info: os.stat_result, is_kind: Callable[[int], bool], forbidden: int) -> str:
-    """Why a file or directory is not private to this user, or ""."""
+    """Why a file or directory is not private to this user (owned by it or by root, who may write anything
+    anyway, with none of the `forbidden` mode bits), or ""."""
     if not is_kind(info.st_mode):
         return "not a real " + ("directory" if is_kind is stat.S_ISDIR else "regular file")
-    if info.st_uid != os.geteuid():
-        return f"owned by uid {info.st_uid}, not by this user (uid {os.geteuid()})"
+    if info.st_uid not in (os.geteuid(), 0):
+        return f"owned by uid {info.st_uid}, not by this user (uid {os.geteuid()}) nor root"
     if stat.S_IMODE(info.st_mode) & forbidden:
-        return f"mode {stat.S_IMODE(info.st_mode):04o} lets others in (chmod go-rwx it)"
+        how = "go-w" if forbidden == 0o022 else "go-rwx"
+        return f"mode {stat.S_IMODE(info.st_mode):04o} lets others in (chmod {how} it)"
     return ""
