@@ -3,15 +3,29 @@ setting with its type, bounds, default, environment variable and command-line fl
 
 A flag given wins over its environment variable, which wins over the default (pydantic-settings' order). Every
 problem is reported at once, each naming the flag and the variable, before the command does anything.
+
+A variable set to "" counts as unset (a pod spec cannot unset what a chart sets), except for the settings
+whose help says that empty means none (`setting(..., empty_means_none=True)`): there it means none. An empty
+flag is a value like any other, refused where it is not one.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Annotated, Any, Literal, TypeVar, get_args, get_origin
 
-from pydantic import BeforeValidator, Field, ValidationError
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from warmstart.config import checked_seconds
 
 S = TypeVar("S", bound="CommandSettings")
 
@@ -20,16 +34,68 @@ class SettingsError(ValueError):
     """Settings that cannot be used; the message names every problem."""
 
 
+EMPTY_MEANS_NONE = "empty_means_none"
+MAX_COUNT = 4096  # things done at once, threads, retries: past it a setting is a mistake, not a wish
+MAX_BYTES = (1 << 63) - 1  # what the kernel's interfaces take
+
+
+class _Environment(EnvSettingsSource):
+    """The variables by their exact names; one set to "" is unset, unless its setting lets it mean none."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        value, key, complex_value = super().get_field_value(field, field_name)
+        if isinstance(value, str) and not value.strip() and not _empty_means_none(field):
+            return None, key, complex_value
+        return value, key, complex_value
+
+
 class CommandSettings(BaseSettings):
-    # Environment variables by their exact names; a variable set to "" counts as unset.
     model_config = SettingsConfigDict(
-        case_sensitive=True, validate_by_name=True, extra="forbid", env_ignore_empty=True, frozen=True
+        case_sensitive=True, validate_by_name=True, extra="forbid", env_ignore_empty=False, frozen=True
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return init_settings, _Environment(settings_cls)  # the flags given, then the environment
 
-def setting(default: Any, env: str, help: str, **bounds: Any) -> Any:
+
+def setting(default: Any, env: str, help: str, *, empty_means_none: bool = False, **bounds: Any) -> Any:
     """A field of a CommandSettings model, read from `env` when its flag is not given."""
-    return Field(default, validation_alias=env, description=help, **bounds)
+    extra = {EMPTY_MEANS_NONE: True} if empty_means_none else None
+    return Field(default, validation_alias=env, description=help, json_schema_extra=extra, **bounds)
+
+
+def _empty_means_none(field: FieldInfo) -> bool:
+    return isinstance(field.json_schema_extra, dict) and bool(field.json_schema_extra.get(EMPTY_MEANS_NONE))
+
+
+def _no_nul(text: str) -> str:
+    if "\0" in text:
+        raise ValueError("must not hold a NUL character")
+    return text
+
+
+# A duration (`config.checked_seconds`): finite, more than 0 seconds, at most ten years.
+Seconds = Annotated[float, BeforeValidator(checked_seconds)]
+# The same, where 0 means none.
+SecondsOrZero = Annotated[float, BeforeValidator(functools.partial(checked_seconds, zero=True))]
+# How many of something at once (captures, workers): 1 to MAX_COUNT.
+Count = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+# A size in bytes, 0 meaning none.
+Bytes = Annotated[int, Field(ge=0, le=MAX_BYTES)]
+# A TCP port, 0 meaning none.
+Port = Annotated[int, Field(ge=0, le=65535)]
+# A file or directory name, a command line, an address: text the system takes.
+Text = Annotated[str, AfterValidator(_no_nul)]
+# The same, never empty (an empty flag is refused, not taken for the default).
+NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_no_nul)]
 
 
 def _comma_separated(value: Any) -> Any:

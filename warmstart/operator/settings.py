@@ -9,7 +9,7 @@ from pydantic import field_validator, model_validator
 
 from warmstart.operator.diagnosis import AgentLookup, parse_selector
 from warmstart.operator.placement import NODE_LOCAL, SNAPSHOT_STORES
-from warmstart.settings import CommaList, CommandSettings, setting
+from warmstart.settings import CommaList, CommandSettings, Count, Port, Seconds, Text, setting
 
 
 class OperatorSettings(CommandSettings):
@@ -19,48 +19,38 @@ class OperatorSettings(CommandSettings):
         "watch this namespace (repeatable; globs like 'team-*' work; the "
         "variable: comma-separated); none: every namespace",
     )
-    metrics_port: int = setting(
-        8080,
-        "WARMSTART_OPERATOR_METRICS_PORT_NUMBER",
-        "Prometheus metrics port, 0 to disable",
-        ge=0,
-        le=65535,
+    metrics_port: Port = setting(
+        8080, "WARMSTART_OPERATOR_METRICS_PORT_NUMBER", "Prometheus metrics port, 0 to disable"
     )
-    liveness_port: int = setting(
-        8081,
-        "WARMSTART_OPERATOR_LIVENESS_PORT_NUMBER",
-        "liveness endpoint port (/healthz), 0 to disable",
-        ge=0,
-        le=65535,
+    liveness_port: Port = setting(
+        8081, "WARMSTART_OPERATOR_LIVENESS_PORT_NUMBER", "liveness endpoint port (/healthz), 0 to disable"
     )
-    leader_election_namespace: str = setting(
+    leader_election_namespace: Text = setting(
         "",
         "WARMSTART_OPERATOR_LEASE_NAMESPACE",
         "act only while holding a Lease in this namespace, so that one "
         "of several replicas acts; empty: act alone",
     )
-    lease_name: str = setting(
+    lease_name: Text = setting(
         "warmstart-operator", "WARMSTART_OPERATOR_LEASE_NAME", "the Lease's name", min_length=1
     )
-    resync_seconds: float = setting(
-        60.0, "WARMSTART_OPERATOR_RESYNC_SECONDS", "seconds between reconciles of an unchanged endpoint", gt=0
+    resync_seconds: Seconds = setting(
+        60.0, "WARMSTART_OPERATOR_RESYNC_SECONDS", "seconds between reconciles of an unchanged endpoint"
     )
-    capture_backoff_seconds: float = setting(
+    capture_backoff_seconds: Seconds = setting(
         30.0,
         "WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS",
         "first wait before a failed capture is tried again (doubling after each failure)",
-        gt=0,
     )
     # Zero workers would leave kopf no thread to run a handler in.
-    workers: int = setting(4, "WARMSTART_OPERATOR_WORKERS", "endpoints reconciled at once", gt=0)
-    retry_base_seconds: float = setting(
-        1.0, "WARMSTART_OPERATOR_RETRY_BASE_SECONDS", "first wait before a failed reconcile is retried", gt=0
+    workers: Count = setting(4, "WARMSTART_OPERATOR_WORKERS", "endpoints reconciled at once")
+    retry_base_seconds: Seconds = setting(
+        1.0, "WARMSTART_OPERATOR_RETRY_BASE_SECONDS", "first wait before a failed reconcile is retried"
     )
-    retry_max_seconds: float = setting(
+    retry_max_seconds: Seconds = setting(
         120.0,
         "WARMSTART_OPERATOR_RETRY_MAX_SECONDS",
         "longest wait between retries of a failed reconcile",
-        gt=0,
     )
     snapshot_store: Literal[SNAPSHOT_STORES] = setting(  # type: ignore[valid-type]
         NODE_LOCAL,
@@ -68,13 +58,13 @@ class OperatorSettings(CommandSettings):
         f"the node agents' kind of snapshot store, as the chart chose it ({', '.join(SNAPSHOT_STORES)}): "
         "restore pods prefer the snapshot's node when node-local",
     )
-    agent_namespace: str = setting(
+    agent_namespace: Text = setting(
         "",
         "WARMSTART_OPERATOR_AGENT_NAMESPACE",
         "the node agents' namespace (with the selector: the operator "
         "reports the nodes without an agent; neither: it does not check)",
     )
-    agent_selector: str = setting(
+    agent_selector: Text = setting(
         "", "WARMSTART_OPERATOR_AGENT_SELECTOR", "the node agents' pod labels, key=value[,key=value]"
     )
 
@@ -91,6 +81,16 @@ class OperatorSettings(CommandSettings):
             raise ValueError(
                 "WARMSTART_OPERATOR_AGENT_NAMESPACE and WARMSTART_OPERATOR_AGENT_SELECTOR are set "
                 "together or not at all"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _retries_grow(self) -> OperatorSettings:
+        if self.retry_base_seconds > self.retry_max_seconds:
+            raise ValueError(
+                "--retry-base-seconds / WARMSTART_OPERATOR_RETRY_BASE_SECONDS must not be more than "
+                "--retry-max-seconds / WARMSTART_OPERATOR_RETRY_MAX_SECONDS "
+                f"(got {self.retry_base_seconds:g} and {self.retry_max_seconds:g})"
             )
         return self
 
