@@ -2,12 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
 from warmstart.api import labels as L
-from warmstart.operator.diagnosis import AgentLookup, causes, deployment_causes, parse_selector, pod_cause
+from warmstart.operator.diagnosis import (
+    AgentLookup,
+    causes,
+    deployment_causes,
+    deployment_pods,
+    parse_selector,
+    pod_cause,
+    restore_causes,
+)
 from warmstart.operator.settings import OperatorSettings
 from warmstart.settings import SettingsError, load
 
@@ -184,3 +193,52 @@ def test_pods_a_deployment_cannot_create_are_its_replica_failure():
     assert (found.reason, found.message) == ("FailedCreate", f"Deployment llm cannot create pods: {quota}")
     deployment["status"]["conditions"][1]["status"] = "False"
     assert deployment_causes(deployment) == [] and deployment_causes(None) == []
+
+
+def made_by(body: dict[str, Any], replica_set: str | None, template_hash: str | None, **ref: Any) -> dict:
+    """`body` with the pod-template-hash label and a controller reference to ReplicaSet `replica_set`."""
+    meta = body["metadata"]
+    if template_hash is not None:
+        meta["labels"]["pod-template-hash"] = template_hash
+    if replica_set is not None:
+        owner = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": replica_set, "uid": "rs-uid"}
+        meta["ownerReferences"] = [{**owner, "controller": True, **ref}]
+    return body
+
+
+def test_only_the_pods_the_endpoints_replica_sets_control_are_its_workers():
+    mine = [made_by(pod("tiny-7f9-a"), "tiny-7f9", "7f9"), made_by(pod("tiny-5c4-b"), "tiny-5c4", "5c4")]
+    strays = [
+        pod("plain"),  # the endpoint's labels and nothing else
+        made_by(pod("copied-label"), None, "7f9"),
+        made_by(pod("other-deployment"), "tinier-7f9", "7f9"),
+        made_by(pod("hash-not-its-own"), "tiny-7f9", "5c4"),
+        made_by(pod("not-controller"), "tiny-7f9", "7f9", controller=False),
+        made_by(pod("not-a-replica-set"), "tiny-7f9", "7f9", kind="StatefulSet"),
+        made_by(pod("no-uid"), "tiny-7f9", "7f9", uid=""),
+    ]
+    assert deployment_pods([*strays, *mine], "tiny") == mine
+
+
+def restore_report(body: dict[str, Any], report: dict[str, Any]) -> dict[str, Any]:
+    body["metadata"]["annotations"] = {L.STATUS_ANNOTATION: json.dumps(report)}
+    return body
+
+
+def test_restore_pods_the_agent_did_not_restore_are_a_cause_grouped_by_its_reason():
+    tampered = "pulling snapshot s1 from the object store failed: blob sha256:ab do not match (tampered)"
+    pods = [
+        restore_report(pod("w-1", L.ROLE_RESTORE, ready=True), {"restoreFailed": tampered}),
+        restore_report(pod("w-2", L.ROLE_RESTORE), {"restoreFailed": tampered}),
+        restore_report(pod("w-3", L.ROLE_RESTORE), {"restoreFailed": "another image"}),
+        restore_report(pod("w-4", L.ROLE_RESTORE, ready=True), {"restoreSeconds": 1.5}),
+        restore_report(pod("w-5", L.ROLE_RESTORE, terminating=True), {"restoreFailed": tampered}),
+        restore_report(pod("w-6", L.ROLE_COLD), {"restoreFailed": tampered}),
+        pod("w-7", L.ROLE_RESTORE),
+    ]
+    found = restore_causes(pods)
+    assert [(c.reason, c.pods) for c in found] == [
+        ("RestoreRefused", ("w-1", "w-2")),
+        ("RestoreRefused", ("w-3",)),
+    ]
+    assert found[0].message == f"2 worker pods (w-1, w-2): not restored, started cold: {tampered}"

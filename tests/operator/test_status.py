@@ -6,7 +6,7 @@ import json
 import pytest
 
 from warmstart.api import labels as L
-from warmstart.operator.diagnosis import Cause
+from warmstart.operator.diagnosis import Cause, restore_causes
 from warmstart.operator.snapshots import SnapshotPlan
 from warmstart.operator.status import (
     Workload,
@@ -344,3 +344,29 @@ def test_a_cold_start_the_pod_reports_itself_wins_over_the_measured_one():
     pods = [worker_pod(L.ROLE_COLD, "2026-01-01T10:00:00Z", "2026-01-01T10:01:05Z",
                        annotation={"coldStartSeconds": 61.25, "at": "2026-01-01T10:01:04Z"})]  # fmt: skip
     assert last_timings(pods) == {"lastColdStartSeconds": 61.25}
+
+
+def test_replicas_refused_their_restore_are_said_in_the_conditions_while_the_snapshot_is_ready():
+    """Two replicas refused (the object store's copy tampered with) and cold: the snapshot is still Ready,
+    but neither Degraded nor SnapshotReady says all is well."""
+    why = "pulling snapshot s1 from the object store failed: blob sha256:ab do not match (tampered)"
+    pods = [
+        worker_pod(L.ROLE_RESTORE, "2026-01-01T11:00:00Z", "2026-01-01T11:00:30Z", {"restoreFailed": why}),
+        worker_pod(L.ROLE_RESTORE, "2026-01-01T11:00:00Z", "2026-01-01T11:00:31Z", {"restoreFailed": why}),
+        worker_pod(L.ROLE_RESTORE, "2026-01-01T11:00:00Z", "2026-01-01T11:00:02Z", {"restoreSeconds": 1.5}),
+    ]
+    for index, body in enumerate(pods):
+        body["metadata"]["name"] = f"tiny-{index}"
+    result = status(
+        SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), Workload(3, 3, 3, 3), pods=pods,
+        causes=restore_causes(pods),
+    )  # fmt: skip
+    found = conditions(result)
+    assert (found["Degraded"]["status"], found["Degraded"]["reason"]) == ("True", "RestoreRefused")
+    assert (
+        found["Degraded"]["message"] == f"2 worker pods (tiny-0, tiny-1): not restored, started cold: {why}"
+    )
+    assert found["SnapshotReady"]["status"] == "True"
+    assert found["SnapshotReady"]["message"].startswith("replicas restore from s; 2 worker pods (tiny-0, ")
+    assert (result["phase"], result["reason"]) == ("Degraded", "RestoreRefused")
+    assert (result["restoredReplicas"], found["Ready"]["status"]) == (1, "True")

@@ -7,10 +7,11 @@ message the cluster gave, so that the endpoint's status says what the pods say.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from warmstart.api import labels as L
 
@@ -22,12 +23,14 @@ IMAGE_PULL_FAILED = "ImagePullFailed"
 CRASH_LOOP = "CrashLoopBackOff"
 NO_NODE_AGENT = "NoNodeAgent"
 FAILED_CREATE = "FailedCreate"
+RESTORE_REFUSED = "RestoreRefused"
 REASONS = frozenset(
     {
         UNSCHEDULABLE, MISSING_VOLUME, CONFIG_ERROR, CREATE_FAILED, IMAGE_PULL_FAILED, CRASH_LOOP,
-        NO_NODE_AGENT, FAILED_CREATE,
+        NO_NODE_AGENT, FAILED_CREATE, RESTORE_REFUSED,
     }
 )  # fmt: skip
+POD_TEMPLATE_HASH = "pod-template-hash"  # the Deployment controller's label on its ReplicaSets' pods
 
 # The kubelet's waiting reasons -> the cause they report.
 WAITING_CAUSES = {
@@ -47,6 +50,7 @@ CLAIM_PROBLEM = re.compile(
 )
 MOUNT_EVENT_REASONS = ("FailedMount", "FailedAttachVolume")
 MAX_NAMED_PODS = 3
+PodT = TypeVar("PodT", bound=Mapping[str, Any])
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,56 @@ def parse_selector(text: str, setting: str) -> dict[str, str]:
             raise ValueError(f"{setting}={text!r}: each term must be key=value")
         selector[key.strip()] = value.strip()
     return selector
+
+
+def deployment_pods(pods: Iterable[PodT], deployment: str) -> list[PodT]:
+    """The pods Deployment `deployment` made, among pods that carry its labels: each is controlled by one
+    of its ReplicaSets, which the Deployment controller names `<deployment>-<pod-template-hash>`, the hash
+    also being the pod's label. Labels alone are anyone's (a tenant's plain pod may carry the endpoint's
+    and an agent's status annotation), an owner reference is not: one naming an owner that does not exist
+    gets the pod deleted by the garbage collector, and one naming the real ReplicaSet is what makes a
+    pod the ReplicaSet's own. No API call: the owner references are on the pods."""
+    return [pod for pod in pods if _made_by(pod, deployment)]
+
+
+def _made_by(pod: Mapping[str, Any], deployment: str) -> bool:
+    meta = pod.get("metadata") or {}
+    template_hash = (meta.get("labels") or {}).get(POD_TEMPLATE_HASH)
+    if not template_hash:
+        return False
+    controller = next((ref for ref in meta.get("ownerReferences") or [] if ref.get("controller")), {})
+    return (
+        controller.get("kind") == "ReplicaSet"
+        and str(controller.get("apiVersion", "")).startswith("apps/")
+        and controller.get("name") == f"{deployment}-{template_hash}"
+        and bool(controller.get("uid"))
+    )
+
+
+def agent_report(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """What the node agent reported on the pod (its `warmstart.dev/status` annotation, JSON such as
+    {"restoreSeconds": 2.1, "at": "...Z"}); empty when it is missing or not a JSON object."""
+    raw = ((pod.get("metadata") or {}).get("annotations") or {}).get(L.STATUS_ANNOTATION)
+    try:
+        report = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) else {}
+
+
+def restore_causes(pods: Iterable[Mapping[str, Any]]) -> list[Cause]:
+    """Restore pods the node agent did not restore (it refused, or the restore failed: the pod's
+    `warmstart.dev/status` says why) and that started cold instead, grouped by what the agent said."""
+    grouped: dict[str, list[str]] = {}
+    for pod in pods:
+        role = ((pod.get("metadata") or {}).get("labels") or {}).get(L.ROLE_LABEL)
+        why = agent_report(pod).get("restoreFailed")
+        if role == L.ROLE_RESTORE and why and not is_terminating(pod):
+            grouped.setdefault(str(why), []).append(_name(pod))
+    return [
+        Cause(RESTORE_REFUSED, f"not restored, started cold: {why}", "worker", tuple(names))
+        for why, names in grouped.items()
+    ]
 
 
 def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

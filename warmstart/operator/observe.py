@@ -15,14 +15,16 @@ from warmstart.operator.diagnosis import (
     Cause,
     causes,
     creating_pods,
+    deployment_pods,
     needs_agent,
     ready_agent_nodes,
+    restore_causes,
 )
 
 
 @dataclass(frozen=True)
 class PodReport:
-    workers: list[dict[str, Any]]  # the endpoint's worker pods, for timings and counts
+    workers: list[dict[str, Any]]  # the endpoint's worker pods (its Deployment's), for timings and counts
     worker_causes: list[Cause]
     capture_causes: list[Cause]
 
@@ -59,13 +61,15 @@ def observe_pods(
     agents: AgentLookup | None,
 ) -> PodReport:
     """The endpoint's worker pods and why they, or `capture_pods` (the current attempt's), do not
-    progress."""
-    workers = kube.list("Pod", endpoint.namespace, children.worker_selector(endpoint.name))
+    progress, or started cold where they were to be restored. Worker pods are those its Deployment made:
+    other pods carrying its labels are not its replicas (`deployment_pods`)."""
+    labelled = kube.list("Pod", endpoint.namespace, children.worker_selector(endpoint.name))
+    workers = deployment_pods(labelled, endpoint.name)
     everything = [*workers, *capture_pods]
     mounts = mount_failures(kube, endpoint.namespace, creating_pods(everything))
     nodes = agent_nodes(kube, agents, everything)
     return PodReport(
         workers=workers,
-        worker_causes=causes(workers, "worker", mounts, nodes, agents),
+        worker_causes=[*causes(workers, "worker", mounts, nodes, agents), *restore_causes(workers)],
         capture_causes=causes(capture_pods, "capture", mounts, nodes, agents),
     )

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -12,7 +11,7 @@ from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
 from warmstart.clock import format_time, parse_time
 from warmstart.operator.children import START_TIMEOUT_SECONDS
-from warmstart.operator.diagnosis import Cause, is_ready, is_terminating
+from warmstart.operator.diagnosis import RESTORE_REFUSED, Cause, agent_report, is_ready, is_terminating
 from warmstart.operator.snapshots import SnapshotPlan
 
 READY, SNAPSHOT_READY, PROGRESSING, DEGRADED = "Ready", "SnapshotReady", "Progressing", "Degraded"
@@ -92,12 +91,17 @@ def _ready(work: Workload, worker_causes: Sequence[Cause]) -> tuple[bool, str, s
 
 
 def _snapshot_ready(
-    enabled: bool, plan: SnapshotPlan, capture_causes: Sequence[Cause], kept: str
+    enabled: bool,
+    plan: SnapshotPlan,
+    capture_causes: Sequence[Cause],
+    kept: str,
+    refused: Sequence[Cause] = (),
 ) -> tuple[bool, str, str]:
     if not enabled:
         return False, "SnapshotsDisabled", "snapshot.enabled is false: every replica cold-starts"
     if plan.ready:
-        return True, "SnapshotReady", f"replicas restore from {plan.ready}"
+        but = f"; {_joined(refused)}" if refused else ""
+        return True, "SnapshotReady", _bounded(f"replicas restore from {plan.ready}{but}")
     meanwhile = (
         f"; serving replicas keep their template (it names {kept}, no longer Ready), new ones cold-start"
         if kept
@@ -190,7 +194,7 @@ def last_timings(pods: list[dict[str, Any]]) -> dict[str, float]:
 
 def _pod_timings(pod: dict[str, Any]) -> dict[str, tuple[dt.datetime, float]]:
     meta = pod.get("metadata") or {}
-    report = _status_report(meta)
+    report = agent_report(pod)
     stamp = _report_time(report.get("at"), meta.get("creationTimestamp"))
     timings = {}
     for key, field in REPORTED_TIMINGS:
@@ -202,16 +206,6 @@ def _pod_timings(pod: dict[str, Any]) -> dict[str, tuple[dt.datetime, float]]:
         if measured is not None:
             timings[COLD_START] = measured
     return timings
-
-
-def _status_report(meta: dict[str, Any]) -> dict[str, Any]:
-    """The pod's `warmstart.dev/status` annotation; empty when it is missing or not a JSON object."""
-    raw = (meta.get("annotations") or {}).get(L.STATUS_ANNOTATION)
-    try:
-        report = json.loads(raw) if raw else {}
-    except ValueError:
-        return {}
-    return report if isinstance(report, dict) else {}
 
 
 def _started_cold(meta: dict[str, Any], report: dict[str, Any]) -> bool:
@@ -253,7 +247,7 @@ def restored_replicas(pods: list[dict[str, Any]]) -> int:
     count = 0
     for pod in pods:
         meta = pod.get("metadata") or {}
-        report = _status_report(meta)
+        report = agent_report(pod)
         role = (meta.get("labels") or {}).get(L.ROLE_LABEL)
         restored = role == L.ROLE_RESTORE and "restoreSeconds" in report and "restoreFailed" not in report
         count += int(restored and is_ready(pod) and not is_terminating(pod))
@@ -282,9 +276,10 @@ def endpoint_status(
     capture pods do not progress; `worker_role`: the role the Deployment's template runs (default the
     plan's); `kept_snapshot`: the snapshot the template still names while no snapshot is Ready."""
     before = previous.get("conditions") or []
+    refused = [cause for cause in worker_causes if cause.reason == RESTORE_REFUSED]
     verdicts = {
         READY: _ready(work, worker_causes),
-        SNAPSHOT_READY: _snapshot_ready(snapshots_enabled, plan, capture_causes, kept_snapshot),
+        SNAPSHOT_READY: _snapshot_ready(snapshots_enabled, plan, capture_causes, kept_snapshot, refused),
         PROGRESSING: _progressing(work, plan),
         DEGRADED: _degraded(plan, invalid_spec, missing_api, [*worker_causes, *capture_causes]),
     }
