@@ -8,59 +8,32 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from warmstart.agent.settings import AgentSettings
 from warmstart.checkpoint import hugepages
 from warmstart.settings import SettingsError, add_arguments, load
+
+if TYPE_CHECKING:
+    from warmstart.agent.agent import Agent
 
 log = logging.getLogger(__name__)
 
 STOP_GRACE_SECONDS = 20.0
 
 
-def _run(args: argparse.Namespace) -> int:
-    from warmstart.agent import grpc_api
-    from warmstart.agent.agent import Agent, AgentConfig
-    from warmstart.agent.kube_status import KubeStatus
-    from warmstart.agent.metrics import AgentMetrics
-    from warmstart.kube.client import api_client
-    from warmstart.snapshot.keys import signing_keys
-    from warmstart.snapshot.remote import RemoteConfig
+class StartupError(Exception):
+    """The agent cannot start as set up; the message names the setting to fix."""
 
+
+def _run(args: argparse.Namespace) -> int:
     try:
         settings = load(AgentSettings, args)
-        config = AgentConfig(
-            node=settings.node, store=Path(settings.store).resolve(), criu_command=settings.criu,
-            kubelet_root=Path(settings.kubelet_root), key=settings.key, max_captures=settings.max_captures,
-            cri_socket=Path(settings.cri_socket) if settings.cri_socket else None,
-            max_restores=settings.max_restores, resync_seconds=settings.resync,
-            prestage_interval=settings.prestage_interval, prestage_max_bytes=settings.prestage_max_bytes,
-            remote=RemoteConfig.from_env() if os.environ.get("WARMSTART_S3_BUCKET") else None,
-            pull_timeout=settings.pull_timeout, cache_max_bytes=settings.cache_max_bytes,
-            cache_max_age=settings.cache_max_age, verified_records=settings.verified_records,
-        )  # fmt: skip
-    except (SettingsError, ValueError) as exc:  # RemoteConfigError too: a bucket named but unusable
+        started = _start(settings, args)
+    except (SettingsError, StartupError, ValueError) as exc:  # RemoteConfigError: a bucket named but unusable
         print(f"warmstart agent: {exc}", file=sys.stderr)
         return 2
-    if settings.transparent_hugepages:
-        try:
-            hugepages.set_mode(settings.transparent_hugepages)
-        except (OSError, ValueError) as exc:
-            log.warning("could not set transparent huge pages to %s: %s", settings.transparent_hugepages, exc)
-    config.store.mkdir(parents=True, exist_ok=True)
-    signer, verifier, note = signing_keys(config.store, config.key)
-    if note:
-        log.info(note)
-    metrics = AgentMetrics()
-    agent = Agent(config, KubeStatus(api_client(args.kubeconfig), config.node), signer, verifier, metrics)
-    if settings.metrics_port:
-        metrics.serve(settings.metrics_port, settings.listen_address)
-    server = None
-    if settings.grpc_socket:
-        socket_path = Path(settings.grpc_socket)
-        socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        server = grpc_api.serve(agent, socket_path)
-        log.info("gRPC API on unix socket %s", socket_path)
+    agent, server = started
 
     def stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)
@@ -68,6 +41,7 @@ def _run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
+    config = agent.config
     log.info("agent on node %s: store %s, kubelet root %s", config.node, config.store, config.kubelet_root)
     agent.run()
     if not agent.wait_idle(STOP_GRACE_SECONDS):
@@ -75,6 +49,97 @@ def _run(args: argparse.Namespace) -> int:
     if server is not None:
         server.stop(grace=2)
     return 0
+
+
+def _start(settings: AgentSettings, args: argparse.Namespace) -> tuple[Agent, Any]:
+    """The agent and its gRPC server (None without one), every part checked as it is set up; StartupError
+    naming the setting of the first that cannot be, before the node is touched or any work begins."""
+    from warmstart.agent import grpc_api
+    from warmstart.agent.agent import Agent, AgentConfig
+    from warmstart.agent.kube_status import KubeStatus
+    from warmstart.agent.metrics import AgentMetrics
+    from warmstart.snapshot.keys import signing_keys
+    from warmstart.snapshot.remote import RemoteConfig
+    from warmstart.snapshot.signing import SigningKeyError
+
+    config = AgentConfig(
+        node=settings.node, store=Path(settings.store).resolve(), criu_command=settings.criu,
+        kubelet_root=Path(settings.kubelet_root), key=settings.key, max_captures=settings.max_captures,
+        cri_socket=Path(settings.cri_socket) if settings.cri_socket else None,
+        max_restores=settings.max_restores, resync_seconds=settings.resync,
+        prestage_interval=settings.prestage_interval, prestage_max_bytes=settings.prestage_max_bytes,
+        remote=RemoteConfig.from_env() if os.environ.get("WARMSTART_S3_BUCKET") else None,
+        pull_timeout=settings.pull_timeout, cache_max_bytes=settings.cache_max_bytes,
+        cache_max_age=settings.cache_max_age, verified_records=settings.verified_records,
+    )  # fmt: skip
+    if not config.kubelet_root.is_dir():
+        log.warning("--kubelet-root / WARMSTART_KUBELET_ROOT: %s is no directory (yet): no pod's control "
+                    "directory can be found until it is", config.kubelet_root)  # fmt: skip
+    try:
+        config.store.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise StartupError(
+            f"--store / WARMSTART_STORE: {config.store} cannot be made: {exc.strerror}"
+        ) from None
+    try:
+        signer, verifier, note = signing_keys(config.store, config.key)
+    except (OSError, SigningKeyError) as exc:
+        where = (
+            "--key / WARMSTART_SIGNING_KEY"
+            if config.key
+            else "the store's generated key ($WARMSTART_KEY_DIR)"
+        )
+        raise StartupError(f"{where}: {exc}") from None
+    if note:
+        log.info(note)
+    kube = _kube_client(args.kubeconfig)
+    metrics = AgentMetrics()
+    try:
+        agent = Agent(config, KubeStatus(kube, config.node), signer, verifier, metrics)
+    except OSError as exc:
+        raise StartupError(f"the store {config.store} cannot be used: {exc}") from None
+    if settings.metrics_port:
+        try:
+            metrics.serve(settings.metrics_port, settings.listen_address)
+        except OSError as exc:
+            raise StartupError(
+                f"--metrics-port / WARMSTART_AGENT_METRICS_PORT_NUMBER, --listen-address / "
+                f"WARMSTART_AGENT_LISTEN_ADDRESS: cannot listen on {settings.listen_address} port "
+                f"{settings.metrics_port}: {exc.strerror or exc}"
+            ) from None
+    server = None
+    if settings.grpc_socket:
+        socket_path = Path(settings.grpc_socket)
+        try:
+            socket_path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            server = grpc_api.serve(agent, socket_path)
+        except (OSError, RuntimeError) as exc:
+            raise StartupError(
+                f"--grpc-socket / WARMSTART_AGENT_GRPC_SOCKET: cannot serve on {socket_path}: "
+                f"{getattr(exc, 'strerror', None) or exc}"
+            ) from None
+        log.info("gRPC API on unix socket %s", socket_path)
+    if settings.transparent_hugepages:
+        try:
+            hugepages.set_mode(settings.transparent_hugepages)
+        except (OSError, ValueError) as exc:
+            log.warning("could not set transparent huge pages to %s: %s", settings.transparent_hugepages, exc)
+    return agent, server
+
+
+def _kube_client(kubeconfig: str | None) -> Any:
+    """The API server's client; StartupError when no credentials can be loaded."""
+    from kubernetes.config import ConfigException
+
+    from warmstart.kube.client import api_client
+
+    try:
+        return api_client(kubeconfig)
+    except (ConfigException, OSError, ValueError) as exc:
+        raise StartupError(
+            f"no Kubernetes credentials: {exc} (--kubeconfig, else the pod's service account, else "
+            "KUBECONFIG or ~/.kube/config)"
+        ) from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
