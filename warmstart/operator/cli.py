@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import copy
 import logging
+import os
 import signal
+import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from typing import Any
 
 from warmstart.operator.settings import OperatorSettings
@@ -95,9 +98,84 @@ def _wait_to_lead(settings: OperatorSettings) -> bool:
         return leadership.wait_to_lead(stopping)
 
 
-def run_operator(args: argparse.Namespace) -> int:
-    import asyncio
+class StartupError(Exception):
+    """The operator cannot start as set up; the message names what to fix."""
 
+
+def _check_credentials() -> None:
+    """The API server's credentials load (kopf's login would retry a failure for minutes, deaf to SIGTERM)."""
+    from kubernetes.config import ConfigException
+
+    from warmstart.kube.client import load_configuration
+
+    try:
+        load_configuration()
+    except (ConfigException, OSError, ValueError) as exc:
+        raise StartupError(
+            f"no Kubernetes credentials: {exc} (the pod's service account, else KUBECONFIG or ~/.kube/config)"
+        ) from None
+
+
+def _check_port_free(port: int, setting: str) -> None:
+    """StartupError naming `setting` when `port` cannot be listened on (kopf listens on it later)."""
+    if not port:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as exc:
+            raise StartupError(f"{setting}: cannot listen on port {port}: {exc.strerror}") from None
+
+
+def _serve_metrics(metrics: Any, port: int) -> None:
+    try:
+        metrics.serve(port)
+    except OSError as exc:
+        raise StartupError(
+            f"--metrics-port / WARMSTART_OPERATOR_METRICS_PORT_NUMBER: cannot listen on port {port}: "
+            f"{exc.strerror or exc}"
+        ) from None
+
+
+def _run_until_stopped(main: Coroutine[Any, Any, None]) -> None:
+    """`asyncio.run(main)`, but without waiting for the threads of handlers still at work once kopf stopped
+    (e.g. one retrying an API server that is down): their results are of no use any more."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    try:
+        loop.run_until_complete(main)
+    finally:
+        try:
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()  # shuts its executor down without waiting for it
+
+
+def _leave_lingering_handlers() -> None:
+    """Exit now when kopf stopped (a signal) while handler threads still run: the interpreter would wait
+    for them, deaf to the signal, as long as their API server calls retry. The state is the API server's,
+    so nothing is lost."""
+    lingering = [
+        thread.name for thread in threading.enumerate()
+        if thread is not threading.current_thread() and not thread.daemon and thread.is_alive()
+    ]  # fmt: skip
+    if not lingering:
+        return
+    logging.getLogger(__name__).warning(
+        "stopping without waiting for %d handler thread(s) still at work: %s", len(lingering), lingering
+    )
+    logging.shutdown()
+    os._exit(0)
+
+
+def run_operator(args: argparse.Namespace) -> int:
     import kopf
 
     from warmstart.operator import (
@@ -108,12 +186,14 @@ def run_operator(args: argparse.Namespace) -> int:
 
     try:
         settings = load(OperatorSettings, args)
-    except SettingsError as exc:
+        _check_credentials()
+        _check_port_free(settings.liveness_port, "--liveness-port / WARMSTART_OPERATOR_LIVENESS_PORT_NUMBER")
+        if settings.metrics_port:
+            _serve_metrics(METRICS, settings.metrics_port)
+    except (SettingsError, StartupError) as exc:
         raise SystemExit(f"warmstart operator: {exc}") from None
     handlers.configure(settings)
     namespaces = watched_namespaces(settings, args)
-    if settings.metrics_port:
-        METRICS.serve(settings.metrics_port)
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
     name_objects_in_logs()
     if settings.leader_election_namespace and not _wait_to_lead(settings):
@@ -122,7 +202,7 @@ def run_operator(args: argparse.Namespace) -> int:
         # A handler sets this when one of our CRDs appeared after kopf's scan of the API, which kopf may
         # never notice: kopf then stops and starts again here, scanning afresh.
         handlers.Runtime.restart = restart = threading.Event()
-        asyncio.run(
+        _run_until_stopped(
             kopf.operator(
                 standalone=True,  # one replica acts: the Lease's holder (kopf's peering would pause all)
                 clusterwide=not namespaces,
@@ -132,5 +212,6 @@ def run_operator(args: argparse.Namespace) -> int:
             )
         )
         if not restart.is_set():
+            _leave_lingering_handlers()
             return 0
         logging.getLogger(__name__).info("starting kopf again to serve the CRDs that appeared")
