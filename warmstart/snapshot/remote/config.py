@@ -23,10 +23,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from warmstart.config import checked_seconds
 from warmstart.fileio import UnsafeInput, read_regular_file
 
 MAX_CREDENTIAL_BYTES = 4096
 CREDENTIAL_FILES = ("access-key-id", "secret-access-key", "session-token")
+# The variable of each bound, as its problems name it.
+DURATION_VARIABLES = {
+    "connect_timeout": "WARMSTART_S3_CONNECT_TIMEOUT",
+    "request_timeout": "WARMSTART_S3_REQUEST_TIMEOUT",
+    "read_timeout": "WARMSTART_S3_READ_TIMEOUT",
+    "retry_timeout": "WARMSTART_S3_RETRY_TIMEOUT",
+}
+# (variable, smallest, largest) of each count.
+COUNT_VARIABLES = {
+    "max_retries": ("WARMSTART_S3_MAX_RETRIES", 0, 100),
+    "concurrency": ("WARMSTART_S3_CONCURRENCY", 1, 1024),
+}
 
 
 class RemoteConfigError(ValueError):
@@ -76,8 +89,21 @@ class RemoteConfig:
             raise RemoteConfigError("part_size must be at least 5 MiB (S3's smallest multipart part)")
         if self.multipart_threshold < self.part_size:
             raise RemoteConfigError("multipart_threshold must be at least part_size")
-        if self.concurrency < 1:
-            raise RemoteConfigError("concurrency must be at least 1")
+        for name, variable in DURATION_VARIABLES.items():
+            try:
+                checked_seconds(getattr(self, name))
+            except ValueError as exc:
+                raise RemoteConfigError(f"{variable}: {exc} (got {getattr(self, name)!r})") from None
+        try:
+            checked_seconds(self.credentials_refresh, zero=True)
+        except ValueError as exc:
+            raise RemoteConfigError(f"credentials_refresh: {exc}") from None
+        for name, (variable, smallest, largest) in COUNT_VARIABLES.items():
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not smallest <= value <= largest:
+                raise RemoteConfigError(
+                    f"{variable}: must be an integer from {smallest} to {largest} (got {value!r})"
+                )
 
     @property
     def key_prefix(self) -> str:
@@ -123,19 +149,11 @@ class RemoteConfig:
             "virtual_hosted_style": env.get("WARMSTART_S3_VIRTUAL_HOSTED", "").lower()
             in ("1", "true", "yes"),
         }
-        for name, setting in (
-            ("WARMSTART_S3_CONNECT_TIMEOUT", "connect_timeout"),
-            ("WARMSTART_S3_REQUEST_TIMEOUT", "request_timeout"),
-            ("WARMSTART_S3_READ_TIMEOUT", "read_timeout"),
-            ("WARMSTART_S3_RETRY_TIMEOUT", "retry_timeout"),
-        ):
-            if env.get(name):
+        for setting, name in DURATION_VARIABLES.items():
+            if env.get(name, "").strip():
                 settings[setting] = _number(env, name, float)
-        for name, setting in (
-            ("WARMSTART_S3_MAX_RETRIES", "max_retries"),
-            ("WARMSTART_S3_CONCURRENCY", "concurrency"),
-        ):
-            if env.get(name):
+        for setting, (name, _, _) in COUNT_VARIABLES.items():
+            if env.get(name, "").strip():
                 settings[setting] = _number(env, name, int)
         settings.update(overrides)
         return cls(**settings)  # type: ignore[arg-type]
@@ -149,13 +167,12 @@ def _env_credentials(env: Mapping[str, str]) -> Credentials | None:
 
 
 def _number(env: Mapping[str, str], name: str, kind: type[float] | type[int]) -> float | int:
+    """The variable's number, its bounds checked by RemoteConfig itself."""
     try:
-        value = kind(env[name])
-    except ValueError as exc:
-        raise RemoteConfigError(f"{name}={env[name]!r} is not a {kind.__name__}") from exc
-    if value < 0:
-        raise RemoteConfigError(f"{name}={env[name]!r} must not be negative")
-    return value
+        return kind(env[name].strip())
+    except ValueError:
+        what = "an integer" if kind is int else "a number of seconds"
+        raise RemoteConfigError(f"{name}: must be {what} (got {env[name]!r})") from None
 
 
 def _read_credential(directory: Path, name: str) -> str:

@@ -11,7 +11,9 @@
    removed.
 
 A pull gives up within bounds: each request has the client's timeouts and retries, the first failure stops
-the other threads from starting more pieces, and `timeout` bounds the whole pull.
+the other threads from starting more pieces, and `timeout` bounds the whole pull: it is checked before each
+piece starts and as each piece's bytes arrive, so a pull past it stops within one streamed chunk (or, when
+the bytes stall, within the client's read timeout).
 """
 
 from __future__ import annotations
@@ -163,6 +165,7 @@ class _Pull:
 
         def sink(view: memoryview) -> None:
             nonlocal offset
+            self._check_deadline()  # the whole pull's bound, not only each piece's start
             _write_at(fd, view, offset)
             offset += len(view)
             if hasher is not None:
