@@ -56,6 +56,10 @@ def _serve(args: argparse.Namespace) -> int:
     from warmstart.snapshot.store import SnapshotStore
     from warmstart.snapshot.verified import records_wanted
 
+    problem = _settings_problem(args)
+    if problem:
+        print(f"warmstart serve: {problem}", file=sys.stderr)
+        return 2
     store_root = Path(args.store).resolve()
     spec = WorkerSpec(args.engine, args.model, args.device, args.host, args.port, list(args.worker_arg))
     with ThreadPoolExecutor(1, thread_name_prefix="warmstart-criu-check") as pool:  # beside the keys
@@ -81,6 +85,25 @@ def _serve(args: argparse.Namespace) -> int:
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, signal.SIG_IGN)  # let the clean-up finish
         node.stop_all()
+
+
+def _settings_problem(args: argparse.Namespace) -> str | None:
+    """What makes these settings unusable, naming the flag, before anything starts; None when nothing."""
+    from warmstart.worker_flags import worker_flags_problem
+
+    for flag, value in (("--store", args.store), ("--key", args.key), ("--work-dir", args.work_dir)):
+        if value is not None and (not value.strip() or "\0" in value):
+            return f"{flag}: must name a file or directory (got {value!r})"
+    if args.key is not None:
+        from warmstart.snapshot.keys import signing_keys
+        from warmstart.snapshot.signing import SigningKeyError
+
+        try:
+            signing_keys(Path(args.store), args.key)  # a key given must be usable: no silent cold starts
+        except (OSError, SigningKeyError) as exc:
+            return f"--key: {exc}"
+    problem = worker_flags_problem(list(args.worker_arg))
+    return f"--worker-arg: {problem}" if problem else None
 
 
 def _store_and_keys(store_root: Path, key: str | None) -> tuple[Signer | None, Verifier | None]:
@@ -133,6 +156,8 @@ def _stop_on_signals() -> None:
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    from warmstart.worker_flags import seconds
+
     parser.add_argument("--engine", default="builtin", help="engine adapter (default builtin)")
     parser.add_argument("--model", default="tiny", help="model preset or directory (default tiny)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="cpu or cuda (default cpu)")
@@ -145,7 +170,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--criu", help="CRIU 4 command line (default: WARMSTART_CRIU or criu)")
     parser.add_argument("--host", default="127.0.0.1", help="address the worker listens on")
     parser.add_argument("--work-dir", help="where sandboxes keep their files (default <store>/pods)")
-    parser.add_argument("--ready-timeout", type=float, default=900.0, help="seconds to wait for a worker")
+    parser.add_argument(
+        "--ready-timeout", type=seconds, default=900.0, help="seconds to wait for a worker (default 900)"
+    )
     parser.add_argument(
         "--worker-arg", action="append", default=[], help="extra argument for `warmstart worker` (repeatable)"
     )
