@@ -248,9 +248,20 @@ def release(kube: ControlPlane, gpu: RealNode, chart_image: str, namespace: str)
     try:
         yield store
     finally:
+        keep_agent_logs(kube, namespace)
         uninstall(kube, namespace)
         keep_criu_logs(gpu.shadow("/var/lib/warmstart") / namespace, results_dir() / "criu-logs.tgz")
         shutil.rmtree(gpu.shadow("/var/lib/warmstart") / namespace, ignore_errors=True)  # 16 GiB of weights
+
+
+def keep_agent_logs(kube: ControlPlane, namespace: str) -> None:
+    """The agents' logs (their restores, weight stagers and refusals), which the release's removal ends."""
+    directory = results_dir() / "worker-logs"
+    directory.mkdir(parents=True, exist_ok=True)
+    for pod in items(kube, "pod", namespace, "app.kubernetes.io/component=agent"):
+        name = pod["metadata"]["name"]
+        logs = kube.kubectl("logs", "-n", namespace, name, "--all-containers", check=False)
+        (directory / f"agent-{name}.log").write_text(logs.stdout + logs.stderr)
 
 
 def keep_criu_logs(root: Path, archive: Path) -> None:
