@@ -396,11 +396,14 @@ def compare(reference: list[dict[str, Any]], outputs: list[dict[str, Any]]) -> d
     }
 
 
-def agreement(results: list[dict[str, Any]]) -> list[str]:
+def agreement(results: list[dict[str, Any]], stored: list[dict[str, Any]] | None = None) -> list[str]:
     """Every start against every captured process of the run and against its first separate cold start
     (`vs_<capture step>`, `vs_cold` in its row, beside `vs_own_capture`, which the start wrote itself); one
-    line each. Two captures are two cold starts too."""
+    line each. Two captures are two cold starts too. A run without a capture step compares every start with
+    `stored`, what the last capture on its work folder recorded (`vs_stored_capture`)."""
     references = {row["run"]: row for row in results if row["run"] in CAPTURES and row.get("outputs")}
+    if not references and stored:
+        references["stored_capture"] = {"run": "stored_capture", "outputs": stored}
     for kind in SEPARATE_COLDS.values():  # the first of each kind of separate cold start
         references[kind] = next(
             (row for row in results if row["run"].startswith(f"{kind}-") and row.get("outputs")), None
@@ -672,6 +675,12 @@ def captured_outputs(work: Path, store: str) -> Path:
     return work / store / "capture-outputs.json"
 
 
+def stored_capture(work: Path) -> list[dict[str, Any]] | None:
+    """What the plain capture on this work folder recorded, from an earlier run: None when there is none."""
+    path = captured_outputs(work, CAPTURES["capture"][0])
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 @dataclass(frozen=True)
 class RestoreStep:
     kind: str  # a key of RESTORES
@@ -778,7 +787,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_model(args.model, args.shape)
     results: list[dict[str, Any]] = []
-    reference = None
+    reference = stored = stored_capture(args.work)
     counts = {step: itertools.count(1) for step in SEPARATE_COLDS}
     try:
         for step in args.steps.split(","):
@@ -791,7 +800,8 @@ def main() -> int:
             (args.out / "results.json").write_text(json.dumps(results, indent=1))
     finally:
         engine_logs(args.work, args.out)
-        lines = agreement(results) + ["== restores against the floor (every byte)"] + against_floors(results)
+        lines = agreement(results, stored)
+        lines += ["== restores against the floor (every byte)", *against_floors(results)]
         (args.out / "results.json").write_text(json.dumps(results, indent=1))
     for row in results:
         row = {k: v for k, v in row.items() if k not in ("outputs",)}

@@ -180,6 +180,33 @@ def test_every_start_is_compared_with_the_capture_and_the_first_cold_start(bench
     assert len(lines) == 4 and lines[2].startswith("cold-1: vs capture: token ids identical False")
 
 
+def test_a_run_without_a_capture_compares_every_start_with_the_stored_one(bench: ModuleType) -> None:
+    """A call that only restores and cold-starts: every start is put against what the capture on its work
+    folder recorded, never left as "the reference"."""
+    drifted = copy.deepcopy(REFERENCE)
+    drifted[0] = record([5, 6, 7, 3], [-1.0, -2.0, -3.0, -4.2])
+    results = [
+        {"run": "restore", "outputs": copy.deepcopy(REFERENCE)},
+        {"run": "vllm-serve", "outputs": drifted},
+    ]
+    lines = bench.agreement(results, stored=REFERENCE)
+    restore, serve = results
+    assert restore["vs_stored_capture"]["identical"] and not serve["vs_stored_capture"]["identical"]
+    assert serve["vs_stored_capture"]["first_diff"][0] == 3
+    assert not any(line.endswith("the reference") for line in lines), lines
+    with_capture = [{"run": "capture", "outputs": drifted}, {"run": "restore", "outputs": REFERENCE}]
+    bench.agreement(with_capture, stored=REFERENCE)  # this run's capture is the one compared with
+    assert "vs_stored_capture" not in with_capture[1] and not with_capture[1]["vs_capture"]["identical"]
+
+
+def test_the_stored_capture_is_the_plain_captures_outputs(bench: ModuleType, tmp_path: Path) -> None:
+    assert bench.stored_capture(tmp_path) is None
+    path = bench.captured_outputs(tmp_path, "store")
+    path.parent.mkdir()
+    path.write_text(json.dumps(REFERENCE))
+    assert bench.stored_capture(tmp_path) == REFERENCE
+
+
 def test_eager_cold_starts_are_a_reference_of_their_own(bench: ModuleType) -> None:
     drifted = copy.deepcopy(REFERENCE)
     drifted[1] = record([11, 10], [-0.5, -0.25])
