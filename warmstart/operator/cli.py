@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any
@@ -191,7 +192,8 @@ def run_operator(args: argparse.Namespace) -> int:
         if settings.metrics_port:
             _serve_metrics(METRICS, settings.metrics_port)
     except (SettingsError, StartupError) as exc:
-        raise SystemExit(f"warmstart operator: {exc}") from None
+        print(f"warmstart operator: {exc}", file=sys.stderr)
+        return 2
     handlers.configure(settings)
     namespaces = watched_namespaces(settings, args)
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
