@@ -170,9 +170,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--criu", help="CRIU 4 command line (default: WARMSTART_CRIU or criu)")
     parser.add_argument("--host", default="127.0.0.1", help="address the worker listens on")
     parser.add_argument("--work-dir", help="where sandboxes keep their files (default <store>/pods)")
-    parser.add_argument(
-        "--ready-timeout", type=seconds, default=900.0, help="seconds to wait for a worker (default 900)"
-    )
+    parser.add_argument("--ready-timeout", type=seconds, default=900.0, help="seconds to wait for a worker")
     parser.add_argument(
         "--worker-arg", action="append", default=[], help="extra argument for `warmstart worker` (repeatable)"
     )
