@@ -88,9 +88,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _settings_problem(args: argparse.Namespace) -> str | None:
-    """What makes these settings unusable, naming the flag, before anything starts; None when nothing."""
-    from warmstart.worker_flags import worker_flags_problem
-
+    """What makes these settings unusable, naming the flag, before anything starts; None when nothing. (The
+    worker's own flags, --worker-arg, are the worker's to refuse: its log, which serve names, says why.)"""
     for flag, value in (("--store", args.store), ("--key", args.key), ("--work-dir", args.work_dir)):
         if value is not None and (not value.strip() or "\0" in value):
             return f"{flag}: must name a file or directory (got {value!r})"
@@ -102,8 +101,7 @@ def _settings_problem(args: argparse.Namespace) -> str | None:
             signing_keys(Path(args.store), args.key)  # a key given must be usable: no silent cold starts
         except (OSError, SigningKeyError) as exc:
             return f"--key: {exc}"
-    problem = worker_flags_problem(list(args.worker_arg))
-    return f"--worker-arg: {problem}" if problem else None
+    return None
 
 
 def _store_and_keys(store_root: Path, key: str | None) -> tuple[Signer | None, Verifier | None]:
