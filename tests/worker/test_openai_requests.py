@@ -3,6 +3,7 @@ and the limits in the OpenAPI document that FastAPI generates from them."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -11,7 +12,7 @@ from test_worker_errors import FailingEngine
 
 from warmstart.engines.base import EngineError
 from warmstart.worker.metrics import WorkerMetrics
-from warmstart.worker.openai_requests import ApiError, RequestLimits, parse_request
+from warmstart.worker.openai_requests import ApiError, RequestLimits, parse_json_body, parse_request
 from warmstart.worker.server import ServerState, build_app
 
 LIMITS = RequestLimits(
@@ -148,3 +149,21 @@ def test_each_app_documents_its_own_limits() -> None:
     default = client(RequestLimits()).get("/openapi.json").json()["components"]["schemas"]
     n = default["CompletionRequest"]["properties"]["n"]["anyOf"][0]
     assert n["maximum"] == RequestLimits().max_n != LIMITS.max_n
+
+
+def json_refused(body: object, limits: RequestLimits) -> ApiError:
+    with pytest.raises(ApiError) as raised:
+        parse_json_body(json.dumps(body).encode(), limits)
+    assert raised.value.status == 400
+    return raised.value
+
+
+def test_a_body_of_too_many_strings_lists_and_objects_is_refused() -> None:
+    limits = RequestLimits(max_json_values=10)
+    assert "more than 10" in json_refused({"model": "tiny", "prompt": ["a"] * 9}, limits).message
+    parse_json_body(json.dumps({"model": "tiny", "prompt": [7] * 10_000}).encode(), limits)  # numbers
+
+
+def test_numbers_are_not_counted_yet_nest_no_deeper_than_the_limit() -> None:
+    limits = RequestLimits(max_json_depth=3)
+    assert json_refused({"prompt": [[[1]]]}, limits).param == "prompt[0][0][0]"

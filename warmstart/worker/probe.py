@@ -29,7 +29,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from warmstart.worker_flags import PROBE_LIVE_PATH, PROBE_READY_PATH, PROBE_WAIT_MAX_SECONDS
 
 ASK_EVERY_SECONDS = 0.02
-ASK_TIMEOUT_SECONDS = 0.5
+ASK_TIMEOUT_SECONDS = 0.5  # the least an ask of the engine waits for its answer
+# Under the 2 s the kubelet waits (the operator's probe timeoutSeconds): an engine busy with a burst of
+# requests answers later than unloaded, and is alive all the same.
+LIVE_ASK_TIMEOUT_SECONDS = 1.5
 HANDLER_THREADS = 4  # a held readiness probe, a liveness probe, and room for a retry of each
 
 
@@ -43,9 +46,9 @@ class EngineWatch:
     started: float = field(default_factory=time.monotonic)
     ready_once: bool = False
 
-    def answers(self, path: str) -> bool:
-        """Whether the engine answers 200 on `path` now."""
-        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=ASK_TIMEOUT_SECONDS)
+    def answers(self, path: str, timeout: float = ASK_TIMEOUT_SECONDS) -> bool:
+        """Whether the engine answers 200 on `path` within `timeout`."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
             connection.request("GET", path)
             return connection.getresponse().status == 200
@@ -56,7 +59,7 @@ class EngineWatch:
 
     def ready_within(self, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
-        while not self.answers("/ready"):
+        while not self.answers("/ready", max(ASK_TIMEOUT_SECONDS, deadline - time.monotonic())):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(ASK_EVERY_SECONDS)
@@ -65,7 +68,7 @@ class EngineWatch:
 
     def live(self) -> bool:
         if self.ready_once:
-            return self.answers("/health")
+            return self.answers("/health", LIVE_ASK_TIMEOUT_SECONDS)
         return time.monotonic() - self.started < self.start_timeout
 
 

@@ -6,7 +6,8 @@ serving), /metrics (Prometheus), /openapi.json (FastAPI's, from the request mode
 with an OpenAI-style error body naming the field (413 for an oversized body), a parameter the engine does not
 honour included; an unknown model gets 404; /v1/responses gets a 400 saying it is not implemented. Every
 response, errors included, is counted in the metrics. A client that disconnects stops its generation: the
-engine stream is closed.
+engine stream is closed. Request bodies are parsed and validated in a thread, never on the event loop that
+answers /health and /ready (`_off_loop`).
 """
 
 # No `from __future__ import annotations`: FastAPI reads the routes' annotations, and the request models
@@ -21,8 +22,10 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import anyio
+import anyio.to_thread
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -50,7 +53,7 @@ from warmstart.worker.openai_requests import (
     RequestLimits,
     body_too_large,
     invalid_request,
-    parse_json_body,
+    parse_body,
     parsed_request,
     request_models,
 )
@@ -61,6 +64,7 @@ log = logging.getLogger("warmstart.worker.server")
 
 CLIENT_GONE = 499  # the status a request is counted with when its client left before the answer
 WORKER_PATHS = ("/ready", "/metrics")
+T = TypeVar("T")
 
 
 def _error_response(error: ApiError) -> JSONResponse:
@@ -129,8 +133,9 @@ def build_app(
     limits = limits or RequestLimits()
     app = FastAPI(title="warmstart worker", docs_url=None, redoc_url=None, openapi_url="/openapi.json")
     app.state.request_limits = limits
+    app.state.parsing = parsing = anyio.CapacityLimiter(1)
     app.add_middleware(CountResponses, metrics=metrics)
-    api = _Api(engine, metrics, limits)
+    api = _Api(engine, metrics, limits, parsing)
     models = request_models(limits)
 
     @app.exception_handler(ApiError)
@@ -217,12 +222,26 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
+async def _off_loop(parsing: anyio.CapacityLimiter, work: Callable[..., T], *args: Any) -> T:
+    """Run `work` (parsing or validating a request) in a thread, one at a time.
+
+    Never on the event loop: that loop answers /health and /ready, and a body at the size limit takes up to
+    a second to parse and validate; a few clients sending such bodies kept every probe waiting past its
+    timeout. One at a time: a parse holds the GIL through each of its C calls (json.loads, pydantic), and
+    the loop would wait behind every parsing thread to get it back. Clients then queue for parsing, not the
+    probes."""
+    return await anyio.to_thread.run_sync(work, *args, limiter=parsing)
+
+
 class _CheckedJsonRoute(APIRoute):
-    """A route whose body the worker reads and checks as JSON itself (its size, its nesting, lone surrogates,
-    a client that leaves mid-body) before FastAPI validates it against the route's model."""
+    """A route whose body the worker reads, parses and validates against the route's model itself, off the
+    event loop (`_off_loop`): its size, its nesting, lone surrogates, a client that leaves mid-body. FastAPI
+    is handed the model instance, which it takes as it is."""
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        validate_and_answer = super().get_route_handler()
+        answer = super().get_route_handler()
+        assert self.body_field is not None, "a checked route takes a body"
+        model: type[BaseModel] = self.body_field.field_info.annotation  # type: ignore[assignment]
 
         async def handler(request: Request) -> Response:
             limits: RequestLimits = request.app.state.request_limits
@@ -230,16 +249,17 @@ class _CheckedJsonRoute(APIRoute):
                 raw = await _read_body(request, limits)
             except ClientDisconnect:  # the client left, or its body was too slow and the connection closed
                 return Response(status_code=CLIENT_GONE)
-            return await validate_and_answer(_ReadRequest(request, raw, parse_json_body(raw, limits)))
+            body = await _off_loop(request.app.state.parsing, parse_body, raw, model, limits)
+            return await answer(_ReadRequest(request, raw, body))
 
         return handler
 
 
 class _ReadRequest(Request):
-    """A request whose body is read and parsed already: FastAPI takes the JSON from here, whatever
+    """A request whose body is read and validated already: FastAPI takes it from here, whatever
     Content-Type the client sent (the API never required one)."""
 
-    def __init__(self, request: Request, raw: bytes, parsed: dict[str, Any]) -> None:
+    def __init__(self, request: Request, raw: bytes, parsed: BaseModel) -> None:
         headers = [(name, value) for name, value in request.scope["headers"] if name != b"content-type"]
         headers.append((b"content-type", b"application/json"))
         super().__init__({**request.scope, "headers": headers}, request.receive)
@@ -285,17 +305,17 @@ class _Cancelled(Exception):
 
 
 class _Api:
-    def __init__(self, engine: Engine, metrics: WorkerMetrics, limits: RequestLimits) -> None:
+    def __init__(
+        self, engine: Engine, metrics: WorkerMetrics, limits: RequestLimits, parsing: anyio.CapacityLimiter
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
         self.limits = limits
+        self.parsing = parsing
         self.created = int(time.time())
 
     async def complete(self, http_request: Request, body: BaseModel, chat: bool) -> Response:
-        parsed = parsed_request(body, chat, self.limits)
-        if parsed.model != self.engine.served_model_name:
-            raise _model_not_found(parsed.model, self.engine.served_model_name)
-        requests, prompt_tokens = self._requests(parsed, chat)
+        parsed, requests, prompt_tokens = await _off_loop(self.parsing, self._prepare, body, chat)
         reply = _Reply(chat, self.engine.served_model_name)
         if parsed.stream:
             return await self._stream(http_request, requests[0], reply, parsed.include_usage, prompt_tokens)
@@ -313,6 +333,13 @@ class _Api:
         except _Cancelled:
             return Response(status_code=CLIENT_GONE)
         return JSONResponse(reply.full(results, prompt_tokens, parsed.return_token_ids))
+
+    def _prepare(self, body: BaseModel, chat: bool) -> tuple[ParsedRequest, list[GenerationRequest], int]:
+        """What to generate for a validated body (its prompts tokenized and fitted to the context)."""
+        parsed = parsed_request(body, chat, self.limits)
+        if parsed.model != self.engine.served_model_name:
+            raise _model_not_found(parsed.model, self.engine.served_model_name)
+        return parsed, *self._requests(parsed, chat)
 
     def _requests(self, parsed: ParsedRequest, chat: bool) -> tuple[list[GenerationRequest], int]:
         prompts = (
