@@ -8,6 +8,7 @@ control directory bound from where the kubelet keeps the pod's emptyDir (kubelet
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from s3_plugin import BUCKET
 from support import answers, find_sandbox_pods, free_port, recording_criu_command
 
 from warmstart.agent.agent import Agent, AgentConfig
@@ -30,11 +32,16 @@ from warmstart.api.snapshot import MAX_RESTORE_FAILURES, Phase, SnapshotStatus, 
 from warmstart.checkpoint.restore import FailureCounter
 from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.identity import SnapshotIdentity
+from warmstart.operator.children import Owner
 from warmstart.operator.request_key import request_key, request_key_hash
+from warmstart.operator.snapshots import plan_snapshots
 from warmstart.operator.spec import parse_spec
 from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
+from warmstart.snapshot import generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.layout import MANIFEST_FILE
+from warmstart.snapshot.remote import Credentials, RemoteConfig
+from warmstart.snapshot.remote.keys import Keys
 from warmstart.snapshot.residency import blob_paths, evict, resident_bytes
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
@@ -604,3 +611,108 @@ def test_prestage_keeps_the_snapshots_of_endpoints_that_ask_in_the_page_cache(
     )  # fmt: skip
     agent.prestage.stage_once()
     assert agent.metrics.registry.get_sample_value("warmstart_agent_prestaged_bytes", series) is None
+
+
+def _bucket_agents(kube: Any, tmp_path: Path, server: Any, criu_command: str) -> tuple[Agent, Agent]:
+    """Two agents whose stores are caches of one bucket, as on nodes A and B (both on this machine's kubelet
+    root, driven one pod at a time: neither runs its loop)."""
+    key = generate_hmac_key(tmp_path / "signing-key")
+    remote = RemoteConfig(
+        bucket=BUCKET, endpoint=server.endpoint, prefix="cluster/",
+        credentials=Credentials(server.access_key_id, server.secret_access_key), concurrency=4,
+    )  # fmt: skip
+    agents = []
+    for name in ("a", "b"):
+        config = AgentConfig(
+            node=NODE, store=tmp_path / f"store-{name}", criu_command=criu_command,
+            kubelet_root=tmp_path / "kubelet", start_timeout=60, ready_timeout=300, criu_timeout=300,
+            remote=remote, pull_timeout=60,
+        )  # fmt: skip
+        agents.append(
+            Agent(config, KubeStatus(kube.api_client(), NODE), load_signer(key), load_verifier(key))
+        )
+        find_sandbox_pods(agents[-1])
+    return agents[0], agents[1]
+
+
+def _overwrite_in_place(server: Any, snapshot: Snapshot) -> None:
+    """The largest blob's object in the bucket overwritten with as many other bytes (same size)."""
+    entry = max(snapshot.files.values(), key=lambda file: file.size)
+    blob = server.data_dir / BUCKET / Keys("cluster/").blob(entry.digest)
+    content = bytearray(blob.read_bytes())
+    content[len(content) // 2] ^= 0xFF
+    blob.write_bytes(bytes(content))
+
+
+def test_refused_pulls_of_a_tampered_bucket_copy_count_until_invalid_and_a_new_capture_restores(
+    kube: Any,
+    namespace: str,
+    cluster: Cluster,
+    criu_command: str,
+    sandboxes: list[Sandbox],
+    s3_server: Any,
+    tmp_path: Path,
+) -> None:
+    """The bucket's copy of a Ready snapshot overwritten in place: each restore on a node without a cached
+    copy is refused by the pull and counted against the snapshot like a failed verification; the third
+    turns it Invalid, the operator's plan captures a new one, and the next replica restores from that."""
+    node_a, node_b = _bucket_agents(kube, tmp_path, s3_server, criu_command)
+    kubelet_root, port = node_a.config.kubelet_root, free_port()
+    endpoint = cluster.endpoint(namespace)
+    stored = _publish(
+        node_a, namespace, {"criu/pages-1.img": os.urandom(3 << 20), "criu/core-1.img": b"c" * 64}
+    )
+    assert node_a.node.cluster_store is not None and node_b.node.cluster_store is not None
+    node_a.node.cluster_store.publish(stored.id)
+    cluster.snapshot(namespace, "tiny-snap")
+    cluster.report_captured(namespace, "tiny-snap", stored.id)
+    _overwrite_in_place(s3_server, stored)
+
+    for attempt in range(1, MAX_RESTORE_FAILURES + 1):
+        name = f"tiny-refused-{attempt}"
+        pod = cluster.pod(namespace, name, L.ROLE_RESTORE, "tiny-snap", port, owner=endpoint)
+        control = control_dir_on_host(kubelet_root, pod["metadata"]["uid"])
+        control.mkdir(parents=True)  # the kubelet's emptyDir; the refusal needs no container
+        node_b.restore.handle(pod)
+        status = cluster.get_snapshot(namespace, "tiny-snap")["status"]
+        assert status.get("restoreFailures") == attempt, status
+        failed = ControlDir(control).read(RESTORE_FAILED)
+        assert failed is not None and "object store" in failed.payload["reason"], failed
+        assert "tampered" in failed.payload["reason"] and failed.payload["failures"] == attempt
+        assert "RestoreFailed" in [reason for reason, _ in cluster.events(namespace, name)]
+        assert "restoreFailed" in cluster.annotation(namespace, name)
+        assert node_b.node.store.list() == []  # nothing of a refused pull reaches B's cache
+    assert cluster.phase(namespace, "tiny-snap") == Phase.INVALID
+    assert "Invalid" in [reason for reason, _ in cluster.events(namespace, "tiny-snap")]
+
+    # The operator's plan for the endpoint: the Invalid snapshot is never used again, a new one is captured.
+    snapshots = cluster.custom.list_namespaced_custom_object(
+        L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL
+    )["items"]  # fmt: skip
+    request_hash = request_key_hash(REQUEST_KEY)
+    plan = plan_snapshots(Owner.from_body(endpoint), parse_spec(ENDPOINT_SPEC), request_hash, REQUEST_KEY,
+                          snapshots, dt.datetime.now(dt.UTC))  # fmt: skip
+    assert plan.create is not None and plan.capture_attempt == 1 and plan.ready == ""
+    fresh = cluster.custom.create_namespaced_custom_object(
+        L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, plan.create
+    )
+    new = fresh["metadata"]["name"]
+    assert new != "tiny-snap"
+    capture_pod = cluster.pod(namespace, f"{new}-capture-1", L.ROLE_CAPTURE, new, port, owner=fresh)
+    sandboxes.append(_container(capture_pod, kubelet_root, "capture", port))
+    node_a.capture.handle(capture_pod)
+    ready = cluster.get_snapshot(namespace, new)["status"]
+    assert cluster.phase(namespace, new) == Phase.READY, ready
+    manifest = s3_server.data_dir / BUCKET / Keys("cluster/").manifest(ready["snapshotId"])
+    assert manifest.is_file(), "a Ready snapshot not in the bucket"
+    kube.wait_for(lambda: not sandboxes[-1].alive(), timeout=60, message="capture worker exits when done")
+
+    # The next replica, on B whose cache holds nothing of it, pulls the new snapshot and is restored from it.
+    restore_pod = cluster.pod(namespace, "tiny-restored", L.ROLE_RESTORE, new, port, owner=endpoint)
+    sandboxes.append(_container(restore_pod, kubelet_root, "restore", port))
+    node_b.restore.handle(restore_pod)
+    kube.wait_for(lambda: _serving(port), timeout=120, message="the replica restored on B serving")
+    report = cluster.annotation(namespace, "tiny-restored")
+    assert report.get("restoreSeconds", 0) > 0 and "restoreFailed" not in report, report
+    assert [snapshot.id for snapshot in node_b.node.store.list()] == [ready["snapshotId"]]
+    assert not cluster.get_snapshot(namespace, new)["status"].get("restoreFailures")

@@ -15,7 +15,7 @@ from kubernetes import client
 from s3_plugin import BUCKET
 
 from warmstart.agent.agent import Agent, AgentConfig
-from warmstart.agent.cluster_store import ClusterStore, PullFailed
+from warmstart.agent.cluster_store import ClusterStore, PullFailed, PullRefused
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
 from warmstart.identity import SnapshotIdentity
@@ -117,8 +117,11 @@ def test_a_stopped_server_is_a_bounded_refusal_and_a_clean_cache_then_the_next_p
     s3_server.stop()
 
     started = time.monotonic()
-    with pytest.raises(PullFailed, match=f"pulling snapshot {snapshot.id} from the object store failed"):
+    with pytest.raises(
+        PullFailed, match=f"pulling snapshot {snapshot.id} from the object store failed"
+    ) as raised:
         node_b.local_copy(snapshot.id, "restore")
+    assert not isinstance(raised.value, PullRefused)  # the node's trouble, not the snapshot's: never counted
     assert time.monotonic() - started < 60  # bounded by the pull timeout and the client's own deadlines
     failures = node_b.metrics.value("warmstart_agent_object_store_failures_total",
                                     {"direction": "pull", "reason": "restore"})  # fmt: skip
@@ -129,18 +132,31 @@ def test_a_stopped_server_is_a_bounded_refusal_and_a_clean_cache_then_the_next_p
     assert node_b.local_copy(snapshot.id, "restore").id == snapshot.id
 
 
-def test_a_tampered_object_is_refused_and_nothing_reaches_the_cache(
-    s3_server: S3Server, tmp_path: Path, key: Path
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [("overwritten", "tampered"), ("truncated", "truncated"), ("blob deleted", "missing"),
+     ("manifest deleted", "no snapshot")],
+)  # fmt: skip
+def test_a_damaged_or_missing_bucket_copy_is_refused_as_the_snapshots_fault_and_nothing_reaches_the_cache(
+    s3_server: S3Server, tmp_path: Path, key: Path, damage: str, words: str
 ) -> None:
     node_a, node_b = node(tmp_path, "a", s3_server, key), node(tmp_path, "b", s3_server, key)
     snapshot = capture(node_a.local, key)
     node_a.publish(snapshot.id)
-    blob = s3_server.data_dir / BUCKET / Keys(PREFIX).blob(snapshot.files["criu/pages-1.img"].digest)
-    tampered = bytearray(blob.read_bytes())
-    tampered[MIB] ^= 0xFF
-    blob.write_bytes(bytes(tampered))
+    keys, bucket = Keys(PREFIX), s3_server.data_dir / BUCKET
+    blob = bucket / keys.blob(snapshot.files["criu/pages-1.img"].digest)
+    if damage == "overwritten":  # in place, the same size
+        tampered = bytearray(blob.read_bytes())
+        tampered[MIB] ^= 0xFF
+        blob.write_bytes(bytes(tampered))
+    elif damage == "truncated":
+        blob.write_bytes(blob.read_bytes()[: MIB + 5])
+    elif damage == "blob deleted":
+        blob.unlink()
+    else:
+        (bucket / keys.manifest(snapshot.id)).unlink()
 
-    with pytest.raises(PullFailed, match="pulling snapshot"):
+    with pytest.raises(PullRefused, match=f"pulling snapshot .*{words}"):
         node_b.local_copy(snapshot.id, "restore")
     assert_cache_clean(node_b.local)
 

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from warmstart.agent.metrics import AgentMetrics
-from warmstart.snapshot.manifest import SnapshotError
+from warmstart.snapshot.manifest import SnapshotError, SnapshotInvalid
 from warmstart.snapshot.remote import RemoteError, RemoteStore
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.store import Snapshot, SnapshotNotFound, SnapshotStore
@@ -31,6 +31,12 @@ PUSH_ATTEMPTS = 3
 
 class PullFailed(RuntimeError):
     """This node could not get the snapshot from the bucket; the message says why."""
+
+
+class PullRefused(PullFailed):
+    """The bucket's copy of the snapshot is refused: missing, truncated, or failing its signature or a signed
+    digest. The snapshot is at fault, not this node: a restore counts it against the snapshot, as it counts
+    a copy failing verification in the node's cache."""
 
 
 @dataclass
@@ -86,7 +92,8 @@ class ClusterStore:
 
     def local_copy(self, snapshot_id: str, reason: str) -> Snapshot:
         """The snapshot from this node's cache, pulled from the bucket first when the cache lacks it.
-        PullFailed saying why (unreachable, not there, refused); SnapshotError for a local problem."""
+        PullRefused when the bucket's copy is missing or refused, PullFailed saying why for the rest
+        (unreachable, access denied, out of time); SnapshotError for a local problem."""
         with self._lock(snapshot_id):
             try:
                 snapshot = self.local.get(snapshot_id)
@@ -101,7 +108,9 @@ class ClusterStore:
             result = self.remote.pull(snapshot_id, self.verifier, timeout=self.pull_timeout)
         except (RemoteError, SnapshotError) as exc:
             self.metrics.remote_failures.labels("pull", reason).inc()
-            raise PullFailed(f"pulling snapshot {snapshot_id} from the object store failed: {exc}") from exc
+            refused = isinstance(exc, SnapshotInvalid | SnapshotNotFound) and not isinstance(exc, RemoteError)
+            failure = PullRefused if refused else PullFailed
+            raise failure(f"pulling snapshot {snapshot_id} from the object store failed: {exc}") from exc
         self.metrics.remote_bytes.labels("pull", reason).inc(result.stats.bytes_transferred)
         log.info("pulled snapshot %s for a %s in %.2f s: %d blobs fetched, %d cached", snapshot_id, reason,
                  time.monotonic() - started, len(result.fetched), len(result.cached))  # fmt: skip

@@ -6,8 +6,11 @@ soon as the worker container runs (`NodeContext.find_pod`): the GPUs are checked
 the weight stager started while the kubelet's word on the image and the worker's restore facts are awaited
 (`pod_checks`, before the claim). `restore-complete`
 carries the port the worker serves on; any refusal or failure sends `restore-failed` (the worker
-cold-starts), records an Event and the failure count, and the InferenceSnapshot turns Invalid after
-repeated failures.
+cold-starts) and records an Event. A failure that is the snapshot's, wherever it showed (its copy in the
+object store refused by the pull, its files failing verification in this node's cache, CRIU or the CUDA
+restore failing), is counted on this node's store and then by one path (`_failed`) in the
+InferenceSnapshot's `status.restoreFailures`, which turns it Invalid after repeated failures. A refusal
+that is the pod's or the node's (another image, GPU or model, an unreachable bucket) counts nothing.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 
 from warmstart import procinfo
 from warmstart.agent import objects
-from warmstart.agent.cluster_store import PullFailed
+from warmstart.agent.cluster_store import PullFailed, PullRefused
 from warmstart.agent.context import NO_IMAGE_DIGEST, NodeContext
 from warmstart.agent.node_facts import FactsUnavailable, pod_gpu_facts, pod_restore_facts, visible_devices
 from warmstart.agent.pods import PodProcessError, PodSandbox
@@ -44,10 +47,11 @@ from warmstart.checkpoint.restore import (
     RestoreRefused,
     restore,
 )
+from warmstart.fileio import UnsafeInput
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import CLAIM_RESTORE, RESTORE_CLAIM, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.restore_facts import FactsInvalid, RestoreFacts
-from warmstart.snapshot.manifest import SnapshotError
+from warmstart.snapshot.manifest import SnapshotError, SnapshotInvalid
 from warmstart.snapshot.store import Snapshot
 
 log = logging.getLogger(__name__)
@@ -61,6 +65,17 @@ class PodBusy(RuntimeError):
 
 class Refused(RuntimeError):
     """A restore this agent will not attempt; the reason names what is wrong."""
+
+
+class SnapshotRefused(Refused):
+    """The snapshot's own files were refused before anything ran (its copy in the object store is missing,
+    truncated or tampered with, or its manifest in this node's cache is unreadable): a failed restore of
+    the snapshot, counted against it."""
+
+    def __init__(self, message: str, snap: dict[str, Any], snapshot_id: str) -> None:
+        super().__init__(message)
+        self.snap = snap
+        self.snapshot_id = snapshot_id
 
 
 def answered(control: ControlDir) -> bool:
@@ -112,6 +127,10 @@ class RestorePhase:
     ) -> None:
         try:
             snap, snapshot = self.restorable(pod, held)
+        except SnapshotRefused as exc:
+            self._wait_control_dir(control)
+            self._count_failure(pod, control, exc.snap, exc.snapshot_id, str(exc))
+            return
         except Refused as exc:
             self._wait_control_dir(control)
             self._refuse(pod, control, str(exc))
@@ -154,6 +173,12 @@ class RestorePhase:
         snapshot_id = objects.store_snapshot_id(snap)
         try:
             snapshot = self._local_copy(snapshot_id, held)
+        except PullRefused as exc:
+            raise SnapshotRefused(f"InferenceSnapshot {name}: {exc}", snap, snapshot_id) from exc
+        except PullFailed as exc:
+            raise Refused(f"InferenceSnapshot {name}: {exc}") from exc
+        except SnapshotInvalid as exc:
+            raise SnapshotRefused(f"InferenceSnapshot {name}: {exc}", snap, snapshot_id) from exc
         except SnapshotError as exc:
             raise Refused(f"InferenceSnapshot {name}: {exc}") from exc
         if snapshot.identity_hash != status.identity_hash:
@@ -174,10 +199,7 @@ class RestorePhase:
             return self.node.store.get(snapshot_id)
         if held is not None:
             held.enter_context(cluster_store.in_use(snapshot_id))
-        try:
-            return cluster_store.local_copy(snapshot_id, "restore")
-        except PullFailed as exc:
-            raise Refused(str(exc)) from exc
+        return cluster_store.local_copy(snapshot_id, "restore")
 
     def expected_identity(self, recorded: SnapshotIdentity, sandbox: PodSandbox) -> SnapshotIdentity:
         """The identity this pod on this node can take, as far as the node shows it: the recorded one with,
@@ -281,7 +303,7 @@ class RestorePhase:
         control: ControlDir,
     ) -> None:
         node, snapshot_id = self.node, snapshot.id
-        failures = FailureCounter(node.store.root, max_failures=MAX_RESTORE_FAILURES)
+        failures = self._failure_counter()
         work_dir = node.config.restore_work_dir / objects.meta(pod)["uid"]
         resume: dict[str, Any] = {"restore_started_at": time.time()}
         if (port := worker_port(pod)) is not None:
@@ -309,7 +331,7 @@ class RestorePhase:
         except NotCounted as exc:  # answered and cleaned up; the pod's doing, or the snapshot is gone
             self._report_failed(pod, str(exc), f"{exc}; the worker starts cold")
             return
-        except (RestoreRefused, RestoreFailed) as exc:
+        except (RestoreRefused, RestoreFailed) as exc:  # counted on this node's store and answered
             self._failed(pod, snap, snapshot_id, str(exc), failures)
             return
         finally:
@@ -333,6 +355,25 @@ class RestorePhase:
         node.kube.event(pod, "Pod", "Normal", "Restored", f"from snapshot {snapshot_id} in {seconds:.2f}s")
         node.kube.clear_restore_failures(snap)
 
+    def _failure_counter(self) -> FailureCounter:
+        return FailureCounter(self.node.store.root, max_failures=MAX_RESTORE_FAILURES)
+
+    def _count_failure(
+        self, pod: dict[str, Any], control: ControlDir, snap: dict[str, Any], snapshot_id: str, reason: str
+    ) -> None:
+        """A failure of the snapshot found before `restore()` ran (its copy in the object store refused):
+        counted on this node's store and answered `restore-failed` as `restore()` does for what it finds,
+        then counted over the cluster by the same path (`_failed`)."""
+        failures = self._failure_counter()
+        count: int | None = None
+        try:
+            count = failures.record(snapshot_id, reason)
+        except (OSError, UnsafeInput, ValueError) as exc:  # the count over the cluster still follows
+            log.error("could not count the failed restore of %s on this node: %s", snapshot_id, exc)
+        log.warning("restore into %s failed: %s", objects.key(pod), reason)
+        control.send(RESTORE_FAILED, {"reason": reason, "snapshot": snapshot_id, "failures": count})
+        self._failed(pod, snap, snapshot_id, reason, failures)
+
     def _report_failed(self, pod: dict[str, Any], reason: str, message: str) -> None:
         """A failed restore in the metrics, the pod's Event (`message`) and its annotation (`reason`)."""
         self.node.metrics.restores.labels("failed").inc()
@@ -348,8 +389,9 @@ class RestorePhase:
         reason: str,
         failures: FailureCounter,
     ) -> None:
-        """Report a failed restore (already counted in this store's `failures`, which stops this node
-        trying it) and add it to the snapshot's count over all nodes: Invalid once that reaches the limit."""
+        """Report a failed restore (already counted in this store's `failures` and answered to the pod) and
+        add it to the snapshot's count over all nodes: Invalid once that reaches the limit. Every failure
+        that is the snapshot's comes here, wherever it was found (pull, verification, CRIU)."""
         node, meta = self.node, objects.meta(snap)
         count = node.kube.add_restore_failure(meta["namespace"], meta["name"], reason)
         self._report_failed(
