@@ -465,3 +465,40 @@ def test_endpoints_hold_no_finalizer_and_an_old_one_is_let_go(kube, namespace, o
         timeout=TIMEOUT,
         message="the earlier version's finalizer removed",
     )
+
+
+def stray_pod(namespace: str, endpoint_name: str, name: str, report: dict[str, Any]) -> dict[str, Any]:
+    """A tenant's plain pod with an endpoint's worker labels and an agent's status annotation: no owner."""
+    labels = {L.ENDPOINT_LABEL: endpoint_name, L.COMPONENT_LABEL: L.WORKER_COMPONENT, L.ROLE_LABEL: "restore"}
+    annotation = json.dumps({**report, "at": "2026-01-01T00:00:00Z"})
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name, "namespace": namespace, "labels": labels,
+            "annotations": {L.STATUS_ANNOTATION: annotation},
+        },
+        "spec": {"containers": [{"name": L.WORKER_CONTAINER, "image": "w"}]},
+    }  # fmt: skip
+
+
+def test_pods_that_only_carry_an_endpoints_labels_are_not_counted_as_its_replicas(kube, namespace, operator):
+    apply(kube, endpoint("counted", namespace, snapshot=NO_SNAPSHOTS))
+    wait_condition(kube, namespace, "counted", "Ready", "ReplicasReady")
+    reports = [{"restoreSeconds": 1.5}, {"restoreSeconds": 2.0}, {"restoreFailed": "made up"}]
+    strays = [stray_pod(namespace, "counted", f"stray-{i}", report) for i, report in enumerate(reports)]
+    kube.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": strays}))
+    kube.wait_for(
+        lambda: all(
+            any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+            for p in (get(kube, "pod", namespace, s["metadata"]["name"]) for s in strays)
+        ),
+        timeout=TIMEOUT,
+        message="the stray pods Ready",
+    )
+    after_resyncs(kube, operator)
+    body = get(kube, "iep", namespace, "counted")
+    assert (body["status"]["restoredReplicas"], body["status"]["ready"]) == (0, "1/1")
+    assert condition(body, "Degraded")["reason"] == "AsExpected", condition(body, "Degraded")
+    shown = columns(kube, namespace, "counted")
+    assert (shown["READY"], shown["RESTORED"]) == ("1/1", "0")
