@@ -64,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gc.add_argument("--dry-run", action="store_true", help="report what would be removed, remove nothing")
     gc.add_argument("--keep", type=int, help="first delete all but the N newest snapshots of each identity")
     gc.add_argument("--identity", help="with --keep: apply retention to this identity hash only")
-    _add_key_argument(gc, "with --keep: ")
+    _add_key_argument(gc, "with --keep, and to tell forged snapshot directories (junk to gc) from others: ")
     gc.add_argument(
         "--staging-older-than", type=float, default=3600.0, help="seconds before orphan staging is stale"
     )
@@ -256,6 +256,19 @@ def _verifier(args: argparse.Namespace, store: Any) -> Any:
     return verification_key(store.root, args.key)
 
 
+def _verifier_if_any(args: argparse.Namespace, store: Any) -> Any:
+    """The verifier of --key, else of the store's generated key; None when there is neither (gc then
+    cannot tell a forged snapshot directory from one signed with a key it does not have)."""
+    from warmstart.snapshot import SigningKeyError
+
+    try:
+        return _verifier(args, store)
+    except SigningKeyError:
+        if args.key:
+            raise
+        return None
+
+
 def _cmd_gc(args: argparse.Namespace) -> int:
     store = _store(args)
     if args.keep is not None and args.keep < 1:
@@ -265,8 +278,9 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         verifier = _verifier(args, store)
         deleted = store.apply_retention(args.keep, args.identity, verifier=verifier, dry_run=args.dry_run)
     report = store.gc(
-        staging_older_than=args.staging_older_than, blob_grace=args.blob_grace, dry_run=args.dry_run
-    )
+        staging_older_than=args.staging_older_than, blob_grace=args.blob_grace, dry_run=args.dry_run,
+        verifier=_verifier_if_any(args, store),
+    )  # fmt: skip
     report.deleted_snapshots = deleted
     if args.json:
         _print_json(report.to_dict())

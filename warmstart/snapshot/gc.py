@@ -1,16 +1,27 @@
 """Garbage collection (stale staging, unreferenced blobs) and retention (the N newest per identity).
 
-GC holds the store's lock exclusively while it reads every manifest and removes blobs none references.
+GC decides what is garbage without the store's lock: it reads every manifest in `snapshots/` first (a file
+hard-linked under many directories is read once), then takes the lock exclusively only to remove
+unreferenced blobs, after a re-check that costs a few `lstat`s per snapshot directory. Publishers hold the
+lock shared while they link blobs and rename a manifest in, so under the exclusive lock `snapshots/` holds
+every manifest that relies on a blob; a directory that is new or changed since the unlocked read is read
+there (at most `MAX_LOCKED_READS` of them: when more changed, GC reads again without the lock, and when
+`snapshots/` keeps changing it removes no blob this time). Stale staging directories and junk in
+`snapshots/` are removed without the lock. A planted directory therefore costs GC's own time, never a
+capture's wait for the lock.
+
 Unreferenced blobs younger than `blob_grace` seconds are kept (ingesting a blob refreshes its mtime).
 An entry of `snapshots/` that is not a signed snapshot directory (no `manifest.sig`, or not a directory at
-all), or whose manifest is junk (not a bounded regular file of JSON listing files), is never listed; once
-nothing in it changed for `staging_older_than` seconds GC removes it. Publish renames a directory that
-already holds both files, so the grace period is only a margin.
+all), whose manifest is junk (not a bounded regular file of JSON listing files; one that names no
+`sha256:` digest at all is junk without being parsed), or, when GC is given the store's verifier, whose
+signature claims that key but does not sign the manifest (a forgery, found before the manifest is parsed),
+is never listed; once nothing in it changed for `staging_older_than` seconds GC removes it. Publish
+renames a directory that already holds both files, so the grace period is only a margin.
 
-GC has no key, so it reads references leniently: every digest a manifest's `files` names keeps its blob,
-whether the rest of the manifest is valid or not (a snapshot of a newer schema keeps its blobs), and junk
-references nothing, so no junk can stop GC from freeing what nothing references. Only a manifest that cannot
-be read at all (an I/O error) makes GC keep every blob, this once.
+GC reads references leniently otherwise: every digest a manifest's `files` names keeps its blob, whether
+the rest of the manifest is valid or not (a snapshot of a newer schema, or one signed with another key,
+keeps its blobs), and junk references nothing, so no junk can stop GC from freeing what nothing
+references. Only a manifest that cannot be read at all (an I/O error) makes GC keep every blob, this once.
 """
 
 from __future__ import annotations
@@ -18,10 +29,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import shutil
 import stat
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,13 +45,19 @@ from warmstart.snapshot.layout import (
     DELETING_SUFFIX,
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
+    MAX_SIGNATURE_BYTES,
+    SIGNATURE_FILE,
     SnapshotNotFound,
     StoreLayout,
 )
 from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN, digest_hex
-from warmstart.snapshot.signing import Verifier
+from warmstart.snapshot.signing import SignatureInvalid, Verifier, check_signature, signature_of
 from warmstart.snapshot.staging_owner import newest_mtime, staging_is_stale, this_host
 from warmstart.snapshot.verified import VerifiedRecords
+
+MAX_LOCKED_READS = 16  # manifests GC may read under the exclusive lock (new since its unlocked read)
+MAX_UNLOCKED_ROUNDS = 3  # unlocked reads before GC gives up on a `snapshots/` that keeps changing
+_DIGEST_STRING = re.compile(rb'"sha256:[0-9a-f]{64}"')
 
 
 @dataclass
@@ -59,89 +78,322 @@ class GcReport:
 
 
 def collect_garbage(
-    layout: StoreLayout, *, staging_older_than: float, blob_grace: float | None, dry_run: bool
+    layout: StoreLayout,
+    *,
+    staging_older_than: float,
+    blob_grace: float | None,
+    dry_run: bool,
+    verifier: Verifier | None = None,
 ) -> GcReport:
     """Remove stale staging directories, junk in `snapshots/` and unreferenced blobs older than
-    `blob_grace` seconds.
+    `blob_grace` seconds (see the module's docstring for what is read with and without the lock).
 
     A staging directory is stale when its owner process (same host) is gone, or, when the owner cannot
     be checked from here, when nothing in it changed for `staging_older_than` seconds. `blob_grace`
-    defaults to `staging_older_than`.
+    defaults to `staging_older_than`. With `verifier`, a snapshot directory whose signature claims its key
+    but does not sign its manifest is junk.
     """
     layout.require_root()
+    layout.ensure()
     grace = staging_older_than if blob_grace is None else blob_grace
     report = GcReport(dry_run=dry_run)
-    with layout.lock(exclusive=True):
-        _gc_staging(layout, staging_older_than, report)
-        referenced, junk = _scan_snapshots(layout, report)
-        _gc_junk(layout, junk, staging_older_than, report)
+    stale = _stale_staging(layout, staging_older_than, report)
+    scan = SnapshotScan(layout, verifier)
+    scan.settle()
+    with layout.lock(exclusive=True):  # a few lstats per snapshot directory, then the blobs
+        current = scan.bring_up_to_date()
+        referenced = scan.referenced() if current else None
         if referenced is not None:
             report.referenced_blobs = len(referenced)
             _gc_blobs(layout, referenced, grace, report)
-        if not dry_run:
-            VerifiedRecords(layout.root).prune({blob.name for blob in layout.blobs_dir.iterdir()})
+    # Neither needs the lock: a stale staging directory has no publish in progress, and junk in
+    # `snapshots/` is nothing a publish made (it renames a signed directory in whole).
+    doomed = [] if dry_run else _move_staging(layout, stale)
+    doomed += _move_junk(layout, _old_junk(layout, scan, staging_older_than), report)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    report.errors += scan.errors()
+    if not current:
+        report.errors.append(_CHANGING)
+    if not dry_run:
+        VerifiedRecords(layout.root).prune({blob.name for blob in layout.blobs_dir.iterdir()})
     return report
 
 
-def _gc_staging(layout: StoreLayout, older_than: float, report: GcReport) -> None:
+_CHANGING = (
+    f"snapshots/ kept changing while gc read it (more than {MAX_LOCKED_READS} directories new or changed "
+    f"after {MAX_UNLOCKED_ROUNDS} reads); no blob removed this time"
+)
+
+
+def remove_unreferenced_blobs(layout: StoreLayout, digests: Iterable[str]) -> list[str] | None:
+    """Remove those of `digests` that no manifest in `snapshots/` names (manifests read without the lock,
+    then brought up to date under the exclusive lock, as GC does); the removed digests, or None when none
+    was removed because a manifest could not be read or `snapshots/` kept changing."""
+    wanted = set(digests)
+    if not wanted:
+        return []
+    scan = SnapshotScan(layout)
+    scan.settle()
+    with layout.lock(exclusive=True):
+        referenced = scan.referenced() if scan.bring_up_to_date() else None
+        if referenced is None:
+            return None
+        removed = sorted(wanted - referenced)
+        for digest in removed:
+            layout.blob_path(digest).unlink(missing_ok=True)
+    return removed
+
+
+# --- staging --------------------------------------------------------------------------------------------
+
+
+def _stale_staging(layout: StoreLayout, older_than: float, report: GcReport) -> list[Path]:
+    """The stale staging entries (decided without the lock: an owner that is gone does not come back)."""
     here, now = this_host(), time.time()
+    stale = []
     for entry in sorted(layout.staging_dir.iterdir()):
         try:
-            stale, why = staging_is_stale(entry, here, now, older_than)
+            is_stale, why = staging_is_stale(entry, here, now, older_than)
         except FileNotFoundError:  # discarded by its owner meanwhile
             continue
-        if not stale:
+        if not is_stale:
             report.kept_staging.append(f"{entry.name} ({why})")
             continue
         report.removed_staging.append(f"{entry.name} ({why})")
-        if not report.dry_run:
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+        stale.append(entry)
+    return stale
 
 
-def referenced_digests(layout: StoreLayout) -> set[str] | None:
-    """Every digest a manifest in `snapshots/` names (junk names none); None when one cannot be read."""
-    return _scan_snapshots(layout, GcReport())[0]
-
-
-def _scan_snapshots(layout: StoreLayout, report: GcReport) -> tuple[set[str] | None, list[Path]]:
-    """(every digest a manifest names, or None when a manifest could not be read; the junk entries)."""
-    referenced: set[str] = set()
-    junk: list[Path] = []
-    unreadable = False
-    for entry in sorted(layout.snapshots_dir.iterdir()):
-        if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name):
-            continue  # not a snapshot (listing ignores it too)
+def _move_staging(layout: StoreLayout, stale: list[Path]) -> list[Path]:
+    """Unlink what is no directory, rename each directory out of the way; the directories to remove."""
+    doomed = []
+    for entry in stale:
         try:
-            digests = _entry_digests(entry)
-        except FileNotFoundError:  # unpublished meanwhile
+            if not stat.S_ISDIR(entry.lstat().st_mode):
+                entry.unlink(missing_ok=True)
+            elif entry.name.endswith(DELETING_SUFFIX):
+                doomed.append(entry)
+            else:
+                doomed.append(_rename_for_removal(layout, entry))
+        except FileNotFoundError:
             continue
+    return doomed
+
+
+def _rename_for_removal(layout: StoreLayout, entry: Path) -> Path:
+    doomed = layout.staging_dir / f"{uuid.uuid4().hex}{DELETING_SUFFIX}"
+    os.rename(entry, doomed)
+    return doomed
+
+
+# --- what snapshots/ references -------------------------------------------------------------------------
+
+
+Fingerprint = tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """One entry of `snapshots/` as read: the digests it names, whether it is junk, or why it was not
+    readable."""
+
+    fingerprint: Fingerprint
+    digests: frozenset[str] = frozenset()
+    junk: bool = False
+    unreadable: str = ""
+
+
+class SnapshotScan:
+    """The digests the manifests in `snapshots/` name, read without the store's lock, then brought up to
+    date under it by `lstat` alone, reading only the entries new or changed since (snapshot directories
+    are renamed in whole and never written in place, so an unchanged fingerprint is an unchanged manifest).
+    """
+
+    def __init__(self, layout: StoreLayout, verifier: Verifier | None = None) -> None:
+        self.layout = layout
+        self.verifier = verifier
+        self.seen: dict[str, _Seen] = {}
+        self._judged: dict[Fingerprint, set[str] | None] = {}
+        self._forgeries: dict[tuple[Fingerprint, bytes], bool] = {}
+        self._last_raw: tuple[Fingerprint, bytes] | None = None
+
+    def settle(self) -> None:
+        """Read without the lock until few entries changed since the previous read (or rounds run out)."""
+        for _ in range(MAX_UNLOCKED_ROUNDS):
+            changed = self._changes()
+            self._read(changed)
+            if len(changed) <= MAX_LOCKED_READS:
+                return
+
+    def bring_up_to_date(self) -> bool:
+        """Under the lock: read what changed since `settle`; False (nothing read) when more than
+        `MAX_LOCKED_READS` entries did."""
+        changed = self._changes()
+        if len(changed) > MAX_LOCKED_READS:
+            return False
+        self._read(changed)
+        return True
+
+    def referenced(self) -> set[str] | None:
+        """Every digest a manifest names (an unsigned directory still in its grace period counts too);
+        None when a manifest could not be read."""
+        if any(seen.unreadable for seen in self.seen.values()):
+            return None
+        return {digest for seen in self.seen.values() for digest in seen.digests}
+
+    def junk(self) -> dict[str, Fingerprint]:
+        return {name: seen.fingerprint for name, seen in self.seen.items() if seen.junk}
+
+    def errors(self) -> list[str]:
+        return [
+            f"snapshot {name}: unreadable manifest ({seen.unreadable}); no blob removed"
+            for name, seen in sorted(self.seen.items())
+            if seen.unreadable
+        ]
+
+    def _changes(self) -> dict[str, Fingerprint]:
+        """The entries new or changed since they were read, with their fingerprints now; entries gone since
+        are forgotten."""
+        present: dict[str, Fingerprint] = {}
+        for entry in self.layout.snapshots_dir.iterdir():
+            if not SNAPSHOT_ID_PATTERN.fullmatch(entry.name):
+                continue  # not a snapshot (listing ignores it too)
+            fingerprint = _fingerprint(entry)
+            if fingerprint is not None:
+                present[entry.name] = fingerprint
+        for name in set(self.seen) - set(present):
+            del self.seen[name]
+        return {
+            name: fingerprint
+            for name, fingerprint in present.items()
+            if name not in self.seen or self.seen[name].fingerprint != fingerprint
+        }
+
+    def _read(self, changed: dict[str, Fingerprint]) -> None:
+        for name, fingerprint in sorted(changed.items()):
+            entry = self.layout.snapshots_dir / name
+            try:
+                self.seen[name] = self._read_entry(entry, fingerprint)
+            except FileNotFoundError:  # unpublished meanwhile
+                self.seen.pop(name, None)
+            except OSError as exc:
+                self.seen[name] = _Seen(fingerprint, unreadable=str(exc))
+
+    def _read_entry(self, entry: Path, fingerprint: Fingerprint) -> _Seen:
+        if not stat.S_ISDIR(entry.lstat().st_mode):
+            return _Seen(fingerprint, junk=True)
+        signed = is_signed_snapshot_dir(entry)
+        manifest = _manifest_key(fingerprint)
+        try:
+            if signed and self.verifier is not None and self._forged(entry, manifest, self.verifier):
+                return _Seen(fingerprint, junk=True)
+            digests = self._digests(entry, manifest)
+        except (FileNotFoundError, UnsafeInput):  # no manifest, or no regular file of bounded size
+            return _Seen(fingerprint, junk=True)
+        if digests is None:
+            return _Seen(fingerprint, junk=True)
+        return _Seen(fingerprint, frozenset(digests), junk=not signed)
+
+    def _raw(self, entry: Path, manifest: Fingerprint | None) -> bytes:
+        """The manifest's bytes; the last ones read serve again for another name of the same file."""
+        if manifest is not None and self._last_raw is not None and self._last_raw[0] == manifest:
+            return self._last_raw[1]
+        raw = read_regular_file(entry / MANIFEST_FILE, MAX_MANIFEST_BYTES)
+        if manifest is not None:
+            self._last_raw = (manifest, raw)
+        return raw
+
+    def _digests(self, entry: Path, manifest: Fingerprint | None) -> set[str] | None:
+        """`_manifest_digests` of the entry's manifest, judged once per file however many links it has."""
+        if manifest is not None and manifest in self._judged:
+            return self._judged[manifest]
+        digests = _manifest_digests(self._raw(entry, manifest))
+        if manifest is not None:
+            self._judged[manifest] = digests
+        return digests
+
+    def _forged(self, entry: Path, manifest: Fingerprint | None, verifier: Verifier) -> bool:
+        """Whether the entry's signature is no signature, or claims the verifier's key without signing the
+        manifest; a signature of another key is not judged here (that snapshot may be someone's)."""
+        try:
+            document = read_regular_file(entry / SIGNATURE_FILE, MAX_SIGNATURE_BYTES)
+        except UnsafeInput:
+            return True
+        except OSError:
+            return False
+        try:
+            signature = signature_of(verifier, document)
+        except SignatureInvalid:
+            return _claims_key_or_none(document, verifier)
+        if manifest is not None and (manifest, signature) in self._forgeries:
+            return self._forgeries[manifest, signature]
+        try:
+            check_signature(verifier, self._raw(entry, manifest), signature)
+            forged = False
+        except SignatureInvalid:
+            forged = True
+        if manifest is not None:
+            self._forgeries[manifest, signature] = forged
+        return forged
+
+
+def _manifest_key(fingerprint: Fingerprint) -> Fingerprint | None:
+    """Which file a directory's manifest is (device, inode, size, mtime), from its fingerprint: a forger
+    may hard-link one file under many names, and it is read and judged once."""
+    if len(fingerprint) == 4 and isinstance(fingerprint[2], tuple):
+        return (fingerprint[0], *fingerprint[2])
+    return None
+
+
+def _fingerprint(entry: Path) -> Fingerprint | None:
+    """What changes when a `snapshots/` entry or its files are replaced or written; None when it is gone.
+    (A directory's own mtime is not in it: marking a snapshot used sets it.)"""
+    try:
+        info = entry.lstat()
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(info.st_mode):
+        return (info.st_dev, info.st_ino, info.st_mode)
+    parts: list[Any] = [info.st_dev, info.st_ino]
+    for name in (MANIFEST_FILE, SIGNATURE_FILE):
+        try:
+            item = os.lstat(entry / name)
         except OSError as exc:
-            report.errors.append(f"snapshot {entry.name}: unreadable manifest ({exc}); no blob removed")
-            unreadable = True
+            parts.append(exc.errno)
             continue
-        if digests is None or not is_signed_snapshot_dir(entry):
-            junk.append(entry)
-        referenced |= digests or set()  # an unsigned directory still in its grace period counts
-    return (None if unreadable else referenced), junk
+        parts.append((item.st_ino, item.st_mode, item.st_size, item.st_mtime_ns))
+    return tuple(parts)
 
 
-def _entry_digests(entry: Path) -> set[str] | None:
-    """The digests the manifest of a `snapshots/` entry names; None when the entry is junk (not a real
-    directory, no manifest, or one that is no bounded regular file of JSON with `files`)."""
-    if not stat.S_ISDIR(entry.lstat().st_mode):
+def _manifest_digests(raw: bytes) -> set[str] | None:
+    """The digests a manifest's `files` names; None when it is junk (not JSON with `files`). Bytes that
+    hold no digest string at all are junk without being parsed (parsing 16 MiB of junk takes a while)."""
+    if not _DIGEST_STRING.search(raw):
         return None
     try:
-        data = loads_json(read_regular_file(entry / MANIFEST_FILE, MAX_MANIFEST_BYTES), MANIFEST_FILE)
-    except (FileNotFoundError, UnsafeInput):
+        data = loads_json(raw, MANIFEST_FILE)
+    except UnsafeInput:
         return None
     files = data.get("files") if isinstance(data, dict) else None
     if not isinstance(files, dict):
         return None
     digests = {item.get("digest") for item in files.values() if isinstance(item, dict)}
     return {digest for digest in digests if isinstance(digest, str) and _is_digest(digest)}
+
+
+def _claims_key_or_none(document: bytes, verifier: Verifier) -> bool:
+    """Whether a signature document that did not check out is no signature document at all, or one naming
+    the verifier's own key and algorithm."""
+    try:
+        parsed = loads_json(document, SIGNATURE_FILE)
+    except UnsafeInput:
+        return True
+    if not isinstance(parsed, dict) or not all(
+        isinstance(parsed.get(name), str) for name in ("algorithm", "key_id", "signature")
+    ):
+        return True
+    return parsed["algorithm"] == verifier.algorithm and parsed["key_id"] == verifier.key_id
 
 
 def _is_digest(value: str) -> bool:
@@ -152,20 +404,46 @@ def _is_digest(value: str) -> bool:
     return True
 
 
-def _gc_junk(layout: StoreLayout, junk: list[Path], older_than: float, report: GcReport) -> None:
-    """Remove what sits in `snapshots/` under a snapshot's name but is no readable signed snapshot, once
-    nothing in it changed for `older_than` seconds."""
-    now = time.time()
-    for entry in junk:
+# --- junk in snapshots/ ---------------------------------------------------------------------------------
+
+
+def _old_junk(
+    layout: StoreLayout, scan: SnapshotScan, older_than: float
+) -> dict[str, tuple[Fingerprint, float]]:
+    """The junk entries untouched for more than `older_than` seconds (walked without the lock), with the
+    fingerprint they were judged by and their age."""
+    now, old = time.time(), {}
+    for name, fingerprint in scan.junk().items():
         try:
-            age = now - _age_clock(entry)
+            age = now - _age_clock(layout.snapshots_dir / name)
         except FileNotFoundError:
             continue
-        if age <= older_than:
+        if age > older_than:
+            old[name] = (fingerprint, age)
+    return old
+
+
+def _move_junk(
+    layout: StoreLayout, junk: dict[str, tuple[Fingerprint, float]], report: GcReport
+) -> list[Path]:
+    """Rename each old junk entry still as it was judged out of `snapshots/` (unlink one that is no
+    directory); the directories to remove."""
+    doomed = []
+    for name, (fingerprint, age) in sorted(junk.items()):
+        entry = layout.snapshots_dir / name
+        if _fingerprint(entry) != fingerprint:
+            continue  # changed or gone since it was judged
+        report.removed_unsigned.append(f"{name} (no signed manifest; untouched for {age:.0f}s)")
+        if report.dry_run:
             continue
-        report.removed_unsigned.append(f"{entry.name} (no signed manifest; untouched for {age:.0f}s)")
-        if not report.dry_run:
-            _remove_entry(layout, entry)
+        try:
+            if stat.S_ISDIR(entry.lstat().st_mode):
+                doomed.append(_rename_for_removal(layout, entry))
+            else:
+                entry.unlink(missing_ok=True)
+        except FileNotFoundError:
+            continue
+    return doomed
 
 
 def _age_clock(entry: Path) -> float:
@@ -175,14 +453,7 @@ def _age_clock(entry: Path) -> float:
     return entry.lstat().st_mtime
 
 
-def _remove_entry(layout: StoreLayout, entry: Path) -> None:
-    """Remove a directory in one rename out of `snapshots/`, then its contents; unlink anything else."""
-    if not stat.S_ISDIR(entry.lstat().st_mode):
-        entry.unlink(missing_ok=True)
-        return
-    doomed = layout.staging_dir / f"{uuid.uuid4().hex}{DELETING_SUFFIX}"
-    os.rename(entry, doomed)
-    shutil.rmtree(doomed, ignore_errors=True)
+# --- blobs ----------------------------------------------------------------------------------------------
 
 
 def _gc_blobs(layout: StoreLayout, referenced: set[str], grace: float, report: GcReport) -> None:

@@ -24,7 +24,7 @@ from warmstart.identity import SnapshotIdentity
 from warmstart.parallel import parallel_map
 from warmstart.snapshot.blobs import existing_blob_of_size, ingest
 from warmstart.snapshot.catalog import Snapshot
-from warmstart.snapshot.gc import referenced_digests
+from warmstart.snapshot.gc import remove_unreferenced_blobs
 from warmstart.snapshot.hashing import hash_files
 from warmstart.snapshot.layout import MANIFEST_FILE, SIGNATURE_FILE, StoreLayout
 from warmstart.snapshot.manifest import CREATED_FORMAT, FileEntry, Manifest, SnapshotError
@@ -145,20 +145,17 @@ def _ingest_all(
 
 
 def _remove_unreferenced(layout: StoreLayout, written: list[str]) -> None:
-    """Remove the blobs a failed publish wrote that no published manifest names (under the exclusive lock:
-    a concurrent publisher that kept one of them has published its manifest by then)."""
+    """Remove the blobs a failed publish wrote that no published manifest names (checked under the
+    exclusive lock: a concurrent publisher that kept one of them has published its manifest by then)."""
     if not written:
         return
     try:
-        with layout.lock(exclusive=True):
-            referenced = referenced_digests(layout)
-            if referenced is None:
-                log.warning("the blobs of a failed publish stay: a manifest cannot be read (gc removes them)")
-                return
-            for digest in set(written) - referenced:
-                layout.blob_path(digest).unlink(missing_ok=True)
+        removed = remove_unreferenced_blobs(layout, written)
     except (OSError, SnapshotError) as exc:
         log.warning("the blobs of a failed publish stay until gc: %s", exc)
+        return
+    if removed is None:
+        log.warning("the blobs of a failed publish stay: a manifest cannot be read (gc removes them)")
 
 
 def _write_signed(directory: Path, manifest_bytes: bytes, signer: Signer) -> None:

@@ -156,12 +156,27 @@ class SnapshotStore:
         )  # fmt: skip
 
     def gc(
-        self, *, staging_older_than: float = 3600, blob_grace: float | None = None, dry_run: bool = False
+        self,
+        *,
+        staging_older_than: float = 3600,
+        blob_grace: float | None = None,
+        dry_run: bool = False,
+        verifier: Verifier | None = None,
     ) -> GcReport:
-        """Remove stale staging directories and unreferenced blobs (see `gc.collect_garbage`)."""
+        """Remove stale staging directories, junk in `snapshots/` and unreferenced blobs (see
+        `gc.collect_garbage`); with `verifier`, a directory whose signature claims its key but does not
+        sign its manifest is junk too."""
         return gc.collect_garbage(
-            self.layout, staging_older_than=staging_older_than, blob_grace=blob_grace, dry_run=dry_run
-        )
+            self.layout, staging_older_than=staging_older_than, blob_grace=blob_grace, dry_run=dry_run,
+            verifier=verifier,
+        )  # fmt: skip
+
+    def withdraw(self, snapshot_id: str) -> list[str] | None:
+        """Unpublish a snapshot and remove at once the blobs no other manifest names (a capture whose push
+        failed takes back what it wrote); the removed digests, or None when its blobs were left to GC."""
+        digests = self.get(snapshot_id).manifest.digests()
+        self.delete(snapshot_id)
+        return gc.remove_unreferenced_blobs(self.layout, digests)
 
     def apply_retention(
         self,
