@@ -215,6 +215,30 @@ def test_a_small_blob_of_the_right_size_but_wrong_bytes_is_uploaded_again(
 
 
 @pytest.mark.spawns
+def test_a_large_blob_of_the_right_size_but_wrong_bytes_is_uploaded_again(
+    s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
+) -> None:
+    """Above 8 MiB too (a multipart object): a re-push reads back what the bucket holds, never trusts it by
+    key and size, and repairs the bucket's copy."""
+    weights = os.urandom(9 * MIB + 5)
+    snapshot = publish({**FILES, "criu/pages-2.img": weights}, MODES)
+    remote.push(snapshot.id)
+    large = snapshot.files["criu/pages-2.img"].digest
+    damaged = blob_object(s3_server, large)
+    damaged.write_bytes(os.urandom(len(weights)))  # same size, other bytes
+
+    pushed = remote.push(snapshot.id)
+
+    print(f"re-push over a same-size junk object of {len(weights)} bytes: uploaded {len(pushed.uploaded)}, "
+          f"skipped {len(pushed.skipped)}, repaired {pushed.stats.objects_repaired}")  # fmt: skip
+    assert pushed.uploaded == [large] and pushed.stats.objects_repaired == 1
+    assert damaged.read_bytes() == weights
+    node_b = RemoteStore(fresh_store(tmp_path, "node-b"), config_for(s3_server))
+    node_b.pull(snapshot.id, verifier)
+    node_b.local.verify(snapshot.id, verifier)
+
+
+@pytest.mark.spawns
 def test_the_signature_is_put_only_where_none_is(s3_server: S3Server, remote: RemoteStore) -> None:
     key = Keys(PREFIX).signature("0" * 12 + "-20260101000000-000000")
     assert remote.client.put_bytes(key, b"first", create=True)

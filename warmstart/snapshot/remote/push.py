@@ -1,7 +1,8 @@
 """Push: a snapshot published in the local store, uploaded so that the bucket never lists it half-there.
 
-Order: every blob (each once: one the bucket holds under its key with the right size is skipped, and when it
-is small enough to afford, downloaded and hashed first), then `manifest.json`, then `manifest.sig`, which is
+Order: every blob (each once: one the bucket holds under its key with the right size is read back and hashed,
+and skipped only when its bytes are the blob's; anything else there is uploaded again, repairing the
+bucket's copy), then `manifest.json`, then `manifest.sig`, which is
 what listing looks for. An upload cut anywhere before the signature leaves blobs and perhaps a manifest,
 never a snapshot; the next push of it skips what arrived. After the signature, every blob is looked up once
 more and one that went missing meanwhile (a GC that ran in between) is uploaded again.
@@ -42,7 +43,7 @@ class _Push:
     store: SnapshotStore
     counters: Counters
     progress: ProgressHook
-    rehash_existing_below: int
+    rehash_existing_below: int | None
     result: PushResult
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -74,15 +75,19 @@ class _Push:
         self.progress(Progress("blob-skipped", self.result.snapshot_id, digest, size))
 
     def push_blob(self, digest: str, size: int, path: Path) -> None:
-        """Upload the blob unless the bucket has it: same key and size (and, when small enough to afford
-        it, the same content)."""
+        """Upload the blob unless the bucket has it: same key, size and content (read back and hashed:
+        the key and size of an object say nothing of its bytes; `rehash_existing_below`, when set, trusts
+        larger ones by size)."""
         existing = self.client.head(self.keys.blob(digest))
         if existing is None or existing.size != size:
             self.upload(digest, size, path, repaired=existing is not None)
-        elif size <= self.rehash_existing_below and not self.remote_content_matches(digest, size):
+        elif self.rehashed(size) and not self.remote_content_matches(digest, size):
             self.upload(digest, size, path, repaired=True)
         else:
             self.skip(digest, size)
+
+    def rehashed(self, size: int) -> bool:
+        return self.rehash_existing_below is None or size <= self.rehash_existing_below
 
     def remote_content_matches(self, digest: str, size: int) -> bool:
         hasher = hashlib.sha256()
@@ -129,7 +134,7 @@ def push_snapshot(
     *,
     counters: Counters,
     progress: ProgressHook,
-    rehash_existing_below: int,
+    rehash_existing_below: int | None,
     verifier: Verifier | None,
 ) -> PushResult:
     """Upload the local snapshot `snapshot_id` (verified first, signature and every blob, with `verifier`)."""

@@ -26,9 +26,10 @@ from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.store import SnapshotStore
 
 DEFAULT_GC_GRACE = 3600.0
-# Blobs the bucket already holds are trusted by key and size; up to this size they are also read back and
-# hashed before a push skips them (cheap for the many small CRIU image files, too costly for the big ones).
-DEFAULT_REHASH_EXISTING_BELOW = 8 << 20
+# A blob the bucket already holds under its key with the right size is read back and hashed before a push
+# skips it, whatever its size (None): a same-size object of other bytes is uploaded again. A bound here would
+# trust larger objects by key and size, and a damaged one would never be repaired.
+DEFAULT_REHASH_EXISTING_BELOW: int | None = None
 
 
 class RemoteStore:
@@ -44,7 +45,7 @@ class RemoteStore:
         config: RemoteConfig,
         *,
         client: ObjectClient | None = None,
-        rehash_existing_below: int = DEFAULT_REHASH_EXISTING_BELOW,
+        rehash_existing_below: int | None = DEFAULT_REHASH_EXISTING_BELOW,
     ) -> None:
         self.local = local
         self.config = config
