@@ -5,6 +5,7 @@ InferenceSnapshot is unpublished from the bucket only when the bucket's manifest
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -198,3 +199,33 @@ def test_a_deleted_inference_snapshot_unpublishes_only_the_snapshot_captured_for
     assert [listed.id for listed in agent.node.cluster_store.remote.list()] == [snapshot.id]
     agent.cleanup.forget_deleted(isnap("ml", "snap"))
     assert agent.node.cluster_store.remote.list() == []
+
+
+def test_a_capture_whose_push_fails_leaves_nothing_in_the_nodes_store(
+    s3_server: S3Server, tmp_path: Path, key: Path
+) -> None:
+    """With the object store down, the capture fails and takes back its snapshot and the blobs only it
+    named: no unpublished capture is left to fill the node's disk until the cleanup's grace runs out."""
+    from warmstart.agent.capture import CaptureError
+
+    fast = dataclasses.replace(
+        remote_config(s3_server), connect_timeout=1.0, retry_timeout=1.0, max_retries=0
+    )
+    config = AgentConfig(node="node-a", store=tmp_path / "a", criu_command=str(tmp_path / "no-criu"),
+                         remote=fast)  # fmt: skip
+    kube = KubeStatus(client.ApiClient(client.Configuration()), "node-a")
+    agent = Agent(config, kube, load_signer(key), load_verifier(key))
+    store = agent.node.store
+    kept = capture(store, key, os.urandom(MIB), name="earlier")  # another snapshot's blobs stay
+    snapshot = capture(store, key)
+    s3_server.stop()
+
+    with pytest.raises(CaptureError, match="pushing to the object store failed"):
+        agent.capture._push(snapshot.id)
+
+    left = sorted(path.name for path in store.blobs_dir.iterdir())
+    print(f"failed push: snapshots left {[s.id for s in store.list()]}, blobs left {len(left)}")
+    assert [s.id for s in store.list()] == [kept.id]
+    assert left == sorted(digest.removeprefix("sha256:") for digest in kept.manifest.digests())
+    assert list(store.staging_dir.iterdir()) == []
+    store.verify(kept.id, load_verifier(key))

@@ -195,8 +195,22 @@ class CapturePhase:
         try:
             cluster_store.publish(snapshot_id)
         except (RemoteError, SnapshotError) as exc:
+            self._withdraw(snapshot_id)
             raise CaptureError(f"captured, but pushing to the object store failed: {exc}") from exc
         return {"push": round(time.monotonic() - started, 6)}
+
+    def _withdraw(self, snapshot_id: str) -> None:
+        """Take back what a capture whose push failed wrote to this node's store: its snapshot, which no
+        InferenceSnapshot will name, and the blobs only it named (a whole capture's size each attempt).
+        What the push left in the bucket is unsigned there, or a snapshot nothing names: the bucket's GC
+        takes it."""
+        try:
+            removed = self.node.store.withdraw(snapshot_id)
+        except (OSError, SnapshotError) as exc:
+            log.warning("snapshot %s of a failed push stays in the store until cleanup: %s", snapshot_id, exc)
+            return
+        log.info("removed snapshot %s of a failed push and %s of its blobs", snapshot_id,
+                 "none" if removed is None else len(removed))  # fmt: skip
 
     def _mark_ready(
         self, snap: dict[str, Any], pod_name: str, snapshot: Snapshot, timings: dict[str, float]
