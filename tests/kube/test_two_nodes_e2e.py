@@ -31,6 +31,7 @@ from endpoint_flow import (
     completion,
     endpoint,
     events_of,
+    get,
     pod_url,
     ready_snapshot,
     ready_workers,
@@ -242,3 +243,92 @@ def test_with_prestaging_the_other_node_holds_the_snapshot_before_its_replica_an
     assert completion(kube, namespace, pod_url(restored)) == answer
     assert pulled(kube, namespace, node_b, "restore") == 0
     assert pulled(kube, namespace, node_b, "prestage") == prestaged
+
+
+def tamper_in_bucket(server: s3.S3Server, cache: SnapshotStore, namespace: str, snapshot_id: str) -> None:
+    """Overwrite one byte in the middle of the snapshot's largest blob object in the bucket (same size)."""
+    snapshot = cache.get(snapshot_id)
+    entry = max(snapshot.files.values(), key=lambda file: file.size)
+    path = server.data_dir / BUCKET / Keys(f"{namespace}/").blob(entry.digest)
+    with path.open("r+b") as blob:
+        blob.seek(entry.size // 2)
+        byte = blob.read(1)
+        blob.seek(-1, 1)
+        blob.write(bytes([byte[0] ^ 0xFF]))
+
+
+def condition(kube: ControlPlane, namespace: str, kind: str) -> dict[str, Any]:
+    body = get(kube, "iep", namespace, ENDPOINT) or {}
+    return next((c for c in body.get("status", {}).get("conditions", []) if c["type"] == kind), {})
+
+
+@pytest.mark.integration
+def test_a_bucket_copy_tampered_in_place_is_counted_until_invalid_and_the_recapture_restores(
+    kube: ControlPlane,
+    nodes: tuple[RealNode, RealNode],
+    object_store: s3.S3Server,
+    chart_image: str,
+    host_python: HostPython,
+    namespace: str,
+    release: str,
+    models: Path,
+) -> None:
+    """One blob object overwritten in place: each replica on B (no cached copy) is refused by its pull and
+    starts cold, each refusal is counted, the endpoint says so, the third makes the snapshot Invalid, the
+    operator captures a new one, and the next replica restores from it."""
+    node_a, node_b = nodes
+    wait = waiter(kube, namespace)
+    snapshot_id, answer, _url = capture_on_a(kube, namespace, nodes, chart_image, host_python, models)
+    first = ready_snapshot(kube, namespace)
+    assert first is not None
+    tamper_in_bucket(object_store, agent_store(node_a, namespace), namespace, snapshot_id)
+
+    only_schedulable(kube, node_b, node_a)
+    kube.kubectl("scale", f"iep/{ENDPOINT}", "-n", namespace, "--replicas=3")
+    name = first["metadata"]["name"]
+
+    def refused_on_b(count: int) -> list[dict[str, Any]] | None:
+        found = replicas_on(kube, namespace, node_b, "RestoreFailed")
+        return found if len(found) >= count else None
+
+    def isnap_where(check: Any) -> dict[str, Any] | None:
+        snap = get(kube, "isnap", namespace, name)
+        return snap if snap is not None and check(snap["status"]) else None
+
+    def degraded_by_refusals() -> dict[str, Any] | None:
+        found = condition(kube, namespace, "Degraded")
+        return found if found.get("reason") == "RestoreRefused" else None
+
+    refused = wait(
+        lambda: refused_on_b(2), "two replicas on B refused by their pulls", timeout=PULL_BOUND + 60
+    )
+    reason = event_reasons(kube, namespace, refused[0])["RestoreFailed"]
+    assert "object store" in reason and "tampered" in reason, reason
+    counted = wait(lambda: isnap_where(lambda st: st.get("restoreFailures", 0) >= 2), "two refusals counted")
+    assert "tampered" in counted["status"]["restoreFailureMessage"]
+    degraded = wait(degraded_by_refusals, "the endpoint saying its replicas were refused")
+    assert degraded["status"] == "True" and "object store" in degraded["message"], degraded
+    assert not agent_store(node_b, namespace).list()
+
+    # One more refusal (a replacement on B pulls again): Invalid, a new capture, a replica restored from it.
+    kube.kubectl("delete", "pod", "-n", namespace, refused[0]["metadata"]["name"], "--wait=false")
+    invalid = wait(
+        lambda: isnap_where(lambda st: st.get("phase") == "Invalid"), "Invalid", timeout=PULL_BOUND + 120
+    )
+    assert invalid["status"]["restoreFailures"] >= 3, invalid["status"]
+
+    def new_snapshot() -> dict[str, Any] | None:
+        snap = settled_snapshot(kube, namespace)
+        return snap if snap is not None and snap["metadata"]["name"] != name else None
+
+    def restored_from(snapshot: str) -> dict[str, Any] | None:
+        pod = ready_and_restored(kube, namespace, node_b)
+        return (
+            pod if pod is not None and pod["metadata"]["labels"].get(L.SNAPSHOT_LABEL) == snapshot else None
+        )
+
+    fresh = wait(new_snapshot, "a new snapshot Ready")
+    restored = wait(
+        lambda: restored_from(fresh["metadata"]["name"]), "a replica on B restored from the new one"
+    )
+    assert completion(kube, namespace, pod_url(restored)) == answer
