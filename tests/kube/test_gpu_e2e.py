@@ -563,23 +563,31 @@ def test_vllm_gpu_replicas_restore_and_answer_like_a_cold_pod(
                 report)  # fmt: skip
 
 
+@pytest.mark.parametrize("engine", ["builtin", "vllm"])
 def test_a_request_at_zero_through_keda_is_answered_by_a_restored_gpu_replica(
     kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, keda: str, namespace: str,
-    release: str, report: list[dict[str, Any]],
+    release: str, report: list[dict[str, Any]], engine: str,
 ) -> None:  # fmt: skip
-    """Scale from zero as users autoscale: builtin endpoints fronted by KEDA's HTTP add-on, at zero replicas;
-    a request to the interceptor is held while KEDA scales its endpoint to one, restored (snapshots on) or
-    cold (off). Each timed from the request to its first token; then KEDA takes it back to zero (one GPU: the
+    """Scale from zero as users autoscale: endpoints fronted by KEDA's HTTP add-on, at zero replicas; a
+    request to the interceptor is held while KEDA scales its endpoint to one, restored (snapshots on) or cold
+    (off). Each timed from the request to its first token; then KEDA takes it back to zero (one GPU: the
     next replica needs the one before it gone)."""
-    model, args = builtin_shapes(gpu)
+    if engine == "vllm":
+        if importlib.util.find_spec("vllm") is None or not gpu.gpu:
+            pytest.skip("vLLM is not installed here (hack/device-vllm-prepare.sh carries it there)")
+        name = f"{SHAPE}-vllm"
+        vllm_model(gpu.shadow("/var/lib/warmstart") / namespace / "models" / name, SHAPE)
+        model, args = f"/cache/models/{name}", vllm_args()
+    else:
+        model, args = builtin_shapes(gpu)
     kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, gpu))
     bodies = {
         kind: autoscaled(gpu_endpoint(name, namespace, chart_image, gpu, host_python, kind == L.ROLE_RESTORE,
-                                      "builtin", model, args), 0, 1)
-        for kind, name in ((L.ROLE_RESTORE, "keda"), (L.ROLE_COLD, "keda-cold"))
+                                      engine, model, args), 0, 1)
+        for kind, name in ((L.ROLE_RESTORE, f"keda-{engine}"), (L.ROLE_COLD, f"keda-{engine}-cold"))
     }  # fmt: skip
     capture(kube, gpu, namespace, bodies[L.ROLE_RESTORE], report)
-    turned_to_restores(kube, namespace, "keda")
+    turned_to_restores(kube, namespace, f"keda-{engine}")
     kube.kubectl("apply", "-f", "-", input=json.dumps(bodies[L.ROLE_COLD]))
     starts = {}
     for kind, body in bodies.items():
@@ -590,7 +598,7 @@ def test_a_request_at_zero_through_keda_is_answered_by_a_restored_gpu_replica(
     restored, cold = starts[L.ROLE_RESTORE], starts[L.ROLE_COLD]
     for start in (restored, cold):
         difference = first_difference(start.token_ids, cold.token_ids)
-        report.append({"engine": "builtin, KEDA HTTP add-on", **dataclasses.asdict(start),
+        report.append({"engine": f"{engine}, KEDA HTTP add-on", **dataclasses.asdict(start),
                        "differs_from_cold_at": difference})  # fmt: skip
     assert restored.text.strip() and restored.token_ids == cold.token_ids, (restored, cold)
 
