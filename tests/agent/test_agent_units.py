@@ -525,3 +525,35 @@ def test_without_the_runtimes_answer_the_image_is_the_kubelets(tmp_path: Path) -
         verifier=None, metrics=None, store=None, criu=None, runtime=silent,
     )  # type: ignore[arg-type]  # fmt: skip
     assert node.worker_image(pod) == "sha256:abc"
+
+
+def test_a_pod_whose_model_or_engine_changed_is_refused_with_a_typed_reason_and_its_facts_digest(
+    offline_agent: Agent, tmp_path: Path
+) -> None:
+    """What the operator acts on to capture again: the kind of change and a digest of the pod's facts, the
+    same for the same facts; a pod that could not measure its facts gets no such reason."""
+    from warmstart.agent.restore import PodChanged, Refused
+    from warmstart.protocol import RESTORE_FACTS, ControlDir
+    from warmstart.restore_facts import RestoreFacts
+
+    captured = RestoreFacts("builtin", "1", ("--port", "8000"), "/m", {"model.safetensors": (10, "aa")})
+    snapshot = SimpleNamespace(id="s", meta={"worker": {"restore_facts": captured.to_dict()}})
+
+    def refusal(facts: RestoreFacts, name: str) -> Refused:
+        control = ControlDir(tmp_path / name)
+        control.path.mkdir()
+        control.send(RESTORE_FACTS, facts.to_dict())
+        with pytest.raises(Refused) as caught:
+            offline_agent.restore.check_restore_facts(snapshot, control)  # type: ignore[arg-type]
+        return caught.value
+
+    overwritten = RestoreFacts("builtin", "1", ("--port", "8000"), "/m", {"model.safetensors": (10, "bb")})
+    model = refusal(overwritten, "model")
+    assert isinstance(model, PodChanged) and "model.safetensors changed content" in str(model)
+    assert model.report["refused"] == "ModelChanged" and len(model.report["factsDigest"]) == 64
+    assert refusal(overwritten, "again").report == model.report  # type: ignore[attr-defined]
+    flags = refusal(RestoreFacts("builtin", "1", ("--port", "9000"), "/m", captured.model_files), "flags")
+    assert isinstance(flags, PodChanged) and flags.report["refused"] == "EngineChanged"
+    assert flags.report["factsDigest"] != model.report["factsDigest"]
+    unmeasured = refusal(RestoreFacts("builtin", "1", (), "/m", error="no model"), "unmeasured")
+    assert not isinstance(unmeasured, PodChanged)

@@ -14,6 +14,7 @@ import yaml
 from support import container_settings, helm_binary, helm_template
 
 from warmstart.agent.settings import AgentSettings
+from warmstart.api.snapshot import FactsChanged
 from warmstart.operator.settings import OperatorSettings
 from warmstart.operator.spec import parse_spec
 
@@ -96,7 +97,8 @@ def test_snapshot_crd_contract():
     spec_fields = {"endpoint", "requestKeyHash", "requestKey", "signingKeySecret"}
     assert set(schema["spec"]["properties"]) == spec_fields
     status = schema["status"]["properties"]
-    assert status["phase"]["enum"] == ["Pending", "Capturing", "Ready", "Failed", "Invalid"]
+    assert status["phase"]["enum"] == ["Pending", "Capturing", "Ready", "Failed", "Invalid", "Stale"]
+    assert status["staleReason"]["enum"] == [str(reason) for reason in FactsChanged]
     assert {"node", "gpu", "storagePath", "sizeBytes", "manifestDigest", "timings", "attempts"} <= set(status)
 
 

@@ -13,6 +13,7 @@ from warmstart.operator.diagnosis import (
     causes,
     deployment_causes,
     deployment_pods,
+    facts_changes,
     parse_selector,
     pod_cause,
     restore_causes,
@@ -242,3 +243,27 @@ def test_restore_pods_the_agent_did_not_restore_are_a_cause_grouped_by_its_reaso
         ("RestoreRefused", ("w-3",)),
     ]
     assert found[0].message == f"2 worker pods (w-1, w-2): not restored, started cold: {tampered}"
+
+
+def test_restore_pods_refused_because_their_model_or_engine_changed_are_read_newest_first():
+    changed = "the pod differs from the snapshot's capture: model /m: model.safetensors changed content"
+
+    def refused(name: str, at: str, **report: Any) -> dict[str, Any]:
+        body = pod(name, L.ROLE_RESTORE, terminating=name.endswith("gone"))
+        body["metadata"]["labels"][L.SNAPSHOT_LABEL] = "s1"
+        return restore_report(body, {"restoreFailed": changed, "at": at, **report})
+
+    pods = [
+        refused("w-1", "2026-01-01T00:00:01Z", refused="ModelChanged", factsDigest="d1"),
+        refused("w-2", "2026-01-01T00:00:02Z", refused="EngineChanged", factsDigest="d2"),
+        refused("w-gone", "2026-01-01T00:00:03Z", refused="ModelChanged", factsDigest="d3"),
+        refused("w-3", "2026-01-01T00:00:04Z"),  # another refusal (an image, a GPU): nothing to capture for
+        refused("w-4", "2026-01-01T00:00:05Z", refused="NoSuchReason", factsDigest="d4"),
+        refused("w-5", "2026-01-01T00:00:06Z", refused="ModelChanged"),  # no digest: not typed
+    ]
+    found = facts_changes(pods)
+    assert [(c.snapshot, c.reason, c.facts_digest) for c in found] == [
+        ("s1", "EngineChanged", "d2"),
+        ("s1", "ModelChanged", "d1"),
+    ]
+    assert found[1].message == f"restore pod w-1 refused: {changed}"

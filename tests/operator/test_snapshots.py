@@ -8,6 +8,7 @@ from warmstart.api import labels as L
 from warmstart.clock import format_time
 from warmstart.operator.backoff import Backoff
 from warmstart.operator.children import Owner
+from warmstart.operator.diagnosis import PodsChanged
 from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import plan_snapshots
 from warmstart.operator.spec import parse_spec
@@ -121,3 +122,64 @@ def test_retention_deletes_the_oldest_but_never_the_one_in_use():
     result, _ = plan(snaps, snapshot={"enabled": True, "retention": 2})
     assert result.ready == "current"
     assert sorted(result.delete) == ["s1", "s2"]
+
+
+def changed(snapshot: str, digest: str = "d" * 64, reason: str = "ModelChanged") -> PodsChanged:
+    return PodsChanged(snapshot, reason, digest, f"restore pod w refused: {reason}: model.safetensors")
+
+
+def plan_changed(snapshots, changes):
+    body = endpoint_body()
+    spec = parse_spec(body["spec"])
+    key = request_key(spec)
+    owner, digest = Owner.from_body(body), request_key_hash(key)
+    return plan_snapshots(owner, spec, digest, key, snapshots, NOW, changes=changes)
+
+
+def applied(snapshot, patch):
+    return {**snapshot, "status": {**snapshot["status"], **patch}}
+
+
+def test_a_pod_refused_because_its_model_changed_retires_the_snapshot_and_captures_again_once():
+    digest = current_hash()
+    old = snapshot_object(f"qwen-{digest[:10]}", digest, "Ready", "2026-01-01T11:00:00Z")
+    assert plan_changed([old], [changed("another-snapshot")]).ready == old["metadata"]["name"]
+
+    first = plan_changed([old], [changed(old["metadata"]["name"])])
+    patch = first.status_patches[old["metadata"]["name"]]
+    assert patch["phase"] == "Stale" and patch["staleReason"] == "ModelChanged"
+    assert patch["staleFactsDigest"] == "d" * 64 and "model.safetensors" in patch["staleMessage"]
+    assert first.role == L.ROLE_COLD and not first.ready
+    assert first.create is not None and first.active == f"qwen-{digest[:10]}-1" and first.capture_attempt == 1
+    assert first.retired == (old["metadata"]["name"], "ModelChanged", patch["message"])
+    assert ("Normal", "ModelChanged") in {event[:2] for event in first.events}
+
+    # The next reconciles: the old one stays Stale, the one capture goes on; the refused pods change nothing.
+    stale = applied(old, patch)
+    new = snapshot_object(first.active, digest, "Capturing", "2026-01-01T12:00:00Z")
+    capturing = plan_changed([stale, new], [changed(old["metadata"]["name"])])
+    assert capturing.create is None and old["metadata"]["name"] not in capturing.status_patches
+    assert (capturing.active, capturing.capture_attempt) == (first.active, 1)
+    assert capturing.retired[:2] == (old["metadata"]["name"], "ModelChanged")
+
+    done = snapshot_object(first.active, digest, "Ready", "2026-01-01T12:00:00Z")
+    restored = plan_changed([stale, done], [changed(old["metadata"]["name"])])
+    assert restored.role == L.ROLE_RESTORE and restored.ready == first.active
+    assert restored.retired == ("", "", "") and restored.create is None
+
+    # The new capture refused for the same facts of the pods: no second capture (no loop); other facts: one.
+    again = plan_changed([stale, done], [changed(first.active)])
+    assert again.ready == first.active and again.create is None
+    assert "staleReason" not in again.status_patches.get(first.active, {})
+    other = plan_changed([stale, done], [changed(first.active, digest="e" * 64, reason="EngineChanged")])
+    assert other.create is not None and other.status_patches[first.active]["staleReason"] == "EngineChanged"
+
+
+def test_ready_snapshots_taken_before_a_stale_one_are_not_restored():
+    digest = current_hash()
+    older = snapshot_object("qwen-older", digest, "Ready", "2026-01-01T10:00:00Z")
+    stale = snapshot_object("qwen-stale", digest, "Ready", "2026-01-01T11:00:00Z")
+    stale["status"].update(staleReason="ModelChanged", staleMessage="changed", staleFactsDigest="d" * 64)
+    result = plan_changed([older, stale], [])
+    assert result.role == L.ROLE_COLD and result.create is not None
+    assert result.status_patches["qwen-stale"]["phase"] == "Stale"  # derived from the stale fields

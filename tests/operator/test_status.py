@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 
@@ -114,6 +115,16 @@ def test_a_worker_that_cannot_start_explains_not_ready_and_degraded():
     assert (found["Degraded"]["status"], found["Degraded"]["reason"]) == ("True", "Unschedulable")
     assert (result["phase"], result["reason"]) == ("Degraded", "Unschedulable")
     assert "3 Insufficient nvidia.com/gpu" in result["message"]
+
+
+def test_a_capture_for_a_changed_model_says_what_changed_in_snapshot_ready():
+    why = "restore pod w-1 refused: model /m: model.safetensors changed content since the snapshot"
+    plan = dataclasses.replace(CAPTURING, active="s-1", retired=("s", "ModelChanged", why))
+    found = conditions(status(plan, Workload(desired=1, replicas=1, ready=1, updated=1)))["SnapshotReady"]
+    assert (found["status"], found["reason"]) == ("False", "ModelChanged")
+    assert found["message"] == (
+        f"s is Stale ({why}); capturing s-1 (attempt 1) for what the pods hold now; replicas cold-start"
+    )
 
 
 def test_a_capture_pod_that_cannot_progress_explains_snapshot_ready():

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime as dt
+import hashlib
 import logging
 import os
 import shutil
@@ -33,7 +34,10 @@ from warmstart.agent.node_facts import FactsUnavailable, pod_gpu_facts, pod_rest
 from warmstart.agent.pods import PodProcessError, PodSandbox
 from warmstart.api import labels as L
 from warmstart.api.snapshot import (
+    FACTS_DIGEST_KEY,
     MAX_RESTORE_FAILURES,
+    REFUSED_KEY,
+    FactsChanged,
     Phase,
     SnapshotStatus,
     derive_phase,
@@ -48,7 +52,7 @@ from warmstart.checkpoint.restore import (
     restore,
 )
 from warmstart.fileio import UnsafeInput
-from warmstart.identity import SnapshotIdentity
+from warmstart.identity import SnapshotIdentity, canonical_json
 from warmstart.protocol import CLAIM_RESTORE, RESTORE_CLAIM, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.restore_facts import FactsInvalid, RestoreFacts
 from warmstart.snapshot.manifest import SnapshotError, SnapshotInvalid
@@ -65,6 +69,16 @@ class PodBusy(RuntimeError):
 
 class Refused(RuntimeError):
     """A restore this agent will not attempt; the reason names what is wrong."""
+
+
+class PodChanged(Refused):
+    """The pod's model or engine differs from what the snapshot was taken of: the operator captures again
+    for what the pod holds now (`report` says so on the pod); nothing is counted against the snapshot."""
+
+    def __init__(self, message: str, changed: FactsChanged, facts: RestoreFacts) -> None:
+        super().__init__(message)
+        digest = hashlib.sha256(canonical_json(facts.to_dict())).hexdigest()
+        self.report = {REFUSED_KEY: str(changed), FACTS_DIGEST_KEY: digest}
 
 
 class SnapshotRefused(Refused):
@@ -250,7 +264,13 @@ class RestorePhase:
         except (FactsInvalid, FactsUnavailable) as exc:
             raise Refused(str(exc)) from exc
         if problems := captured.mismatches(pod):
-            raise Refused("the pod differs from the snapshot's capture: " + "; ".join(problems))
+            message = "the pod differs from the snapshot's capture: " + "; ".join(problems)
+            if pod.error:  # nothing measured: nothing to capture again for
+                raise Refused(message)
+            changed = (
+                FactsChanged.MODEL_CHANGED if captured.changed_files(pod) else FactsChanged.ENGINE_CHANGED
+            )
+            raise PodChanged(message, changed, pod)
 
     def _wait_control_dir(self, control: ControlDir) -> None:
         """The kubelet makes the emptyDir before the container starts; a refusal needs only the directory."""
@@ -284,13 +304,17 @@ class RestorePhase:
         self.node.metrics.restores.labels("failed").inc()
         self.node.kube.event(pod, "Pod", "Warning", "RestoreInterrupted", f"{reason}; the worker starts cold")
 
-    def _refuse(self, pod: dict[str, Any], control: ControlDir, reason: str) -> None:
+    def _refuse(
+        self, pod: dict[str, Any], control: ControlDir, reason: str, report: dict[str, str] | None = None
+    ) -> None:
         log.warning("restore into %s refused: %s", objects.key(pod), reason)
         control.send(RESTORE_FAILED, {"reason": reason})
         self.node.metrics.restores.labels("refused").inc()
         self.node.kube.event(pod, "Pod", "Warning", "RestoreRefused", f"{reason}; the worker starts cold")
         self.node.kube.annotate_pod(
-            objects.meta(pod)["namespace"], objects.meta(pod)["name"], {"restoreFailed": reason}
+            objects.meta(pod)["namespace"],
+            objects.meta(pod)["name"],
+            {"restoreFailed": reason, **(report or {})},
         )
 
     def _restore(
@@ -322,7 +346,8 @@ class RestorePhase:
             self._refuse(pod, control, f"the pod cannot take a restore: {exc}")
             return
         except PodUnfit as exc:
-            self._refuse(pod, control, str(exc))
+            changed = exc.__cause__.report if isinstance(exc.__cause__, PodChanged) else None
+            self._refuse(pod, control, str(exc), changed)
             return
         except RestoreClaimed as exc:  # the worker gave up waiting and started cold: not the snapshot's fault
             log.info("no restore into %s: %s", objects.key(pod), exc)

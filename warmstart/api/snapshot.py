@@ -21,6 +21,19 @@ class Phase(StrEnum):
     READY = "Ready"
     FAILED = "Failed"
     INVALID = "Invalid"
+    STALE = "Stale"  # what it was taken of changed (the pods' model or engine): never restored again
+
+
+class FactsChanged(StrEnum):
+    """Why a restore pod was refused because it differs from its snapshot's capture (the pod's doing, not
+    the snapshot's): the node agent's `refused` in the pod's status annotation, with `factsDigest`, the
+    digest of the facts the pod showed. The operator then retires the snapshot (Stale) and captures again."""
+
+    MODEL_CHANGED = "ModelChanged"  # the model's files
+    ENGINE_CHANGED = "EngineChanged"  # the engine, its version or its flags
+
+
+REFUSED_KEY, FACTS_DIGEST_KEY = "refused", "factsDigest"
 
 
 IN_PROGRESS = (Phase.PENDING, Phase.CAPTURING)
@@ -67,6 +80,9 @@ class SnapshotStatus:
     completed_at: str | None = _owned(AGENT)
     restore_failures: int | None = _owned(AGENT)
     restore_failure_message: str | None = _owned(AGENT)
+    stale_reason: str | None = _owned(OPERATOR)  # a FactsChanged: the pods no longer match the capture
+    stale_message: str | None = _owned(OPERATOR)
+    stale_facts_digest: str | None = _owned(OPERATOR)  # the pods' facts it was retired for
 
     @classmethod
     def of(cls, snapshot: dict[str, Any] | None) -> SnapshotStatus:
@@ -97,6 +113,8 @@ def derive_phase(status: SnapshotStatus, capture_pod_failure: str = "") -> tuple
             "RestoreFailures",
             f"{failures} restores failed: {status.restore_failure_message}",
         )
+    if status.stale_reason:
+        return Phase.STALE, status.stale_reason, status.stale_message or status.stale_reason
     if status.captured:
         return Phase.READY, "Captured", status.capture_message or "captured"
     this_attempt = status.capture_attempt == status.attempt

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from warmstart.api import labels as L
+from warmstart.api.snapshot import FACTS_DIGEST_KEY, REFUSED_KEY, FactsChanged
 
 UNSCHEDULABLE = "Unschedulable"
 MISSING_VOLUME = "MissingVolume"
@@ -144,6 +145,36 @@ def restore_causes(pods: Iterable[Mapping[str, Any]]) -> list[Cause]:
         Cause(RESTORE_REFUSED, f"not restored, started cold: {why}", "worker", tuple(names))
         for why, names in grouped.items()
     ]
+
+
+@dataclass(frozen=True)
+class PodsChanged:
+    """A restore pod the node agent refused because its model or engine changed since its snapshot's
+    capture."""
+
+    snapshot: str  # the snapshot it was refused
+    reason: str  # a FactsChanged
+    facts_digest: str  # of the facts the pod showed
+    message: str
+
+
+def facts_changes(pods: Iterable[Mapping[str, Any]]) -> list[PodsChanged]:
+    """The restore pods refused their snapshot because what it was taken of changed (the agent's typed
+    `refused` report, see `FactsChanged`), newest report first."""
+    found: list[tuple[str, PodsChanged]] = []
+    for pod in pods:
+        labels = (pod.get("metadata") or {}).get("labels") or {}
+        report = agent_report(pod)
+        reason, digest = report.get(REFUSED_KEY), report.get(FACTS_DIGEST_KEY)
+        if labels.get(L.ROLE_LABEL) != L.ROLE_RESTORE or is_terminating(pod):
+            continue
+        if reason not in set(FactsChanged) or not isinstance(digest, str) or not digest:
+            continue
+        why = f"restore pod {_name(pod)} refused: {report.get('restoreFailed') or reason}"
+        found.append(
+            (str(report.get("at") or ""), PodsChanged(labels.get(L.SNAPSHOT_LABEL, ""), reason, digest, why))
+        )
+    return [change for _, change in sorted(found, key=lambda item: item[0], reverse=True)]
 
 
 def _conditions(pod: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

@@ -54,17 +54,22 @@ def agent_nodes(kube: Kube, lookup: AgentLookup | None, pods: list[Mapping[str, 
     return ready_agent_nodes(kube.list("Pod", lookup.namespace, lookup.selector))
 
 
+def worker_pods(kube: Kube, endpoint: children.Owner) -> list[dict[str, Any]]:
+    """The endpoint's worker pods: those its Deployment made; other pods carrying its labels are not its
+    replicas (`deployment_pods`)."""
+    labelled = kube.list("Pod", endpoint.namespace, children.worker_selector(endpoint.name))
+    return deployment_pods(labelled, endpoint.name)
+
+
 def observe_pods(
     kube: Kube,
     endpoint: children.Owner,
+    workers: list[dict[str, Any]],
     capture_pods: list[dict[str, Any]],
     agents: AgentLookup | None,
 ) -> PodReport:
-    """The endpoint's worker pods and why they, or `capture_pods` (the current attempt's), do not
-    progress, or started cold where they were to be restored. Worker pods are those its Deployment made:
-    other pods carrying its labels are not its replicas (`deployment_pods`)."""
-    labelled = kube.list("Pod", endpoint.namespace, children.worker_selector(endpoint.name))
-    workers = deployment_pods(labelled, endpoint.name)
+    """Why the endpoint's `workers` (`worker_pods`) or `capture_pods` (the current attempt's) do not
+    progress, or started cold where they were to be restored."""
     everything = [*workers, *capture_pods]
     mounts = mount_failures(kube, endpoint.namespace, creating_pods(everything))
     nodes = agent_nodes(kube, agents, everything)

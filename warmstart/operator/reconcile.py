@@ -19,7 +19,7 @@ from warmstart.kube.events import record_event
 from warmstart.operator import children, diagnosis
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.diagnosis import AgentLookup
-from warmstart.operator.observe import observe_pods
+from warmstart.operator.observe import observe_pods, worker_pods
 from warmstart.operator.placement import NODE_LOCAL, preferred_node, restore_node
 from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import CAPTURE_STARTED, SnapshotPlan, plan_snapshots
@@ -269,7 +269,9 @@ def reconcile(
     )
     timeout = spec.snapshot.capture_timeout_seconds
     pod_failures = capture_pod_failures(snapshots, capture_pods, timeout, now) if capture_pods else {}
-    plan = plan_snapshots(owner, spec, request_hash, key, snapshots, now, backoff, pod_failures)
+    workers = worker_pods(kube, owner)
+    changes = diagnosis.facts_changes(workers)
+    plan = plan_snapshots(owner, spec, request_hash, key, snapshots, now, backoff, pod_failures, changes)
     current = kube.get("Deployment", owner.namespace, owner.name)
     role, snapshot = worker_template(spec, plan, current, request_hash)
     node = worker_node((role, snapshot), plan, current, snapshot_store)
@@ -282,7 +284,7 @@ def reconcile(
     except KubeError as exc:
         report_failure(kube, body, APPLY_FAILED, _failure_message(exc), now)
         raise ChildApplyFailed(exc.status, _failure_message(exc)) from exc
-    report = observe_pods(kube, owner, current_capture_pods(plan, capture_pods), agents)
+    report = observe_pods(kube, owner, workers, current_capture_pods(plan, capture_pods), agents)
     status = endpoint_status(
         generation=generation,
         snapshots_enabled=spec.snapshot.enabled,

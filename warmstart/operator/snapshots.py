@@ -2,7 +2,10 @@
 
 Per request key at most one snapshot is *active*: the newest Ready one is used for restores; otherwise
 the one being captured (Pending, Capturing, or Failed awaiting a retry). Invalid snapshots are never used
-again: a fresh capture gets a new name. Retention keeps the newest N, never the active one.
+again: a fresh capture gets a new name. A restore pod refused because its model or engine changed since
+the capture retires the snapshot it was refused (Stale, with every snapshot of its key taken before it)
+and a fresh capture follows, once per change of the pods' facts. Retention keeps the newest N, never the
+active one.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from warmstart.api.snapshot import IN_PROGRESS, OPERATOR, Phase, SnapshotStatus,
 from warmstart.clock import format_time, parse_time
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.children import Owner, common_labels
+from warmstart.operator.diagnosis import PodsChanged
 from warmstart.operator.spec import EndpointSpec
 
 NAME_HASH_CHARS = 10
@@ -37,6 +41,7 @@ class SnapshotPlan:
     capture_attempt: int = 0  # > 0: a capture pod for (active, attempt) must exist
     delete: list[str] = field(default_factory=list)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    retired: tuple[str, str, str] = ("", "", "")  # (Stale snapshot, reason, message) the capture replaces
 
 
 def phase_of(snapshot: dict[str, Any]) -> str:
@@ -138,11 +143,13 @@ def plan_snapshots(
     now: dt.datetime,
     backoff: Backoff = CAPTURE_BACKOFF,
     capture_pod_failures: dict[str, str] | None = None,
+    changes: list[PodsChanged] | None = None,
 ) -> SnapshotPlan:
     """Decide what to create, retry and delete, and which role the workers run.
 
     Each snapshot's phase is derived from what its agent reported and from `capture_pod_failures`
     (snapshot name -> why its current capture pod ended without a capture); a changed phase is patched.
+    `changes`: restore pods refused because their model or engine changed (`diagnosis.facts_changes`).
     """
     if not spec.snapshot.enabled:
         return SnapshotPlan(role=L.ROLE_COLD)
@@ -151,12 +158,17 @@ def plan_snapshots(
     snapshots = [_with_derived_phase(s, failures.get(_name(s), ""), plan) for s in snapshots]
     ordered = _newest_first(snapshots)
     mine = [s for s in ordered if (s.get("spec") or {}).get("requestKeyHash") == request_hash]
-    ready = next((s for s in mine if phase_of(s) == Phase.READY), None)
+    mine = _retire_changed(plan, mine, changes or [])
+    current = _after_stale(mine)
+    ready = next((s for s in current if phase_of(s) == Phase.READY), None)
     if ready is not None:
         plan.role, plan.ready = L.ROLE_RESTORE, _name(ready)
         plan.ready_node = SnapshotStatus.of(ready).node or ""
     else:
-        _plan_capture(plan, endpoint, spec, request_hash, key, mine, ordered, now, backoff)
+        _plan_capture(plan, endpoint, spec, request_hash, key, current, ordered, now, backoff)
+        if len(current) < len(mine) and all(_name(s) == plan.active for s in current):
+            stale = SnapshotStatus.of(mine[len(current)])
+            plan.retired = (_name(mine[len(current)]), stale.reason or "", stale.message or "")
     plan.delete = _retention(ordered, spec.snapshot.retention, keep={plan.ready, plan.active})
     return plan
 
@@ -191,6 +203,40 @@ def _plan_capture(
         plan.capture_attempt = plan.attempts
     elif plan.active_phase == Phase.FAILED:
         _plan_failed(plan, active, spec, backoff, now)
+
+
+def _after_stale(mine: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The snapshots (newest first) taken after the newest Stale one: those before it were taken of what
+    it was taken of, or of something older."""
+    stale = next((i for i, s in enumerate(mine) if phase_of(s) == Phase.STALE), len(mine))
+    return mine[:stale]
+
+
+def _retire_changed(
+    plan: SnapshotPlan, mine: list[dict[str, Any]], changes: list[PodsChanged]
+) -> list[dict[str, Any]]:
+    """`mine` with its Ready snapshot in use made Stale when a restore pod was refused it because the pod's
+    model or engine changed since the capture, so that a capture of what the pods hold now follows.
+
+    Once per change: not when the last snapshot retired was retired for the same facts of the pods (the
+    capture that followed still differs from them, e.g. nodes that hold different models); the refused
+    pods' cause in the endpoint's Degraded condition says so."""
+    ready = next((s for s in _after_stale(mine) if phase_of(s) == Phase.READY), None)
+    change = next((c for c in changes if ready is not None and c.snapshot == _name(ready)), None)
+    if ready is None or change is None:
+        return mine
+    last = next((s for s in mine if phase_of(s) == Phase.STALE), None)
+    if last is not None and SnapshotStatus.of(last).stale_facts_digest == change.facts_digest:
+        return mine
+    name, message = _name(ready), change.message[:1024]
+    fields = {
+        "phase": Phase.STALE, "reason": change.reason, "message": message,
+        "stale_reason": change.reason, "stale_message": message, "stale_facts_digest": change.facts_digest,
+    }  # fmt: skip
+    _patch(plan, name, **fields)
+    plan.events.append(("Normal", change.reason, f"snapshot {name} is Stale, capturing again: {message}"))
+    status = {**ready["status"], **status_patch(OPERATOR, **fields)}
+    return [{**s, "status": status} if s is ready else s for s in mine]
 
 
 def _with_derived_phase(snap: dict[str, Any], capture_pod_failure: str, plan: SnapshotPlan) -> dict[str, Any]:

@@ -117,6 +117,10 @@ def _snapshot_ready(
         return False, "CaptureRetryPending", f"{plan.active} failed ({plan.failure_message}); retry scheduled"
     if capture_causes:
         return False, capture_causes[0].reason, _bounded(_joined(capture_causes) + meanwhile)
+    stale, reason, why = plan.retired
+    if stale:  # what the pods hold changed since it was taken: e.g. ModelChanged
+        capturing = f"capturing {plan.active} (attempt {plan.attempts}) for what the pods hold now"
+        return False, reason, _bounded(f"{stale} is Stale ({why}); {capturing}{meanwhile}")
     return False, "Capturing", f"capturing {plan.active} (attempt {plan.attempts}){meanwhile}"
 
 
