@@ -228,7 +228,7 @@ def test_snapshots_disabled_needs_no_storage():
     ("args", "message"),
     [
         (["--no-such-flag"], "the worker would refuse them: unrecognized arguments: --no-such-flag"),
-        (["--max-num-seqs", "many"], "the worker would refuse them: argument --max-num-seqs: invalid int"),
+        (["--max-num-seqs", "many"], "the worker would refuse them: argument --max-num-seqs: must be an int"),
         (["--port", "9000"], "--port is set by the operator: use engine.port"),
         (["--probe-port=9001"], "--probe-port is set by the operator: use engine.port"),
         (["--start-timeout", "5"], "--start-timeout is set by the operator"),

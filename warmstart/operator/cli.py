@@ -169,8 +169,9 @@ def _leave_lingering_handlers() -> None:
     ]  # fmt: skip
     if not lingering:
         return
-    logging.getLogger(__name__).warning(
-        "stopping without waiting for %d handler thread(s) still at work: %s", len(lingering), lingering
+    # Debug: kopf's idle executor threads are among them at every stop, which is no problem to report.
+    logging.getLogger(__name__).debug(
+        "stopping without waiting for %d thread(s): %s", len(lingering), lingering
     )
     logging.shutdown()
     os._exit(0)
