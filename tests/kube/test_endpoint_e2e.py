@@ -167,6 +167,103 @@ def test_a_tampered_snapshot_is_refused_the_replicas_start_cold_and_it_goes_inva
         assert completion(kube, namespace, pod_url(pod)) == reference
 
 
+REPORT = L.STATUS_ANNOTATION
+
+
+def overwrite_model(node: RealNode, namespace: str) -> Path:
+    """Change the model's weights in place, keeping the file's size and header: its last bytes reversed in
+    4-byte units (still valid numbers), where the restore pods' cheap fingerprint of it reads."""
+    models = node.shadow("/var/lib/warmstart") / namespace / "models"
+    path = max(models.rglob("*.safetensors"), key=lambda p: p.stat().st_size)
+    path.chmod(path.stat().st_mode | 0o200)
+    with path.open("r+b") as weights:
+        weights.seek(-256, 2)
+        tail = weights.read(256)
+        changed = b"".join(tail[i : i + 4] for i in range(len(tail) - 4, -1, -4))
+        assert changed != tail, "the model's last bytes read the same reversed"
+        weights.seek(-256, 2)
+        weights.write(changed)
+    return path
+
+
+@pytest.mark.integration
+def test_a_model_changed_in_place_is_refused_then_captured_again_and_restored_from_the_new_snapshot(
+    kube: ControlPlane,
+    real_node: RealNode,
+    chart_image: str,
+    host_python: HostPython,
+    namespace: str,
+    release: str,
+) -> None:
+    """The model file under a Ready snapshot is overwritten (same size): the next replica is refused and
+    starts cold, nothing is counted against the snapshot, the operator retires it (Stale) and captures what
+    the pods hold now, and the replicas restore from the new snapshot; SnapshotReady says so at each step."""
+    wait = waiter(kube, namespace)
+    apply_endpoint(kube, namespace, chart_image, real_node, host_python)
+    snap = wait(lambda: ready_snapshot(kube, namespace), "the InferenceSnapshot Ready")
+    old = snap["metadata"]["name"]
+    wait(lambda: ready_workers(kube, namespace, L.ROLE_RESTORE), "a restored replica")
+    seen: list[tuple[str, str, str]] = []  # SnapshotReady's (status, reason, message), each change
+
+    def snapshot_ready() -> dict[str, Any]:
+        status = (get(kube, "iep", namespace, ENDPOINT) or {}).get("status") or {}
+        found = next((c for c in status.get("conditions") or [] if c["type"] == "SnapshotReady"), {})
+        now = (found.get("status", ""), found.get("reason", ""), found.get("message", ""))
+        if not seen or seen[-1] != now:
+            seen.append(now)
+        return status
+
+    wait(lambda: snapshot_ready().get("currentSnapshot") == old, "the endpoint restoring from the snapshot")
+    path = overwrite_model(real_node, namespace)
+    kube.kubectl("scale", f"iep/{ENDPOINT}", "-n", namespace, "--replicas=2")
+
+    def refused_pods() -> list[dict[str, Any]]:
+        snapshot_ready()
+        pods = worker_pods(kube, namespace, L.ROLE_RESTORE)
+        return [p for p in pods if "changed content" in p["metadata"].get("annotations", {}).get(REPORT, "")]
+
+    refused = wait(refused_pods, "the new replica refused")[0]
+    report = json.loads(refused["metadata"]["annotations"][REPORT])
+    assert f"{path.name} changed content since the snapshot" in report["restoreFailed"], report
+    assert report["refused"] == "ModelChanged" and len(report["factsDigest"]) == 64, report
+    messages = [e["message"] for e in events_of(kube, namespace, refused["metadata"]["name"])
+                if e["reason"] == "RestoreRefused"]  # fmt: skip
+    assert messages and "the worker starts cold" in messages[0], messages
+
+    def retired() -> dict[str, Any] | None:
+        snapshot_ready()
+        found = get(kube, "isnap", namespace, old) or {}
+        return found if found.get("status", {}).get("phase") == "Stale" else None
+
+    stale = wait(retired, "the snapshot Stale")
+    assert stale["status"]["staleReason"] == "ModelChanged", stale["status"]
+    assert not stale["status"].get("restoreFailures"), "the pod's change is not the snapshot's failure"
+
+    def restored_from_a_new_snapshot() -> list[dict[str, Any]] | None:
+        current = snapshot_ready().get("currentSnapshot")
+        pods = [p for p in ready_workers(kube, namespace, L.ROLE_RESTORE)
+                if p["metadata"]["labels"].get(L.SNAPSHOT_LABEL) == current]  # fmt: skip
+        return pods if current not in (None, old) and len(pods) == 2 else None
+
+    for pod in wait(restored_from_a_new_snapshot, "both replicas restored from a new snapshot"):
+        reasons = {e["reason"] for e in events_of(kube, namespace, pod["metadata"]["name"])}
+        assert "Restored" in reasons and "RestoreRefused" not in reasons, reasons
+    new = snapshot_ready()["currentSnapshot"]
+
+    # What SnapshotReady said: restoring from the old snapshot, the change and the capture, the new one.
+    steps = [(status, reason) for status, reason, _ in seen]
+    first = steps.index(("True", "SnapshotReady"))
+    changed = steps.index(("False", "ModelChanged"), first)
+    assert ("True", "SnapshotReady") in steps[changed:], seen
+    assert old in seen[first][2] and f"capturing {new}" in seen[changed][2], seen
+    assert f"{path.name} changed content" in seen[changed][2], seen
+    assert seen[-1][:2] == ("True", "SnapshotReady") and new in seen[-1][2], seen
+    endpoint_events = [e for e in events_of(kube, namespace, ENDPOINT) if e["reason"] == "ModelChanged"]
+    assert len(endpoint_events) == 1 and old in endpoint_events[0]["message"], endpoint_events
+    snapshots = items(kube, "isnap", namespace, f"{L.ENDPOINT_LABEL}={ENDPOINT}")
+    assert sorted(s["metadata"]["name"] for s in snapshots) == sorted([old, new]), "one capture per change"
+
+
 @pytest.mark.integration
 def test_a_restore_pod_in_another_namespace_is_refused_and_starts_cold(
     kube: ControlPlane,
