@@ -550,17 +550,23 @@ def vllm_args() -> list[str]:
     return ["--max-model-len=1024", "--gpu-memory-utilization=0.85"]
 
 
+def vllm_shapes(gpu: RealNode, namespace: str) -> tuple[str, list[str]]:
+    """vLLM's model (Qwen3's shapes, SHAPE, written on the node where the pods mount it) and arguments; the
+    test skips where vLLM or the GPU is missing."""
+    if importlib.util.find_spec("vllm") is None or not gpu.gpu:
+        pytest.skip("vLLM is not installed here (hack/device-vllm-prepare.sh carries it to the GPU machine)")
+    name = f"{SHAPE}-vllm"
+    vllm_model(gpu.shadow("/var/lib/warmstart") / namespace / "models" / name, SHAPE)
+    return f"/cache/models/{name}", vllm_args()
+
+
 def test_vllm_gpu_replicas_restore_and_answer_like_a_cold_pod(
     kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
     release: str,
     report: list[dict[str, Any]],
 ) -> None:  # fmt: skip
-    if importlib.util.find_spec("vllm") is None or not gpu.gpu:
-        pytest.skip("vLLM is not installed here (hack/device-vllm-prepare.sh carries it to the GPU machine)")
-    name = f"{SHAPE}-vllm"
-    vllm_model(gpu.shadow("/var/lib/warmstart") / namespace / "models" / name, SHAPE)
-    engine_flow(kube, gpu, chart_image, host_python, namespace, "vllm", f"/cache/models/{name}", vllm_args(),
-                report)  # fmt: skip
+    model, args = vllm_shapes(gpu, namespace)
+    engine_flow(kube, gpu, chart_image, host_python, namespace, "vllm", model, args, report)
 
 
 @pytest.mark.parametrize("engine", ["builtin", "vllm"])
@@ -572,14 +578,7 @@ def test_a_request_at_zero_through_keda_is_answered_by_a_restored_gpu_replica(
     request to the interceptor is held while KEDA scales its endpoint to one, restored (snapshots on) or cold
     (off). Each timed from the request to its first token; then KEDA takes it back to zero (one GPU: the
     next replica needs the one before it gone)."""
-    if engine == "vllm":
-        if importlib.util.find_spec("vllm") is None or not gpu.gpu:
-            pytest.skip("vLLM is not installed here (hack/device-vllm-prepare.sh carries it there)")
-        name = f"{SHAPE}-vllm"
-        vllm_model(gpu.shadow("/var/lib/warmstart") / namespace / "models" / name, SHAPE)
-        model, args = f"/cache/models/{name}", vllm_args()
-    else:
-        model, args = builtin_shapes(gpu)
+    model, args = vllm_shapes(gpu, namespace) if engine == "vllm" else builtin_shapes(gpu)
     kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, gpu))
     bodies = {
         kind: autoscaled(gpu_endpoint(name, namespace, chart_image, gpu, host_python, kind == L.ROLE_RESTORE,
