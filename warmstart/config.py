@@ -60,16 +60,6 @@ def env_seconds(name: str, default: float, flag: str | None = None, *, zero: boo
         raise ValueError(f"{where}: {exc} (got {value!r})") from None
 
 
-def env_float(name: str, default: float) -> float:
-    value = os.environ.get(name)
-    if value is None or value == "":
-        return default
-    try:
-        return float(value)
-    except ValueError as exc:
-        raise ValueError(f"{name}={value!r} is not a number") from exc
-
-
 def env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     if value is None or value == "":
