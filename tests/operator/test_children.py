@@ -194,19 +194,40 @@ def test_hpa_pods_and_external_metrics():
     assert metric["external"]["metric"]["selector"] == {"matchLabels": {L.ENDPOINT_LABEL: "qwen"}}
 
 
-def test_scaled_object_allows_zero_and_builds_a_query():
+def test_scaled_object_builds_the_default_query_over_the_endpoints_pods():
     scaling = {
         "mode": "keda",
-        "minReplicas": 0,
+        "minReplicas": 1,
         "maxReplicas": 3,
         "metric": {"name": "vllm:num_requests_waiting", "target": 2},
     }
     so = children.scaled_object(*owner_and_spec(autoscaling=scaling))
-    assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["maxReplicaCount"] == 3
+    assert so["spec"]["minReplicaCount"] == 1 and so["spec"]["maxReplicaCount"] == 3
     (trigger,) = so["spec"]["triggers"]
     assert trigger["type"] == "prometheus"
     assert trigger["metadata"]["threshold"] == "2"
     assert trigger["metadata"]["query"] == 'sum(vllm:num_requests_waiting{namespace="ml",service="qwen"})'
+
+
+def test_scale_to_zero_with_keda_takes_the_query_given_and_cooldown_sets_both_scale_down_windows():
+    query = 'sum(rate(gateway_requests_total{route="qwen"}[1m]))'
+    scaling = {
+        "mode": "keda",
+        "minReplicas": 0,
+        "cooldownSeconds": 45,
+        "metric": {"name": "requests", "target": "5", "query": query},
+    }
+    so = children.scaled_object(*owner_and_spec(autoscaling=scaling))
+    assert so["spec"]["minReplicaCount"] == 0 and so["spec"]["cooldownPeriod"] == 45
+    assert so["spec"]["triggers"][0]["metadata"]["query"] == query
+    behavior = so["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior == {"scaleDown": {"stabilizationWindowSeconds": 45}}
+
+
+def test_hpa_removes_replicas_after_the_cooldown():
+    scaling = {"mode": "hpa", "cooldownSeconds": 20, "metric": {"name": "m", "target": "1"}}
+    hpa = children.horizontal_pod_autoscaler(*owner_and_spec(autoscaling=scaling))
+    assert hpa["spec"]["behavior"] == {"scaleDown": {"stabilizationWindowSeconds": 20}}
 
 
 def test_http_scaled_object_routes_the_default_host_to_the_service():

@@ -30,13 +30,13 @@ def test_full_spec_is_parsed():
                 "mode": "keda",
                 "minReplicas": 0,
                 "maxReplicas": 5,
-                "metric": {"name": "vllm:num_requests_waiting", "target": "2"},
+                "metric": {"name": "requests", "target": "2", "query": "sum(rate(gateway_requests[1m]))"},
             },
             template={"nodeSelector": {"pool": "h200"}, "env": [{"name": "A", "value": "1"}]},
         )
     )
     assert spec.replicas == 3
-    assert spec.autoscaling.metric is not None and spec.autoscaling.metric.name == "vllm:num_requests_waiting"
+    assert spec.autoscaling.metric is not None and spec.autoscaling.metric.name == "requests"
     assert spec.template.node_selector == {"pool": "h200"}
     assert spec.engine.args == ("--enforce-eager",)
 
@@ -70,6 +70,10 @@ VOLUME_A = {"name": "a"}
         ),
         ({"autoscaling": {"mode": "hpa"}}, "spec.autoscaling.metric"),
         ({"autoscaling": {"mode": "none", "minReplicas": 0}}, "spec.autoscaling.minReplicas"),
+        (
+            {"autoscaling": {"mode": "keda", "minReplicas": 0, "metric": {"name": "m", "target": "1"}}},
+            "spec.autoscaling.minReplicas",
+        ),
         (
             {"autoscaling": {"mode": "http", "metric": {"name": "m", "target": "1"}}},
             "spec.autoscaling.metric",

@@ -178,6 +178,10 @@ CEL_EXAMPLES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         autoscaling(mode="http", minReplicas=0),
         autoscaling(mode="hpa", minReplicas=0, metric=METRIC),
     ),
+    "autoscaling.minReplicas 0 with autoscaling.mode keda needs autoscaling.metric.query": (
+        autoscaling(mode="keda", minReplicas=0, metric={**METRIC, "query": "sum(rate(ingress[1m]))"}),
+        autoscaling(mode="keda", minReplicas=0, metric=METRIC),
+    ),
     "autoscaling.metric is required when autoscaling.mode is hpa or keda": (
         autoscaling(mode="hpa", metric=METRIC),
         autoscaling(mode="keda"),

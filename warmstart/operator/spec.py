@@ -209,6 +209,14 @@ class AutoscalingSpec(Section):
             yield rule_broken(("minReplicas",), "0 (scale to zero) needs autoscaling.mode keda or http")
         if self.mode in ("hpa", "keda") and self.metric is None:
             yield rule_broken(("metric",), f"is required when autoscaling.mode is {self.mode}")
+        if self.mode == "keda" and self.min_replicas == 0 and self.metric and not self.metric.query:
+            yield rule_broken(
+                ("minReplicas",),
+                "0 with autoscaling.mode keda needs autoscaling.metric.query on a metric that exists while "
+                "no worker runs (your ingress's or gateway's request rate): the default query reads the "
+                "workers' own series, which no worker reports at zero replicas, so nothing would scale the "
+                "endpoint back up; or use autoscaling.mode http, whose interceptor holds requests at zero",
+            )
         if self.mode == "http" and self.metric is not None:
             yield rule_broken(
                 ("metric",),

@@ -14,6 +14,12 @@ def _scale_target(owner: Owner) -> dict[str, str]:
     return {"apiVersion": owner.api_version, "kind": owner.kind, "name": owner.name}
 
 
+def _scale_down_behavior(spec: EndpointSpec) -> dict[str, Any]:
+    """Replicas are removed once the metric has stayed low for cooldownSeconds (an HPA's own default window
+    is 300 s, cooldownSeconds' default)."""
+    return {"scaleDown": {"stabilizationWindowSeconds": spec.autoscaling.cooldown_seconds}}
+
+
 def horizontal_pod_autoscaler(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
     """autoscaling/v2 HPA on the endpoint's scale subresource, from a per-pod or an external metric."""
     scaling = spec.autoscaling
@@ -42,6 +48,7 @@ def horizontal_pod_autoscaler(owner: Owner, spec: EndpointSpec) -> dict[str, Any
             "minReplicas": scaling.min_replicas,
             "maxReplicas": scaling.max_replicas,
             "metrics": [metric],
+            "behavior": _scale_down_behavior(spec),
         },
     }
 
@@ -66,6 +73,7 @@ def scaled_object(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
             "maxReplicaCount": scaling.max_replicas,
             "pollingInterval": scaling.polling_interval_seconds,
             "cooldownPeriod": scaling.cooldown_seconds,
+            "advanced": {"horizontalPodAutoscalerConfig": {"behavior": _scale_down_behavior(spec)}},
             "triggers": [
                 {
                     "type": "prometheus",
