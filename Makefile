@@ -72,7 +72,8 @@ control-plane:
 images: $(VENV)/.installed control-plane
 	hack/control-plane images
 
-# KEDA (operator, metrics apiserver) and its HTTP add-on from their Go modules, as images for the real node.
+# KEDA (operator, metrics apiserver), its HTTP add-on, Prometheus, prometheus-operator and prometheus-adapter from
+# their Go modules, as images for the real node.
 addons: $(VENV)/.installed control-plane
 	hack/control-plane addons
 

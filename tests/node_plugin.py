@@ -31,6 +31,9 @@ with its `.pod_placement()` land there. Stopped when the module's tests end, che
 from the manifests those projects ship; the interceptor proxy's in-cluster address (skips when not built).
 The node runs CoreDNS, so pods resolve Services by name (`<service>.<namespace>`).
 
+`prometheus` (session scope): prometheus-operator, the Prometheus it runs and prometheus-adapter (all from
+`hack/control-plane addons`) on the real node, KEDA beside them; Prometheus's in-cluster address.
+
 `host_python` (session scope): the test run's own Python environment (this virtual environment with torch,
 its base interpreter, the repository for the editable install) as read-only hostPath volumes at the same
 paths, so a pod of the chart's image can run the builtin engine without a worker image of several GB:
@@ -50,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from control_plane import addons, gpu_node, images, network, versions
+from control_plane import addons, gpu_node, images, monitoring, network, versions
 from control_plane.cluster import ControlPlane
 from control_plane.node import (
     NodeBusyError,
@@ -69,7 +72,7 @@ def _images_to_import() -> tuple[list[NodeImage], list[str]]:
     built = images.built_images()
     current = images.current_images()
     stale = [reference for reference in built if reference not in current]
-    every = {**built, **addons.built_images()}
+    every = {**built, **addons.built_images(), **monitoring.built_images()}
     return [NodeImage(reference, path) for reference, path in every.items()], stale
 
 
@@ -211,3 +214,13 @@ def keda(kube: ControlPlane, real_node: RealNode) -> str:
         pytest.skip(reason)
     addons.install(kube, real_node.pod_placement())
     return addons.interceptor_address()
+
+
+@pytest.fixture(scope="session")
+def prometheus(kube: ControlPlane, real_node: RealNode, keda: str) -> str:
+    """prometheus-operator, a Prometheus it runs (every ServiceMonitor of the cluster) and prometheus-adapter
+    (the custom metrics API) on the real node; Prometheus's address in the cluster (skips when not built).
+    KEDA too: its Prometheus scaler reads that Prometheus."""
+    if reason := monitoring.missing_reason():
+        pytest.skip(reason)
+    return monitoring.install(kube, real_node.pod_placement())

@@ -43,9 +43,9 @@ def command_images(args: argparse.Namespace) -> int:
 
 
 def command_addons(args: argparse.Namespace) -> int:
-    from . import addons
+    from . import addons, monitoring
 
-    return addons.main_with(force=args.force)
+    return addons.main_with(force=args.force) or monitoring.main_with(force=args.force)
 
 
 def node_state_dir() -> Path:
@@ -85,11 +85,11 @@ def command_up(args: argparse.Namespace) -> int:
 
 
 def start_real_node(plane: object) -> int:
-    from . import addons, gpu_node, images
+    from . import addons, gpu_node, images, monitoring
     from .cluster import ControlPlaneError
     from .node import NodeError, NodeImage, RealNode, node_summary
 
-    built = {**images.built_images(), **addons.built_images()}
+    built = {**images.built_images(), **addons.built_images(), **monitoring.built_images()}
     node_images = [NodeImage(reference, path) for reference, path in built.items()]
     node = RealNode(
         plane=plane,  # type: ignore[arg-type]
@@ -111,6 +111,14 @@ def start_real_node(plane: object) -> int:
             print(f"KEDA failed to start: {error}", file=sys.stderr)
             return 1
         print("KEDA and its HTTP add-on installed (namespace keda)", file=sys.stderr)
+    if monitoring.is_cached():
+        try:
+            address = monitoring.install(plane, node.pod_placement())  # type: ignore[arg-type]
+        except ControlPlaneError as error:
+            print(f"Prometheus failed to start: {error}", file=sys.stderr)
+            return 1
+        print(f"prometheus-operator, Prometheus ({address}) and prometheus-adapter installed "
+              f"(namespace {monitoring.NAMESPACE})", file=sys.stderr)  # fmt: skip
     return 0
 
 
@@ -184,7 +192,9 @@ def parser() -> argparse.ArgumentParser:
     )
     images_parser.set_defaults(func=command_images)
     addons_parser = commands.add_parser(
-        "addons", help="build KEDA and its HTTP add-on from their Go modules, as images for the real node"
+        "addons",
+        help="build KEDA, its HTTP add-on, Prometheus, prometheus-operator and prometheus-adapter from their "
+        "Go modules, as images for the real node",
     )
     addons_parser.add_argument("--force", action="store_true", help="rebuild even when the cache is current")
     addons_parser.set_defaults(func=command_addons)

@@ -16,6 +16,10 @@ COREDNS = "1.15.0"
 KEDA = "2.21.0"
 KEDA_HTTP_ADDON = "0.12.0"
 PROMETHEUS_OPERATOR = "0.85.0"
+# The newest Prometheus that prometheus-operator 0.85 supports; its Go module tags 3.x releases v0.3xx.y.
+PROMETHEUS = "3.5.0"
+PROMETHEUS_MODULE_VERSION = "0.305.0"
+PROMETHEUS_ADAPTER = "0.12.0"
 
 # Bump when the way binaries are built changes (flags, patches), so existing caches are rebuilt.
 BUILD_RECIPE = 3
