@@ -11,7 +11,8 @@ Prometheus's series to HPAs as the custom metrics API.
 - `manifests()`: what the projects ship to install themselves, rendered from the module sources: the
   operator's `example/rbac` (its Deployment and RBAC, Prometheus's RBAC and a `Prometheus`), its CRDs, and
   the adapter's `deploy/manifests`, all in namespace `monitoring`, with our images, placed on the real node.
-  Prometheus selects every ServiceMonitor of every namespace and scrapes every `SCRAPE_INTERVAL`; the
+  Prometheus selects the ServiceMonitors labelled `SELECTED` in every namespace (as kube-prometheus-stack
+  selects its release's label) and scrapes every `SCRAPE_INTERVAL`; the
   adapter serves the custom metrics API (not the resource metrics API its shipped APIService names) with
   `ADAPTER_RULES`, the rule docs/operations.md gives for `warmstart_worker_requests_waiting`.
 - `install()`: apply them and wait until Prometheus answers and the custom metrics API is Available.
@@ -42,6 +43,8 @@ PROMETHEUS_SERVICE = "prometheus-operated"
 PROMETHEUS_PORT = 9090
 CUSTOM_METRICS_API = "v1beta1.custom.metrics.k8s.io"
 SCRAPE_INTERVAL = "5s"
+# The label Prometheus selects ServiceMonitors by, as kube-prometheus-stack selects its release's by default.
+SELECTED = {"release": "monitoring"}
 # How often the adapter lists the series its rules match: a new endpoint's metric is served this long after
 # its first scrape at most (the adapter ships 1m).
 ADAPTER_RELIST_INTERVAL = "10s"
@@ -262,16 +265,16 @@ def _set_flags(container: dict[str, Any], flags: dict[str, str]) -> None:
 
 
 def _prometheus(document: dict[str, Any], placement: dict[str, Any]) -> dict[str, Any]:
-    """One Prometheus that scrapes every ServiceMonitor and PodMonitor of the cluster."""
+    """One Prometheus that scrapes the ServiceMonitors and PodMonitors labelled SELECTED, in any namespace."""
     document["metadata"]["name"] = PROMETHEUS_NAME
     document["spec"] = {
         "image": PROMETHEUS.reference,
         "version": f"v{versions.PROMETHEUS}",
         "replicas": 1,
         "serviceAccountName": document["spec"]["serviceAccountName"],
-        "serviceMonitorSelector": {},
+        "serviceMonitorSelector": {"matchLabels": SELECTED},
         "serviceMonitorNamespaceSelector": {},
-        "podMonitorSelector": {},
+        "podMonitorSelector": {"matchLabels": SELECTED},
         "podMonitorNamespaceSelector": {},
         "scrapeInterval": SCRAPE_INTERVAL,
         "evaluationInterval": SCRAPE_INTERVAL,

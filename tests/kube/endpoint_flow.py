@@ -50,6 +50,49 @@ print(json.dumps({"answer": answer, "seconds": time.monotonic() - started}))
 REQUEST_TIMEOUT = 30.0
 # How long the interceptor holds a request at zero replicas: a restore or a cold start on a loaded machine.
 HOLD_SECONDS = 180
+LOAD_SECONDS = 60
+LOAD_CONCURRENCY = 4
+# Run in the client pod: LOAD_CONCURRENCY threads sending completions until the deadline or until LOAD_STOP
+# exists (bounded in count too); prints how many were answered and how many failed.
+LOAD_STOP = "/tmp/load-stop"
+LOAD = f"""
+import json, os, sys, threading, time, urllib.request
+url, host, seconds, workers = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
+deadline, answered, failed, lock = time.monotonic() + seconds, [0], [0], threading.Lock()
+body = json.dumps({{"model": "tiny", "prompt": "load", "max_tokens": 64, "temperature": 0}}).encode()
+if os.path.exists("{LOAD_STOP}"):
+    os.remove("{LOAD_STOP}")
+def send():
+    for _ in range(5000):
+        if time.monotonic() > deadline or os.path.exists("{LOAD_STOP}"):
+            return
+        headers = {{"Content-Type": "application/json", **({{"Host": host}} if host else {{}})}}
+        request = urllib.request.Request(url, data=body, headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                response.read()
+            outcome = answered
+        except Exception:
+            outcome = failed
+            time.sleep(0.5)
+        with lock:
+            outcome[0] += 1
+threads = [threading.Thread(target=send) for _ in range(workers)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps({{"answered": answered[0], "failed": failed[0]}}))
+"""
+
+
+def load_argv(namespace: str, url: str, host: str = "", seconds: float = LOAD_SECONDS) -> list[str]:
+    """kubectl's arguments that run LOAD in the client pod against `url` (with `host` as the Host header)."""
+    return ["exec", "-n", namespace, "client", "--", "python3", "-c", LOAD, url, host, str(seconds),
+            str(LOAD_CONCURRENCY)]  # fmt: skip
+
+
+def stop_load(kube: ControlPlane, namespace: str) -> None:
+    """Tell a LOAD running in the client pod to send nothing more."""
+    kube.kubectl("exec", "-n", namespace, "client", "--", "touch", LOAD_STOP)
 
 
 def get(kube: ControlPlane, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
@@ -126,10 +169,13 @@ def agent_store(node: RealNode, namespace: str) -> SnapshotStore:
     return SnapshotStore(node.shadow("/var/lib/warmstart") / namespace / "store")
 
 
-def install(kube: ControlPlane, chart_image: str, node: RealNode, namespace: str) -> str:
-    """`helm install` into `namespace`; returns the agent's store directory as the node sees it."""
+def install(
+    kube: ControlPlane, chart_image: str, node: RealNode, namespace: str, more: dict[str, Any] | None = None
+) -> str:
+    """`helm install` into `namespace` (with `more` values at the top level); returns the agent's store
+    directory as the node sees it."""
     store = store_on_node(namespace)
-    values = chart_values(chart_image, node, namespace, store)
+    values = {**chart_values(chart_image, node, namespace, store), **(more or {})}
     kube.helm(
         "install", RELEASE, str(CHART), "-n", namespace, "-f", "-", input=json.dumps(values), timeout=120
     )
@@ -241,6 +287,13 @@ def client_pod(namespace: str, chart_image: str, node: RealNode) -> str:
         },
     }
     return json.dumps(pod)
+
+
+def start_client(kube: ControlPlane, namespace: str, chart_image: str, node: RealNode) -> None:
+    """The client pod, Ready to exec into."""
+    kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, node))
+    ready = ("wait", "--for=condition=Ready", "pod/client", "-n", namespace, "--timeout=180s")
+    kube.kubectl(*ready, timeout=190)
 
 
 class Answer(NamedTuple):

@@ -24,6 +24,7 @@ from endpoint_flow import (
     COLD_ENDPOINT,
     ENDPOINT,
     HOLD_SECONDS,
+    LOAD_SECONDS,
     at_zero,
     autoscaled,
     client_pod,
@@ -31,6 +32,7 @@ from endpoint_flow import (
     events_of,
     get,
     install,
+    load_argv,
     ready,
     ready_snapshot,
     ready_workers,
@@ -45,36 +47,6 @@ from node_plugin import HostPython
 from warmstart.api import labels as L
 
 pytestmark = pytest.mark.spawns
-
-LOAD_SECONDS = 60
-LOAD_CONCURRENCY = 4
-# Run in the client pod: LOAD_CONCURRENCY threads sending completions through the interceptor until the
-# deadline (bounded in count too); prints how many were answered and how many failed.
-LOAD = """
-import json, sys, threading, time, urllib.request
-url, host, seconds, workers = sys.argv[1], sys.argv[2], float(sys.argv[3]), int(sys.argv[4])
-deadline, answered, failed, lock = time.monotonic() + seconds, [0], [0], threading.Lock()
-body = json.dumps({"model": "tiny", "prompt": "load", "max_tokens": 64, "temperature": 0}).encode()
-def send():
-    for _ in range(5000):
-        if time.monotonic() > deadline:
-            return
-        headers = {"Content-Type": "application/json", "Host": host}
-        request = urllib.request.Request(url, data=body, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response:
-                response.read()
-            outcome = answered
-        except Exception:
-            outcome = failed
-            time.sleep(0.5)
-        with lock:
-            outcome[0] += 1
-threads = [threading.Thread(target=send) for _ in range(workers)]
-[t.start() for t in threads]
-[t.join() for t in threads]
-print(json.dumps({"answered": answered[0], "failed": failed[0]}))
-"""
 
 
 @pytest.fixture
@@ -150,10 +122,8 @@ def test_load_through_the_interceptor_scales_out_to_a_restored_replica_and_back(
     first = wait(lambda: restored_replicas(kube, namespace, 1), "one restored replica")[0]
     host = routed_host(kube, namespace, ENDPOINT)
 
-    argv = ["exec", "-n", namespace, "client", "--", "python3", "-c", LOAD, f"http://{keda}/v1/completions",
-            host, str(LOAD_SECONDS), str(LOAD_CONCURRENCY)]  # fmt: skip
-    kubectl = str(kube.binary("kubectl"))
-    load = subprocess.Popen([kubectl, *argv], env=kube.tool_env(), stdout=subprocess.PIPE,
+    argv = load_argv(namespace, f"http://{keda}/v1/completions", host, LOAD_SECONDS)
+    load = subprocess.Popen([str(kube.binary("kubectl")), *argv], env=kube.tool_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
     started = time.monotonic()
     try:

@@ -316,6 +316,14 @@ def test_service_and_monitor_select_the_workers():
     )
 
 
+def test_the_service_monitor_carries_the_labels_a_prometheus_selects_beside_the_operators():
+    labels = {"release": "kube-prometheus-stack", L.ENDPOINT_LABEL: "other"}
+    owner, spec = owner_and_spec(monitoring={"serviceMonitor": True, "labels": labels})
+    monitor = children.service_monitor(owner, spec)
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["metadata"]["labels"][L.ENDPOINT_LABEL] == "qwen"
+
+
 PRESTAGED = {"enabled": True, "prestage": "PageCache"}
 
 

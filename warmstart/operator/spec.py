@@ -322,6 +322,7 @@ class ServiceSpec(Section):
 class MonitoringSpec(Section):
     service_monitor: bool = False
     interval: str = Field("15s", pattern="^[0-9]+(ms|s|m)$")
+    labels: dict[str, str] = Field(default_factory=dict)
 
 
 class EndpointSpec(Section):

@@ -23,10 +23,12 @@ def service(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
 
 
 def service_monitor(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
+    metadata = object_metadata(owner, owner.name, "monitoring")
+    metadata["labels"] = {**spec.monitoring.labels, **metadata["labels"]}  # the operator's own win
     return {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "ServiceMonitor",
-        "metadata": object_metadata(owner, owner.name, "monitoring"),
+        "metadata": metadata,
         "spec": {
             "selector": {"matchLabels": worker_selector(owner.name)},
             "endpoints": [{"port": "http", "path": "/metrics", "interval": spec.monitoring.interval}],
