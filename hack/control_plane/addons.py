@@ -182,23 +182,27 @@ def write_image(binary: AddonBinary, executable: Path) -> None:
         archive.write_docker_archive(layer, config, binary.reference, out)
 
 
+def build_images(progress: build.Progress, binaries: tuple[AddonBinary, ...], scratch: Path) -> None:
+    """Each binary compiled and written as its image. The Go build cache is one of its own under `scratch`,
+    removed afterwards with the binaries (the images hold them): KEDA's thousands of packages leave gigabytes
+    in Go's shared one, and the stamps make a rebuild rare."""
+    try:
+        for binary in binaries:
+            executable = scratch / "bin" / binary.name
+            compile_binary(progress, binary, executable, scratch / "go-cache")
+            write_image(binary, executable)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def build_addons(force: bool = False) -> None:
     if is_cached() and not force:
         print(f"addons: cached in {addons_dir()} (KEDA {versions.KEDA}, add-on {versions.KEDA_HTTP_ADDON})")
         return
     progress = build.Progress("addons")
     stamp_path().unlink(missing_ok=True)
-    # A build cache of its own, removed afterwards with the binaries (the images hold them): KEDA's thousands
-    # of packages leave gigabytes in Go's shared one, and the stamp makes a rebuild rare.
-    scratch = addons_dir() / "build"
-    try:
-        for binary in BINARIES:
-            executable = scratch / "bin" / binary.name
-            compile_binary(progress, binary, executable, scratch / "go-cache")
-            write_image(binary, executable)
-        render_shipped_manifests(progress)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    build_images(progress, BINARIES, addons_dir() / "build")
+    render_shipped_manifests(progress)
     stamp_path().write_text(json.dumps(wanted_stamp(), indent=2) + "\n")
     progress.step(f"done: images in {addons_dir() / 'images'}")
 

@@ -21,7 +21,6 @@ Prometheus's series to HPAs as the custom metrics API.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ from typing import Any
 import yaml
 
 from . import build, versions
-from .addons import AddonBinary, addons_dir, archive_path, compile_binary, module_source, write_image
+from .addons import AddonBinary, addons_dir, archive_path, build_images, module_source
 from .cluster import ControlPlane, ControlPlaneError, wait_for
 
 PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
@@ -162,14 +161,7 @@ def build_monitoring(force: bool = False) -> None:
     manifests_path().write_text(yaml.safe_dump_all(shipped_manifests()))
     keep_only_kubernetes_discovery(module_source(PROMETHEUS.module, PROMETHEUS.version))
     use_published_api_modules(module_source(OPERATOR.module, OPERATOR.version))
-    scratch = addons_dir() / "monitoring-build"
-    try:
-        for binary in BINARIES:
-            executable = scratch / "bin" / binary.name
-            compile_binary(progress, binary, executable, scratch / "go-cache")
-            write_image(binary, executable)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+    build_images(progress, BINARIES, addons_dir() / "monitoring-build")
     stamp_path().write_text(json.dumps(wanted_stamp(), indent=2) + "\n")
     progress.step(f"done: images in {addons_dir() / 'images'}")
 
