@@ -108,6 +108,12 @@ def hpa_metric_value(kube: ControlPlane, namespace: str, name: str) -> float | N
     return None
 
 
+def restored_count(kube: ControlPlane, namespace: str) -> int | None:
+    """The endpoint's RESTORED column: Ready replicas a node agent restored."""
+    scaled = get(kube, "iep", namespace, ENDPOINT)
+    return scaled["status"].get("restoredReplicas") if scaled else None
+
+
 def quantity(value: str) -> float:
     return float(value[:-1]) / 1000 if value.endswith("m") else float(value)
 
@@ -157,6 +163,8 @@ def scale_out_under_load(
         ready_after = time.monotonic() - started
         answer, seconds = timed_completion(kube, namespace, pod_url(second))
         answered_after = time.monotonic() - started
+        if role == L.ROLE_RESTORE:  # while the load still holds two replicas
+            wait_for(lambda: restored_count(kube, namespace) == 2, timeout=60, message="RESTORED 2")
     finally:
         stop_load(kube, namespace)
         out, err = load.communicate(timeout=load_seconds + 90)
