@@ -179,6 +179,36 @@ def test_the_cache_trim_spares_a_snapshot_being_restored_and_the_bucket_keeps_wh
     assert [listed.id for listed in node_b.remote.list()] == [second.id]  # the unnamed one collected
 
 
+def cache_gauges(cluster_store: ClusterStore) -> tuple[float, float]:
+    metrics = cluster_store.metrics
+    return metrics.value("warmstart_agent_cache_bytes"), metrics.value("warmstart_agent_cache_max_bytes")
+
+
+def test_a_pull_or_a_push_trims_the_cache_at_once_and_the_gauges_show_it_against_its_bound(
+    s3_server: S3Server, tmp_path: Path, key: Path
+) -> None:
+    node_a = node(tmp_path, "a", s3_server, key, cache_max_bytes=2 * MIB)
+    node_b = node(tmp_path, "b", s3_server, key, cache_max_bytes=2 * MIB)
+    first = capture(node_a.local, key, os.urandom(MIB), name="s0")
+    node_a.publish(first.id)
+    second = capture(node_a.local, key, os.urandom(MIB), name="s1")
+    node_a.publish(second.id)  # over the bound once pushed: the capturing node's cache keeps the newest
+    assert [snapshot.id for snapshot in node_a.local.list()] == [second.id]
+    one_snapshot = MIB + 400  # its pages and the core both share
+
+    node_b.local_copy(first.id, "restore")
+    assert cache_gauges(node_b) == (one_snapshot, 2 * MIB)
+    node_b.local_copy(second.id, "prestage")  # over the bound: the least recently used goes, no cleanup loop
+
+    assert [snapshot.id for snapshot in node_b.local.list()] == [second.id]
+    assert cache_gauges(node_b) == (one_snapshot, 2 * MIB)
+    node_b.cache_max_bytes = MIB
+    with node_b.in_use(second.id):
+        report = node_b.trim()
+    assert report is not None and report.over_limit and report.kept_busy == [second.id]
+    assert cache_gauges(node_b) == (one_snapshot, MIB)  # over the bound, and the metrics say so
+
+
 def test_a_deleted_inference_snapshot_unpublishes_only_the_snapshot_captured_for_it(
     s3_server: S3Server, tmp_path: Path, key: Path
 ) -> None:

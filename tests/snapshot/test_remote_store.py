@@ -31,6 +31,7 @@ from warmstart.snapshot.remote import (
     mark_used,
     trim_cache,
 )
+from warmstart.snapshot.remote.cache import BlobHolds
 from warmstart.snapshot.remote.keys import Keys
 from warmstart.snapshot.signing import Verifier
 
@@ -426,6 +427,32 @@ def test_an_identity_other_than_expected_is_refused_before_any_blob(
 
 
 @pytest.mark.spawns
+def test_a_cache_trim_during_a_pull_keeps_the_cached_blobs_the_pull_counts_on(
+    s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
+) -> None:
+    first = publish(FILES, MODES)
+    second = publish({"criu/pages-1.img": PAGES, "criu/own.img": b"second"})
+    remote.push(first.id)
+    remote.push(second.id)
+    node_b = RemoteStore(fresh_store(tmp_path, "node-b"), config_for(s3_server))
+    node_b.pull(first.id, verifier)
+    pages = first.files["criu/pages-1.img"].digest
+    only_first = first.files["criu/core-1.img"].digest
+    taken: list[str] = []
+
+    def trim_first_once(event: Progress) -> None:  # after the fetch, before the rename that publishes
+        if event.step == "blobs-done" and not taken:
+            taken.extend(node_b.trim_cache(max_bytes=0, busy=()).removed)
+
+    pulled = node_b.pull(second.id, verifier, progress=trim_first_once)
+
+    assert taken == [first.id]
+    assert not node_b.local.blob_path(only_first).exists()
+    assert pages in pulled.cached and pages not in pulled.fetched
+    node_b.local.verify(second.id, verifier)
+
+
+@pytest.mark.spawns
 def test_a_cached_blob_that_the_local_gc_takes_during_a_pull_is_fetched_after_all(
     s3_server: S3Server, remote: RemoteStore, publish: Publish, verifier: Verifier, tmp_path: Path
 ) -> None:
@@ -438,14 +465,15 @@ def test_a_cached_blob_that_the_local_gc_takes_during_a_pull_is_fetched_after_al
     pages = first.files["criu/pages-1.img"].digest
     taken: list[str] = []
 
-    def trim_first_once(event: Progress) -> None:  # after the fetch, before the rename that publishes
-        if event.step == "blobs-done" and not taken:
-            taken.extend(node_b.trim_cache(max_bytes=0, busy=()).removed)
+    def collect_first_once(event: Progress) -> None:  # after the fetch, before the rename that publishes
+        if event.step == "blobs-done" and not taken:  # a GC that knows nothing of the pull (`snapshot gc`)
+            node_b.local.delete(first.id)
+            taken.extend(node_b.local.gc(blob_grace=0).removed_blobs)
             assert not node_b.local.blob_path(pages).exists()
 
-    pulled = node_b.pull(second.id, verifier, progress=trim_first_once)
+    pulled = node_b.pull(second.id, verifier, progress=collect_first_once)
 
-    assert taken == [first.id]
+    assert pages in taken
     assert pages in pulled.fetched
     node_b.local.verify(second.id, verifier)
 
@@ -662,6 +690,45 @@ def test_the_cache_is_trimmed_by_age_and_size_least_recently_used_first_never_a_
 
     stuck = trim_cache(store, max_bytes=1, busy={snapshots[1].id, snapshots[3].id}, now=now)
     assert stuck.removed == [] and stuck.over_limit
+
+
+def test_the_blobs_a_deleted_snapshot_left_count_against_the_bound_and_go_before_any_snapshot(
+    store: SnapshotStore, publish: Publish, verifier: Verifier
+) -> None:
+    kept = publish({"kept.img": os.urandom(100_000), "shared.img": SHARED})
+    deleted = publish({"deleted.img": os.urandom(300_000), "shared.img": SHARED})
+    store.delete(deleted.id)  # by the cleanup loop: the store's GC keeps its young blobs for an hour
+    left = deleted.files["deleted.img"].digest
+    assert store.gc().removed_blobs == [] and store.blob_path(left).exists()
+
+    report = trim_cache(store, max_bytes=len(SHARED) + 100_000)
+
+    assert report.bytes_before == len(SHARED) + 400_000
+    assert report.removed == [] and report.freed_bytes == 300_000
+    assert report.bytes_after == len(SHARED) + 100_000 and not report.over_limit
+    assert not store.blob_path(left).exists()
+    store.verify(kept.id, verifier)
+
+
+def test_over_the_bound_a_busy_snapshot_and_the_blobs_a_pull_holds_are_kept(
+    store: SnapshotStore, publish: Publish, verifier: Verifier
+) -> None:
+    busy = publish({"busy.img": os.urandom(100_000)})
+    idle = publish({"idle.img": os.urandom(100_000)})
+    deleted = publish({"held.img": os.urandom(50_000), "loose.img": os.urandom(20_000)})
+    store.delete(deleted.id)
+    held, loose = deleted.files["held.img"].digest, deleted.files["loose.img"].digest
+    holds = BlobHolds()
+
+    with holds.holding([held]):  # a pull in progress found it cached and counts on it
+        report = trim_cache(store, max_bytes=1, busy={busy.id}, holds=holds)
+
+    assert report.removed == [idle.id] and report.kept_busy == [busy.id]
+    assert report.bytes_after == 150_000 and report.over_limit
+    assert store.blob_path(held).exists() and not store.blob_path(loose).exists()
+    store.verify(busy.id, verifier)
+    after_the_pull = trim_cache(store, max_bytes=1, busy={busy.id}, holds=holds)
+    assert after_the_pull.bytes_after == 100_000 and not store.blob_path(held).exists()
 
 
 # --- configuration ------------------------------------------------------------------------------------------

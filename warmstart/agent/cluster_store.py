@@ -2,7 +2,8 @@
 the node's local store as its cache. A capture is pushed before its InferenceSnapshot turns Ready, so every
 node can restore it; a restore pulls what this node lacks before anything is restored (signature first,
 every byte against its signed digest), within a bound, and a failed pull is a refusal and a cold start;
-pre-staging pulls ahead of the replicas. The cleanup loop trims the cache and collects the bucket's garbage.
+pre-staging pulls ahead of the replicas. The cache is trimmed after each pull and each push of a capture,
+and by the cleanup loop, which also collects the bucket's garbage.
 
 Without a bucket (the chart's hostPath or shared-volume store) there is no ClusterStore: the local store is
 the store, and a snapshot restores only where that store is seen.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 from warmstart.agent.metrics import AgentMetrics
 from warmstart.snapshot.manifest import SnapshotError, SnapshotInvalid
-from warmstart.snapshot.remote import RemoteError, RemoteStore
+from warmstart.snapshot.remote import RemoteError, RemoteStore, TrimReport
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.store import Snapshot, SnapshotNotFound, SnapshotStore
 
@@ -52,6 +53,7 @@ class ClusterStore:
     _locks: dict[str, threading.Lock] = field(default_factory=dict)
     _busy: Counter[str] = field(default_factory=Counter)  # snapshots being restored: the trim keeps them
     _guard: threading.Lock = field(default_factory=threading.Lock)
+    _trimming: threading.Lock = field(default_factory=threading.Lock)  # one trim at a time
 
     @contextlib.contextmanager
     def in_use(self, snapshot_id: str) -> Iterator[None]:
@@ -88,6 +90,7 @@ class ClusterStore:
             self.metrics.remote_bytes.labels("push", "capture").inc(result.stats.bytes_transferred)
             log.info("pushed snapshot %s in %.2f s: %d blobs uploaded, %d already there", snapshot_id,
                      time.monotonic() - started, len(result.uploaded), len(result.skipped))  # fmt: skip
+            self._trim_after(snapshot_id)
             return
 
     def local_copy(self, snapshot_id: str, reason: str) -> Snapshot:
@@ -96,11 +99,13 @@ class ClusterStore:
         (unreachable, access denied, out of time); SnapshotError for a local problem."""
         with self._lock(snapshot_id):
             try:
-                snapshot = self.local.get(snapshot_id)
+                snapshot, pulled = self.local.get(snapshot_id), False
             except SnapshotNotFound:
-                snapshot = self._pull(snapshot_id, reason)
+                snapshot, pulled = self._pull(snapshot_id, reason), True
             self.remote.mark_used(snapshot_id)
-            return snapshot
+        if pulled:
+            self._trim_after(snapshot_id)
+        return snapshot
 
     def _pull(self, snapshot_id: str, reason: str) -> Snapshot:
         started = time.monotonic()
@@ -116,14 +121,37 @@ class ClusterStore:
                  time.monotonic() - started, len(result.fetched), len(result.cached))  # fmt: skip
         return result.snapshot
 
+    def trim(self, keep: Iterable[str] = ()) -> TrimReport | None:
+        """Bound this node's cache by its size and age, never a snapshot in use nor one in `keep`; None when
+        it has no bound. The metrics show what it holds after, against its bound."""
+        if not (self.cache_max_bytes or self.cache_max_age):
+            return None
+        with self._trimming:
+            report = self.remote.trim_cache(max_bytes=self.cache_max_bytes or None,
+                                            max_age=self.cache_max_age or None,
+                                            busy=self.busy() | set(keep))  # fmt: skip
+        self.metrics.cache_bytes.set(report.bytes_after)
+        self.metrics.cache_max_bytes.set(self.cache_max_bytes)
+        if report.removed:
+            log.info("node cache trimmed: %s", report)
+        if report.over_limit:
+            log.warning("node cache holds %d bytes after its trim, over its bound of %d; kept in use: %s",
+                        report.bytes_after, self.cache_max_bytes,
+                        ", ".join(report.kept_busy) or "none")  # fmt: skip
+        return report
+
+    def _trim_after(self, snapshot_id: str) -> None:
+        """Trim as soon as the cache grew, keeping the snapshot it grew by (its caller is about to use it); a
+        trim that fails is left to the next one."""
+        try:
+            self.trim(keep=[snapshot_id])
+        except (OSError, SnapshotError) as exc:
+            log.warning("trimming the node cache after snapshot %s came in failed: %s", snapshot_id, exc)
+
     def maintain(self, referenced: Iterable[str]) -> None:
         """Bound this node's cache (never a snapshot in use), then collect the bucket's unreferenced
         snapshots and blobs older than the grace period (every agent may; the bucket's GC tolerates it)."""
-        if self.cache_max_bytes or self.cache_max_age:
-            report = self.remote.trim_cache(max_bytes=self.cache_max_bytes or None,
-                                            max_age=self.cache_max_age or None, busy=self.busy())  # fmt: skip
-            if report.removed:
-                log.info("node cache trimmed: %s", report)
+        self.trim()
         self.remote.gc(referenced, grace=self.gc_grace)
 
     def forget(self, snapshot_id: str) -> None:

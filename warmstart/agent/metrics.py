@@ -53,6 +53,13 @@ class AgentMetrics:
             "warmstart_agent_object_store_failures_total", "Transfers with the object store that failed",
             ["direction", "reason"], registry=r,
         )  # fmt: skip
+        self.cache_bytes = Gauge(
+            "warmstart_agent_cache_bytes",
+            "Bytes of blobs in this node's cache of the object store after its last trim", registry=r,
+        )  # fmt: skip
+        self.cache_max_bytes = Gauge(
+            "warmstart_agent_cache_max_bytes", "The bound of this node's cache (0: none)", registry=r
+        )
         self.prestage_seconds = Histogram(
             "warmstart_agent_prestage_seconds", "Duration of a pre-staging pass", buckets=DURATION_BUCKETS,
             registry=r,

@@ -9,6 +9,7 @@ of the store are read, never through a symbolic link.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -66,12 +67,14 @@ class PrestagePhase:
     def stage_once(self) -> int:
         """One pass: stage the wanted snapshots within the budget, report their residency; the bytes read."""
         started = time.monotonic()
-        wanted = self.wanted()
         store = self.node.store
-        read = residency.stage(
-            residency.blob_paths(store, [w.snapshot for w in wanted]), self.budget(),
-            root=store.blobs_dir, should_stop=self.node.stopping.is_set,
-        )  # fmt: skip
+        # The cache trim after each pull keeps what this pass pulled so far, so the pass never evicts its own.
+        with contextlib.ExitStack() as held:
+            wanted = self.wanted(held)
+            read = residency.stage(
+                residency.blob_paths(store, [w.snapshot for w in wanted]), self.budget(),
+                root=store.blobs_dir, should_stop=self.node.stopping.is_set,
+            )  # fmt: skip
         self.node.metrics.prestage_read_bytes.inc(read)
         self._report(wanted)
         self.node.metrics.prestage_seconds.observe(time.monotonic() - started)
@@ -87,9 +90,9 @@ class PrestagePhase:
             return int(limit * CGROUP_SHARE)
         return budget
 
-    def wanted(self) -> list[WantedSnapshot]:
+    def wanted(self, held: contextlib.ExitStack | None = None) -> list[WantedSnapshot]:
         """The Ready snapshots whose endpoint asks for pre-staging and that this node's store holds, newest
-        first."""
+        first (kept from the cache's trim while `held` lasts)."""
         asks: dict[tuple[str, str], bool] = {}  # (namespace, endpoint) -> prestage requested, one read each
         found = []
         for snap in self.node.kube.list_snapshots():
@@ -99,17 +102,19 @@ class PrestagePhase:
                 continue
             if owner not in asks:
                 asks[owner] = prestage_requested(self.node.kube.get_endpoint(*owner))
-            stored = self._stored(snap) if asks[owner] else None
+            stored = self._stored(snap, held) if asks[owner] else None
             if stored is not None:
                 found.append(WantedSnapshot(owner[0], meta["name"], stored))
         return sorted(found, key=lambda wanted: wanted.snapshot.created, reverse=True)
 
-    def _stored(self, snap: dict[str, Any]) -> Snapshot | None:
+    def _stored(self, snap: dict[str, Any], held: contextlib.ExitStack | None = None) -> Snapshot | None:
         """The store's snapshot of an InferenceSnapshot, when it holds one captured in the same namespace."""
         snapshot_id = objects.store_snapshot_id(snap)
         cluster_store = self.node.cluster_store
         try:
             if cluster_store is not None:  # the bucket's snapshot into this node's cache, ahead of a replica
+                if held is not None:
+                    held.enter_context(cluster_store.in_use(snapshot_id))
                 stored = cluster_store.local_copy(snapshot_id, "prestage")
             else:
                 stored = self.node.store.get(snapshot_id, verifier=self.node.verifier)

@@ -34,7 +34,7 @@ import shutil
 import stat
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,9 +84,11 @@ def collect_garbage(
     blob_grace: float | None,
     dry_run: bool,
     verifier: Verifier | None = None,
+    keep_blobs: Callable[[], Iterable[str]] = frozenset,
 ) -> GcReport:
     """Remove stale staging directories, junk in `snapshots/` and unreferenced blobs older than
-    `blob_grace` seconds (see the module's docstring for what is read with and without the lock).
+    `blob_grace` seconds (see the module's docstring for what is read with and without the lock), never
+    one of the digests `keep_blobs()` returns (asked under the exclusive lock).
 
     A staging directory is stale when its owner process (same host) is gone, or, when the owner cannot
     be checked from here, when nothing in it changed for `staging_older_than` seconds. `blob_grace`
@@ -105,7 +107,7 @@ def collect_garbage(
         referenced = scan.referenced() if current else None
         if referenced is not None:
             report.referenced_blobs = len(referenced)
-            _gc_blobs(layout, referenced, grace, report)
+            _gc_blobs(layout, referenced | set(keep_blobs()), grace, report)
     # Neither needs the lock: a stale staging directory has no publish in progress, and junk in
     # `snapshots/` is nothing a publish made (it renames a signed directory in whole).
     doomed = [] if dry_run else _move_staging(layout, stale)

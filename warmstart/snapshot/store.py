@@ -15,6 +15,7 @@ identity, digests; materialise) and `gc` (garbage collection and retention).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -162,13 +163,14 @@ class SnapshotStore:
         blob_grace: float | None = None,
         dry_run: bool = False,
         verifier: Verifier | None = None,
+        keep_blobs: Callable[[], Iterable[str]] = frozenset,
     ) -> GcReport:
         """Remove stale staging directories, junk in `snapshots/` and unreferenced blobs (see
         `gc.collect_garbage`); with `verifier`, a directory whose signature claims its key but does not
-        sign its manifest is junk too."""
+        sign its manifest is junk too; never a blob `keep_blobs()` names."""
         return gc.collect_garbage(
             self.layout, staging_older_than=staging_older_than, blob_grace=blob_grace, dry_run=dry_run,
-            verifier=verifier,
+            verifier=verifier, keep_blobs=keep_blobs,
         )  # fmt: skip
 
     def withdraw(self, snapshot_id: str) -> list[str] | None:

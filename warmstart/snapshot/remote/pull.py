@@ -34,6 +34,7 @@ from warmstart.snapshot.catalog import Snapshot, is_signed_snapshot_dir
 from warmstart.snapshot.hashing import CHUNK_HASHES, chunk_ranges, hash_file, hash_range
 from warmstart.snapshot.layout import MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES, SnapshotNotFound
 from warmstart.snapshot.manifest import FileEntry, Manifest, SnapshotInvalid, digest_hex
+from warmstart.snapshot.remote.cache import BlobHolds
 from warmstart.snapshot.remote.keys import Keys
 from warmstart.snapshot.remote.objects import (
     ObjectClient,
@@ -225,8 +226,10 @@ def pull_snapshot(
     progress: ProgressHook,
     verify_cached: bool,
     timeout: float | None,
+    holds: BlobHolds | None = None,
 ) -> PullResult:
-    """Fetch `snapshot_id` into the local store, verified (see the module's docstring)."""
+    """Fetch `snapshot_id` into the local store, verified (see the module's docstring); the blobs it names
+    are in `holds` while it runs (the cache trim keeps those it finds cached)."""
     started = time.monotonic()
     layout = store.layout
     layout.ensure()
@@ -238,7 +241,8 @@ def pull_snapshot(
     try:
         raw, signature, manifest = _verified_remote_manifest(job, verifier, expected_identity)
         progress(Progress("manifest-verified", snapshot_id))
-        result = _fetch_and_adopt(job, raw, signature, manifest, verify_cached)
+        with (holds or BlobHolds()).holding(manifest.digests()):
+            result = _fetch_and_adopt(job, raw, signature, manifest, verify_cached)
     except BaseException:
         counters.add(failures=1)
         raise

@@ -8,7 +8,7 @@ from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.adopt import check_signed_manifest
 from warmstart.snapshot.layout import MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES, SnapshotNotFound
 from warmstart.snapshot.manifest import Manifest
-from warmstart.snapshot.remote.cache import TrimReport, mark_used, trim_cache
+from warmstart.snapshot.remote.cache import BlobHolds, TrimReport, mark_used, trim_cache
 from warmstart.snapshot.remote.collect import (
     RemoteGcReport,
     RemoteSnapshot,
@@ -53,6 +53,7 @@ class RemoteStore:
         self.keys = Keys(config.key_prefix)
         self.rehash_existing_below = rehash_existing_below
         self.counters = Counters()
+        self.holds = BlobHolds()  # the blobs of the pulls in progress: the cache trim keeps them
 
     def __repr__(self) -> str:
         return f"RemoteStore({self.client.where!r}, prefix={self.keys.prefix!r}, local={self.local!r})"
@@ -87,6 +88,7 @@ class RemoteStore:
         result = pull_snapshot(
             self.client, self.keys, self.local, snapshot_id, verifier, expected_identity=expected_identity,
             counters=self.counters, progress=progress, verify_cached=verify_cached, timeout=timeout,
+            holds=self.holds,
         )  # fmt: skip
         mark_used(self.local, snapshot_id)
         return result
@@ -130,8 +132,11 @@ class RemoteStore:
         max_age: float | None = None,
         busy: Iterable[str] = (),
     ) -> TrimReport:
-        """Bound the local cache by age and size, least recently used first, never a snapshot in `busy`."""
-        return trim_cache(self.local, max_bytes=max_bytes, max_age=max_age, busy=frozenset(busy))
+        """Bound the local cache by age and size, least recently used first, never a snapshot in `busy` nor a
+        blob a pull in progress counts on."""
+        return trim_cache(
+            self.local, max_bytes=max_bytes, max_age=max_age, busy=frozenset(busy), holds=self.holds
+        )
 
     def mark_used(self, snapshot_id: str) -> None:
         """Record a restore from the local snapshot (the cache trims the least recently used first)."""
