@@ -18,6 +18,7 @@ Needs root, `hack/control-plane build` and `hack/control-plane images`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import platform
@@ -25,7 +26,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,43 @@ TIMEOUT = 300.0
 def start_seconds(clock: PodTimeline, name: str) -> float:
     """Pod `name` first seen -> Ready."""
     return clock.wait_ready(name, TIMEOUT) - clock.at["seen"][name]
+
+
+@contextlib.contextmanager
+def benchmark_node(
+    state_dir: Path, more_images: dict[str, Path], missing: str | None
+) -> Iterator[tuple[ControlPlane, RealNode, str]]:
+    """A control plane and a started real node with the chart's images and `more_images`; the chart image's
+    reference. Exits naming what is not built (`missing`: what the caller lacks, None when nothing)."""
+    chart = images.chart_images()[0].reference
+    built = images.built_images()
+    if chart not in built:
+        sys.exit(f"{chart} is not built: run `hack/control-plane images`")
+    if missing:
+        sys.exit(missing)
+    kube = ControlPlane(state_dir=state_dir / "kube", nodes=1)  # kwok: the real node runs every pod
+    kube.start()
+    every = {**built, **more_images}
+    node = RealNode(
+        plane=kube, state_dir=state_dir / "node", images=[NodeImage(r, p) for r, p in every.items()]
+    )
+    try:
+        node.start()
+        yield kube, node, chart
+    finally:
+        node.stop()
+        kube.stop()
+
+
+def bare_start(
+    kube: ControlPlane, clock: PodTimeline, chart_image: str, node: RealNode, index: int
+) -> dict[str, Any]:
+    """One bare pod of the chart's image created -> Ready (the kubelet's floor for any pod), then deleted."""
+    name = f"bare-{index}"
+    kube.kubectl("apply", "-f", "-", input=json.dumps(bare_pod(name, chart_image, node)))
+    row = {"pod": name, "seconds": start_seconds(clock, name)}
+    kube.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
+    return row
 
 
 def bare_pod(name: str, chart_image: str, node: RealNode) -> dict[str, Any]:
@@ -138,24 +176,11 @@ def without_runtime_socket(kube: ControlPlane) -> None:
 
 
 def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
-    chart = images.chart_images()[0].reference
-    built = images.built_images()
-    if chart not in built:
-        sys.exit(f"{chart} is not built: run `hack/control-plane images`")
-    kube = ControlPlane(state_dir=state_dir / "kube", nodes=1)  # kwok: the real node runs every pod
-    kube.start()
-    node = RealNode(
-        plane=kube, state_dir=state_dir / "node", images=[NodeImage(r, p) for r, p in built.items()]
-    )
-    try:
-        node.start()
+    with benchmark_node(state_dir, {}, None) as (kube, node, chart):
         clock, snapshot_id, store = prepare(kube, node, chart)
         rows: dict[str, list[dict[str, Any]]] = {"bare": [], "cold": [], "restore": []}
         for index in range(rounds):
-            name = f"bare-{index}"
-            kube.kubectl("apply", "-f", "-", input=json.dumps(bare_pod(name, chart, node)))
-            rows["bare"].append({"pod": name, "seconds": start_seconds(clock, name)})
-            kube.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
+            rows["bare"].append(bare_start(kube, clock, chart, node, index))
             rows["cold"].append(scale_out(kube, clock, COLD_ENDPOINT, L.ROLE_COLD))
             rows["restore"].append(scale_out(kube, clock, ENDPOINT, L.ROLE_RESTORE))
         without_runtime_socket(kube)
@@ -168,9 +193,6 @@ def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
             "snapshot_bytes": size,
             "serial_read_seconds": read_s,
         }
-    finally:
-        node.stop()
-        kube.stop()
 
 
 def runs(measured: list[dict[str, Any]]) -> str:

@@ -25,9 +25,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests"), str(REPO / "tests" / "kube")]
 
-from control_plane import addons, images  # noqa: E402
+from control_plane import addons  # noqa: E402
 from control_plane.cluster import ControlPlane, wait_for  # noqa: E402
-from control_plane.node import NodeImage, RealNode  # noqa: E402
+from control_plane.node import RealNode  # noqa: E402
 from endpoint_flow import (  # noqa: E402
     COLD_ENDPOINT,
     ENDPOINT,
@@ -42,7 +42,7 @@ from endpoint_flow import (  # noqa: E402
     timed_completion,
 )
 from node_plugin import host_python_mounts  # noqa: E402
-from pod_start import NAMESPACE, TIMEOUT, bare_pod, run_benchmark, start_seconds  # noqa: E402
+from pod_start import NAMESPACE, TIMEOUT, bare_start, benchmark_node, run_benchmark  # noqa: E402
 from pod_timeline import PodTimeline  # noqa: E402
 
 COOLDOWN_SECONDS = 5
@@ -73,20 +73,7 @@ def request_at_zero(kube: ControlPlane, name: str) -> dict[str, Any]:
 
 
 def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
-    chart = images.chart_images()[0].reference
-    built = images.built_images()
-    if chart not in built:
-        sys.exit(f"{chart} is not built: run `hack/control-plane images`")
-    if reason := addons.missing_reason():
-        sys.exit(reason)
-    kube = ControlPlane(state_dir=state_dir / "kube", nodes=1)
-    kube.start()
-    every = {**built, **addons.built_images()}
-    node = RealNode(
-        plane=kube, state_dir=state_dir / "node", images=[NodeImage(r, p) for r, p in every.items()]
-    )
-    try:
-        node.start()
+    with benchmark_node(state_dir, addons.built_images(), addons.missing_reason()) as (kube, node, chart):
         prepare(kube, node, chart)
         clock = PodTimeline(kube, NAMESPACE)
         clock.start()
@@ -94,15 +81,9 @@ def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
         for index in range(rounds):
             for name, kind in KINDS.items():
                 rows[kind].append(request_at_zero(kube, name))
-            bare = f"bare-{index}"
-            kube.kubectl("apply", "-f", "-", input=json.dumps(bare_pod(bare, chart, node)))
-            rows["bare"].append({"pod": bare, "seconds": start_seconds(clock, bare)})
-            kube.kubectl("delete", "pod", bare, "-n", NAMESPACE, "--wait=false")
+            rows["bare"].append(bare_start(kube, clock, chart, node, index))
         clock.stop()
         return {"rows": rows}
-    finally:
-        node.stop()
-        kube.stop()
 
 
 def table(result: dict[str, Any]) -> str:

@@ -26,13 +26,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests"), str(REPO / "tests" / "kube")]
 
-from control_plane import images, monitoring  # noqa: E402
+from control_plane import monitoring  # noqa: E402
 from control_plane.cluster import ControlPlane, wait_for  # noqa: E402
-from control_plane.node import NodeImage, RealNode  # noqa: E402
+from control_plane.node import RealNode  # noqa: E402
 from endpoint_flow import ENDPOINT, endpoint, get, install, ready_snapshot, start_client  # noqa: E402
 from metrics_flow import MONITORED, custom_metric, scale_out_under_load, scaled_on_queue, started_as  # noqa: E402
 from node_plugin import HostPython, host_python_mounts  # noqa: E402
-from pod_start import NAMESPACE, TIMEOUT, bare_pod, run_benchmark, start_seconds  # noqa: E402
+from pod_start import NAMESPACE, TIMEOUT, bare_start, benchmark_node, run_benchmark  # noqa: E402
 from pod_timeline import PodTimeline  # noqa: E402
 
 from warmstart.api import labels as L  # noqa: E402
@@ -67,20 +67,8 @@ def one_scale_out(
 
 
 def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
-    chart = images.chart_images()[0].reference
-    built = images.built_images()
-    if chart not in built:
-        sys.exit(f"{chart} is not built: run `hack/control-plane images`")
-    if reason := monitoring.missing_reason():
-        sys.exit(reason)
-    kube = ControlPlane(state_dir=state_dir / "kube", nodes=1)
-    kube.start()
-    every = {**built, **monitoring.built_images()}
-    node = RealNode(
-        plane=kube, state_dir=state_dir / "node", images=[NodeImage(r, p) for r, p in every.items()]
-    )
-    try:
-        node.start()
+    extra = monitoring.built_images()
+    with benchmark_node(state_dir, extra, monitoring.missing_reason()) as (kube, node, chart):
         prepare(kube, node, chart)
         python = host_python_mounts(node.state_dir / "launcher")
         clock = PodTimeline(kube, NAMESPACE)
@@ -89,15 +77,9 @@ def measure(rounds: int, state_dir: Path) -> dict[str, Any]:
         for index in range(rounds):
             for kind, snapshots in KINDS.items():
                 rows[kind].append(one_scale_out(kube, node, chart, python, snapshots))
-            bare = f"bare-{index}"
-            kube.kubectl("apply", "-f", "-", input=json.dumps(bare_pod(bare, chart, node)))
-            rows["bare"].append({"pod": bare, "seconds": start_seconds(clock, bare)})
-            kube.kubectl("delete", "pod", bare, "-n", NAMESPACE, "--wait=false")
+            rows["bare"].append(bare_start(kube, clock, chart, node, index))
         clock.stop()
         return {"rows": rows}
-    finally:
-        node.stop()
-        kube.stop()
 
 
 def table(result: dict[str, Any]) -> str:

@@ -110,13 +110,20 @@ def wanted_stamp() -> dict[str, object]:
     }
 
 
-def is_cached() -> bool:
+def build_is_current(
+    stamp: Path, wanted: dict[str, object], binaries: tuple[AddonBinary, ...], manifests: Path
+) -> bool:
+    """Whether a build recorded `wanted` in `stamp` and its images and manifests are all there."""
     try:
-        recorded = json.loads(stamp_path().read_text())
+        recorded = json.loads(stamp.read_text())
     except (FileNotFoundError, json.JSONDecodeError):
         return False
-    built = all(archive_path(binary).is_file() for binary in BINARIES) and manifests_path().is_file()
-    return recorded == wanted_stamp() and built
+    built = all(archive_path(binary).is_file() for binary in binaries) and manifests.is_file()
+    return recorded == wanted and built
+
+
+def is_cached() -> bool:
+    return build_is_current(stamp_path(), wanted_stamp(), BINARIES, manifests_path())
 
 
 def missing_reason() -> str | None:

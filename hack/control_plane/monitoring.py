@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from . import build, versions
-from .addons import AddonBinary, addons_dir, archive_path, build_images, module_source
+from .addons import AddonBinary, addons_dir, archive_path, build_images, build_is_current, module_source
 from .cluster import ControlPlane, ControlPlaneError, wait_for
 
 PROMETHEUS_MODULE = "github.com/prometheus/prometheus"
@@ -106,12 +106,7 @@ def wanted_stamp() -> dict[str, object]:
 
 
 def is_cached() -> bool:
-    try:
-        recorded = json.loads(stamp_path().read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return False
-    built = all(archive_path(binary).is_file() for binary in BINARIES) and manifests_path().is_file()
-    return recorded == wanted_stamp() and built
+    return build_is_current(stamp_path(), wanted_stamp(), BINARIES, manifests_path())
 
 
 def missing_reason() -> str | None:

@@ -54,14 +54,13 @@ def scaled_on_queue(body: dict[str, Any], mode: str) -> dict[str, Any]:
     spec = body["spec"]
     spec["engine"]["args"] = ["--max-num-seqs", "1"]
     spec["monitoring"] = SCRAPED
-    metric = {"name": METRIC, "target": "1"}
     spec["autoscaling"] = {
         "mode": mode,
         "minReplicas": 1,
         "maxReplicas": 2,
         "cooldownSeconds": COOLDOWN_SECONDS,
         "pollingIntervalSeconds": 5,
-        "metric": metric,
+        "metric": {"name": METRIC, "target": "1"},
     }
     return body
 
