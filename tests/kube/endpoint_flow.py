@@ -170,12 +170,18 @@ def agent_store(node: RealNode, namespace: str) -> SnapshotStore:
 
 
 def install(
-    kube: ControlPlane, chart_image: str, node: RealNode, namespace: str, more: dict[str, Any] | None = None
+    kube: ControlPlane,
+    chart_image: str,
+    node: RealNode,
+    namespace: str,
+    more: dict[str, Any] | None = None,
+    agent: dict[str, Any] | None = None,
 ) -> str:
-    """`helm install` into `namespace` (with `more` values at the top level); returns the agent's store
-    directory as the node sees it."""
+    """`helm install` into `namespace` (with `more` values at the top level and `agent` among the agent's);
+    returns the agent's store directory as the node sees it."""
     store = store_on_node(namespace)
     values = {**chart_values(chart_image, node, namespace, store), **(more or {})}
+    values["agent"].update(agent or {})
     kube.helm(
         "install", RELEASE, str(CHART), "-n", namespace, "-f", "-", input=json.dumps(values), timeout=120
     )

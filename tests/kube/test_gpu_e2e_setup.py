@@ -7,6 +7,7 @@ node's own, and their report renders every kind of row.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,10 +91,20 @@ def test_the_report_renders_every_kind_of_row() -> None:
         {"engine": "vllm", "kind": "captured", "seconds": 0, "phases": {},
          "captured_answer": {"token_ids": [1]}, "restored_answers": [[1]]},
         {"engine": "-", "kind": "step", "step": "test_x", "seconds": 61.0},
+        {"engine": "-", "kind": "node", "step": "transparent huge pages madvise", "seconds": 0},
     ]  # fmt: skip
     table = scenario.markdown(rows)
     assert "| builtin | restore | 1.25 | same | criu_restore 0.50; refused before: 2x OSError |" in table
-    assert "step: test_x | 61.0" in table and table.count("\n") == 6
+    assert "step: test_x | 61.0" in table and "| node: transparent huge pages madvise |" in table
+    assert table.count("\n") == 7
+
+
+def test_the_round_selects_a_transparent_huge_pages_mode_the_chart_takes() -> None:
+    """The agent's values the round installs with are ones the chart's schema names."""
+    schema = json.loads((scenario.ROOT / "charts/warmstart/values.schema.json").read_text())
+    agent = schema["properties"]["agent"]["properties"]
+    for name, value in scenario.GPU_AGENT_VALUES.items():
+        assert value in agent[name]["enum"], (name, agent[name])
 
 
 def test_the_engines_wake_phases_are_read_from_its_log() -> None:
