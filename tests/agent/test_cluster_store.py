@@ -21,7 +21,7 @@ from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
 from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot import SnapshotStore, generate_hmac_key, load_signer, load_verifier
-from warmstart.snapshot.remote import Credentials, RemoteConfig, RemoteStore
+from warmstart.snapshot.remote import Credentials, RemoteAccessDenied, RemoteConfig, RemoteStore
 from warmstart.snapshot.remote.keys import Keys
 from warmstart.snapshot.store import Snapshot
 
@@ -131,6 +131,29 @@ def test_a_stopped_server_is_a_bounded_refusal_and_a_clean_cache_then_the_next_p
 
     s3_server.start()
     assert node_b.local_copy(snapshot.id, "restore").id == snapshot.id
+
+
+def test_an_unknown_access_key_is_refused_credentials_never_a_missing_snapshot(
+    s3_server: S3Server, tmp_path: Path, key: Path
+) -> None:
+    """Versity's gateway answers a key it does not know with 404 (XAdminUserNotFound), bodiless for a HEAD:
+    read as "no such object", every pull would count against a sound snapshot and turn it Invalid."""
+    node_a = node(tmp_path, "a", s3_server, key)
+    snapshot = capture(node_a.local, key)
+    node_a.publish(snapshot.id)
+    local = SnapshotStore(tmp_path / "b", chunk_size=MIB)
+    unknown = Credentials("AKIDNOSUCHUSER", s3_server.secret_access_key)
+    config = dataclasses.replace(remote_config(s3_server), credentials=unknown)
+    remote = RemoteStore(local, config)
+    node_b = ClusterStore(local=local, remote=remote, verifier=load_verifier(key), metrics=AgentMetrics())
+
+    with pytest.raises(PullFailed, match="check the credentials") as raised:
+        node_b.local_copy(snapshot.id, "restore")
+    assert not isinstance(raised.value, PullRefused)  # the node's trouble: counted against nothing
+    with pytest.raises(RemoteAccessDenied, match="check the credentials"):
+        remote.client.head(Keys(PREFIX).manifest(snapshot.id))  # a HEAD's 404 has no body to say why
+    assert_cache_clean(local)
+    assert RemoteStore(local, remote_config(s3_server)).client.head("cluster/no-such-object") is None
 
 
 @pytest.mark.parametrize(

@@ -42,6 +42,15 @@ if TYPE_CHECKING:
 STREAM_CHUNK = 4 << 20
 MAX_ERROR_CHARS = 600
 _STATUS = re.compile(r"status code: (\d{3})")
+_S3_CODE = re.compile(r"<Code>(.*?)</Code>")
+# What S3 servers answer for credentials they do not take, whatever the status: AWS answers an unknown key
+# with 403 InvalidAccessKeyId, Versity's gateway with 404 XAdminUserNotFound, which must never read as "no
+# such object" (a missing copy counts against its snapshot; refused credentials are the node's trouble).
+CREDENTIAL_CODES = frozenset({
+    "AccessDenied", "ExpiredToken", "InvalidAccessKeyId", "InvalidToken", "SignatureDoesNotMatch",
+    "TokenRefreshRequired", "XAdminUserNotFound",
+})  # fmt: skip
+NO_SUCH_KEY = "NoSuchKey"
 
 
 class RemoteError(SnapshotError):
@@ -87,6 +96,7 @@ class ObjectClient:
         self.config = config
         self.where = f"{config.endpoint or 's3 ' + config.region}/{config.bucket}"
         self._store = _make_store(config)
+        self._access_confirmed = False  # a request of these credentials was answered: a bodiless 404 is real
 
     # -- reads -------------------------------------------------------------------------------------------
 
@@ -185,18 +195,36 @@ class ObjectClient:
         try:
             yield
         except FileNotFoundError as exc:  # obstore's "no such object"; local files are opened outside
+            code = _s3_code(exc)
+            if code not in (None, NO_SUCH_KEY):  # a 404 that names another cause (a user, a bucket)
+                raise self._classified(exc, key, time.monotonic() - started) from exc
+            if code is None:
+                self._confirm_access(key)  # a HEAD's 404 has no body to say which
             raise ObjectMissing(f"no object {key} in {self.where}") from exc
         except (AlreadyExistsError, PreconditionError) as exc:
             raise RemoteError(f"{self.where}: {key} exists already") from exc
         except (BaseError, OSError, RuntimeError) as exc:
             raise self._classified(exc, key, time.monotonic() - started) from exc
 
+    def _confirm_access(self, key: str) -> None:
+        """Once per client, that these credentials are taken: a listing under `key`, whose refusal carries
+        the server's reason, raised as such (RemoteAccessDenied for credentials it does not know)."""
+        if self._access_confirmed:
+            return
+        started = time.monotonic()
+        try:
+            next(iter(obstore.list(self._store, prefix=key, chunk_size=1)), None)
+        except (BaseError, OSError, RuntimeError) as exc:
+            raise self._classified(exc, key, time.monotonic() - started) from exc
+        self._access_confirmed = True
+
     def _classified(self, exc: BaseException, key: str, elapsed: float) -> RemoteError:
         """What a failure means for the caller: refused credentials, a missing bucket, another refusal by
         the server, or a store that cannot be reached or answered with a server error."""
         status = _http_status(exc)
         brief = _brief(exc)
-        if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or status in (401, 403):
+        credentials_refused = status in (401, 403) or _s3_code(exc) in CREDENTIAL_CODES
+        if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or credentials_refused:
             return RemoteAccessDenied(f"{self.where} refused {key}: {brief} (check the credentials)")
         if status == 416:
             return ObjectShorter(f"{key} in {self.where} ends before the range asked for: {brief}")
@@ -228,6 +256,12 @@ def _http_status(exc: BaseException) -> int | None:
     """The HTTP status the server answered with, as obstore's message reports it; None when it did not."""
     found = _STATUS.search(str(exc))
     return int(found.group(1)) if found else None
+
+
+def _s3_code(exc: BaseException) -> str | None:
+    """The S3 error code in the server's answer (`NoSuchKey`, `InvalidAccessKeyId`); None without a body."""
+    found = _S3_CODE.search(str(exc))
+    return found.group(1) if found else None
 
 
 def _brief(exc: BaseException) -> str:
