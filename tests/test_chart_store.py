@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from control_plane import cluster_stores, network, shared_volume
 from support import container_settings, helm_template
 
 from warmstart.agent.settings import AgentSettings
@@ -170,3 +171,27 @@ def test_the_operator_is_told_the_store_even_without_the_agent():
 def test_the_values_schema_refuses_a_malformed_object_store_setting(value, field):
     result = helm_template(CHART, "--set", value, check=False)
     assert result.returncode != 0 and field in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("store", ["object-store", "shared-volume"])
+def test_the_values_the_testbed_writes_for_each_cluster_store_select_it_with_an_agent_on_both_nodes(
+    store: str, tmp_path: Path
+) -> None:
+    """`hack/control-plane up --object-store --shared-volume` writes these files for users to add."""
+    if store == "object-store":
+        values = cluster_stores.object_store_values("http://198.51.100.1:9000")
+    else:
+        values = cluster_stores.shared_volume_values()
+    chart = Rendered("-f", str(cluster_stores.write_values(tmp_path, store, values)))
+    assert chart.operator_store() == {"object-store": OBJECT_STORE, "shared-volume": SHARED_VOLUME}[store]
+    if store == "object-store":
+        config = RemoteConfig.from_env(chart.store_env)
+        assert (config.bucket, config.endpoint) == (cluster_stores.BUCKET, "http://198.51.100.1:9000")
+        secret = chart.volumes["object-store-credentials"]["secret"]["secretName"]
+        assert secret == cluster_stores.CREDENTIALS_SECRET
+    else:
+        claim = chart.volumes["store"]["persistentVolumeClaim"]["claimName"]
+        assert claim == shared_volume.CLAIM_NAME
+    assert chart.pod["nodeSelector"] == {network.REAL_NODE_LABEL: "true"}
+    tolerated = {toleration["key"] for toleration in chart.pod["tolerations"]}
+    assert {network.REAL_NODE_LABEL, network.SECOND_NODE_LABEL} <= tolerated

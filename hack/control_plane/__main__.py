@@ -7,8 +7,13 @@ import argparse
 import shutil
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import build, node_build, s3, versions
+
+if TYPE_CHECKING:
+    from .cluster import ControlPlane
+    from .node import RealNode
 
 
 def up_state_dir() -> Path:
@@ -53,6 +58,7 @@ def node_state_dir() -> Path:
 
 
 def command_up(args: argparse.Namespace) -> int:
+    from . import cluster_stores
     from .cluster import ControlPlane, ControlPlaneError, load_state, stop_recorded
 
     state_dir = up_state_dir()
@@ -61,6 +67,7 @@ def command_up(args: argparse.Namespace) -> int:
         print(f"already running at {state['server']}", file=sys.stderr)
         print(f"export KUBECONFIG={state['kubeconfig']}")
         return 0
+    cluster_stores.stop_object_store(state_dir)
     stop_recorded(state_dir)
     shutil.rmtree(state_dir, ignore_errors=True)
     plane = ControlPlane(state_dir=state_dir, nodes=args.nodes, die_with_parent=False)
@@ -78,42 +85,80 @@ def command_up(args: argparse.Namespace) -> int:
         f"logs in {state_dir / 'logs'}",
         file=sys.stderr,
     )
-    if args.real_node and start_real_node(plane) != 0:
+    wants_node = args.real_node or args.second_node or args.object_store or args.shared_volume
+    if wants_node and start_real_nodes(plane, args) != 0:
         return 1
     print(f"export KUBECONFIG={plane.kubeconfig}")
     return 0
 
 
-def start_real_node(plane: object) -> int:
-    from . import addons, gpu_node, images, monitoring
+def start_real_nodes(plane: ControlPlane, args: argparse.Namespace) -> int:
+    """The real node with what runs on it, then what `args` adds: the second node, the cluster stores."""
+    from . import cluster_stores, network
     from .cluster import ControlPlaneError
+
+    node = start_node(plane, node_state_dir())
+    if node is None or start_addons(plane, node) != 0:
+        return 1
+    if args.second_node and start_node(plane, up_state_dir() / "node-b", first=node) is None:
+        return 1
+    stores, namespace = [], args.store_namespace
+    try:
+        if args.object_store:
+            stores.append(cluster_stores.start_object_store(plane, node, up_state_dir(), namespace))
+        if args.shared_volume:
+            stores.append(cluster_stores.create_shared_store(plane, up_state_dir(), namespace))
+    except (ControlPlaneError, TimeoutError) as error:
+        print(f"the cluster store failed to start: {error}", file=sys.stderr)
+        return 1
+    for values in stores:
+        print(f"the store's chart values, to add to the testbed's (docs/real-node.md), the agent on every "
+              f"real node: {values}", file=sys.stderr)  # fmt: skip
+    if stores and not args.second_node:
+        print(f"one real node: `up --second-node` starts {network.SECOND_NODE_NAME} too", file=sys.stderr)
+    return 0
+
+
+def start_node(plane: ControlPlane, state_dir: Path, first: RealNode | None = None) -> RealNode | None:
+    """A started real node (the second one when `first` is given), or None after saying why it did not."""
+    from . import addons, gpu_node, images, monitoring, network
     from .node import NodeError, NodeImage, RealNode, node_summary
 
-    built = {**images.built_images(), **addons.built_images(), **monitoring.built_images()}
-    node_images = [NodeImage(reference, path) for reference, path in built.items()]
+    built = images.built_images()
+    if first is None:  # the add-ons run on the first node only
+        built = {**built, **addons.built_images(), **monitoring.built_images()}
     node = RealNode(
-        plane=plane,  # type: ignore[arg-type]
-        state_dir=node_state_dir(),
-        images=node_images,
+        plane=plane,
+        state_dir=state_dir,
+        images=[NodeImage(reference, path) for reference, path in built.items()],
         die_with_parent=False,
-        gpu=not gpu_node.missing_parts(),  # a GPU node wherever one can run
+        gpu=first is None and not gpu_node.missing_parts(),  # a GPU node wherever one can run
+        name=network.NODE_NAME if first is None else network.SECOND_NODE_NAME,
+        first=first,
     )
     try:
         node.start()
     except (NodeError, TimeoutError) as error:
         print(f"real node failed to start: {error}\nlogs: {node.state_dir / 'logs'}", file=sys.stderr)
-        return 1
+        return None
     print(f"{node_summary(node)}; logs in {node.state_dir / 'logs'}", file=sys.stderr)
+    return node
+
+
+def start_addons(plane: ControlPlane, node: RealNode) -> int:
+    from . import addons, monitoring
+    from .cluster import ControlPlaneError
+
     if addons.is_cached():
         try:
-            addons.install(plane, node.pod_placement())  # type: ignore[arg-type]
+            addons.install(plane, node.pod_placement())
         except ControlPlaneError as error:
             print(f"KEDA failed to start: {error}", file=sys.stderr)
             return 1
         print("KEDA and its HTTP add-on installed (namespace keda)", file=sys.stderr)
     if monitoring.is_cached():
         try:
-            address = monitoring.install(plane, node.pod_placement())  # type: ignore[arg-type]
+            address = monitoring.install(plane, node.pod_placement())
         except ControlPlaneError as error:
             print(f"Prometheus failed to start: {error}", file=sys.stderr)
             return 1
@@ -134,9 +179,12 @@ def running_names(state: dict[str, object]) -> list[str]:
 
 
 def command_down(_args: argparse.Namespace) -> int:
+    from . import cluster_stores
     from .cluster import stop_recorded
     from .node import stop_recorded_node
 
+    if cluster_stores.stop_object_store(up_state_dir()):
+        print("stopped the object store")
     if stop_recorded_node():
         print("stopped the real node")
     stopped = stop_recorded(up_state_dir())
@@ -145,15 +193,20 @@ def command_down(_args: argparse.Namespace) -> int:
 
 
 def command_status(_args: argparse.Namespace) -> int:
+    from . import cluster_stores, network
     from .cluster import load_state
     from .node import NodeRecord, missing_parts
 
     print(f"binaries: {'built' if build.is_cached() else 'not built'} ({versions.bin_dir()})")
     reasons = missing_parts()
     print(f"real node: {'ready to start' if not reasons else '; '.join(reasons)}")
-    record = NodeRecord.load()
-    if record is not None:
-        print(f"real node: {'running' if record.holder_alive() else 'stale (run down)'} ({record.state_dir})")
+    for name in (network.NODE_NAME, network.SECOND_NODE_NAME):
+        record = NodeRecord.load(name)
+        if record is not None:
+            alive = "running" if record.holder_alive() else "stale (run down)"
+            print(f"real node {name}: {alive} ({record.state_dir})")
+    if endpoint := cluster_stores.object_store_endpoint(up_state_dir()):
+        print(f"object store: {endpoint}, bucket {cluster_stores.BUCKET}")
     state = load_state(up_state_dir())
     if state is None:
         print("control plane: down")
@@ -203,6 +256,23 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument(
         "--real-node", action="store_true", help="also start one real node (kubelet + containerd)"
     )
+    up.add_argument(
+        "--second-node", action="store_true",
+        help="also a second real node (implies --real-node): a snapshot captured on one restores there",
+    )  # fmt: skip
+    up.add_argument(
+        "--object-store", action="store_true",
+        help="also an S3 server both real nodes reach, as the cluster's snapshot store (implies --real-node)",
+    )  # fmt: skip
+    up.add_argument(
+        "--shared-volume", action="store_true",
+        help="also a ReadWriteMany volume every real node mounts, as the cluster's snapshot store "
+        "(implies --real-node)",
+    )  # fmt: skip
+    up.add_argument(
+        "--store-namespace", default="warmstart",
+        help="the release's namespace, where the store's Secret or claim goes (default warmstart)",
+    )  # fmt: skip
     up.set_defaults(func=command_up)
     commands.add_parser("down", help="stop the control plane (and real node) started by `up`").set_defaults(
         func=command_down

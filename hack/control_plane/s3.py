@@ -7,6 +7,7 @@ and renamed, so a PUT is atomic; it speaks the S3 API the snapshot store uses (m
 ListObjectsV2, ranged GETs, conditional PUT with If-None-Match).
 
     hack/control-plane build            builds it with the rest (cached; `--force` rebuilds)
+    hack/control-plane up --object-store    one beside the real nodes, as their cluster's snapshot store
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from . import build, versions
 from .cluster import Component, ControlPlaneError, free_port, wait_for
+
+if TYPE_CHECKING:
+    from .node import RealNode
 
 COMMAND = "versitygw"
 READY_TIMEOUT_SECONDS = 30.0
@@ -173,3 +178,25 @@ def start_s3_server(
         server.create_bucket(bucket)
     server.start(die_with_parent=die_with_parent, ready=ready)
     return server
+
+
+# -- beside the real nodes -----------------------------------------------------------------------------------
+
+
+def listening(holder_pid: int, port: int) -> bool:
+    """Whether a TCP socket listens on `port` in the network namespace of `holder_pid`."""
+    rows = Path(f"/proc/{holder_pid}/net/tcp").read_text().splitlines()[1:]
+    return any(row.split()[1].endswith(f":{port:04X}") and row.split()[3] == "0A" for row in rows)
+
+
+def start_beside_nodes(
+    node: RealNode, data_dir: Path, buckets: Sequence[str], *, log: Path, die_with_parent: bool = True
+) -> S3Server:
+    """A server in the apiserver's network namespace at the first real node's link address: the pods and
+    agents of every real node reach it; nothing outside the nodes' networks does."""
+    port = free_port()
+    return start_s3_server(
+        data_dir, host=node.plane.addresses.api_ip, port=port, buckets=buckets,
+        command_prefix=("nsenter", f"--net={node.api_netns}"), log=log, die_with_parent=die_with_parent,
+        ready=lambda: listening(node.api_holder, port),
+    )  # fmt: skip
