@@ -90,10 +90,10 @@ def collect_garbage(
     `blob_grace` seconds (see the module's docstring for what is read with and without the lock), never
     one of the digests `keep_blobs()` returns (asked under the exclusive lock).
 
-    A staging directory is stale when its owner process (same host) is gone, or, when the owner cannot
-    be checked from here, when nothing in it changed for `staging_older_than` seconds. `blob_grace`
-    defaults to `staging_older_than`. With `verifier`, a snapshot directory whose signature claims its key
-    but does not sign its manifest is junk.
+    A staging directory is stale when its owner process (same boot, same pid namespace) is gone, or, when
+    the owner cannot be checked from here, when nothing in it changed for `staging_older_than` seconds.
+    `blob_grace` defaults to `staging_older_than`. With `verifier`, a snapshot directory whose signature
+    claims its key but does not sign its manifest is junk.
     """
     layout.require_root()
     layout.ensure()

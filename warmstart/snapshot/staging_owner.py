@@ -19,12 +19,18 @@ from warmstart.snapshot.manifest import CREATED_FORMAT
 
 
 def this_host() -> str:
-    """Hostname plus boot id: a pid means something only on the same host since the same boot."""
+    """Where this process's pids mean something: this boot of the machine and this pid namespace.
+
+    A hostname says neither: the agent pods of one node (host PID namespace) each have their own, so a
+    new agent could not tell that a killed one's pid is gone, and two containers of one hostname may each
+    have their own pids. Without a boot id or a pid namespace to read, the hostname stands in.
+    """
     try:
         boot_id = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pid_namespace = os.readlink("/proc/self/ns/pid")
     except OSError:
-        boot_id = ""
-    return f"{socket.gethostname()}/{boot_id}"
+        return f"{socket.gethostname()}/unknown"
+    return f"{boot_id}/{pid_namespace}"
 
 
 def create_staging_root(layout: StoreLayout) -> Path:
@@ -33,6 +39,7 @@ def create_staging_root(layout: StoreLayout) -> Path:
         "pid": os.getpid(),
         "pid_start": procinfo.start_ticks(os.getpid()),
         "host": this_host(),
+        "hostname": socket.gethostname(),  # for people: `host` is what GC compares
         "created": utc_now().strftime(CREATED_FORMAT),
     }
     with layout.lock(exclusive=False):
