@@ -5,6 +5,7 @@ Files stand in for the kernel's: the tests never change the machine's own settin
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,9 @@ class KernelSetting:
 
     def write_text(self, word: str) -> None:
         self.selected, self.writes = word, self.writes + 1
+
+    def __fspath__(self) -> str:  # where its writability is asked: a file anyone may write
+        return os.devnull
 
 
 def test_the_hugepages_mode_is_read_and_set_only_when_it_differs(tmp_path: Path) -> None:

@@ -50,16 +50,21 @@ from warmstart.agent import objects
 from warmstart.agent.cri import ContainerRuntime
 from warmstart.api import labels as L
 from warmstart.api.snapshot import MAX_RESTORE_FAILURES
+from warmstart.checkpoint import hugepages
 from warmstart.snapshot import residency
 from warmstart.snapshot.signing import load_verifier
 
 pytestmark = pytest.mark.spawns
 
+THP_MODE = hugepages.current_mode() if hugepages.THP_ENABLED.exists() else ""  # "": the chart's default
+
 
 @pytest.fixture
 def release(kube: ControlPlane, real_node: RealNode, chart_image: str, namespace: str) -> Iterator[str]:
-    """The chart installed into the test's namespace; returns the agent's store directory on the node."""
-    store = install(kube, chart_image, real_node, namespace)
+    """The chart installed into the test's namespace; returns the agent's store directory on the node. The
+    agent selects the node's transparent huge pages mode, the one it has: the machine stays as it is, and
+    the agent must still be able to write it."""
+    store = install(kube, chart_image, real_node, namespace, agent={"transparentHugepages": THP_MODE})
     try:
         yield store
     finally:
@@ -115,6 +120,8 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         )
     agent_logs = kube.kubectl("logs", "-n", namespace, "-l", "app.kubernetes.io/component=agent", "--tail=-1")
     assert "workers' images: from the container runtime at" in agent_logs.stdout, agent_logs.stdout
+    if THP_MODE:
+        assert f"transparent huge pages on this node: {THP_MODE}" in agent_logs.stdout, agent_logs.stdout
     for fallback in ("no container runtime socket", "no image from the container runtime"):
         assert fallback not in agent_logs.stdout, agent_logs.stdout  # the agent asked the runtime itself
     assert not worker_pods(kube, namespace, L.ROLE_COLD), "the cold replica was replaced"

@@ -15,6 +15,7 @@ from support import container_settings, helm_binary, helm_template
 
 from warmstart.agent.settings import AgentSettings
 from warmstart.api.snapshot import FactsChanged
+from warmstart.checkpoint import hugepages
 from warmstart.operator.settings import OperatorSettings
 from warmstart.operator.spec import parse_spec
 
@@ -182,6 +183,13 @@ def test_agent_is_optional_and_privileged_when_on():
     huge_container = huge["DaemonSet/t-warmstart-agent"]["spec"]["template"]["spec"]["containers"][0]
     assert huge_container["args"][-1] == "--transparent-hugepages=always"
     assert container_settings(huge_container, "agent", AgentSettings).transparent_hugepages == "always"
+    # The host's setting mounted where the agent writes it (hugepages.node_setting), only when asked.
+    huge_pod = huge["DaemonSet/t-warmstart-agent"]["spec"]["template"]["spec"]
+    thp_mount = {m["name"]: m for m in huge_container["volumeMounts"]}["transparent-hugepages"]
+    assert Path(thp_mount["mountPath"]) == hugepages.HOST_THP_ENABLED.parent and not thp_mount.get("readOnly")
+    thp_volume = {v["name"]: v for v in huge_pod["volumes"]}["transparent-hugepages"]["hostPath"]
+    assert thp_volume["path"] == str(hugepages.THP_ENABLED.parent)
+    assert "transparent-hugepages" not in {v["name"] for v in pod["volumes"]}
     without = kinds("--set", "agent.enabled=false")
     assert not any(key.startswith(("DaemonSet/", "ClusterRole/t-warmstart-agent")) for key in without)
     operator = without["Deployment/t-warmstart-operator"]["spec"]["template"]["spec"]["containers"][0]

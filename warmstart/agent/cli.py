@@ -120,10 +120,14 @@ def _start(settings: AgentSettings, args: argparse.Namespace) -> tuple[Agent, An
             ) from None
         log.info("gRPC API on unix socket %s", socket_path)
     if settings.transparent_hugepages:
+        setting = hugepages.node_setting()
         try:
-            hugepages.set_mode(settings.transparent_hugepages)
+            before = hugepages.set_mode(settings.transparent_hugepages, setting)
         except (OSError, ValueError) as exc:
             log.warning("could not set transparent huge pages to %s: %s", settings.transparent_hugepages, exc)
+        else:
+            log.info("transparent huge pages on this node: %s (was %s; %s)", settings.transparent_hugepages,
+                     before, setting)  # fmt: skip
     return agent, server
 
 
