@@ -5,23 +5,23 @@
 # a registry.
 
 # CRIU as a folder of its own (program, loader, libraries): the agent runs it inside a worker container's
-# namespaces through a descriptor of this folder, where none of the image's paths exist. CRIU 4.2.1 built from
-# Debian's source tarball (checksum pinned) with hack/criu-patches (the restorer fills memory with several
-# readers), as hack/criu-setup builds it; 4.2 because 4.1 cannot dump a listening TCP socket on kernels 6.16
-# and later (vLLM keeps some).
+# namespaces through a descriptor of this folder, where none of the image's paths exist. CRIU (the release in
+# hack/criu-version) built from Debian's source tarball (checksum pinned) with hack/criu-patches (the restorer
+# fills memory with several readers), as hack/criu-setup builds it; 4.2 because 4.1 cannot dump a listening
+# TCP socket on kernels 6.16 and later (vLLM keeps some).
 FROM debian:trixie-slim AS criu
-ARG CRIU_VERSION=4.2.1
-ARG CRIU_SHA256=29ec0ee09e296479fe7048c80980e8ef1d0684d0b0204c2b101dfea19f6725b9
+# The release, its checksum, the build's dependencies and name: one file, which hack/criu-setup reads too.
+COPY hack/criu-version /tmp/criu-version
 COPY hack/criu-patches /tmp/criu-patches
-RUN apt-get update \
- && apt-get install -y --no-install-recommends build-essential pkgconf python3 libprotobuf-c-dev \
-      protobuf-c-compiler protobuf-compiler libprotobuf-dev libnl-3-dev libnet1-dev libcap-dev libaio-dev \
-      libgnutls28-dev libbsd-dev libnftables-dev uuid-dev curl ca-certificates xz-utils patch \
+RUN . /tmp/criu-version \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends $(echo "$CRIU_BUILD_DEPENDS" | tr , ' ') \
+      curl ca-certificates xz-utils patch \
  && curl -fsSL -o /tmp/criu.tar.xz "http://deb.debian.org/debian/pool/main/c/criu/criu_${CRIU_VERSION}.orig.tar.xz" \
  && echo "${CRIU_SHA256}  /tmp/criu.tar.xz" | sha256sum -c - \
  && mkdir /tmp/criu && tar -xJf /tmp/criu.tar.xz -C /tmp/criu --strip-components=1 \
  && for patch in /tmp/criu-patches/*.patch; do patch -d /tmp/criu -p1 < "$patch"; done \
- && make -C /tmp/criu -j"$(nproc)" GITID=warmstart-parallel-page-reads criu \
+ && make -C /tmp/criu -j"$(nproc)" GITID="$CRIU_GITID" criu \
  && mkdir /opt/criu \
  && cp /tmp/criu/criu/criu /opt/criu/ \
  && ldd /opt/criu/criu | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | xargs -r cp -L -t /opt/criu/ \

@@ -44,7 +44,7 @@ NODE_PACKAGES=(containerd runc containernetworking-plugins nftables conntrack ip
 NODE_COMMANDS=(containerd containerd-shim-runc-v2 ctr runc nft conntrack ip)
 # Warmstart's dependencies the GPU machine's python (3.12, torch, PyTorch's stack) lacks, in versions vLLM
 # 0.26.0 takes too (hack/device-vllm-prepare.sh), since both end up in one folder there.
-REQUIREMENTS=('fastapi>=0.133,<0.137' 'starlette>=1.0.1,<1.10' uvicorn blake3 cryptography pydantic-settings)
+REQUIREMENTS=('fastapi>=0.133,<0.137' 'starlette>=1.0.1,<1.10' 'uvicorn>=0.55,<0.56' blake3 cryptography pydantic-settings)
 WHEELS=(fastapi starlette pydantic pydantic-core annotated-types typing-inspection pydantic-settings
         python-dotenv uvicorn blake3 cryptography
         cffi pycparser)
