@@ -454,6 +454,25 @@ def test_restore_work_directories_of_no_running_restore_are_reclaimed(offline_ag
     assert offline_agent.cleanup.reclaim_work_dirs() == ["running"]
 
 
+@pytest.mark.spawns
+def test_an_agent_starting_removes_the_staging_a_killed_capture_left(offline_agent: Agent) -> None:
+    """Not a cleanup interval later: on a shared volume such a staging holds a whole capture's size."""
+    script = (
+        "import sys; from pathlib import Path; from warmstart.snapshot.store import SnapshotStore; "
+        "from warmstart.snapshot.staging_owner import create_staging_root; "
+        "print(create_staging_root(SnapshotStore(Path(sys.argv[1])).layout))"
+    )
+    store = offline_agent.node.store
+    store.layout.ensure()
+    made = subprocess.run([sys.executable, "-c", script, str(store.root)], capture_output=True, text=True,
+                          check=True, timeout=60)  # fmt: skip
+    staging = Path(made.stdout.strip())  # its owner exited without publishing, as a killed capture does
+    assert staging.is_dir()
+    offline_agent.node.stopping.set()  # the loop's start only
+    offline_agent.cleanup.loop()
+    assert not staging.exists()
+
+
 def test_a_runtime_that_cannot_be_asked_answers_nothing(tmp_path: Path) -> None:
     assert ContainerRuntime(tmp_path / "absent.sock").container_image("uid", "worker") == ""
     with socket.socket(socket.AF_UNIX) as unanswered:  # a socket nobody listens on

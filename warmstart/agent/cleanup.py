@@ -48,6 +48,7 @@ class StoreCleanup:
 
     def loop(self) -> None:
         self.reclaim_work_dirs()  # an agent killed mid-restore left its work directory: nothing runs yet
+        self.collect_left_behind()
         while not self.node.stopping.wait(self.node.config.cleanup_interval):
             try:
                 self.reclaim_work_dirs()
@@ -74,6 +75,14 @@ class StoreCleanup:
         if removed:
             log.info("removed %d restore work directories left by interrupted restores", len(removed))
         return removed
+
+    def collect_left_behind(self) -> None:
+        """The store's GC once at start: the staging of an agent killed mid-capture (its owner gone) goes now,
+        not a cleanup interval later, which on a shared volume holds a whole capture's size."""
+        try:
+            self.node.store.gc()
+        except Exception as exc:
+            log.warning("store cleanup at start failed: %s", exc)
 
     def clean(self) -> list[str]:
         """Remove store snapshots long unreferenced, then garbage-collect blobs."""
