@@ -16,7 +16,7 @@ VLLM_CONTRACT_REQS := tests/engines/vllm_contract_requirements.txt
 VLLM_CONTRACT_DIR := $(WARMSTART_CACHE)/vllm-contract
 VLLM_SITE := $(VLLM_CONTRACT_DIR)/$(shell sha256sum $(VLLM_CONTRACT_REQS) | cut -c1-16)
 
-.PHONY: demo test docs setup criu control-plane images addons vllm-contract lint unit clean
+.PHONY: demo test check docs setup criu control-plane images addons vllm-contract lint clean
 
 # CRIU's command line resolved once (hack/criu resolves it again at every call: two shell scripts, about 30 ms
 # a call on 2 cores, and a restore makes two).
@@ -24,10 +24,20 @@ demo: $(VENV)/.installed criu
 	$(BIN)/warmstart serve --engine builtin --model demo --device cpu --store $(STORE) --port $(PORT) \
 		--criu "$$(hack/criu-setup --print)"
 
+# Every test's duration goes to $(TEST_REPORT) (JUnit XML) and the slowest are printed at the end.
+TEST_REPORT ?= $(WARMSTART_CACHE)/test-report.xml
+
 test: $(VENV)/.installed docs criu control-plane images addons vllm-contract
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=30 --junit-xml=$(TEST_REPORT)
+
+# The tier to live in while changing code: lint and every test that starts no process, needs no cluster,
+# CRIU or GPU (about 2.5 minutes on 2 cores); `make test` runs the rest too.
+check: $(VENV)/.installed
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/pytest -m "not spawns and not integration and not gpu" --durations=10
 
 # The documentation site (mkdocs.yml, docs/): the generated reference pages must be current, and the strict
 # build fails on any warning, broken link or link to a missing anchor. Output in site/.
@@ -35,9 +45,6 @@ docs: $(VENV)/.installed
 	$(BIN)/python hack/crd_reference.py --check
 	$(BIN)/python hack/cli_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict  # not --quiet: it hides the warnings strict counts
-
-unit: $(VENV)/.installed
-	$(BIN)/pytest -m "not integration and not gpu"
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .
