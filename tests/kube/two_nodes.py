@@ -10,54 +10,29 @@ import json
 from pathlib import Path
 from typing import Any
 
-from control_plane import network, s3
-from control_plane.cluster import ControlPlane, free_port
+from control_plane import cluster_stores, s3
+from control_plane.cluster import ControlPlane
 from control_plane.node import RealNode
 from endpoint_flow import items
 
-BUCKET = "snapshots"
-CREDENTIALS_SECRET = "object-store"
-# Either real node: the real nodes' label, a toleration of both nodes' taints.
-BOTH_NODES = {
-    "nodeSelector": {network.REAL_NODE_LABEL: "true"},
-    "tolerations": [
-        {"key": label, "operator": "Exists", "effect": "NoSchedule"}
-        for label in (network.REAL_NODE_LABEL, network.SECOND_NODE_LABEL)
-    ],
-}
-
-
-def listening(holder_pid: int, port: int) -> bool:
-    """Whether a TCP socket listens on `port` in the network namespace of `holder_pid`."""
-    rows = Path(f"/proc/{holder_pid}/net/tcp").read_text().splitlines()[1:]
-    return any(row.split()[1].endswith(f":{port:04X}") and row.split()[3] == "0A" for row in rows)
+BUCKET = cluster_stores.BUCKET
+CREDENTIALS_SECRET = cluster_stores.CREDENTIALS_SECRET
+BOTH_NODES = cluster_stores.ON_BOTH_NODES  # either real node: the real nodes' label, both nodes' taints
 
 
 def start_object_store(node: RealNode, root: Path) -> s3.S3Server:
-    """The S3 server in the apiserver's network namespace at the first node's link address: pods and agents
-    of both nodes reach it; nothing outside the nodes' networks does."""
-    port = free_port()
-    return s3.start_s3_server(
-        root / "data", host=node.plane.addresses.api_ip, port=port, buckets=[BUCKET],
-        command_prefix=("nsenter", f"--net={node.api_netns}"), log=root / "versitygw.log",
-        ready=lambda: listening(node.api_holder, port),
-    )  # fmt: skip
+    """The S3 server beside both nodes (`hack/control-plane up --object-store` starts the same)."""
+    return s3.start_beside_nodes(node, root / "data", [BUCKET], log=root / "versitygw.log")
 
 
 def restart_object_store(server: s3.S3Server, node: RealNode) -> None:
-    server.start(ready=lambda: listening(node.api_holder, server.port))
+    server.start(ready=lambda: s3.listening(node.api_holder, server.port))
 
 
 def use_object_store(kube: ControlPlane, values: dict[str, Any], server: s3.S3Server, namespace: str) -> None:
     """The chart's values for the object store (its credentials in a Secret of the release's namespace), and
     the agent on both nodes."""
-    secret = {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": CREDENTIALS_SECRET, "namespace": namespace},
-        "stringData": {"access-key-id": server.access_key_id, "secret-access-key": server.secret_access_key},
-    }
-    kube.kubectl("apply", "-f", "-", input=json.dumps(secret))
+    kube.kubectl("apply", "-f", "-", input=json.dumps(cluster_stores.credentials_secret(namespace, server)))
     values["agent"].update(BOTH_NODES)
     values["agent"]["objectStore"] = {
         "bucket": BUCKET,
