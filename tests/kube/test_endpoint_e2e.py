@@ -110,9 +110,13 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         uid, reported = pod["metadata"]["uid"], objects.worker_image_id(pod)
         assert runtime.container_image(uid, L.WORKER_CONTAINER) == reported == identity["image"], reported
         assert runtime.container_image(uid, "no-such-container") == ""
-        reasons = {event["reason"] for event in events_of(kube, namespace, pod["metadata"]["name"])}
+        events = events_of(kube, namespace, pod["metadata"]["name"])
+        reasons = {event["reason"] for event in events}
         assert "Restored" in reasons, (pod["metadata"]["name"], reasons)
         assert "RestoreRefused" not in reasons and "RestoreFailed" not in reasons, reasons
+        # The Event names what `kubectl get isnap` shows: the InferenceSnapshot, and its store id (-o wide).
+        said = next(event["message"] for event in events if event["reason"] == "Restored")
+        assert snap["metadata"]["name"] in said and snap["status"]["snapshotId"] in said, said
         assert completion(kube, namespace, pod_url(pod)) == cold_answer
         # No snapshot store in a worker: neither other engines' snapshots nor a key.
         kube.kubectl(
@@ -124,6 +128,8 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
         assert f"transparent huge pages on this node: {THP_MODE}" in agent_logs.stdout, agent_logs.stdout
     for fallback in ("no container runtime socket", "no image from the container runtime"):
         assert fallback not in agent_logs.stdout, agent_logs.stdout  # the agent asked the runtime itself
+    wide = kube.kubectl("get", "isnap", snap["metadata"]["name"], "-n", namespace, "-o", "wide").stdout
+    assert snap["status"]["snapshotId"] in wide, wide
     assert not worker_pods(kube, namespace, L.ROLE_COLD), "the cold replica was replaced"
     url = service_url(kube, namespace, ENDPOINT)
     assert wait(lambda: completion(kube, namespace, url), "a completion through the Service") == cold_answer

@@ -377,7 +377,8 @@ class RestorePhase:
             "snapshot": objects.meta(snap)["name"],
         }
         node.kube.annotate_pod(namespace, name, report)
-        node.kube.event(pod, "Pod", "Normal", "Restored", f"from snapshot {snapshot_id} in {seconds:.2f}s")
+        source = f"InferenceSnapshot {report['snapshot']} (store snapshot {snapshot_id})"
+        node.kube.event(pod, "Pod", "Normal", "Restored", f"from {source} in {seconds:.2f}s")
         node.kube.clear_restore_failures(snap)
 
     def _failure_counter(self) -> FailureCounter:
