@@ -1,8 +1,9 @@
 """GPU replicas on Kubernetes: the chart on a GPU node (NVIDIA's device plugin hands pods their GPU, the agent
 reaches the driver for the CUDA checkpoint API), endpoints at Qwen3-8B shapes of both engines captured by the
 agent and restored into new pods, answering through their Service with the token ids of a cold pod of the
-same spec; and on the GPU node, a tampered blob, a snapshot signed for another GPU and the agent killed
-mid-restore, each ending in a Ready replica and no GPU memory held by a dead restore.
+same spec, from `kubectl scale` and from a request held at zero by KEDA's HTTP add-on (one capture per
+engine serves both); and on the GPU node, a tampered blob, a snapshot signed for another GPU and the agent
+killed mid-restore, each ending in a Ready replica and no GPU memory held by a dead restore.
 
 It runs where the real node is a GPU node: `hack/device-kube-gpu.sh run` on a GPU machine. Elsewhere it skips,
 saying why, unless WARMSTART_GPU_E2E_DRY_RUN=1 rehearses the builtin engine's flow on CPU (the tiny model, no
@@ -499,6 +500,46 @@ def engine_flow(
     return snap, starts
 
 
+def through_keda_from_zero(
+    kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
+    engine: str, model: str, args: list[str], report: list[dict[str, Any]], keda: str | None,
+) -> None:  # fmt: skip
+    """Scale from zero as users autoscale: the two endpoints `engine_flow` left at zero (its snapshot Ready,
+    and its cold twin) fronted by KEDA's HTTP add-on; a request to the interceptor is held while KEDA scales
+    its endpoint to one, restored or cold, timed from the request to its first token; then KEDA takes it
+    back to zero (one GPU: the next replica needs the one before it gone). Scaling is no part of a
+    snapshot's request, so the snapshot captured for `kubectl scale` serves here too, with no capture of its
+    own. Without KEDA built, a report row says so."""
+    if keda is None:
+        step = f"{engine}: KEDA is not built here, no scale from zero"
+        report.append({"engine": "-", "kind": "node", "step": step, "seconds": 0})
+        return
+    names = {L.ROLE_RESTORE: engine, L.ROLE_COLD: f"{engine}-cold"}
+    for kind, name in names.items():
+        body = gpu_endpoint(name, namespace, chart_image, gpu, host_python, kind == L.ROLE_RESTORE, engine,
+                            model, args)  # fmt: skip
+        kube.kubectl("apply", "-f", "-", input=json.dumps(autoscaled(body, 0, 1)))
+    starts = {}
+    for kind, name in names.items():
+        starts[kind] = timed_start(kube, namespace, name, kind, interceptor=keda)
+        waiter(kube, namespace)(lambda name=name: at_zero(kube, namespace, name) or None,
+                                f"KEDA taking {name} back to zero", START_TIMEOUT)  # fmt: skip
+    restored, cold = starts[L.ROLE_RESTORE], starts[L.ROLE_COLD]
+    for start in (restored, cold):
+        difference = first_difference(start.token_ids, cold.token_ids)
+        report.append({"engine": f"{engine}, KEDA HTTP add-on", **dataclasses.asdict(start),
+                       "differs_from_cold_at": difference})  # fmt: skip
+    assert restored.text.strip() and restored.token_ids == cold.token_ids, (restored, cold)
+
+
+def keda_if_built(request: pytest.FixtureRequest) -> str | None:
+    """KEDA's interceptor address, None where KEDA is not built (its part of a test is then left out)."""
+    try:
+        return request.getfixturevalue("keda")
+    except pytest.skip.Exception:
+        return None
+
+
 GPU_CHECK = """
 import torch
 print(torch.cuda.get_device_name(0), torch.cuda.mem_get_info()[1] >> 30, "GiB")
@@ -549,10 +590,14 @@ def test_a_pod_is_given_its_gpu_and_the_agent_reaches_the_driver(
 def test_builtin_engine_gpu_replicas_restore_and_answer_like_a_cold_pod(
     kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
     release: str,
-    report: list[dict[str, Any]], tmp_path: Path,
+    report: list[dict[str, Any]], tmp_path: Path, request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
+    """`kubectl scale` from zero, restored and cold; a request at zero through KEDA, restored and cold; then
+    the refusals on the GPU node."""
     model, args = builtin_shapes(gpu)
     snap, _ = engine_flow(kube, gpu, chart_image, host_python, namespace, "builtin", model, args, report)
+    through_keda_from_zero(kube, gpu, chart_image, host_python, namespace, "builtin", model, args, report,
+                           keda_if_built(request))  # fmt: skip
     refusals_on_the_gpu_node(kube, gpu, namespace, snap, tmp_path)
 
 
@@ -579,43 +624,13 @@ def vllm_shapes(gpu: RealNode, namespace: str) -> tuple[str, list[str]]:
 def test_vllm_gpu_replicas_restore_and_answer_like_a_cold_pod(
     kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, namespace: str,
     release: str,
-    report: list[dict[str, Any]],
+    report: list[dict[str, Any]], request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
+    """`kubectl scale` from zero, restored and cold; a request at zero through KEDA, restored and cold."""
     model, args = vllm_shapes(gpu, namespace)
     engine_flow(kube, gpu, chart_image, host_python, namespace, "vllm", model, args, report)
-
-
-@pytest.mark.parametrize("engine", ["builtin", "vllm"])
-def test_a_request_at_zero_through_keda_is_answered_by_a_restored_gpu_replica(
-    kube: ControlPlane, gpu: RealNode, chart_image: str, host_python: HostPython, keda: str, namespace: str,
-    release: str, report: list[dict[str, Any]], engine: str,
-) -> None:  # fmt: skip
-    """Scale from zero as users autoscale: endpoints fronted by KEDA's HTTP add-on, at zero replicas; a
-    request to the interceptor is held while KEDA scales its endpoint to one, restored (snapshots on) or cold
-    (off). Each timed from the request to its first token; then KEDA takes it back to zero (one GPU: the
-    next replica needs the one before it gone)."""
-    model, args = vllm_shapes(gpu, namespace) if engine == "vllm" else builtin_shapes(gpu)
-    kube.kubectl("apply", "-f", "-", input=client_pod(namespace, chart_image, gpu))
-    bodies = {
-        kind: autoscaled(gpu_endpoint(name, namespace, chart_image, gpu, host_python, kind == L.ROLE_RESTORE,
-                                      engine, model, args), 0, 1)
-        for kind, name in ((L.ROLE_RESTORE, f"keda-{engine}"), (L.ROLE_COLD, f"keda-{engine}-cold"))
-    }  # fmt: skip
-    capture(kube, gpu, namespace, bodies[L.ROLE_RESTORE], report)
-    turned_to_restores(kube, namespace, f"keda-{engine}")
-    kube.kubectl("apply", "-f", "-", input=json.dumps(bodies[L.ROLE_COLD]))
-    starts = {}
-    for kind, body in bodies.items():
-        name = body["metadata"]["name"]
-        starts[kind] = timed_start(kube, namespace, name, kind, interceptor=keda)
-        waiter(kube, namespace)(lambda name=name: at_zero(kube, namespace, name) or None,
-                                f"KEDA taking {name} back to zero", START_TIMEOUT)  # fmt: skip
-    restored, cold = starts[L.ROLE_RESTORE], starts[L.ROLE_COLD]
-    for start in (restored, cold):
-        difference = first_difference(start.token_ids, cold.token_ids)
-        report.append({"engine": f"{engine}, KEDA HTTP add-on", **dataclasses.asdict(start),
-                       "differs_from_cold_at": difference})  # fmt: skip
-    assert restored.text.strip() and restored.token_ids == cold.token_ids, (restored, cold)
+    through_keda_from_zero(kube, gpu, chart_image, host_python, namespace, "vllm", model, args, report,
+                           keda_if_built(request))  # fmt: skip
 
 
 def vllm_model(directory: Path, shape: str) -> None:
