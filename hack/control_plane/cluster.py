@@ -38,6 +38,15 @@ STOP_GRACE_SECONDS = 10.0
 PR_SET_PDEATHSIG = 1
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
+# Metadata level (who, verb, object, user agent; no bodies) for resource requests, nothing for /healthz
+# and the like; one event per request, when its response is complete.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1",
+    "kind": "Policy",
+    "omitStages": ["RequestReceived", "ResponseStarted"],
+    "rules": [{"level": "None", "nonResourceURLs": ["*"]}, {"level": "Metadata"}],
+}
+
 CONTROLLERS = (
     "deployment-controller",
     "replicaset-controller",
@@ -312,6 +321,8 @@ class ControlPlane(ClusterTools):
     apiserver_port: int = 0
     node_addresses: network.NodeAddresses | None = None
     second_node_addresses: network.NodeAddresses | None = None
+    # Keep the apiserver's audit log (every resource request at Metadata level, one JSON line each) here.
+    audit_log: Path | None = None
 
     # -- paths and addresses -------------------------------------------------------------------------------
 
@@ -480,6 +491,21 @@ class ControlPlane(ClusterTools):
             f"--cert-dir={self.state_dir / 'apiserver-certs'}",
             "--profiling=false",
             *aggregation_flags(certificates),
+            *self.audit_flags(),
+        ]
+
+    def audit_flags(self) -> list[str]:
+        """Who asked the apiserver for what: one line per resource request, once it was answered."""
+        if self.audit_log is None:
+            return []
+        policy = self.state_dir / "audit-policy.json"
+        policy.write_text(json.dumps(AUDIT_POLICY))
+        return [
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",
+            "--audit-log-maxsize=0",  # one file: a reader counts from its start
         ]
 
     def controller_manager_argv(self, certificates: pki.Pki) -> list[str]:

@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 from warmstart.operator.backoff import Backoff
-from warmstart.operator.wakeups import Wakeups, wake_up_loop
+from warmstart.operator.wakeups import Wakeups, check_loop
 
 
 class Clock:
@@ -75,14 +76,14 @@ def test_a_failed_reconcile_is_not_woken_before_its_retry_and_a_deleted_one_neve
     assert wakeups.keys() == [("ns", "a")]
 
 
-def test_the_loop_touches_each_due_endpoint_until_cancelled():
+def test_the_loop_checks_each_due_endpoint_until_cancelled():
     wakeups = Wakeups(resync_seconds=3600)
     touched: list[tuple[str, str]] = []
 
     async def run() -> None:
         wakeups.now(("ns", "a"))
         wakeups.now(("ns", "b"))
-        task = asyncio.create_task(wake_up_loop(wakeups, touched.append, tick_seconds=0.01))
+        task = asyncio.create_task(check_loop(wakeups, touched.append, workers=1, tick_seconds=0.01))
         while len(touched) < 2:
             await asyncio.sleep(0.01)
         wakeups.now(("ns", "a"))
@@ -94,7 +95,7 @@ def test_the_loop_touches_each_due_endpoint_until_cancelled():
     assert touched == [("ns", "a"), ("ns", "b"), ("ns", "a")]
 
 
-def test_a_failing_wake_up_does_not_stop_the_loop():
+def test_a_failing_check_does_not_stop_the_loop():
     wakeups = Wakeups(resync_seconds=3600)
     touched: list[tuple[str, str]] = []
 
@@ -106,10 +107,39 @@ def test_a_failing_wake_up_does_not_stop_the_loop():
     async def run() -> None:
         wakeups.now(("ns", "broken"))
         wakeups.now(("ns", "fine"))
-        task = asyncio.create_task(wake_up_loop(wakeups, touch, tick_seconds=0.01))
+        task = asyncio.create_task(check_loop(wakeups, touch, workers=1, tick_seconds=0.01))
         while not touched:
             await asyncio.sleep(0.01)
         task.cancel()
 
     asyncio.run(asyncio.wait_for(run(), 10))
     assert touched == [("ns", "fine")]
+
+
+def test_an_endpoint_due_during_its_own_check_is_checked_again_after_it_never_beside_it():
+    wakeups = Wakeups(resync_seconds=3600)
+    release = threading.Event()
+    checks: list[str] = []
+    running = threading.Lock()
+
+    def check(key: tuple[str, str]) -> None:
+        assert running.acquire(blocking=False), "two checks of one endpoint at once"
+        checks.append("start")
+        if len(checks) == 1:
+            release.wait(5)
+        running.release()
+
+    async def run() -> None:
+        wakeups.now(("ns", "a"))
+        task = asyncio.create_task(check_loop(wakeups, check, workers=4, tick_seconds=0.01))
+        while not checks:
+            await asyncio.sleep(0.01)
+        wakeups.now(("ns", "a"))  # a child changed while the first check read the old state
+        await asyncio.sleep(0.1)
+        release.set()
+        while len(checks) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert checks == ["start", "start"]

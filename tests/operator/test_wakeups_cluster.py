@@ -1,4 +1,4 @@
-"""A child's own change brings its endpoint back at once, through the endpoint's kopf handler: with the
+"""A child's own change brings its endpoint back at once, through the operator's check of it: with the
 periodic resync an hour away, only the child's event can have done it."""
 
 from __future__ import annotations
@@ -6,8 +6,6 @@ from __future__ import annotations
 import pytest
 from cluster_calls import TIMEOUT, apply, endpoint, get
 from operator_process import OperatorProcess
-
-from warmstart.operator.wakeups import WAKEUP_ANNOTATION
 
 pytestmark = [pytest.mark.integration, pytest.mark.any_cluster]
 
@@ -43,11 +41,8 @@ def test_a_child_changed_by_hand_wakes_its_endpoint_without_waiting_for_the_resy
             message="hand-edited replicas put back",
         )
         body = get(kube, "iep", namespace, "woken") or {}
-        assert WAKEUP_ANNOTATION in body["metadata"].get("annotations", {})  # how the events reached it
         assert not body["metadata"].get("finalizers")
         assert "kopf" not in body.get("status", {})  # the status is the reconcile's alone
-        log = operator.log_path.read_text(errors="replace")
-        assert log.count(f"[{namespace}/woken] Updating is processed") >= 2, operator.log_tail()
     finally:
         operator.stop()
     assert "Traceback" not in operator.log_path.read_text(errors="replace"), operator.log_tail(120)

@@ -24,7 +24,7 @@ from warmstart.operator.metrics import METRICS
 from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, reconcile
 from warmstart.operator.settings import OperatorSettings
 from warmstart.operator.spec import InvalidSpec
-from warmstart.operator.wakeups import WAKEUP_ANNOTATION, Key, Wakeups, wake_up_loop
+from warmstart.operator.wakeups import Key, Wakeups, check_loop
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,12 @@ class Runtime:
     settings = OperatorSettings.model_construct()  # the defaults, the environment unread
     kube: Kube | None = None
     wakeups = Wakeups(settings.resync_seconds)
-    wake_up_task: asyncio.Task[None] | None = None
+    check_task: asyncio.Task[None] | None = None
+    # One reconcile of an endpoint at a time, whether kopf's handler or the check loop runs it; and the
+    # check loop's failures in a row of each endpoint (kopf counts its handler's own).
+    locks: dict[Key, threading.Lock] = {}
+    locks_lock = threading.Lock()
+    check_failures: dict[Key, int] = {}
     backoff = Backoff(settings.capture_backoff_seconds, CAPTURE_BACKOFF.max_seconds)
     retry_backoff = Backoff(settings.retry_base_seconds, settings.retry_max_seconds)
     # uid of each of our CRDs as kopf found it when it started; another uid is a CRD kopf may not serve.
@@ -83,7 +88,17 @@ def _follow_up(outcome: Outcome) -> float | None:
     return None
 
 
+def endpoint_lock(key: Key) -> threading.Lock:
+    with Runtime.locks_lock:
+        return Runtime.locks.setdefault(key, threading.Lock())
+
+
 def run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
+    with endpoint_lock(key):
+        return _run_reconcile(handler, key, retry)
+
+
+def _run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
     """Reconcile one endpoint from a fresh read (so status transitions are never computed from a stale
     copy), and count it. kopf calls this from the endpoint's own handler, one call at a time per endpoint.
     None: the endpoint is gone, or its spec is invalid (already reported in status, once per generation:
@@ -95,6 +110,7 @@ def run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
         body = _kube().get(L.ENDPOINT_KIND, *key)
         if body is None or body["metadata"].get("deletionTimestamp"):
             result = "gone"
+            Runtime.wakeups.forget(key)  # its DELETED event may come later: no check of it meanwhile
             return None
         outcome = reconcile(
             _kube(), body, Runtime.backoff, Runtime.settings.agents, Runtime.settings.snapshot_store
@@ -136,17 +152,16 @@ def _retry_later(key: Key, handler: str, retry: int, error: Exception | None) ->
     return kopf.TemporaryError(f"reconcile failed, retrying in {delay:.0f} s: {error}", delay=delay)
 
 
-def touch(key: Key) -> None:
-    """Wake an endpoint up: a change kopf hands to its handler (see wakeups)."""
-    patch = {"metadata": {"annotations": {WAKEUP_ANNOTATION: str(time.time_ns())}}}
+def check(key: Key) -> None:
+    """The check loop's reconcile of an endpoint due for one (see wakeups); a failure is retried by the
+    loop after the backoff, as kopf retries its handler's."""
+    failures = Runtime.check_failures.get(key, 0)
     try:
-        _kube().patch(L.ENDPOINT_KIND, *key, patch)
-    except KubeError as exc:
-        if exc.status == 404:
-            Runtime.wakeups.forget(key)
-        else:
-            log.warning("%s/%s: could not wake the endpoint up, trying again: %s", *key, exc)
-            Runtime.wakeups.after(key, 1.0)
+        run_reconcile("resync", key, failures)
+    except kopf.TemporaryError:  # logged, and the retry scheduled, by _retry_later
+        Runtime.check_failures[key] = failures + 1
+        return
+    Runtime.check_failures.pop(key, None)
 
 
 @kopf.on.startup()
@@ -168,12 +183,13 @@ async def on_startup(settings: kopf.OperatorSettings, **_: Any) -> None:
         Runtime.served_crds = await asyncio.to_thread(crds.served_uids, Runtime.kube)
     except KubeError as exc:
         raise kopf.TemporaryError(f"reading the operator's CRDs: {exc}", delay=5) from exc
-    Runtime.wake_up_task = asyncio.create_task(wake_up_loop(Runtime.wakeups, touch), name="wake-ups")
+    checks = check_loop(Runtime.wakeups, check, Runtime.settings.workers)
+    Runtime.check_task = asyncio.create_task(checks, name="checks")
 
 
 @kopf.on.cleanup()
 async def on_cleanup(**_: Any) -> None:
-    task, Runtime.wake_up_task = Runtime.wake_up_task, None
+    task, Runtime.check_task = Runtime.check_task, None
     if task is not None:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -184,7 +200,7 @@ async def on_cleanup(**_: Any) -> None:
 @kopf.on.create(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL, retries=None)
 @kopf.on.update(L.GROUP, L.VERSION, L.ENDPOINT_PLURAL, retries=None)
 def on_endpoint_change(namespace: str, name: str, reason: str, retry: int, **_: Any) -> None:
-    """The endpoint's one reconcile: a new or changed spec, the operator starting, or a wake-up. An
+    """The endpoint's one reconcile on a change of its own: a new or changed spec, the operator starting. An
     invalid spec returns quietly, as kopf's PermanentError would stop retries, without kopf's own error
     line: reconcile has reported it once for this generation, and the next spec change runs this again."""
     run_reconcile(str(reason), (namespace, name), retry)
@@ -202,6 +218,9 @@ def on_endpoint_event(event: Mapping[str, Any], namespace: str | None, name: str
         Runtime.wakeups.track(key)
         return
     Runtime.wakeups.forget(key)
+    Runtime.check_failures.pop(key, None)
+    with Runtime.locks_lock:
+        Runtime.locks.pop(key, None)
     METRICS.endpoints.forget(namespace, name)
 
 

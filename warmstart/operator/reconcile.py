@@ -2,6 +2,8 @@
 
 Idempotent: every write is a server-side apply or a create that tolerates "already exists", so running
 it twice, concurrently with a restart, or after a child was edited by hand converges to the same state.
+Nothing is written that would not change: a child only when the server's copy differs from it (`unchanged`),
+the status only when one of its fields changed.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from warmstart.api.snapshot import OPERATOR, SnapshotStatus, status_patch
 from warmstart.clock import parse_time, utc_now
 from warmstart.kube.client import Kube, KubeError, TransientKubeError
 from warmstart.kube.events import record_event
-from warmstart.operator import children, diagnosis
+from warmstart.operator import children, diagnosis, unchanged
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.diagnosis import AgentLookup
 from warmstart.operator.observe import observe_pods, worker_pods
@@ -62,14 +64,24 @@ class ChildApplyFailed(KubeError):
         self.message = message
 
 
-def apply_child(kube: Kube, obj: dict[str, Any]) -> dict[str, Any]:
-    """Server-side apply of a child; a refusal names the child (transient errors pass through)."""
+_UNREAD: dict[str, Any] = {}
+
+
+def apply_child(kube: Kube, obj: dict[str, Any], current: dict[str, Any] | None = _UNREAD) -> dict[str, Any]:
+    """Server-side apply of a child, unless the server's copy (`current`, read here when not given) already
+    is what would be applied: an endpoint at rest costs no write. A refusal names the child (transient
+    errors pass through)."""
+    meta = obj["metadata"]
+    applied = unchanged.stamped(obj)
+    if current is _UNREAD:
+        current = kube.get(obj["kind"], meta["namespace"], meta["name"])
+    if current is not None and unchanged.held(current, applied):
+        return current
     try:
-        return kube.apply(obj)
+        return kube.apply(applied)
     except TransientKubeError:
         raise
     except KubeError as exc:
-        meta = obj["metadata"]
         child = f"{obj['kind']} {meta['namespace']}/{meta['name']}"
         raise ChildApplyFailed(exc.status, f"{child}: {exc}") from exc
 
@@ -277,7 +289,7 @@ def reconcile(
     node = worker_node((role, snapshot), plan, current, snapshot_store)
     try:
         deployment, existing, missing = _write_children(
-            kube, owner, spec, plan, (role, snapshot, node), request_hash, previous
+            kube, owner, spec, plan, (role, snapshot, node), request_hash, previous, current
         )
     except TransientKubeError:
         raise  # the API server is away: nothing to report to, the caller retries
@@ -362,14 +374,17 @@ def _write_children(
     template: tuple[str, str, str],
     request_hash: str,
     previous: dict[str, Any],
+    current: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], list[str], MissingAPI | None]:
-    """Snapshots, Deployment (its workers' (role, snapshot, preferred node) is `template`), Service,
+    """Snapshots, Deployment (its workers' (role, snapshot, preferred node) is `template`; `current`: the
+    server's copy), Service,
     autoscaler, ServiceMonitor: (the Deployment as applied, the kinds that exist now, a kind the cluster
     does not serve)."""
     if spec.snapshot.enabled:
         sync_snapshots(kube, owner, spec, plan, request_hash)
     role, snapshot, node = template
-    deployment = apply_child(kube, children.deployment(owner, spec, role, snapshot, request_hash, node))
+    wanted = children.deployment(owner, spec, role, snapshot, request_hash, node)
+    deployment = apply_child(kube, wanted, current)
     apply_child(kube, children.service(owner, spec))
     # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.
     recorded = previous.get("children") if previous else []

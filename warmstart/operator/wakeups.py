@@ -1,13 +1,18 @@
 """When each endpoint is next looked at again without a change of its own: drift repair and follow-ups.
 
-kopf runs every reconcile of an endpoint in that endpoint's own handler, one at a time, and retries a
-failed one itself (kopf.TemporaryError). Anything else that should bring an endpoint back (a child or
-snapshot that changed, a capture retry coming due, the periodic resync) only marks the endpoint due here;
-the wake-up loop then touches an annotation of each due endpoint, which kopf sees as a change and hands to
-that endpoint's handler. A burst of marks on one endpoint collapses into one touch.
+kopf runs an endpoint's handler when the endpoint itself changes (its spec, labels, annotations). Anything
+else that should bring an endpoint back (a child or snapshot that changed, a capture retry coming due, the
+periodic resync) marks the endpoint due here, and the check loop reconciles each due endpoint in this
+process, at most `workers` at once; a per-endpoint lock keeps that from overlapping the endpoint's kopf
+handler. A burst of marks on one endpoint collapses into one check.
 
-Not a kopf timer: kopf puts a finalizer on every object a timer (or daemon) serves, and an endpoint with a
-finalizer cannot be deleted once the operator is gone.
+This is the operator's one mechanism for periodic drift checks, chosen over the others because it costs
+the API server nothing when nothing changed:
+- touching an annotation to make kopf run the handler wrote the endpoint twice per resync (the touch, then
+  kopf's record of the handled state);
+- a kopf timer (or daemon) puts a finalizer on every object it serves, and an endpoint with a finalizer
+  cannot be deleted once the operator is gone;
+- children deleted or edited by hand are seen at once anyway, from the watches on them (kopf's events).
 """
 
 from __future__ import annotations
@@ -18,13 +23,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from warmstart.api import labels as L
-
 Key = tuple[str, str]  # (namespace, name)
 log = logging.getLogger(__name__)
-
-# Touched to have kopf run an endpoint's handler; its value (a counter) means nothing else.
-WAKEUP_ANNOTATION = f"{L.GROUP}/reconcile-requested"
 
 
 class Wakeups:
@@ -89,12 +89,31 @@ class Wakeups:
             return sorted(self._due)
 
 
-async def wake_up_loop(wakeups: Wakeups, touch: Callable[[Key], None], tick_seconds: float = 0.5) -> None:
-    """Until cancelled: touch each due endpoint (a blocking call, so in a thread)."""
-    while True:
-        for key in wakeups.take_due():
+async def check_loop(
+    wakeups: Wakeups, check: Callable[[Key], None], workers: int, tick_seconds: float = 0.5
+) -> None:
+    """Until cancelled: run `check` (a blocking call, so in a thread) for each due endpoint, `workers` at
+    once. An endpoint due again while its check runs is checked again after it."""
+    limit = asyncio.Semaphore(workers)
+    running: dict[Key, asyncio.Task[None]] = {}
+
+    async def one(key: Key) -> None:
+        async with limit:
             try:
-                await asyncio.to_thread(touch, key)
-            except Exception:  # a bug in one wake-up must not stop the others'; the resync tries it again
-                log.exception("%s/%s: wake-up failed", *key)
-        await asyncio.sleep(tick_seconds)
+                await asyncio.to_thread(check, key)
+            except Exception:  # a bug in one check must not stop the others'; the resync tries it again
+                log.exception("%s/%s: check failed", *key)
+            finally:
+                running.pop(key, None)
+
+    try:
+        while True:
+            for key in wakeups.take_due():
+                if key in running:
+                    wakeups.now(key)
+                else:
+                    running[key] = asyncio.create_task(one(key), name=f"check {key[0]}/{key[1]}")
+            await asyncio.sleep(tick_seconds)
+    finally:
+        for task in list(running.values()):
+            task.cancel()

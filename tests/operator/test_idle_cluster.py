@@ -1,0 +1,95 @@
+"""Endpoints at rest cost the API server no write: over several resync periods, while the operator checks
+every endpoint, the apiserver's audit log records no create, update, patch or delete by it."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import audit
+import pytest
+from control_plane import build
+from control_plane.cluster import ControlPlane
+from operator_process import OperatorProcess
+
+from warmstart.api import labels as L
+
+pytestmark = [pytest.mark.integration, pytest.mark.spawns]
+
+CRDS = Path(__file__).resolve().parents[2] / "crds"
+ENDPOINTS = 500
+RESYNC_SECONDS = 10
+PERIODS = 3
+
+
+@pytest.fixture
+def audited(tmp_path: Path) -> Iterator[ControlPlane]:
+    """A control plane of its own whose apiserver keeps an audit log."""
+    if not build.is_cached():
+        pytest.skip("the local Kubernetes control plane is not built: run `hack/control-plane build`")
+    plane = ControlPlane(state_dir=tmp_path / "kube", nodes=1, audit_log=tmp_path / "audit.log")
+    plane.start()
+    try:
+        plane.kubectl("apply", "--server-side", "-f", str(CRDS))
+        plane.kubectl("wait", "--for=condition=Established", "--timeout=60s", "-f", str(CRDS))
+        yield plane
+    finally:
+        plane.stop()
+
+
+def endpoints_manifest(namespace: str, count: int) -> str:
+    spec = {
+        "model": {"uri": "org/model"},
+        "engine": {"kind": "vllm", "image": "registry.example/warmstart-worker:0.1"},
+        "resources": {"gpus": 1},
+        "replicas": 0,
+        "snapshot": {"enabled": False},
+    }
+    items = [
+        {
+            "apiVersion": L.API_VERSION,
+            "kind": L.ENDPOINT_KIND,
+            "metadata": {"name": f"ep-{index:04d}", "namespace": namespace},
+            "spec": spec,
+        }
+        for index in range(count)
+    ]
+    return json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+
+
+def reconciled(kube: ControlPlane, namespace: str) -> int:
+    out = kube.kubectl("get", "iep", "-n", namespace, "-o", "json", timeout=120).stdout
+    return sum(
+        1
+        for item in json.loads(out)["items"]
+        if (item.get("status") or {}).get("observedGeneration") == item["metadata"]["generation"]
+        and item["status"].get("children")
+    )
+
+
+def test_endpoints_at_rest_cost_no_write_over_several_resyncs(audited: ControlPlane, tmp_path: Path) -> None:
+    kube, namespace = audited, "idle"
+    kube.kubectl("create", "namespace", namespace)
+    env = {"WARMSTART_OPERATOR_RESYNC_SECONDS": str(RESYNC_SECONDS)}
+    operator = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", env=env)
+    operator.start()
+    try:
+        kube.kubectl("create", "-f", "-", input=endpoints_manifest(namespace, ENDPOINTS), timeout=300)
+        kube.wait_for(
+            lambda: reconciled(kube, namespace) == ENDPOINTS, timeout=600, interval=2, message="reconciled"
+        )
+        time.sleep(RESYNC_SECONDS)  # the creates' own follow-ups are over
+        since = audit.now()
+        time.sleep(RESYNC_SECONDS * PERIODS)
+        until = audit.now()
+        time.sleep(2)  # what was answered before `until` is in the log
+    finally:
+        operator.stop()
+    requests = audit.operator_requests(kube.audit_log or Path(), since, until)
+    looked_at = {r.name for r in requests if r.verb == "get" and r.resource == L.ENDPOINT_PLURAL}
+    assert len(looked_at) == ENDPOINTS, f"the resync checked {len(looked_at)} of {ENDPOINTS} endpoints"
+    writes = [r for r in requests if r.write]
+    assert not writes, f"{len(writes)} writes at rest: {dict(audit.tally(writes))}"
+    assert "Traceback" not in operator.log_path.read_text(errors="replace"), operator.log_tail(120)
