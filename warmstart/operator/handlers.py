@@ -22,6 +22,7 @@ from warmstart.operator import crds
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.metrics import METRICS
 from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, reconcile
+from warmstart.operator.seen_children import SeenChildren, SeenKube
 from warmstart.operator.settings import OperatorSettings
 from warmstart.operator.spec import InvalidSpec
 from warmstart.operator.wakeups import Key, Wakeups, check_loop
@@ -29,6 +30,8 @@ from warmstart.operator.wakeups import Key, Wakeups, check_loop
 log = logging.getLogger(__name__)
 
 MANAGED = {"app.kubernetes.io/managed-by": L.FIELD_MANAGER}
+# A child at rest is read from the API server once in this many resyncs, from the watches' copy otherwise.
+SEEN_RESYNCS = 5
 
 
 # What earlier versions made kopf put on every endpoint. No handler needs a finalizer now, so kopf removes
@@ -49,6 +52,7 @@ class Runtime:
     locks: dict[Key, threading.Lock] = {}
     locks_lock = threading.Lock()
     check_failures: dict[Key, int] = {}
+    seen = SeenChildren(settings.resync_seconds * SEEN_RESYNCS)
     backoff = Backoff(settings.capture_backoff_seconds, CAPTURE_BACKOFF.max_seconds)
     retry_backoff = Backoff(settings.retry_base_seconds, settings.retry_max_seconds)
     # uid of each of our CRDs as kopf found it when it started; another uid is a CRD kopf may not serve.
@@ -61,6 +65,7 @@ def configure(settings: OperatorSettings) -> None:
     """Run the handlers with these settings (before kopf starts)."""
     Runtime.settings = settings
     Runtime.wakeups = Wakeups(settings.resync_seconds)
+    Runtime.seen = SeenChildren(settings.resync_seconds * SEEN_RESYNCS)
     Runtime.backoff = Backoff(settings.capture_backoff_seconds, CAPTURE_BACKOFF.max_seconds)
     Runtime.retry_backoff = Backoff(settings.retry_base_seconds, settings.retry_max_seconds)
 
@@ -113,7 +118,11 @@ def _run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
             Runtime.wakeups.forget(key)  # its DELETED event may come later: no check of it meanwhile
             return None
         outcome = reconcile(
-            _kube(), body, Runtime.backoff, Runtime.settings.agents, Runtime.settings.snapshot_store
+            SeenKube(_kube(), Runtime.seen),
+            body,
+            Runtime.backoff,
+            Runtime.settings.agents,
+            Runtime.settings.snapshot_store,
         )
         METRICS.endpoints.set(*key, outcome.status["phase"])
         result = "success"
@@ -259,8 +268,14 @@ def _wake_owner(namespace: str | None, labels: Mapping[str, str]) -> None:
 @kopf.on.event("", "v1", "services", labels=MANAGED)
 @kopf.on.event("autoscaling", "v2", "horizontalpodautoscalers", labels=MANAGED)
 @kopf.on.event("", "v1", "pods", labels={L.COMPONENT_LABEL: L.CAPTURE_COMPONENT})  # a capture pod ended
-def on_child_event(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
-    """A child changed (status, hand edit, deletion): look at its endpoint again."""
+def on_child_event(
+    event: Mapping[str, Any], body: kopf.Body, namespace: str | None, labels: Mapping[str, str], **_: Any
+) -> None:
+    """A child changed (status, hand edit, deletion): keep its copy, look at its endpoint again."""
+    if event.get("type") == "DELETED":
+        Runtime.seen.gone(str(body.get("kind")), namespace or "", str(body.get("metadata", {}).get("name")))
+    else:
+        Runtime.seen.saw(plain(body))
     _wake_owner(namespace, labels)
 
 
