@@ -1,5 +1,6 @@
 """Endpoints at rest cost the API server no write: over several resync periods, while the operator checks
-every endpoint, the apiserver's audit log records no create, update, patch or delete by it."""
+every endpoint, the apiserver's audit log records no create, update, patch or delete by it; nor for an
+endpoint once it is deleted."""
 
 from __future__ import annotations
 
@@ -93,3 +94,30 @@ def test_endpoints_at_rest_cost_no_write_over_several_resyncs(audited: ControlPl
     writes = [r for r in requests if r.write]
     assert not writes, f"{len(writes)} writes at rest: {dict(audit.tally(writes))}"
     assert "Traceback" not in operator.log_path.read_text(errors="replace"), operator.log_tail(120)
+
+
+def test_nothing_is_sent_for_a_deleted_endpoint(audited: ControlPlane, tmp_path: Path) -> None:
+    kube, namespace, resync = audited, "deleted", 2
+    kube.kubectl("create", "namespace", namespace)
+    env = {"WARMSTART_OPERATOR_RESYNC_SECONDS": str(resync)}
+    operator = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", env=env)
+    operator.start()
+    try:
+        kube.kubectl("create", "-f", "-", input=endpoints_manifest(namespace, 1))
+        kube.wait_for(lambda: reconciled(kube, namespace) == 1, timeout=60, message="reconciled")
+        since = audit.now()
+        kube.kubectl("delete", "iep", "ep-0000", "-n", namespace, "--wait=true")
+        # The garbage collector deletes its children meanwhile: each deletion wakes the endpoint up.
+        kube.wait_for(
+            lambda: not kube.kubectl("get", "deployment,service", "-n", namespace, "-o", "name").stdout,
+            timeout=60,
+            message="children collected",
+        )
+        time.sleep(resync * 3)
+        until = audit.now()
+        time.sleep(2)
+    finally:
+        operator.stop()
+    requests = audit.operator_requests(kube.audit_log or Path(), since, until)
+    writes = [r for r in requests if r.write and r.namespace == namespace]
+    assert not writes, f"{len(writes)} writes after the endpoint was deleted: {dict(audit.tally(writes))}"
