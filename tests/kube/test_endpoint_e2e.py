@@ -98,6 +98,13 @@ def test_helm_install_capture_and_restore_replicas_on_the_real_node(
     identity = snap["status"]["identity"]
     assert identity["image"].startswith("sha256:") or "@sha256:" in identity["image"], identity
     assert identity["engine"] == "builtin" and identity["model_digest"], identity
+    # A capture that went as planned says nothing alarming: no probe of its pod failed while it was dumped.
+    warnings = json.loads(kube.kubectl("get", "events", "-n", namespace, "--field-selector", "type=Warning",
+                                       "-o", "json").stdout)["items"]  # fmt: skip
+    capture_pod = f"{snap['metadata']['name']}-capture-"
+    unhealthy = [e["message"] for e in warnings if e["involvedObject"]["name"].startswith(capture_pod)
+                 and e["reason"] == "Unhealthy"]  # fmt: skip
+    assert not unhealthy, unhealthy
 
     kube.kubectl("scale", f"iep/{ENDPOINT}", "-n", namespace, "--replicas=2")
     restored = wait(

@@ -168,6 +168,8 @@ def test_capture_pod_is_owned_by_the_snapshot_and_not_served():
     service = children.service(*owner_and_spec())
     assert not set(service["spec"]["selector"].items()) <= set(labels.items())
     assert pod["spec"]["restartPolicy"] == "Never"
+    (container,) = pod["spec"]["containers"]  # probes would fail while it is checkpointed, each a Warning
+    assert "readinessProbe" not in container and "livenessProbe" not in container
 
 
 def test_hpa_pods_and_external_metrics():

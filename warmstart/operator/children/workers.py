@@ -247,6 +247,9 @@ def capture_pod(
         **pod_labels(endpoint, L.CAPTURE_COMPONENT, L.ROLE_CAPTURE, snapshot_owner.name, request_hash),
     }
     body = pod_spec(endpoint, spec, L.ROLE_CAPTURE, snapshot_owner.name, request_hash)
+    for container in body["containers"]:  # no Service routes to it, and its deadline ends a stuck capture:
+        container.pop("readinessProbe")  # probes would only fail while the agent checkpoints it, each
+        container.pop("livenessProbe")  # failure a Warning Event on a capture that goes as planned
     body["restartPolicy"] = "Never"
     body["activeDeadlineSeconds"] = spec.snapshot.capture_timeout_seconds  # a stuck capture ends
     return {
