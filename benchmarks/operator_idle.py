@@ -16,7 +16,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "hack"), str(REPO / "tests"), str(REPO / "tests" / "operator")]
@@ -25,28 +24,10 @@ import audit  # noqa: E402
 from control_plane import build, versions  # noqa: E402
 from control_plane.cluster import ControlPlane  # noqa: E402
 from operator_process import OperatorProcess  # noqa: E402
+from operator_scale import print_rows  # noqa: E402
+from test_idle_cluster import endpoints_manifest  # noqa: E402
 
 NAMESPACE = "idle"
-
-
-def endpoint_list(endpoints: int) -> dict[str, Any]:
-    spec = {
-        "model": {"uri": "org/model"},
-        "engine": {"kind": "vllm", "image": "registry.example/warmstart-worker:0.1"},
-        "resources": {"gpus": 1},
-        "replicas": 0,
-        "snapshot": {"enabled": False},
-    }
-    items = [
-        {
-            "apiVersion": "warmstart.dev/v1alpha1",
-            "kind": "InferenceEndpoint",
-            "metadata": {"name": f"ep-{index:04d}", "namespace": NAMESPACE},
-            "spec": spec,
-        }
-        for index in range(endpoints)
-    ]
-    return {"apiVersion": "v1", "kind": "List", "items": items}
 
 
 def reconciled(kube: ControlPlane) -> int:
@@ -62,7 +43,7 @@ def reconciled(kube: ControlPlane) -> int:
 def make_endpoints(kube: ControlPlane, endpoints: int, state_dir: Path, timeout: float) -> float:
     """Create them and wait until every one is reconciled; seconds taken."""
     manifest = state_dir / "endpoints.json"
-    manifest.write_text(json.dumps(endpoint_list(endpoints)))
+    manifest.write_text(endpoints_manifest(NAMESPACE, endpoints))
     started = time.monotonic()
     kube.kubectl("create", "-f", str(manifest), timeout=300)
     kube.wait_for(lambda: reconciled(kube) >= endpoints, timeout=timeout, interval=2, message="reconciled")
@@ -124,10 +105,7 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="operator-idle-") as tmp:
         rows = run(args.endpoints, args.resync, args.window, Path(tmp))
-    width = max(len(name) for name, _ in rows)
-    print(f"\n| {'measure'.ljust(width)} | value |\n|{'-' * (width + 2)}|-------|")
-    for name, value in rows:
-        print(f"| {name.ljust(width)} | {value} |")
+    print_rows(rows)
     return 0
 
 

@@ -185,11 +185,16 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="operator-scale-") as tmp:
         rows = run(args.endpoints, args.timeout, Path(tmp))
+    print_rows(rows)
+    return 0
+
+
+def print_rows(rows: list[tuple[str, str]]) -> None:
+    """The measures as one Markdown table."""
     width = max(len(name) for name, _ in rows)
     print(f"\n| {'measure'.ljust(width)} | value |\n|{'-' * (width + 2)}|-------|")
     for name, value in rows:
         print(f"| {name.ljust(width)} | {value} |")
-    return 0
 
 
 if __name__ == "__main__":
