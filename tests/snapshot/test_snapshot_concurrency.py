@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import multiprocessing
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import snapshot_helpers
 from support import python_path_env, wait_until
 
 from warmstart.snapshot import Snapshot, SnapshotStore
+from warmstart.snapshot.layout import OWNER_FILE
 from warmstart.snapshot.signing import Verifier
 
 HELPERS_DIR = Path(snapshot_helpers.__file__).parent
@@ -116,3 +119,19 @@ def test_a_delete_waits_for_a_running_gc(store: SnapshotStore, publish: Callable
     deleting.join()
     assert store.list() == []
     assert store.gc().errors == []
+
+
+def test_gc_never_takes_a_staging_directory_being_made_for_abandoned(store: SnapshotStore) -> None:
+    live = store.stage(snapshot_helpers.make_identity())  # a real owner record, this process's
+    reports = []
+    with store.layout.lock(exclusive=False):  # what making a staging directory holds
+        being_made = store.staging_dir / uuid.uuid4().hex
+        being_made.mkdir()  # bare: its owner record comes next
+        collecting = threading.Thread(target=lambda: reports.append(store.gc(staging_older_than=0)))
+        collecting.start()
+        wait_until_blocked_on_a_lock(collecting)
+        shutil.copyfile(live.root / OWNER_FILE, being_made / OWNER_FILE)
+    collecting.join()
+    assert being_made.is_dir(), reports[0].removed_staging
+    assert len(reports[0].kept_staging) == 2 and reports[0].removed_staging == []
+    live.discard()

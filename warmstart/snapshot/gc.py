@@ -7,8 +7,9 @@ lock shared while they link blobs and rename a manifest in, so under the exclusi
 every manifest that relies on a blob; a directory that is new or changed since the unlocked read is read
 there (at most `MAX_LOCKED_READS` of them: when more changed, GC reads again without the lock, and when
 `snapshots/` keeps changing it removes no blob this time). Stale staging directories and junk in
-`snapshots/` are removed without the lock. A planted directory therefore costs GC's own time, never a
-capture's wait for the lock.
+`snapshots/` are removed without the lock; a staging directory found stale is judged once more under the
+exclusive lock first, since a directory is made bare and given its owner record under the shared lock.
+A planted directory therefore costs GC's own time, never a capture's wait for the lock.
 
 Unreferenced blobs younger than `blob_grace` seconds are kept (ingesting a blob refreshes its mtime).
 An entry of `snapshots/` that is not a signed snapshot directory (no `manifest.sig`, or not a directory at
@@ -99,10 +100,11 @@ def collect_garbage(
     layout.ensure()
     grace = staging_older_than if blob_grace is None else blob_grace
     report = GcReport(dry_run=dry_run)
-    stale = _stale_staging(layout, staging_older_than, report)
+    looks_stale = _stale_staging(layout, staging_older_than, report)
     scan = SnapshotScan(layout, verifier)
     scan.settle()
     with layout.lock(exclusive=True):  # a few lstats per snapshot directory, then the blobs
+        stale = _confirm_stale_staging(looks_stale, staging_older_than, report)
         current = scan.bring_up_to_date()
         referenced = scan.referenced() if current else None
         if referenced is not None:
@@ -151,7 +153,8 @@ def remove_unreferenced_blobs(layout: StoreLayout, digests: Iterable[str]) -> li
 
 
 def _stale_staging(layout: StoreLayout, older_than: float, report: GcReport) -> list[Path]:
-    """The stale staging entries (decided without the lock: an owner that is gone does not come back)."""
+    """The entries that look stale read without the lock (see `_confirm_stale_staging`); the rest reported
+    as kept."""
     here, now = this_host(), time.time()
     stale = []
     for entry in sorted(layout.staging_dir.iterdir()):
@@ -159,11 +162,29 @@ def _stale_staging(layout: StoreLayout, older_than: float, report: GcReport) -> 
             is_stale, why = staging_is_stale(entry, here, now, older_than)
         except FileNotFoundError:  # discarded by its owner meanwhile
             continue
-        if not is_stale:
+        if is_stale:
+            stale.append(entry)
+        else:
             report.kept_staging.append(f"{entry.name} ({why})")
+    return stale
+
+
+def _confirm_stale_staging(looks_stale: list[Path], older_than: float, report: GcReport) -> list[Path]:
+    """Judge `looks_stale` again under the exclusive lock: those that still are stale, each reported.
+
+    Without the lock GC may see a directory between its making and its owner record (both under the shared
+    lock), and with no record to read it would be judged by age alone.
+    """
+    here, now = this_host(), time.time()
+    stale = []
+    for entry in looks_stale:
+        try:
+            is_stale, why = staging_is_stale(entry, here, now, older_than)
+        except FileNotFoundError:
             continue
-        report.removed_staging.append(f"{entry.name} ({why})")
-        stale.append(entry)
+        (report.removed_staging if is_stale else report.kept_staging).append(f"{entry.name} ({why})")
+        if is_stale:
+            stale.append(entry)
     return stale
 
 
