@@ -64,6 +64,10 @@ CONTROLLERS = (
     "disruption-controller",
     "pod-garbage-collector-controller",
     "persistentvolume-binder-controller",  # binds the claims of the real node's hostPath volumes
+    # Lift the in-use finalizers admission puts on every claim and volume once no pod uses them; without
+    # them a claim, and so its namespace, is never deleted.
+    "persistentvolumeclaim-protection-controller",
+    "persistentvolume-protection-controller",
     # Lifts the node.kubernetes.io/not-ready taint that admission puts on every new node.
     "node-lifecycle-controller",
 )

@@ -121,3 +121,38 @@ def test_nothing_is_sent_for_a_deleted_endpoint(audited: ControlPlane, tmp_path:
     requests = audit.operator_requests(kube.audit_log or Path(), since, until)
     writes = [r for r in requests if r.write and r.namespace == namespace]
     assert not writes, f"{len(writes)} writes after the endpoint was deleted: {dict(audit.tally(writes))}"
+
+
+CHANGES = 10
+
+
+def test_each_spec_change_costs_a_bounded_number_of_writes(audited: ControlPlane, tmp_path: Path) -> None:
+    """Ten spec changes of one endpoint, each waited for: per change at most one patch of the endpoint
+    object (kopf's record of the spec it handled), one of its status and one of each child the change
+    touches; the counts are printed."""
+    kube, namespace, resync = audited, "churn", 2
+    kube.kubectl("create", "namespace", namespace)
+    env = {"WARMSTART_OPERATOR_RESYNC_SECONDS": str(resync)}
+    operator = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", env=env)
+    operator.start()
+    try:
+        kube.kubectl("create", "-f", "-", input=endpoints_manifest(namespace, 1))
+        kube.wait_for(lambda: reconciled(kube, namespace) == 1, timeout=60, message="reconciled")
+        time.sleep(resync * 2)
+        since = audit.now()
+        for change in range(1, CHANGES + 1):
+            patch = {"spec": {"template": {"annotations": {"churn": str(change)}}}}
+            kube.kubectl("patch", "iep", "ep-0000", "-n", namespace, "--type=merge", "-p", json.dumps(patch))
+            kube.wait_for(lambda: reconciled(kube, namespace) == 1, timeout=60, message=f"change {change}")
+        time.sleep(resync * 3)
+        until = audit.now()
+        time.sleep(2)
+    finally:
+        operator.stop()
+    requests = audit.operator_requests(kube.audit_log or Path(), since, until)
+    writes = audit.tally([r for r in requests if r.write and r.namespace == namespace])
+    print(f"\n{CHANGES} spec changes: {dict(writes)}")
+    assert writes["patch inferenceendpoints"] <= CHANGES, dict(writes)
+    assert writes["patch inferenceendpoints/status"] <= CHANGES, dict(writes)
+    assert writes["patch deployments"] <= CHANGES, dict(writes)
+    assert sum(writes.values()) <= 4 * CHANGES, dict(writes)
