@@ -218,7 +218,7 @@ def snapshot_blob_paths(store: SnapshotStore, snapshot: Snapshot) -> list[Path]:
 
 def weight_files_and_bytes(snapshot: Snapshot) -> tuple[list[Path], int]:
     """The weight files a restore reads (its staging plan's) and the bytes it puts on the GPU from them."""
-    plan = (snapshot.meta.get("worker") or {}).get("weight_staging") or {}
+    plan = snapshot.record.worker.weight_staging or {}
     copies = plan.get("copies") or []
     files = sorted({Path(copy[0]) for copy in copies})
     return [path for path in files if path.is_file()], sum(int(copy[3]) for copy in copies)
@@ -227,7 +227,7 @@ def weight_files_and_bytes(snapshot: Snapshot) -> tuple[list[Path], int]:
 def checkpointed_gpu_bytes(snapshot: Snapshot) -> int:
     """Device memory the CUDA checkpoint held, 0 if unknown: the builtin engine's GPU use when it was
     released, vLLM's process's own device memory once asleep (and trimmed, where it was)."""
-    engine = (snapshot.meta.get("worker") or {}).get("engine") or {}
+    engine = snapshot.record.worker.engine
     if builtin := (engine.get("at_release") or {}).get("gpu_used_bytes"):
         return int(builtin)
     vllm = engine.get("memory_at_release") or {}
@@ -526,7 +526,7 @@ def _print_tables(
     console.print(table)
     notes = ["capture phases: " + ", ".join(f"{k} {v:.2f}s" for k, v in timings.items())]
     notes += [f"floor, page cache {floor.cache}: {floor.seconds:.2f} s = {floor.detail}" for floor in floors]
-    engine = (snapshot.meta.get("worker") or {}).get("engine") or {}
+    engine = snapshot.record.worker.engine
     if engine.get("at_release"):
         notes.append(f"engine at release: {json.dumps(engine['at_release'])}")
     for item in series:

@@ -133,6 +133,9 @@ def kubelet_config(
         "registerNode": True,
         "registerWithTaints": [{"key": key, "value": "true", "effect": "NoSchedule"} for key in taints],
         "maxPods": 32,
+        # A changed Secret or ConfigMap reaches a pod's volume at the pod's next periodic sync: 1 min by
+        # default, which a Prometheus picking up a new ServiceMonitor (its generated configuration) waits.
+        "syncFrequency": "10s",
         "shutdownGracePeriod": "0s",
     }
     return json.dumps(config, indent=2) + "\n"

@@ -273,7 +273,7 @@ def test_agent_captures_restores_and_refuses(
     verified = store.verify(
         snapshot_id, agent.node.verifier, expected_identity=store.get(snapshot_id).identity
     )
-    assert verified.meta["namespace"] == namespace
+    assert verified.record.namespace == namespace
     kube.wait_for(lambda: not sandboxes[0].alive(), timeout=60, message="capture worker exits when done")
 
     # A restore pod of the endpoint: restored, it answers like a cold worker of the same model would.

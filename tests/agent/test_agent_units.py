@@ -47,6 +47,7 @@ from warmstart.agent.proto import agent_pb2, agent_pb2_grpc, cri_pb2, cri_pb2_gr
 from warmstart.agent.restore import worker_port
 from warmstart.agent.settings import AgentSettings
 from warmstart.api import labels as L
+from warmstart.api.capture_record import CaptureRecord, WorkerRecord
 from warmstart.checkpoint.sandbox import namespace_pids
 from warmstart.settings import SettingsError, load
 from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
@@ -556,7 +557,8 @@ def test_a_pod_whose_model_or_engine_changed_is_refused_with_a_typed_reason_and_
     from warmstart.restore_facts import RestoreFacts
 
     captured = RestoreFacts("builtin", "1", ("--port", "8000"), "/m", {"model.safetensors": (10, "aa")})
-    snapshot = SimpleNamespace(id="s", meta={"worker": {"restore_facts": captured.to_dict()}})
+    record = CaptureRecord(worker=WorkerRecord(restore_facts=captured.to_dict()))
+    snapshot = SimpleNamespace(id="s", record=record)
 
     def refusal(facts: RestoreFacts, name: str) -> Refused:
         control = ControlDir(tmp_path / name)

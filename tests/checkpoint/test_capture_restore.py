@@ -95,7 +95,7 @@ def test_source_keeps_serving_and_restore_answers_identically(
     assert {"wait_ready", "criu_dump", "publish"} <= set(captured.timings)
     assert "criu/inventory.img" in captured.snapshot.files
     # one core-<id>.img per thread: what the capture's check of restorable ids reads
-    assert f"criu/core-{captured.snapshot.meta['engine_pid']}.img" in captured.snapshot.files
+    assert f"criu/core-{captured.snapshot.record.engine_pid}.img" in captured.snapshot.files
     assert "sandbox/control/logs/out" in captured.snapshot.files
     source_answer = wait_for_line(source.host_dir / "control" / "answer").split()
     assert source_answer[2] == "9000"  # the source resumed in place with its payload
@@ -294,7 +294,7 @@ def test_a_pid_taken_in_the_pod_fails_the_restore_without_counting_it_against_th
 ) -> None:
     criu, _ = counting_criu
     _, captured = _capture(tmp_path, store, key, criu, sandboxes)
-    engine_pid = captured.snapshot.meta["engine_pid"]
+    engine_pid = captured.snapshot.record.engine_pid
     sandbox = Sandbox.start(tmp_path / "taken", waiting_init_command(), reserve_pids=True)
     sandboxes.append(sandbox)
     holder = _hold_pid(sandbox, engine_pid)
@@ -449,11 +449,11 @@ def test_every_rank_of_a_tensor_parallel_tree_is_captured_and_restored_together(
         store=store, signer=load_signer(key), sandbox=source, control=ControlDir(source.host_dir / "control"),
         criu=criu, options=CaptureOptions(resume_payload={"port": 9000}),
     )  # fmt: skip
-    worker = captured.snapshot.meta["worker"]
-    ranks = worker["ranks"]  # PIDs inside the sandbox: the engine and the rank it started
+    # PIDs inside the sandbox: the engine and the rank it started
+    ranks = captured.snapshot.record.worker.extra["ranks"]
     for pid in ranks:
         assert f"criu/core-{pid}.img" in captured.snapshot.files  # one image holds every rank
-    assert captured.snapshot.meta["cuda_pids"] == []  # CPU ranks: no CUDA process to checkpoint
+    assert captured.snapshot.record.cuda_pids == []  # CPU ranks: no CUDA process to checkpoint
     source_answer = json.loads(wait_for_line(source.host_dir / "control" / "answer"))
     assert source_answer["after"] == source_answer["before"] and source_answer["matches_one_process"]
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from warmstart import cuda_driver
+from warmstart.api.capture_record import CaptureRecord
 from warmstart.checkpoint import cuda
 
 
@@ -204,9 +205,9 @@ def test_a_restore_missing_one_of_its_cuda_processes_fails_naming_it() -> None:
 
     restored = {7: 1007, 8: 1008}  # namespace PID -> host PID of what CRIU brought back
     sandbox = SimpleNamespace(host_pid=restored.get)
-    snapshot = SimpleNamespace(meta={"cuda_pids": [7, 8]})
+    snapshot = SimpleNamespace(record=CaptureRecord(cuda_pids=[7, 8]))
     assert _restored_cuda_pids(snapshot, sandbox, 7) == [1007, 1008]
     with pytest.raises(CriuError, match=r"no process with pid \[9\] of the CUDA processes \[7, 9\]"):
-        _restored_cuda_pids(SimpleNamespace(meta={"cuda_pids": [7, 9]}), sandbox, 7)
+        _restored_cuda_pids(SimpleNamespace(record=CaptureRecord(cuda_pids=[7, 9])), sandbox, 7)
     # A snapshot from before the tree was recorded: the engine alone.
-    assert _restored_cuda_pids(SimpleNamespace(meta={}), sandbox, 8) == [1008]
+    assert _restored_cuda_pids(SimpleNamespace(record=CaptureRecord()), sandbox, 8) == [1008]

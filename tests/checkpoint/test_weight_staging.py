@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from support import wait_until
 
+from warmstart.api.capture_record import CaptureRecord
 from warmstart.checkpoint import weight_staging
 from warmstart.checkpoint.weight_staging import (
     StagerProcess,
@@ -40,6 +41,10 @@ NOBODY = 65534
 class _Snapshot:  # the two fields of `Snapshot` that staging reads
     meta: dict[str, Any] = field(default_factory=dict)
     id: str = "snap-1"
+
+    @property
+    def record(self) -> CaptureRecord:
+        return CaptureRecord.of(self.meta)
 
 
 @pytest.fixture

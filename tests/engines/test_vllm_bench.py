@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from warmstart.api.capture_record import CaptureRecord, WorkerRecord
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -283,8 +285,8 @@ def test_each_restore_is_put_against_the_newest_floor_of_its_store_for_the_cache
 def test_the_floor_counts_the_device_memory_each_engine_checkpointed() -> None:
     from warmstart.bench import checkpointed_gpu_bytes
 
-    def snapshot(engine: dict[str, Any]) -> Any:  # only the manifest's meta is read
-        return SimpleNamespace(meta={"worker": {"engine": engine}})
+    def snapshot(engine: dict[str, Any]) -> Any:  # only the capture record is read
+        return SimpleNamespace(record=CaptureRecord(worker=WorkerRecord(engine=engine)))
 
     asleep = {"gpu_processes_gib": [1.707]}
     assert checkpointed_gpu_bytes(snapshot({"at_release": {"gpu_used_bytes": 5 << 30}})) == 5 << 30

@@ -434,7 +434,7 @@ def captured_answer(gpu: RealNode, namespace: str, snap: dict[str, Any]) -> dict
     """What the captured process answered to its warm-up completion, as its snapshot records it (vLLM's
     server records one; {} otherwise)."""
     snapshot = agent_store(gpu, namespace).get(snap["status"]["snapshotId"])
-    return (snapshot.meta.get("worker") or {}).get("engine", {}).get("warm_up") or {}
+    return snapshot.record.worker.engine.get("warm_up") or {}
 
 
 def first_difference(ids: list[int], other: list[int]) -> int | None:

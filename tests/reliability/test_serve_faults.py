@@ -25,8 +25,9 @@ from test_store_hostile import (
     tree_state,
 )
 
+from warmstart.api.capture_record import CaptureRecord, WorkerRecord
 from warmstart.identity import SnapshotIdentity
-from warmstart.serve.identity_cache import CACHE_KEY_META, IdentityCache
+from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.local_node import LocalNode
 from warmstart.serve.worker_spec import ServeError, StartReport, WorkerSpec
 from warmstart.snapshot.keys import signing_keys
@@ -149,7 +150,9 @@ def test_a_lost_identity_record_is_recovered_from_the_published_snapshot(tmp_pat
     (model_dir / "weights").write_bytes(b"w")
     os.utime(model_dir / "weights", (1, 1))  # unchanged since long before the capture
     node = decision_node(s.root, tmp_path / "pods")
-    meta = {CACHE_KEY_META: node.identities.key(node.spec), "worker": {"model_dir": str(model_dir)}}
+    meta = CaptureRecord(
+        identity_cache_key=node.identities.key(node.spec), worker=WorkerRecord(model_dir=str(model_dir))
+    ).to_meta()
     with s.store.stage(IDENTITY, meta=meta) as staging:
         (staging.dir / "criu").mkdir()
         (staging.dir / "criu" / "core.img").write_bytes(b"core")

@@ -62,7 +62,7 @@ def test_round_trip_publish_list_verify_materialise(
     assert snapshot.id.startswith(identity.digest()[:12])
     assert store.get(snapshot.id).manifest == snapshot.manifest
     assert snapshot.timings["criu_dump"] == 1.5 and "store_hash" in snapshot.timings
-    assert snapshot.node == {"name": "node-a"} and snapshot.meta == {"model": "tiny"}
+    assert snapshot.node == {"name": "node-a"} and snapshot.record.model == "tiny"
     assert snapshot.size == sum(len(content) for content in FILES.values())
     assert list(store.staging_dir.iterdir()) == []  # staging cleaned up after publish
 

@@ -211,9 +211,9 @@ class Agent:
                 "model_digest": s.identity.model_digest,
                 "size": s.size,
                 "created": s.manifest.created,
-                "namespace": str(s.meta.get("namespace", "")),
-                "inference_snapshot": str(s.meta.get("inferenceSnapshot", "")),
+                "namespace": s.record.namespace,
+                "inference_snapshot": s.record.inference_snapshot,
             }  # fmt: skip
             for s in self.node.store.list(identity_hash or None, verifier=self.node.verifier)
-            if s.meta.get("node") == self.config.node
+            if s.record.node == self.config.node
         ]

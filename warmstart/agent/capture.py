@@ -17,6 +17,7 @@ from warmstart.agent import objects
 from warmstart.agent.context import NO_IMAGE_DIGEST, NodeContext
 from warmstart.agent.pods import PodSandbox
 from warmstart.api import labels as L
+from warmstart.api.capture_record import CaptureRecord
 from warmstart.api.snapshot import AGENT, CaptureState, Phase, SnapshotStatus, derive_phase, status_patch
 from warmstart.checkpoint.capture import (
     CaptureError,
@@ -153,12 +154,9 @@ class CapturePhase:
                 complete_signal=False,  # sent below once the snapshot is Ready (or its attempt failed)
                 measured_identity={"image": image},
                 ready_timeout=node.config.ready_timeout,
-                meta={
-                    "namespace": namespace,
-                    "inferenceSnapshot": snap_name,
-                    "pod": pod_name,
-                    "node": node_name,
-                },
+                record=CaptureRecord(
+                    namespace=namespace, inference_snapshot=snap_name, pod=pod_name, node=node_name
+                ),
             )
             result = capture(
                 store=node.store, signer=node.signer, sandbox=sandbox, control=control, criu=node.criu,

@@ -15,6 +15,7 @@ from typing import Any
 
 from warmstart.agent import objects
 from warmstart.agent.context import NodeContext
+from warmstart.api.capture_record import CaptureRecord
 from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.remote import RemoteError
 from warmstart.snapshot.store import Snapshot, SnapshotNotFound
@@ -34,11 +35,15 @@ def snapshots_to_remove(
     ]
 
 
-def captured_for(recorded: dict[str, Any], snap: dict[str, Any]) -> bool:
-    """Whether a snapshot's manifest meta (`recorded`) names this InferenceSnapshot (namespace and name)."""
+def captured_for(recorded: CaptureRecord | None, snap: dict[str, Any]) -> bool:
+    """Whether a snapshot's capture record names this InferenceSnapshot (namespace and name)."""
     meta = objects.meta(snap)
     wanted = (meta.get("namespace"), meta.get("name"))
-    return wanted[0] is not None and (recorded.get("namespace"), recorded.get("inferenceSnapshot")) == wanted
+    return (
+        recorded is not None
+        and wanted[0] is not None
+        and (recorded.namespace, recorded.inference_snapshot) == wanted
+    )
 
 
 class StoreCleanup:
@@ -130,15 +135,15 @@ class StoreCleanup:
             snapshot = self.node.store.get(snapshot_id)
         except SnapshotError:  # not in this node's store (or unreadable: the grace period and gc take it)
             snapshot = None
-        if snapshot is not None and captured_for(snapshot.meta, snap):
+        if snapshot is not None and captured_for(snapshot.record, snap):
             self._delete(snapshot_id)
-        if cluster_store is not None and captured_for(self._remote_meta(snapshot_id), snap):
+        if cluster_store is not None and captured_for(self._remote_record(snapshot_id), snap):
             cluster_store.forget(snapshot_id)
 
-    def _remote_meta(self, snapshot_id: str) -> dict[str, Any]:
-        """The bucket's manifest's meta of a snapshot, once its signature checks out; {} when unreadable."""
+    def _remote_record(self, snapshot_id: str) -> CaptureRecord | None:
+        """The capture record of the bucket's manifest once its signature checks out; None if unreadable."""
         assert self.node.cluster_store is not None
         try:
-            return self.node.cluster_store.remote.manifest(snapshot_id, self.node.verifier).meta
+            return self.node.cluster_store.remote.manifest(snapshot_id, self.node.verifier).record
         except (SnapshotError, RemoteError):
-            return {}
+            return None

@@ -121,7 +121,7 @@ class PrestagePhase:
         except (SnapshotError, ValueError, PullFailed) as exc:
             log.debug("InferenceSnapshot %s: nothing to pre-stage (%s)", objects.key(snap), exc)
             return None
-        if stored.meta.get("namespace") != objects.meta(snap).get("namespace"):
+        if stored.record.namespace != objects.meta(snap).get("namespace"):
             return None
         return stored
 

@@ -199,7 +199,7 @@ class RestorePhase:
             raise Refused(
                 f"InferenceSnapshot {name} records another identity than store snapshot {snapshot_id}"
             )
-        recorded = snapshot.meta.get("namespace")
+        recorded = snapshot.record.namespace
         if recorded != namespace:
             raise Refused(
                 f"snapshot {snapshot_id} was captured in namespace {recorded!r}; it is never restored into "
@@ -254,7 +254,7 @@ class RestorePhase:
     def check_restore_facts(self, snapshot: Snapshot, control: ControlDir) -> None:
         """Refused unless the pod's worker shows the capture's restore facts: engine, its version, its flags,
         the model's files (`warmstart.restore_facts`). Snapshots taken before they were recorded pass."""
-        recorded = (snapshot.meta.get("worker") or {}).get("restore_facts")
+        recorded = snapshot.record.worker.restore_facts
         if recorded is None:
             log.info("snapshot %s records no restore facts: the pod's model is not compared", snapshot.id)
             return

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from warmstart.api.capture_record import CaptureRecord, WorkerRecord
 from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.layout import CRIU_DIR, LOGS_DIR, SANDBOX_FILES_DIR, timed
@@ -68,7 +69,7 @@ class CaptureOptions:
     resume_payload: dict[str, Any] = field(default_factory=dict)  # e.g. {"port": 8000} for the source
     ready_timeout: float = 600.0
     cuda_lock_timeout_ms: int = cuda.DEFAULT_LOCK_TIMEOUT_MS
-    meta: dict[str, Any] = field(default_factory=dict)
+    record: CaptureRecord = field(default_factory=CaptureRecord)  # who asked: completed by the capture
     # Identity fields the capturing side measures itself and records instead of the worker's own word
     # (on a cluster: the image digest the container runtime reports).
     measured_identity: dict[str, Any] = field(default_factory=dict)
@@ -287,6 +288,7 @@ def capture(
     try:
         identity = dataclasses.replace(identity_from_payload(payload), **options.measured_identity)
         namespace_pid, host_pid = engine_pids(payload, sandbox)
+        worker = worker_record(payload)
     except CaptureError:  # nothing was suspended: the worker only waits for word to serve
         _tell_source_to_serve(control, options.resume_payload)
         raise
@@ -300,7 +302,7 @@ def capture(
                 cuda.suspend_all(gpu_pids, options.cuda_lock_timeout_ms)
             suspended = gpu_pids
         published = _dump_and_publish(
-            store, signer, sandbox, criu, identity, namespace_pid, host_pid, payload, use, gpu_pids, options,
+            store, signer, sandbox, criu, identity, namespace_pid, host_pid, worker, use, gpu_pids, options,
             timer,
         )  # fmt: skip
     except BaseException as exc:
@@ -318,6 +320,15 @@ def capture(
     return CaptureResult(published, timer.timings)
 
 
+def worker_record(payload: dict[str, Any]) -> WorkerRecord:
+    """The worker's snapshot request as the capture records it; CaptureError naming each field of the wrong
+    type (the worker runs the tenant's code: what it sends is checked before it is signed)."""
+    try:
+        return WorkerRecord.of({k: v for k, v in payload.items() if k not in ("identity", "pid")})
+    except ValueError as exc:
+        raise CaptureError(f"the worker's request for its snapshot is refused: {exc}") from exc
+
+
 def _dump_and_publish(
     store: SnapshotStore,
     signer: Signer,
@@ -326,22 +337,23 @@ def _dump_and_publish(
     identity: SnapshotIdentity,
     namespace_pid: int,
     host_pid: int,
-    payload: dict[str, Any],
+    worker: WorkerRecord,
     use: cuda.CudaUse,
     cuda_pids: list[int],
     options: CaptureOptions,
     timer: _Timer,
 ) -> Snapshot:
-    meta = {
-        **options.meta,
-        "engine_pid": namespace_pid,
-        "uses_cuda": use.uses_cuda,
-        "cuda_reason": use.reason,
+    record = dataclasses.replace(
+        options.record,
+        engine_pid=namespace_pid,
+        uses_cuda=use.uses_cuda,
+        cuda_reason=use.reason,
         # Their PIDs inside the sandbox (CRIU restores them): each is CUDA-restored, or the restore fails.
-        "cuda_pids": _sandbox_pids(host_pid, cuda_pids),
-        "worker": {k: v for k, v in payload.items() if k not in ("identity", "pid")},
-    }
+        cuda_pids=_sandbox_pids(host_pid, cuda_pids),
+        worker=worker,
+    )
     node = {"hostname": socket.gethostname()}
+    meta = record.to_meta()
     with store.stage(identity, node=node, meta=meta) as staging, _held_open(host_pid, sandbox) as files:
         with timer.phase("copy_sandbox_files"):
             sizes = _copy_sandbox_files(files, sandbox, staging.dir / SANDBOX_FILES_DIR)
@@ -354,8 +366,11 @@ def _dump_and_publish(
             )
         _check_unchanged(files, sizes)
         check_ids_restorable(staging.dir / CRIU_DIR)
-        staging.meta["sandbox_files"] = [str(opened.inside) for opened in files]
-        staging.meta["sandbox_mountpoint"] = str(sandbox.mountpoint)
+        staging.meta = dataclasses.replace(
+            record,
+            sandbox_files=[str(opened.inside) for opened in files],
+            sandbox_mountpoint=str(sandbox.mountpoint),
+        ).to_meta()
         staging.timings.update(timer.timings)
         with timer.phase("publish"):
             snapshot = staging.publish(signer)

@@ -217,7 +217,7 @@ def place_sandbox_files(snapshot: Snapshot, materialized: Path, sandbox: Sandbox
     through a symbolic link (one where a directory goes is refused), and each file is written under a
     fresh name and renamed into place, so a link planted where a file goes is replaced, never followed.
     """
-    mountpoint = Path(snapshot.meta.get("sandbox_mountpoint", str(sandbox.mountpoint)))
+    mountpoint = Path(snapshot.record.sandbox_mountpoint or sandbox.mountpoint)
     if mountpoint != sandbox.mountpoint:
         raise RestoreFailed(
             f"the snapshot expects its sandbox at {mountpoint}, this one is at {sandbox.mountpoint}"
@@ -315,7 +315,7 @@ def restore(
             # The plan is the signed manifest's: the weights go to the GPU while the blobs are hashed
             # and CRIU restores the engine; a blob that fails its digest stops the stager below.
             signed = check_signed(store, snapshot_id, verifier, expected_identity)
-            if signed.meta.get("uses_cuda"):
+            if signed.record.uses_cuda:
                 cuda_driver.warm_up()  # meanwhile: ready by the CUDA restore (`cuda_driver` times the rest)
             stager = give_plan(stager, signed, sandbox.init_pid)
             snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
@@ -400,7 +400,7 @@ def _restore_process(
     host_pid = sandbox.host_pid(namespace_pid)
     if host_pid is None:  # a CRIU-side failure: the caller kills whatever half-restored tasks remain
         raise CriuError(f"CRIU reported pid {namespace_pid} but no such process runs in the sandbox")
-    if snapshot.meta.get("uses_cuda"):
+    if snapshot.record.uses_cuda:
         gpu_pids = _restored_cuda_pids(snapshot, sandbox, namespace_pid)
         with timed(timings, "cuda_driver"):
             cuda.driver()
@@ -415,7 +415,7 @@ def _restore_process(
 
 def _restored_cuda_pids(snapshot: Snapshot, sandbox: Sandbox, namespace_pid: int) -> list[int]:
     """Host PIDs of the restored processes that were CUDA-checkpointed (older snapshots: the engine)."""
-    wanted = snapshot.meta.get("cuda_pids") or [namespace_pid]
+    wanted = snapshot.record.cuda_pids or [namespace_pid]
     found = {pid: sandbox.host_pid(pid) for pid in wanted}
     missing = [pid for pid, host in found.items() if host is None]
     if missing:

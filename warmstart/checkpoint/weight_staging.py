@@ -51,8 +51,8 @@ GPU_LIST_VARIABLES = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 def staging_plan(snapshot: Snapshot) -> StagingPlan | None:
     """The engine's plan, when the snapshot has one and runs on CUDA; None otherwise (or when unreadable)."""
-    planned = (snapshot.meta.get("worker") or {}).get("weight_staging")
-    if not planned or not snapshot.meta.get("uses_cuda"):
+    planned = snapshot.record.worker.weight_staging
+    if not planned or not snapshot.record.uses_cuda:
         return None
     try:
         return StagingPlan.from_dict(planned)

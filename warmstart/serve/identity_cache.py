@@ -21,7 +21,6 @@ if TYPE_CHECKING:
 
 
 IDENTITIES_DIR = "identities"
-CACHE_KEY_META = "identity_cache_key"  # in a snapshot's meta: the key of the identity record it belongs to
 MAX_RECORD_BYTES = 4 << 20
 MAX_SIGNATURE_BYTES = 64 << 10
 
@@ -125,9 +124,10 @@ class IdentityCache:
         except (SnapshotError, OSError):
             return None, ""
         for snapshot in snapshots:
-            if snapshot.meta.get(CACHE_KEY_META) != key:
+            if snapshot.record.identity_cache_key != key:
                 continue
-            model_dir = _model_dir_of(snapshot.meta)
+            model_dir = snapshot.record.worker.model_dir
+            model_dir = model_dir if _is_path(model_dir) else None
             if model_dir is None or _changed_since(model_dir, snapshot.created.timestamp()):
                 continue
             note = f"identity recovered from snapshot {snapshot.id} (its record was missing)"
@@ -146,12 +146,6 @@ def _identity_of(entry: dict[str, Any]) -> SnapshotIdentity:
         return SnapshotIdentity.from_dict(entry["identity"])
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RecordRefused(f"its 'identity' is not an identity ({exc})") from exc
-
-
-def _model_dir_of(meta: dict[str, Any]) -> str | None:
-    worker = meta.get("worker")
-    model_dir = worker.get("model_dir") if isinstance(worker, dict) else None
-    return model_dir if _is_path(model_dir) else None
 
 
 def _is_path(value: Any) -> bool:

@@ -11,8 +11,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from warmstart.api.capture_record import CaptureRecord
 from warmstart.fileio import UnsafeInput
-from warmstart.serve.identity_cache import CACHE_KEY_META, IdentityCache
+from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.readiness import import_http_client_meanwhile
 from warmstart.serve.worker_spec import CONTROL_SUBDIR, ServeError, StartReport, WorkerExited, WorkerSpec
 from warmstart.serve.workers import PlainWorker, wait_http_ready
@@ -124,7 +125,7 @@ class LocalNode:
         started = time.monotonic()
         sandbox = self._start_worker_sandbox("capture")
         options = CaptureOptions(
-            meta={CACHE_KEY_META: self.identities.key(self.spec)},
+            record=CaptureRecord(identity_cache_key=self.identities.key(self.spec)),
             keep_serving=True,
             resume_payload=self._resume_payload(),
             ready_timeout=self.ready_timeout,
@@ -147,9 +148,7 @@ class LocalNode:
     def _record_identity(self, snapshot: Snapshot) -> str:
         """Record the captured identity; a note when it cannot be (the next start recovers it)."""
         try:
-            self.identities.record(
-                self.spec, snapshot.identity, str(snapshot.meta["worker"].get("model_dir", ""))
-            )
+            self.identities.record(self.spec, snapshot.identity, snapshot.record.worker.model_dir)
         except (OSError, UnsafeInput) as exc:
             return f"the identity record could not be written ({exc})"
         return ""

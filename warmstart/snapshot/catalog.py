@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from warmstart.api.capture_record import CaptureRecord
 from warmstart.fileio import UnsafeInput, read_regular_file
 from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.layout import (
@@ -83,8 +84,8 @@ class Snapshot:
         return self.manifest.node
 
     @property
-    def meta(self) -> dict[str, Any]:
-        return self.manifest.meta
+    def record(self) -> CaptureRecord:
+        return self.manifest.record
 
     def summary(self) -> dict[str, Any]:
         """What `snapshot list --json` prints for one snapshot."""
@@ -94,7 +95,7 @@ class Snapshot:
             "engine": self.identity.engine,
             "engine_version": self.identity.engine_version,
             "model_digest": self.identity.model_digest,
-            "model": self.meta.get("model", ""),
+            "model": self.record.model,
             "size": self.size,
             "files": len(self.files),
             "created": self.manifest.created,

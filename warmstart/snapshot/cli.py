@@ -185,8 +185,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
         overview.add_row(f"  {name}", json.dumps(value) if isinstance(value, dict) else str(value))
     overview.add_row("created (UTC)", snapshot.manifest.created)
     overview.add_row("size", f"{human_bytes(snapshot.size)} in {len(snapshot.files)} files")
-    for section in ("node", "meta"):
-        for name, value in getattr(snapshot, section).items():
+    for section, values in (("node", snapshot.node), ("meta", snapshot.record.to_meta())):
+        for name, value in values.items():
             overview.add_row(f"{section}.{name}", str(value))
     for name, seconds in snapshot.timings.items():
         overview.add_row(f"timings.{name}", f"{seconds:.3f} s")

@@ -10,8 +10,10 @@ import json
 import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 
+from warmstart.api.capture_record import CaptureRecord
 from warmstart.fileio import UnsafeInput, loads_json
 from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.hashing import CHUNK_HASHES
@@ -124,7 +126,12 @@ class Manifest:
     files: dict[str, FileEntry]
     timings: dict[str, float] = field(default_factory=dict)
     node: dict[str, Any] = field(default_factory=dict)
-    meta: dict[str, Any] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)  # the capture record, as signed
+
+    @cached_property
+    def record(self) -> CaptureRecord:
+        """The capture record `meta` holds (checked when a manifest is parsed)."""
+        return CaptureRecord.of(self.meta)
 
     @property
     def created_at(self) -> datetime:
@@ -195,7 +202,7 @@ class Manifest:
             raise SnapshotInvalid(
                 "manifest field 'refs' is not supported: every blob must be listed in 'files'"
             )
-        return cls(
+        manifest = cls(
             id=snapshot_id,
             created=created,
             identity=identity,
@@ -205,6 +212,11 @@ class Manifest:
             node=_object_field(data, "node"),
             meta=_object_field(data, "meta"),
         )
+        try:
+            manifest.record  # noqa: B018 (parsed here, so a wrong type is refused with the manifest)
+        except ValueError as exc:
+            raise SnapshotInvalid(f"manifest field 'meta': {exc}") from exc
+        return manifest
 
 
 def _string_field(data: dict[str, Any], name: str) -> str:
