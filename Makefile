@@ -16,7 +16,7 @@ VLLM_CONTRACT_REQS := tests/engines/vllm_contract_requirements.txt
 VLLM_CONTRACT_DIR := $(WARMSTART_CACHE)/vllm-contract
 VLLM_SITE := $(VLLM_CONTRACT_DIR)/$(shell sha256sum $(VLLM_CONTRACT_REQS) | cut -c1-16)
 
-.PHONY: demo test check docs setup criu control-plane images addons vllm-contract lint clean
+.PHONY: demo test check docs crds setup criu control-plane images addons vllm-contract lint clean
 
 # CRIU's command line resolved once (hack/criu resolves it again at every call: two shell scripts, about 30 ms
 # a call on 2 cores, and a restore makes two).
@@ -45,6 +45,12 @@ docs: $(VENV)/.installed
 	$(BIN)/python hack/crd_reference.py --check
 	$(BIN)/python hack/cli_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict  # not --quiet: it hides the warnings strict counts
+
+# The CRDs (crds/ and the chart's copies) from the models in warmstart/api/, then the reference page made
+# from them; tests/api/test_crds_generated.py fails when either is stale.
+crds: $(VENV)/.installed
+	$(BIN)/python -m warmstart.api.crds
+	$(BIN)/python hack/crd_reference.py
 
 lint: $(VENV)/.installed
 	$(BIN)/ruff check .

@@ -104,7 +104,8 @@ def _overview(spec: dict[str, Any], names: dict[str, Any], version: dict[str, An
         f" (`kubectl get {names['plural']}`, short name{'s' if len(names.get('shortNames', [])) > 1 else ''}"
         f" {', '.join(f'`{n}`' for n in names.get('shortNames', []))}; categories"
         f" {', '.join(f'`{c}`' for c in names.get('categories', []))})",
-        f"- **Source**: `charts/warmstart/crds/{path.name}` (a copy of `crds/{path.name}`)",
+        f"- **Source**: `charts/warmstart/crds/{path.name}` (a copy of `crds/{path.name}`), generated from"
+        " `warmstart/api/` (`make crds`)",
     ]
     subresources = version.get("subresources") or {}
     if "status" in subresources:
@@ -246,9 +247,9 @@ def _collect_rules(path: str, schema: dict[str, Any], out: list[tuple[str, dict[
 
 
 def _leading_comment(path: Path) -> str:
-    """The CRD file's header comment, as one paragraph."""
+    """The CRD file's header comment, as one paragraph, without its first line (what generated it)."""
     lines = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines()[1:]:
         if not line.startswith("#"):
             break
         lines.append(line.lstrip("#").strip())

@@ -3,7 +3,8 @@ from __future__ import annotations
 import pytest
 from builders import endpoint_spec
 
-from warmstart.operator.spec import InvalidSpec, SnapshotPolicy, parse_spec
+from warmstart.api.endpoint import SnapshotPolicy
+from warmstart.operator.spec import InvalidSpec, parse_spec
 
 
 def test_defaults_match_the_crd_defaults():

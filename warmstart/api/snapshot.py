@@ -1,4 +1,5 @@
-"""The InferenceSnapshot's status: its phases and one typed model of its fields, each with its one writer.
+"""The InferenceSnapshot's spec and status: its phases and one typed model of each, every status field with
+its one writer.
 
 The node agent reports what happened on its node: the capture attempt it worked on and how it went
 (`captureAttempt`, `captureState`, `captureMessage`), the snapshot's facts, the restore failures. The
@@ -9,10 +10,25 @@ A status write goes through `status_patch`, which refuses a field its writer doe
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+from typing_extensions import TypedDict
+
+from warmstart.api.schema import (
+    ONE_PER_TYPE,
+    AnyObject,
+    Condition,
+    Int64,
+    Sha256,
+    Status,
+    Timestamp,
+    cel,
+    rules,
+)
 
 
 class Phase(StrEnum):
@@ -50,46 +66,152 @@ class CaptureState(StrEnum):
     FAILED = "Failed"
 
 
-def _owned(*writers: str, default: Any = None) -> Any:
-    return field(default=default, metadata={"writers": frozenset(writers)})
+class SnapshotSpec(BaseModel):
+    """`spec` of an InferenceSnapshot: the request it was taken for, set by the operator creating it."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        frozen=True,
+        json_schema_extra=rules(
+            cel("self == oldSelf",
+                "InferenceSnapshot.spec is immutable: a different request is a different snapshot"),
+        ),
+    )  # fmt: skip
+    endpoint: str = Field(
+        min_length=1,
+        max_length=253,
+        description="The InferenceEndpoint (same namespace) this snapshot serves.",
+    )
+    request_key_hash: Sha256 = Field(description="SHA-256 of the canonical request key JSON.")
+    request_key: AnyObject = Field(
+        description="What the endpoint asks for (model reference, engine, image, args, resources), as the "
+        "operator computes it; the snapshot's runtime identity is in status.identity."
+    )
+    signing_key_secret: str | None = Field(
+        None,
+        description="The endpoint's spec.snapshot.signingKeySecret when it was created, recorded only: the "
+        "node agents' own key signs and verifies.",
+    )
 
 
 @dataclass(frozen=True)
-class SnapshotStatus:
+class WrittenBy:
+    """Marks a status field with the components that write it."""
+
+    writers: frozenset[str]
+
+
+BY_OPERATOR, BY_AGENT = WrittenBy(frozenset({OPERATOR})), WrittenBy(frozenset({AGENT}))
+
+
+class CapturedGpu(TypedDict, total=False):
+    product: str
+    uuid: str
+    computeCapability: str
+    driverVersion: str
+
+
+class SnapshotStatus(Status):
     """`status` of an InferenceSnapshot, read into Python names (the API's are camelCase)."""
 
-    phase: str = _owned(OPERATOR, default=Phase.PENDING)
-    reason: str | None = _owned(OPERATOR)
-    message: str | None = _owned(OPERATOR)
-    attempts: int = _owned(OPERATOR, default=1)
-    retry_after: str | None = _owned(OPERATOR)
-    capture_pod: str | None = _owned(OPERATOR)  # the pod it made for the current attempt
-    capture_attempt: int | None = _owned(AGENT)  # the attempt the agent last worked on
-    capture_state: str | None = _owned(AGENT)
-    capture_message: str | None = _owned(AGENT)
-    node: str | None = _owned(AGENT)
-    identity: dict[str, Any] | None = _owned(AGENT)  # the runtime identity, as the store's manifest has it
-    identity_hash: str | None = _owned(AGENT)
-    gpu: dict[str, str] | None = _owned(AGENT)
-    snapshot_id: str | None = _owned(AGENT)  # the snapshot's id in the store
-    storage_path: str | None = _owned(AGENT)  # its directory, relative to the store's root
-    size_bytes: int | None = _owned(AGENT)
-    manifest_digest: str | None = _owned(AGENT)
-    timings: dict[str, float] | None = _owned(AGENT)
-    started_at: str | None = _owned(AGENT)
-    completed_at: str | None = _owned(AGENT)
-    restore_failures: int | None = _owned(AGENT)
-    restore_failure_message: str | None = _owned(AGENT)
-    stale_reason: str | None = _owned(OPERATOR)  # a FactsChanged: the pods no longer match the capture
-    stale_message: str | None = _owned(OPERATOR)
-    stale_facts_digest: str | None = _owned(OPERATOR)  # the pods' facts it was retired for
+    phase: Annotated[Phase, BY_OPERATOR] = Field(
+        Phase.PENDING,
+        description="Derived by the operator from what the agent reported: Pending, Capturing, Ready, Failed "
+        "(retried with backoff), Invalid (never restored again) or Stale (the pods' model or engine changed "
+        "since it was taken: never restored again, a new capture follows).",
+    )
+    reason: Annotated[str | None, BY_OPERATOR] = Field(
+        None,
+        description="Why it is in its phase (Pending, Capturing, Captured, CaptureFailed, CapturePodFailed, "
+        "RestoreFailures, Retrying, ModelChanged, EngineChanged).",
+    )
+    message: Annotated[str | None, BY_OPERATOR] = Field(None, description="Details of the reason.")
+    attempts: Annotated[int, BY_OPERATOR] = Field(1, ge=0, description="Capture attempts made so far.")
+    retry_after: Annotated[Timestamp | None, BY_OPERATOR] = Field(
+        None, description="When the next capture attempt starts, after a failed one."
+    )
+    restore_failures: Annotated[int | None, BY_AGENT] = Field(
+        None,
+        ge=0,
+        description="Consecutive restores of this snapshot that failed, on all nodes together (each agent "
+        "adds its own, conditional on the resourceVersion it read); at 3 it is Invalid. A successful restore "
+        "sets it back to 0.",
+    )
+    restore_failure_message: Annotated[str | None, BY_AGENT] = Field(
+        None, description="Why the last restore failed."
+    )
+    stale_reason: Annotated[FactsChanged | None, BY_OPERATOR] = Field(
+        None,
+        description="Why it is Stale, set by the operator when the node agent refused a restore pod whose "
+        "model files (ModelChanged) or engine, its version or flags (EngineChanged) differ from the "
+        "capture's.",
+    )
+    stale_message: Annotated[str | None, BY_OPERATOR] = Field(
+        None, description="What differed, as the node agent said when it refused the restore pod."
+    )
+    stale_facts_digest: Annotated[Sha256 | None, BY_OPERATOR] = Field(
+        None,
+        description="SHA-256 of the refused pod's facts; the operator captures again once per change of "
+        "these facts.",
+    )
+    capture_pod: Annotated[str | None, BY_OPERATOR] = Field(
+        None, description="The capture pod of the current attempt."
+    )
+    capture_attempt: Annotated[int | None, BY_AGENT] = Field(
+        None,
+        ge=1,
+        description="The capture attempt the node agent last worked on (written by the agent).",
+    )
+    capture_state: Annotated[CaptureState | None, BY_AGENT] = Field(
+        None, description="How that attempt went (written by the agent; the operator derives phase)."
+    )
+    capture_message: Annotated[str | None, BY_AGENT] = Field(
+        None, description="What the agent said of the attempt (its failure, or the size captured)."
+    )
+    node: Annotated[str | None, BY_AGENT] = Field(None, description="The node it was captured on.")
+    identity: Annotated[AnyObject | None, BY_AGENT] = Field(
+        None,
+        description="The runtime identity the worker measured and the agent recorded at capture (model "
+        "files' digest, engine version, image digest, GPU): what the snapshot is valid for.",
+    )
+    identity_hash: Annotated[Sha256 | None, BY_AGENT] = Field(
+        None,
+        description="SHA-256 of the canonical identity JSON (the store manifest's identity_hash).",
+    )
+    gpu: Annotated[CapturedGpu | None, BY_AGENT] = Field(
+        None, description="The GPU it was captured on (empty on CPU)."
+    )
+    storage_path: Annotated[str | None, BY_AGENT] = Field(
+        None, description="The snapshot's directory, relative to the snapshot store's root."
+    )
+    snapshot_id: Annotated[str | None, BY_AGENT] = Field(
+        None, description="The snapshot's id in the snapshot store (its manifest's id)."
+    )
+    size_bytes: Annotated[Int64 | None, BY_AGENT] = Field(
+        None, ge=0, description="Bytes of the snapshot's files in the store."
+    )
+    manifest_digest: Annotated[str | None, BY_AGENT] = Field(
+        None, pattern=r"^sha256:[0-9a-f]{64}$", description="SHA-256 of the store manifest's exact bytes."
+    )
+    timings: Annotated[dict[str, float] | None, BY_AGENT] = Field(
+        None, description="Seconds per capture phase (e.g. lock, checkpoint, dump, publish, total)."
+    )
+    started_at: Annotated[Timestamp | None, BY_AGENT] = Field(
+        None, description="When the agent started the capture."
+    )
+    completed_at: Annotated[Timestamp | None, BY_AGENT] = Field(None, description="When the capture ended.")
+    # Not written yet; kopf's own bookkeeping.
+    observed_generation: Int64 | None = None
+    conditions: Annotated[list[Condition] | None, Field(json_schema_extra=ONE_PER_TYPE)] = None
+    kopf: AnyObject | None = None
 
     @classmethod
     def of(cls, snapshot: dict[str, Any] | None) -> SnapshotStatus:
         """The typed status of an InferenceSnapshot object (unknown keys ignored, missing ones defaulted)."""
         raw = (snapshot or {}).get("status") or {}
-        present = {f.name: raw.get(_api_name(f.name)) for f in dataclasses.fields(cls)}
-        return cls(**{name: value for name, value in present.items() if value is not None})
+        fields = {info.alias: raw.get(info.alias) for info in cls.model_fields.values()}
+        return cls.model_construct(**{alias: value for alias, value in fields.items() if value is not None})
 
     @property
     def attempt(self) -> int:
@@ -127,13 +249,11 @@ def derive_phase(status: SnapshotStatus, capture_pod_failure: str = "") -> tuple
     return Phase.PENDING, "Pending", f"waiting for capture attempt {status.attempt}"
 
 
-def _api_name(python_name: str) -> str:
-    head, *rest = python_name.split("_")
-    return head + "".join(part.title() for part in rest)
-
-
 WRITERS: dict[str, frozenset[str]] = {
-    _api_name(f.name): f.metadata["writers"] for f in dataclasses.fields(SnapshotStatus)
+    str(info.alias): mark.writers
+    for info in SnapshotStatus.model_fields.values()
+    for mark in info.metadata
+    if isinstance(mark, WrittenBy)
 }
 
 
@@ -141,7 +261,7 @@ def status_patch(writer: str, **fields: Any) -> dict[str, Any]:
     """A merge patch of `status` from `writer`'s fields (Python names; None clears a field)."""
     patch = {}
     for name, value in fields.items():
-        api_name = _api_name(name)
+        api_name = to_camel(name)
         writers = WRITERS.get(api_name)
         if writers is None:
             raise KeyError(f"InferenceSnapshot status has no field {api_name!r}")

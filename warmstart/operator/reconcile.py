@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.endpoint import EndpointSpec
 from warmstart.api.snapshot import OPERATOR, SnapshotStatus, status_patch
 from warmstart.clock import parse_time, utc_now
 from warmstart.kube.client import Kube, KubeError, TransientKubeError
@@ -25,7 +26,7 @@ from warmstart.operator.observe import observe_pods, worker_pods
 from warmstart.operator.placement import NODE_LOCAL, preferred_node, restore_node
 from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import CAPTURE_STARTED, SnapshotPlan, plan_snapshots
-from warmstart.operator.spec import EndpointSpec, InvalidSpec, parse_spec
+from warmstart.operator.spec import InvalidSpec, parse_spec
 from warmstart.operator.status import (
     DEGRADED,
     INVALID_SPEC,

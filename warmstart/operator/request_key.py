@@ -12,8 +12,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from warmstart.api.endpoint import EndpointSpec
 from warmstart.identity import canonical_json
-from warmstart.operator.spec import EndpointSpec
 
 REQUEST_KEY_VERSION = 1
 

@@ -15,12 +15,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.api import labels as L
-from warmstart.api.snapshot import IN_PROGRESS, OPERATOR, Phase, SnapshotStatus, derive_phase, status_patch
+from warmstart.api.endpoint import EndpointSpec
+from warmstart.api.snapshot import (
+    IN_PROGRESS,
+    OPERATOR,
+    Phase,
+    SnapshotSpec,
+    SnapshotStatus,
+    derive_phase,
+    status_patch,
+)
 from warmstart.clock import format_time, parse_time
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.children import Owner, common_labels
 from warmstart.operator.diagnosis import PodsChanged
-from warmstart.operator.spec import EndpointSpec
 
 NAME_HASH_CHARS = 10
 CAPTURE_STARTED = "CaptureStarted"  # the event reason of a planned snapshot create
@@ -76,7 +84,7 @@ def snapshot_body(
 ) -> dict[str, Any]:
     labels = common_labels(endpoint.name, "snapshot")
     labels[L.REQUEST_KEY_LABEL] = L.request_key_label(request_hash)
-    body: dict[str, Any] = {
+    return {
         "apiVersion": L.API_VERSION,
         "kind": L.SNAPSHOT_KIND,
         "metadata": {
@@ -85,11 +93,13 @@ def snapshot_body(
             "labels": labels,
             "ownerReferences": [endpoint.reference()],
         },
-        "spec": {"endpoint": endpoint.name, "requestKeyHash": request_hash, "requestKey": key},
+        "spec": SnapshotSpec(
+            endpoint=endpoint.name,
+            request_key_hash=request_hash,
+            request_key=key,
+            signing_key_secret=spec.snapshot.signing_key_secret or None,
+        ).model_dump(by_alias=True, exclude_none=True),
     }
-    if spec.snapshot.signing_key_secret:
-        body["spec"]["signingKeySecret"] = spec.snapshot.signing_key_secret
-    return body
 
 
 def _newest_first(snapshots: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.endpoint import EndpointSpec
 from warmstart.operator.children.owner import Owner, object_metadata
-from warmstart.operator.spec import EndpointSpec
 
 
 def _scale_target(owner: Owner) -> dict[str, str]:

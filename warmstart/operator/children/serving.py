@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.endpoint import EndpointSpec
 from warmstart.operator.children.owner import Owner, object_metadata, worker_selector
-from warmstart.operator.spec import EndpointSpec
 
 
 def service(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.endpoint import EndpointSpec
 from warmstart.operator.children.owner import Owner, common_labels, object_metadata, worker_selector
 from warmstart.operator.placement import prefer_node
-from warmstart.operator.spec import EndpointSpec
 from warmstart.protocol import CONTROL_DIR_ENV
 from warmstart.worker_flags import DEFAULT_START_TIMEOUT, PROBE_LIVE_PATH, PROBE_READY_PATH, probe_port
 

@@ -1,10 +1,10 @@
-"""The operator's spec model (warmstart/operator/spec.py) and the CRD's schema say the same thing.
+"""The spec model's rules (warmstart/api/endpoint.py) behave like the CRD's on a real API server.
 
-Statically: every field of the spec, with its type, enum, bounds, length, pattern, required and default,
-is the same in the CRD and in the model's JSON schema. On a real API server: each CEL rule's valid example
-is accepted and its invalid one refused by both, and values generated for every field from the CRD's schema
-(at and past each bound, outside each enum, of the wrong type) get the same verdict from both. The
-operator's own rules, which the CRD cannot state, are the one allowed difference.
+The CRD's schema is generated from the model, but the model's validators and the CRD's CEL rules are two
+statements of each rule: each CEL rule's valid example is accepted and its invalid one refused by both, and
+values generated for every field from the CRD's schema (at and past each bound, outside each enum, of the
+wrong type) get the same verdict from both. The operator's own rules, which the CRD cannot state, are the
+one allowed difference.
 """
 
 from __future__ import annotations
@@ -22,14 +22,9 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from warmstart.api import labels as L
-from warmstart.operator.spec import EndpointSpec, InvalidSpec, parse_spec
+from warmstart.operator.spec import InvalidSpec, parse_spec
 
 CRD = Path(__file__).resolve().parents[2] / "crds" / "inferenceendpoints.yaml"
-# Keywords of a structural schema that say what a value may be (descriptions and list types aside).
-COMPARED = (
-    "type", "enum", "minimum", "maximum", "minLength", "maxLength", "maxItems", "pattern", "default",
-    "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields",
-)  # fmt: skip
 # Rules only the operator checks: the worker's flags, and a revision for an engine that cannot fetch one.
 OPERATOR_ONLY = {"engine.args", "model.revision"}
 
@@ -38,77 +33,6 @@ def crd_spec_schema() -> dict[str, Any]:
     (version,) = yaml.safe_load(CRD.read_text())["spec"]["versions"]
     return version["schema"]["openAPIV3Schema"]["properties"]["spec"]
 
-
-def resolved(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
-    """A pydantic schema node without $ref and without the null of an optional field."""
-    if "$ref" in schema:
-        target = defs[schema["$ref"].rsplit("/", 1)[-1]]
-        return resolved({**target, **{k: v for k, v in schema.items() if k != "$ref"}}, defs)
-    options = [option for option in schema.get("anyOf", []) if option != {"type": "null"}]
-    if len(options) == 1:
-        rest = {k: v for k, v in schema.items() if k != "anyOf"}
-        return resolved({**options[0], **rest}, defs)
-    return schema
-
-
-def structural(schema: dict[str, Any], defs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What a schema (the CRD's, or the model's with `defs`) allows, in the CRD's vocabulary.
-
-    A default that only stands for "absent" (an empty string, list or map, None) is the model's way of
-    leaving a field unset, so it is left out; object defaults are compared by the API server's defaulting
-    (test_the_api_servers_defaults_parse_like_the_models)."""
-    if defs is not None:
-        schema = resolved(schema, defs)
-    kept = {key: schema[key] for key in COMPARED if key in schema}
-    if kept.get("default") in ("", [], {}, None) or schema.get("type") == "object":
-        kept.pop("default", None)
-    if kept.get("x-kubernetes-int-or-string"):
-        kept.pop("type", None)
-    if "properties" in schema:
-        kept["properties"] = {name: structural(sub, defs) for name, sub in schema["properties"].items()}
-        kept["required"] = sorted(schema.get("required", []))
-    for key in ("items", "additionalProperties"):
-        if isinstance(schema.get(key), dict):
-            kept[key] = structural(schema[key], defs)
-    return kept
-
-
-def differences(crd: Any, model: Any, path: str = "spec") -> Iterator[str]:
-    if isinstance(crd, dict) and isinstance(model, dict):
-        for key in sorted(set(crd) | set(model)):
-            where = path if key in ("properties", "items") else f"{path} {key}"
-            if key == "properties":
-                for name in sorted(set(crd[key]) | set(model.get(key, {}))):
-                    if name not in crd[key] or name not in model.get(key, {}):
-                        yield f"{path}.{name}: only in the {'model' if name not in crd[key] else 'CRD'}"
-                    else:
-                        yield from differences(crd[key][name], model[key][name], f"{path}.{name}")
-            elif key not in crd or key not in model:
-                yield f"{where}: CRD {crd.get(key)!r}, model {model.get(key)!r}"
-            else:
-                yield from differences(crd[key], model[key], where if key != "items" else f"{path}[]")
-    elif crd != model:
-        yield f"{path}: CRD {crd!r}, model {model!r}"
-
-
-def test_every_field_type_bound_and_default_is_the_same():
-    model = EndpointSpec.model_json_schema(by_alias=True)
-    found = list(differences(structural(crd_spec_schema()), structural(model, model["$defs"])))
-    assert found == []
-
-
-def test_a_difference_is_found():
-    """The comparison itself: a changed bound and a missing field are named."""
-    model = EndpointSpec.model_json_schema(by_alias=True)
-    crd = structural(crd_spec_schema())
-    crd["properties"]["replicas"]["maximum"] = 999
-    del crd["properties"]["engine"]["properties"]["port"]
-    assert list(differences(crd, structural(model, model["$defs"]))) == [
-        "spec.engine.port: only in the model", "spec.replicas maximum: CRD 999, model 1000",
-    ]  # fmt: skip
-
-
-# --- On a real API server -------------------------------------------------------------------------------
 
 VALID = {
     "model": {"uri": "Qwen/Qwen3-0.6B", "revision": "main", "servedName": "qwen"},
