@@ -69,32 +69,21 @@ class Kind:
 
 
 ENDPOINT = Kind(
-    kind=L.ENDPOINT_KIND,
-    plural=L.ENDPOINT_PLURAL,
-    short_name="iep",
+    kind=L.ENDPOINT_KIND, plural=L.ENDPOINT_PLURAL, short_name="iep",
+    spec=EndpointSpec, status=EndpointStatus,
     about="InferenceEndpoint: one served model. The operator turns it into a Deployment, a Service, an "
     "optional autoscaler (HPA or KEDA ScaledObject) and the snapshot lifecycle that lets new replicas "
     "restore.",
-    spec=EndpointSpec,
-    status=EndpointStatus,
     spec_description="What to serve and how: the model, the engine, resources, replicas, autoscaling, "
     "snapshots and overrides of the worker pods.",
-    object_rules=(
-        cel(
-            "size(self.metadata.name) <= 40",
-            "metadata.name must be at most 40 characters (child and snapshot names are derived from it)",
-        ),
-    ),
+    object_rules=(cel("size(self.metadata.name) <= 40", "metadata.name must be at most 40 characters (child "
+                      "and snapshot names are derived from it)"),),
     scale=True,
     columns=(
         Column("Phase", "string", ".status.phase"),
         Column("Ready", "string", ".status.ready", "Ready replicas / desired replicas."),
-        Column(
-            "Restored",
-            "integer",
-            ".status.restoredReplicas",
-            "Ready replicas a node agent restored from a snapshot.",
-        ),
+        Column("Restored", "integer", ".status.restoredReplicas",
+               "Ready replicas a node agent restored from a snapshot."),
         Column("Snapshot", "string", ".status.currentSnapshot"),
         Column("Reason", "string", ".status.reason", "The reason of the condition that explains the phase."),
         Column("Age", "date", ".metadata.creationTimestamp"),
@@ -103,34 +92,26 @@ ENDPOINT = Kind(
         Column("Restore-s", "number", ".status.lastRestoreSeconds", wide=True),
         Column("Message", "string", ".status.message", wide=True),
     ),
-)
+)  # fmt: skip
 SNAPSHOT = Kind(
-    kind=L.SNAPSHOT_KIND,
-    plural=L.SNAPSHOT_PLURAL,
-    short_name="isnap",
+    kind=L.SNAPSHOT_KIND, plural=L.SNAPSHOT_PLURAL, short_name="isnap",
+    spec=SnapshotSpec, status=SnapshotStatus,
     about="InferenceSnapshot: one captured worker snapshot. The operator creates it (phase Pending) with a "
-    "capture pod; the node agent captures, publishes it in the store and reports status (Capturing -> "
-    "Ready | Failed).",
-    spec=SnapshotSpec,
-    status=SnapshotStatus,
+    "capture pod; the node agent captures, publishes it in the store and reports status (Capturing -> Ready "
+    "| Failed).",
     columns=(
         Column("Endpoint", "string", ".spec.endpoint"),
         Column("Phase", "string", ".status.phase"),
         Column("Request", "string", ".metadata.labels." + L.REQUEST_KEY_LABEL.replace(".", "\\.")),
         Column("Identity", "string", ".status.identityHash", wide=True),
-        Column(
-            "Snapshot",
-            "string",
-            ".status.snapshotId",
-            "The store's snapshot id, which the Restored Events of its replicas name.",
-            wide=True,
-        ),
+        Column("Snapshot", "string", ".status.snapshotId",
+               "The store's snapshot id, which the Restored Events of its replicas name.", wide=True),
         Column("Node", "string", ".status.node"),
         Column("Size", "integer", ".status.sizeBytes", wide=True),
         Column("Attempts", "integer", ".status.attempts", wide=True),
         Column("Age", "date", ".metadata.creationTimestamp"),
     ),
-)
+)  # fmt: skip
 KINDS = (ENDPOINT, SNAPSHOT)
 
 
@@ -147,6 +128,8 @@ def _node(schema: dict[str, Any], defs: dict[str, Any], status: bool) -> dict[st
     node = {key: value for key, value in schema.items() if key not in ("title", "$defs")}
     if node.get("default") in ABSENT or status:
         node.pop("default", None)
+    if "description" in node:  # from a docstring: its lines joined
+        node["description"] = " ".join(node["description"].split())
     if node.get("x-kubernetes-int-or-string"):
         node.pop("type", None)
     if isinstance(node.get("additionalProperties"), bool):  # an object open to any field

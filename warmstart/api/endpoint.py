@@ -96,22 +96,19 @@ PathPrefix = Annotated[str, Field(max_length=1024, pattern="^/")]
 class Section(BaseModel):
     """A part of the spec: camelCase on the API, snake_case here; strict types as the API server's schema."""
 
-    model_config = ConfigDict(alias_generator=to_camel, strict=True, frozen=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, strict=True, frozen=True, use_attribute_docstrings=True
+    )
 
 
 class ModelSpec(Section):
-    uri: str = Field(
-        min_length=1,
-        max_length=1024,
-        description="Where the weights come from: a Hugging Face id (org/name), hf://, s3://, pvc:// or a "
-        "path inside the image.",
-    )
-    revision: str = Field(
-        "", max_length=256, description="Revision (commit, tag) of the model; part of the request key."
-    )
-    served_name: str = Field(
-        "", max_length=256, description="Model name on the OpenAI API (default the uri)."
-    )
+    uri: str = Field(min_length=1, max_length=1024)
+    """Where the weights come from: a Hugging Face id (org/name), hf://, s3://, pvc:// or a path inside the
+    image."""
+    revision: str = Field("", max_length=256)
+    """Revision (commit, tag) of the model; part of the request key."""
+    served_name: str = Field("", max_length=256)
+    """Model name on the OpenAI API (default the uri)."""
 
     @property
     def name_on_api(self) -> str:
@@ -119,75 +116,44 @@ class ModelSpec(Section):
 
 
 class EngineSpec(Section):
-    kind: Literal["vllm", "builtin"] = Field(
-        description="Engine adapter: vllm (production) or builtin (small torch engine)."
-    )
-    image: str = Field(
-        min_length=1, max_length=512, description="Worker container image (runs `warmstart worker`)."
-    )
-    version: str = Field(
-        "",
-        max_length=64,
-        description="Engine version; part of the request key (the snapshot identity has the version the "
-        "worker reports).",
-    )
-    args: tuple[Annotated[str, Field(max_length=1024)], ...] = Field(
-        (),
-        max_length=128,
-        strict=False,
-        description="Extra `warmstart worker` flags, e.g. --max-num-seqs 64, --enforce-eager, --engine-arg "
-        "key=value (see `warmstart worker --help`). Flags the operator sets from the spec (--port, --dtype, "
-        "--device, ...) and flags the worker does not know are rejected.",
-    )
-    dtype: Literal["auto", "float32", "float16", "bfloat16"] = Field(
-        "auto",
-        description="Weights dtype of the worker (--dtype); auto keeps the model's own. Part of the request "
-        "key.",
-    )
-    tensor_parallel_size: int = Field(
-        1,
-        ge=1,
-        le=8,
-        description="Processes, one per GPU, the model is split over (--tensor-parallel-size); at most "
-        "resources.gpus. Part of the request key.",
-    )
-    port: int = Field(
-        8000, ge=1024, le=65535, description="Port of the worker's OpenAI-compatible HTTP server."
-    )
-    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
-        "IfNotPresent", description="Pull policy of the worker image."
-    )
+    kind: Literal["vllm", "builtin"]
+    """Engine adapter: vllm (production) or builtin (small torch engine)."""
+    image: str = Field(min_length=1, max_length=512)
+    """Worker container image (runs `warmstart worker`)."""
+    version: str = Field("", max_length=64)
+    """Engine version; part of the request key (the snapshot identity has the version the worker reports)."""
+    args: tuple[Annotated[str, Field(max_length=1024)], ...] = Field((), max_length=128, strict=False)
+    """Extra `warmstart worker` flags, e.g. --max-num-seqs 64, --enforce-eager, --engine-arg key=value (see
+    `warmstart worker --help`). Flags the operator sets from the spec (--port, --dtype, --device, ...) and
+    flags the worker does not know are rejected."""
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    """Weights dtype of the worker (--dtype); auto keeps the model's own. Part of the request key."""
+    tensor_parallel_size: int = Field(1, ge=1, le=8)
+    """Processes, one per GPU, the model is split over (--tensor-parallel-size); at most resources.gpus. Part
+    of the request key."""
+    port: int = Field(8000, ge=1024, le=65535)
+    """Port of the worker's OpenAI-compatible HTTP server."""
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    """Pull policy of the worker image."""
+
+
+RESOURCE_RULES = rules(
+    cel("!has(self.gpuProduct) || self.gpus > 0", "resources.gpuProduct needs resources.gpus > 0",
+        ".gpuProduct"),
+)  # fmt: skip
 
 
 class ResourceSpec(Section):
-    model_config = ConfigDict(
-        json_schema_extra=rules(
-            cel(
-                "!has(self.gpuProduct) || self.gpus > 0",
-                "resources.gpuProduct needs resources.gpus > 0",
-                ".gpuProduct",
-            ),
-        )
-    )
-    gpus: int = Field(1, ge=0, le=8, description="nvidia.com/gpu per worker (0 runs on CPU).")
-    gpu_product: str = Field(
-        "",
-        max_length=63,
-        pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",
-        description="GPU product (node label nvidia.com/gpu.product, e.g. NVIDIA-H200); part of the request "
-        "key.",
-    )
-    cpu: IntOrString = Field(
-        "",
-        pattern=r"^([0-9]+m?|[0-9]+\.[0-9]+)$",
-        description="CPU request of each worker (a quantity: 4, 500m); no limit is set.",
-    )
-    memory: IntOrString = Field(
-        "",
-        pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?)?$",
-        description="Memory request and limit of each worker (a quantity: 64Gi). A restored worker is "
-        "charged against it like a cold one.",
-    )
+    model_config = ConfigDict(json_schema_extra=RESOURCE_RULES)
+    gpus: int = Field(1, ge=0, le=8)
+    """nvidia.com/gpu per worker (0 runs on CPU)."""
+    gpu_product: str = Field("", max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    """GPU product (node label nvidia.com/gpu.product, e.g. NVIDIA-H200); part of the request key."""
+    cpu: IntOrString = Field("", pattern=r"^([0-9]+m?|[0-9]+\.[0-9]+)$")
+    """CPU request of each worker (a quantity: 4, 500m); no limit is set."""
+    memory: IntOrString = Field("", pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i?)?$")
+    """Memory request and limit of each worker (a quantity: 64Gi). A restored worker is charged against it
+    like a cold one."""
 
     @model_validator(mode="after")
     def _gpu_product_needs_gpus(self) -> Self:
@@ -197,61 +163,37 @@ class ResourceSpec(Section):
 
 
 class MetricSpec(Section):
-    name: str = Field(
-        min_length=1,
-        max_length=253,
-        description="Metric name, e.g. warmstart_worker_requests_waiting (what the workers export).",
-    )
-    target: IntOrString = Field(
-        pattern=r"^[0-9]+(\.[0-9]+)?m?$", description="Target average value per replica."
-    )
-    source: Literal["Pods", "External"] = Field(
-        "Pods", description="HPA metric source: Pods (per-pod metric) or External."
-    )
-    query: str = Field(
-        "",
-        max_length=4096,
-        description="KEDA Prometheus query; default sum of the metric over this endpoint's pods.",
-    )
+    name: str = Field(min_length=1, max_length=253)
+    """Metric name, e.g. warmstart_worker_requests_waiting (what the workers export)."""
+    target: IntOrString = Field(pattern=r"^[0-9]+(\.[0-9]+)?m?$")
+    """Target average value per replica."""
+    source: Literal["Pods", "External"] = "Pods"
+    """HPA metric source: Pods (per-pod metric) or External."""
+    query: str = Field("", max_length=4096)
+    """KEDA Prometheus query; default sum of the metric over this endpoint's pods."""
 
 
 class PrometheusSpec(Section):
-    server_address: str = Field(
-        DEFAULT_PROMETHEUS, pattern=r"^https?://", description="URL of the Prometheus server KEDA queries."
-    )
+    server_address: str = Field(DEFAULT_PROMETHEUS, pattern=r"^https?://")
+    """URL of the Prometheus server KEDA queries."""
 
 
 class HttpScalingSpec(Section):
     """Mode http: the KEDA HTTP add-on's interceptor holds requests while the endpoint is at zero."""
 
-    hosts: DistinctStrings[HostName] = Field(
-        (),
-        max_length=32,
-        description="Host header values routed to this endpoint (the interceptor ignores a port); default "
-        '"<name>.<namespace>". A leading "*." matches subdomains as the add-on does.',
-    )
-    path_prefixes: DistinctStrings[PathPrefix] = Field(
-        (),
-        max_length=32,
-        description="Request paths routed to this endpoint, e.g. /v1/; default every path.",
-    )
-    target_concurrency: int = Field(
-        1, ge=1, le=1000, description="Concurrent requests per replica the add-on scales towards."
-    )
-    cold_start_timeout_seconds: int = Field(
-        120,
-        ge=1,
-        le=3600,
-        description="How long the interceptor holds a request waiting for a Ready replica (a restore, or a "
-        "cold start while the endpoint has no snapshot yet).",
-    )
-    response_timeout_seconds: int = Field(
-        600,
-        ge=1,
-        le=86400,
-        description="How long the interceptor waits for response headers once it forwarded a request; a "
-        "completion without stream sends them only when it is done.",
-    )
+    hosts: DistinctStrings[HostName] = Field((), max_length=32)
+    """Host header values routed to this endpoint (the interceptor ignores a port); default
+    "<name>.<namespace>". A leading "*." matches subdomains as the add-on does."""
+    path_prefixes: DistinctStrings[PathPrefix] = Field((), max_length=32)
+    """Request paths routed to this endpoint, e.g. /v1/; default every path."""
+    target_concurrency: int = Field(1, ge=1, le=1000)
+    """Concurrent requests per replica the add-on scales towards."""
+    cold_start_timeout_seconds: int = Field(120, ge=1, le=3600)
+    """How long the interceptor holds a request waiting for a Ready replica (a restore, or a cold start while
+    the endpoint has no snapshot yet)."""
+    response_timeout_seconds: int = Field(600, ge=1, le=86400)
+    """How long the interceptor waits for response headers once it forwarded a request; a completion without
+    stream sends them only when it is done."""
 
 
 AUTOSCALING_RULES = rules(
@@ -281,36 +223,27 @@ AUTOSCALING_RULES = rules(
 
 class AutoscalingSpec(Section):
     model_config = ConfigDict(json_schema_extra=AUTOSCALING_RULES)
-    mode: Literal["none", "hpa", "keda", "http"] = Field(
-        "none",
-        description="none; hpa (an autoscaling/v2 HPA on metric); keda (a KEDA ScaledObject with a "
-        "Prometheus trigger on metric); http (a KEDA HTTP add-on HTTPScaledObject: its interceptor holds "
-        "requests while the endpoint is at zero replicas and scales on concurrent requests).",
-    )
-    min_replicas: int = Field(
-        1, ge=0, le=1000, description="0 (scale to zero) is allowed with modes keda and http only."
-    )
-    max_replicas: int = Field(4, ge=1, le=1000, description="Most replicas the autoscaler may ask for.")
-    metric: MetricSpec | None = Field(None, description="What modes hpa and keda scale on.")
-    prometheus: PrometheusSpec = Field(
-        default_factory=PrometheusSpec, description="Where mode keda's Prometheus trigger sends its query."
-    )
-    polling_interval_seconds: int = Field(
-        15, ge=1, le=3600, description="How often KEDA queries Prometheus (mode keda)."
-    )
-    cooldown_seconds: int = Field(
-        300,
-        ge=0,
-        le=86400,
-        description="Seconds the load must stay low before replicas are removed (the HPA's scale-down "
-        "stabilization window in modes hpa and keda, KEDA cooldownPeriod to zero, add-on scaledownPeriod).",
-    )
-    http: HttpScalingSpec = Field(
-        default_factory=HttpScalingSpec,
-        description="Mode http only. Clients send requests to the add-on's interceptor proxy Service (e.g. "
-        "keda-add-ons-http-interceptor-proxy.keda:8080) with one of hosts as the Host header; the "
-        "interceptor forwards them to this endpoint's Service.",
-    )
+    mode: Literal["none", "hpa", "keda", "http"] = "none"
+    """none; hpa (an autoscaling/v2 HPA on metric); keda (a KEDA ScaledObject with a Prometheus trigger on
+    metric); http (a KEDA HTTP add-on HTTPScaledObject: its interceptor holds requests while the endpoint is
+    at zero replicas and scales on concurrent requests)."""
+    min_replicas: int = Field(1, ge=0, le=1000)
+    """0 (scale to zero) is allowed with modes keda and http only."""
+    max_replicas: int = Field(4, ge=1, le=1000)
+    """Most replicas the autoscaler may ask for."""
+    metric: MetricSpec | None = None
+    """What modes hpa and keda scale on."""
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec)
+    """Where mode keda's Prometheus trigger sends its query."""
+    polling_interval_seconds: int = Field(15, ge=1, le=3600)
+    """How often KEDA queries Prometheus (mode keda)."""
+    cooldown_seconds: int = Field(300, ge=0, le=86400)
+    """Seconds the load must stay low before replicas are removed (the HPA's scale-down stabilization window
+    in modes hpa and keda, KEDA cooldownPeriod to zero, add-on scaledownPeriod)."""
+    http: HttpScalingSpec = Field(default_factory=HttpScalingSpec)
+    """Mode http only. Clients send requests to the add-on's interceptor proxy Service (e.g.
+    keda-add-ons-http-interceptor-proxy.keda:8080) with one of hosts as the Host header; the interceptor
+    forwards them to this endpoint's Service."""
 
     @property
     def prometheus_address(self) -> str:
@@ -349,38 +282,24 @@ class AutoscalingSpec(Section):
 
 
 class SnapshotPolicy(Section):
-    enabled: bool = Field(True, description="false: nothing is captured and every replica cold-starts.")
-    signing_key_secret: str = Field(
-        "",
-        max_length=253,
-        description="Recorded on the endpoint's InferenceSnapshots only. Manifests are signed and verified "
-        "with the node agents' key (the chart's agent.signingKeySecret), never with a key from the "
-        "endpoint's namespace: the agent restores images as root, so the key that vouches for them is not a "
-        "tenant's.",
-    )
-    retention: int = Field(
-        2, ge=1, le=20, description="InferenceSnapshots kept per endpoint, the current one included."
-    )
-    max_capture_attempts: int = Field(
-        5,
-        ge=1,
-        le=20,
-        description="Capture attempts before the operator gives up (SnapshotReady turns CaptureFailed and "
-        "replicas keep starting cold); a failed attempt is retried with exponential backoff.",
-    )
-    capture_timeout_seconds: int = Field(
-        3600,
-        ge=30,
-        le=86400,
-        description="Deadline of a capture pod from its creation (also its activeDeadlineSeconds): a capture "
-        "not done by then (pod unschedulable, stuck, dead) fails the attempt, retried with backoff.",
-    )
-    prestage: Literal["None", "PageCache"] = Field(
-        "None",
-        description="PageCache: the node agents keep this endpoint's Ready snapshots in their nodes' page "
-        "cache (within their byte budget, newest first), so the next replica scheduled there restores "
-        "without reading its snapshot from disk. None: nothing is staged ahead.",
-    )
+    enabled: bool = True
+    """false: nothing is captured and every replica cold-starts."""
+    signing_key_secret: str = Field("", max_length=253)
+    """Recorded on the endpoint's InferenceSnapshots only. Manifests are signed and verified with the node
+    agents' key (the chart's agent.signingKeySecret), never with a key from the endpoint's namespace: the
+    agent restores images as root, so the key that vouches for them is not a tenant's."""
+    retention: int = Field(2, ge=1, le=20)
+    """InferenceSnapshots kept per endpoint, the current one included."""
+    max_capture_attempts: int = Field(5, ge=1, le=20)
+    """Capture attempts before the operator gives up (SnapshotReady turns CaptureFailed and replicas keep
+    starting cold); a failed attempt is retried with exponential backoff."""
+    capture_timeout_seconds: int = Field(3600, ge=30, le=86400)
+    """Deadline of a capture pod from its creation (also its activeDeadlineSeconds): a capture not done by
+    then (pod unschedulable, stuck, dead) fails the attempt, retried with backoff."""
+    prestage: Literal["None", "PageCache"] = "None"
+    """PageCache: the node agents keep this endpoint's Ready snapshots in their nodes' page cache (within
+    their byte budget, newest first), so the next replica scheduled there restores without reading its
+    snapshot from disk. None: nothing is staged ahead."""
 
 
 class Toleration(Section):
@@ -439,38 +358,27 @@ TEMPLATE_RULES = rules(
 
 class PodOverrides(Section):
     model_config = ConfigDict(json_schema_extra=TEMPLATE_RULES)
-    node_selector: dict[str, str] = Field(
-        default_factory=dict,
-        description="Node labels the worker pods must match, e.g. nvidia.com/gpu.product.",
-    )
-    tolerations: Tolerations = Field((), description="Tolerations of the worker pods (core/v1 Toleration).")
-    env: EnvVars = Field(
-        (),
-        description="Environment variables of the worker container (core/v1 EnvVar); one named like a "
-        "variable the operator sets replaces it.",
-    )
-    labels: dict[str, str] = Field(
-        default_factory=dict,
-        description="Labels added to the worker pods; the operator's own labels win over them.",
-    )
-    annotations: dict[str, str] = Field(
-        default_factory=dict, description="Annotations added to the worker pods."
-    )
-    service_account_name: str = Field(
-        "",
-        description="ServiceAccount of the worker pods. Without one they run as the namespace's default "
-        "account with no API token mounted (a worker never calls the API).",
-    )
-    priority_class_name: str = Field("", description="PriorityClass of the worker pods.")
-    volumes: Volumes = Field(
-        (),
-        description="Extra volumes of the worker pods (core/v1 Volume objects: a model cache, a CA bundle). "
-        "The namespace's Pod Security admission applies to them as to any pod. The names control and shm are "
-        "the operator's.",
-    )
-    volume_mounts: VolumeMounts = Field(
-        (), description="Mounts of `template.volumes` in the worker container."
-    )
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels the worker pods must match, e.g. nvidia.com/gpu.product."""
+    tolerations: Tolerations = ()
+    """Tolerations of the worker pods (core/v1 Toleration)."""
+    env: EnvVars = ()
+    """Environment variables of the worker container (core/v1 EnvVar); one named like a variable the operator
+    sets replaces it."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels added to the worker pods; the operator's own labels win over them."""
+    annotations: dict[str, str] = Field(default_factory=dict)
+    """Annotations added to the worker pods."""
+    service_account_name: str = ""
+    """ServiceAccount of the worker pods. Without one they run as the namespace's default account with no API
+    token mounted (a worker never calls the API)."""
+    priority_class_name: str = ""
+    """PriorityClass of the worker pods."""
+    volumes: Volumes = ()
+    """Extra volumes of the worker pods (core/v1 Volume objects: a model cache, a CA bundle). The namespace's
+    Pod Security admission applies to them as to any pod. The names control and shm are the operator's."""
+    volume_mounts: VolumeMounts = ()
+    """Mounts of `template.volumes` in the worker container."""
 
     @model_validator(mode="after")
     def _operator_volumes_are_kept(self) -> Self:
@@ -497,25 +405,20 @@ class PodOverrides(Section):
 
 
 class ServiceSpec(Section):
-    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = Field("ClusterIP", description="Service type.")
-    port: int = Field(
-        80, ge=1, le=65535, description="Port of the Service; it forwards to the worker's port (engine.port)."
-    )
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] = "ClusterIP"
+    """Service type."""
+    port: int = Field(80, ge=1, le=65535)
+    """Port of the Service; it forwards to the worker's port (engine.port)."""
 
 
 class MonitoringSpec(Section):
-    service_monitor: bool = Field(
-        False, description="Create a prometheus-operator ServiceMonitor for the workers."
-    )
-    interval: str = Field(
-        "15s", pattern="^[0-9]+(ms|s|m)$", description="Scrape interval of the ServiceMonitor."
-    )
-    labels: dict[str, str] = Field(
-        default_factory=dict,
-        description="Labels of the ServiceMonitor besides the operator's: what your Prometheus's "
-        "serviceMonitorSelector selects (kube-prometheus-stack's, unless told otherwise, its release's "
-        "`release` label).",
-    )
+    service_monitor: bool = False
+    """Create a prometheus-operator ServiceMonitor for the workers."""
+    interval: str = Field("15s", pattern="^[0-9]+(ms|s|m)$")
+    """Scrape interval of the ServiceMonitor."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """Labels of the ServiceMonitor besides the operator's: what your Prometheus's serviceMonitorSelector
+    selects (kube-prometheus-stack's, unless told otherwise, its release's `release` label)."""
 
 
 SPEC_RULES = rules(
@@ -533,43 +436,31 @@ class EndpointSpec(Section):
     run once those three are valid, and each section is checked whatever the others hold."""
 
     model_config = ConfigDict(json_schema_extra=SPEC_RULES)
-    model: ModelSpec = Field(description="The model to serve.")
-    engine: EngineSpec = Field(description="The engine the worker pods run, and their image.")
+    model: ModelSpec
+    """The model to serve."""
+    engine: EngineSpec
+    """The engine the worker pods run, and their image."""
     resources: ResourceSpec = Field(
-        default_factory=ResourceSpec,
-        validate_default=True,
-        description="What each worker pod gets.",
-        json_schema_extra=server_default({"gpus": 1}),
+        default_factory=ResourceSpec, validate_default=True, json_schema_extra=server_default({"gpus": 1})
     )
-    replicas: int = Field(
-        1,
-        ge=0,
-        le=1000,
-        description="Desired workers. HPA and KEDA set this through the scale subresource.",
-    )
+    """What each worker pod gets."""
+    replicas: int = Field(1, ge=0, le=1000)
+    """Desired workers. HPA and KEDA set this through the scale subresource."""
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec,
-        description="The autoscaler the operator creates for this endpoint, and its bounds.",
         json_schema_extra=server_default({"mode": "none", "minReplicas": 1, "maxReplicas": 4}),
     )
-    snapshot: SnapshotPolicy = Field(
-        default_factory=SnapshotPolicy,
-        description="Snapshot policy (default: enabled). The node agents keep every snapshot in the store "
-        "the chart gives them (agent.store, agent.objectStore), never one an endpoint names; set enabled: "
-        "false for cold starts only.",
-        json_schema_extra=server_default({}),
-    )
-    template: PodOverrides = Field(default_factory=PodOverrides, description="Overrides for the worker pods.")
-    service: ServiceSpec = Field(
-        default_factory=ServiceSpec,
-        description="The Service in front of the workers, named like the endpoint.",
-        json_schema_extra=server_default({}),
-    )
-    monitoring: MonitoringSpec = Field(
-        default_factory=MonitoringSpec,
-        description="Scraping of the workers' /metrics.",
-        json_schema_extra=server_default({}),
-    )
+    """The autoscaler the operator creates for this endpoint, and its bounds."""
+    snapshot: SnapshotPolicy = Field(default_factory=SnapshotPolicy, json_schema_extra=server_default({}))
+    """Snapshot policy (default: enabled). The node agents keep every snapshot in the store the chart gives
+    them (agent.store, agent.objectStore), never one an endpoint names; set enabled: false for cold starts
+    only."""
+    template: PodOverrides = Field(default_factory=PodOverrides)
+    """Overrides for the worker pods."""
+    service: ServiceSpec = Field(default_factory=ServiceSpec, json_schema_extra=server_default({}))
+    """The Service in front of the workers, named like the endpoint."""
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, json_schema_extra=server_default({}))
+    """Scraping of the workers' /metrics."""
 
     @field_validator("resources", mode="wrap")
     @classmethod
@@ -613,65 +504,47 @@ def _broken_across(engine: EngineSpec, resources: ResourceSpec | None) -> Iterab
 class EndpointStatus(Status):
     """`status` of an InferenceEndpoint: the operator writes all of it (warmstart/operator/status.py)."""
 
-    phase: Literal["Pending", "Capturing", "Ready", "Degraded", "ScaledToZero"] | None = Field(
-        None,
-        description="Pending, Capturing (no replica ready yet, a snapshot being captured), Ready, Degraded "
-        "or ScaledToZero.",
-    )
-    reason: str | None = Field(
-        None,
-        description="Reason of the condition that explains the phase (Degraded's when Degraded, "
-        "SnapshotReady's when Capturing, Progressing's when Ready and still scaling or rolling out, else "
-        "Ready's).",
-    )
-    message: str | None = Field(None, description="Message of that condition.")
-    observed_generation: Int64 | None = Field(None, description="The spec generation this status describes.")
-    replicas: int | None = Field(None, description="Worker pods that exist (the Deployment's replicas).")
-    ready_replicas: int | None = Field(None, description="Worker pods that are Ready.")
-    ready: str | None = Field(
-        None, description="Ready replicas / desired replicas, as kubectl shows a Deployment's."
-    )
-    restored_replicas: int | None = Field(
-        None, description="Ready replicas that a node agent restored from a snapshot (not cold-started)."
-    )
-    selector: str | None = Field(
-        None, description="Label selector of the worker pods, for the scale subresource."
-    )
-    request_key_hash: str | None = Field(
-        None,
-        description="SHA-256 of what the spec asks a snapshot for (the snapshots' spec.requestKeyHash).",
-    )
-    current_snapshot: str | None = Field(
-        None, description="The Ready InferenceSnapshot new replicas restore from."
-    )
-    worker_role: Literal["cold", "restore"] | None = Field(
-        None,
-        description="What new worker pods do. restore while a snapshot is Ready, and also while the one the "
-        "workers were restored from is gone and another is captured (new pods then cold-start): the "
-        "Deployment's template changes once, to the next Ready snapshot.",
-    )
-    capture_attempts: int | None = Field(None, description="Attempts of the capture under way or last made.")
-    children: list[str] | None = Field(
-        None, description="Kinds of the objects this endpoint owns (named like the endpoint)."
-    )
-    last_restore_seconds: float | None = Field(
-        None,
-        description="Seconds the node agent took for the newest restore (verify, CRIU and CUDA restore, "
-        "resume).",
-    )
-    last_cold_start_seconds: float | None = Field(
-        None,
-        description="Seconds from the newest cold-started worker's container start to its pod turning Ready, "
-        "as the kubelet records them (to within the readiness probe period).",
-    )
-    conditions: list[Condition] | None = Field(
-        None,
-        json_schema_extra=ONE_PER_TYPE,
-        description="Ready (True while at least one replica is Ready; False with reason ScaledToZero at zero "
-        "replicas), SnapshotReady, Progressing (ScalingUp, ScalingDown, RollingOut, Capturing) and Degraded. "
-        "A condition explained by the pods carries their cause: Unschedulable (the scheduler's message), "
-        "MissingVolume, ContainerConfigError, ContainerCreateFailed, ImagePullFailed, CrashLoopBackOff, "
-        "NoNodeAgent (a capture or restore pod on a node without a Ready node agent); InvalidSpec names "
-        "every problem of the spec.",
-    )
+    phase: Literal["Pending", "Capturing", "Ready", "Degraded", "ScaledToZero"] | None = None
+    """Pending, Capturing (no replica ready yet, a snapshot being captured), Ready, Degraded or
+    ScaledToZero."""
+    reason: str | None = None
+    """Reason of the condition that explains the phase (Degraded's when Degraded, SnapshotReady's when
+    Capturing, Progressing's when Ready and still scaling or rolling out, else Ready's)."""
+    message: str | None = None
+    """Message of that condition."""
+    observed_generation: Int64 | None = None
+    """The spec generation this status describes."""
+    replicas: int | None = None
+    """Worker pods that exist (the Deployment's replicas)."""
+    ready_replicas: int | None = None
+    """Worker pods that are Ready."""
+    ready: str | None = None
+    """Ready replicas / desired replicas, as kubectl shows a Deployment's."""
+    restored_replicas: int | None = None
+    """Ready replicas that a node agent restored from a snapshot (not cold-started)."""
+    selector: str | None = None
+    """Label selector of the worker pods, for the scale subresource."""
+    request_key_hash: str | None = None
+    """SHA-256 of what the spec asks a snapshot for (the snapshots' spec.requestKeyHash)."""
+    current_snapshot: str | None = None
+    """The Ready InferenceSnapshot new replicas restore from."""
+    worker_role: Literal["cold", "restore"] | None = None
+    """What new worker pods do. restore while a snapshot is Ready, and also while the one the workers were
+    restored from is gone and another is captured (new pods then cold-start): the Deployment's template
+    changes once, to the next Ready snapshot."""
+    capture_attempts: int | None = None
+    """Attempts of the capture under way or last made."""
+    children: list[str] | None = None
+    """Kinds of the objects this endpoint owns (named like the endpoint)."""
+    last_restore_seconds: float | None = None
+    """Seconds the node agent took for the newest restore (verify, CRIU and CUDA restore, resume)."""
+    last_cold_start_seconds: float | None = None
+    """Seconds from the newest cold-started worker's container start to its pod turning Ready, as the kubelet
+    records them (to within the readiness probe period)."""
+    conditions: list[Condition] | None = Field(None, json_schema_extra=ONE_PER_TYPE)
+    """Ready (True while at least one replica is Ready; False with reason ScaledToZero at zero replicas),
+    SnapshotReady, Progressing (ScalingUp, ScalingDown, RollingOut, Capturing) and Degraded. A condition
+    explained by the pods carries their cause: Unschedulable (the scheduler's message), MissingVolume,
+    ContainerConfigError, ContainerCreateFailed, ImagePullFailed, CrashLoopBackOff, NoNodeAgent (a capture or
+    restore pod on a node without a Ready node agent); InvalidSpec names every problem of the spec."""
     kopf: AnyObject | None = None

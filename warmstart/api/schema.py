@@ -35,7 +35,7 @@ class Status(BaseModel):
     """A status section: camelCase on the API. The API server validated what it stores against the schema
     generated from the model, so a status is read without validating it again."""
 
-    model_config = ConfigDict(alias_generator=to_camel, frozen=True)
+    model_config = ConfigDict(alias_generator=to_camel, frozen=True, use_attribute_docstrings=True)
 
 
 class Condition(Status):

@@ -73,26 +73,22 @@ class SnapshotSpec(BaseModel):
         alias_generator=to_camel,
         validate_by_name=True,
         frozen=True,
+        use_attribute_docstrings=True,
         json_schema_extra=rules(
             cel("self == oldSelf",
                 "InferenceSnapshot.spec is immutable: a different request is a different snapshot"),
         ),
     )  # fmt: skip
-    endpoint: str = Field(
-        min_length=1,
-        max_length=253,
-        description="The InferenceEndpoint (same namespace) this snapshot serves.",
-    )
-    request_key_hash: Sha256 = Field(description="SHA-256 of the canonical request key JSON.")
-    request_key: AnyObject = Field(
-        description="What the endpoint asks for (model reference, engine, image, args, resources), as the "
-        "operator computes it; the snapshot's runtime identity is in status.identity."
-    )
-    signing_key_secret: str | None = Field(
-        None,
-        description="The endpoint's spec.snapshot.signingKeySecret when it was created, recorded only: the "
-        "node agents' own key signs and verifies.",
-    )
+    endpoint: str = Field(min_length=1, max_length=253)
+    """The InferenceEndpoint (same namespace) this snapshot serves."""
+    request_key_hash: Sha256
+    """SHA-256 of the canonical request key JSON."""
+    request_key: AnyObject
+    """What the endpoint asks for (model reference, engine, image, args, resources), as the operator computes
+    it; the snapshot's runtime identity is in status.identity."""
+    signing_key_secret: str | None = None
+    """The endpoint's spec.snapshot.signingKeySecret when it was created, recorded only: the node agents' own
+    key signs and verifies."""
 
 
 @dataclass(frozen=True)
@@ -115,92 +111,63 @@ class CapturedGpu(TypedDict, total=False):
 class SnapshotStatus(Status):
     """`status` of an InferenceSnapshot, read into Python names (the API's are camelCase)."""
 
-    phase: Annotated[Phase, BY_OPERATOR] = Field(
-        Phase.PENDING,
-        description="Derived by the operator from what the agent reported: Pending, Capturing, Ready, Failed "
-        "(retried with backoff), Invalid (never restored again) or Stale (the pods' model or engine changed "
-        "since it was taken: never restored again, a new capture follows).",
-    )
-    reason: Annotated[str | None, BY_OPERATOR] = Field(
-        None,
-        description="Why it is in its phase (Pending, Capturing, Captured, CaptureFailed, CapturePodFailed, "
-        "RestoreFailures, Retrying, ModelChanged, EngineChanged).",
-    )
-    message: Annotated[str | None, BY_OPERATOR] = Field(None, description="Details of the reason.")
-    attempts: Annotated[int, BY_OPERATOR] = Field(1, ge=0, description="Capture attempts made so far.")
-    retry_after: Annotated[Timestamp | None, BY_OPERATOR] = Field(
-        None, description="When the next capture attempt starts, after a failed one."
-    )
-    restore_failures: Annotated[int | None, BY_AGENT] = Field(
-        None,
-        ge=0,
-        description="Consecutive restores of this snapshot that failed, on all nodes together (each agent "
-        "adds its own, conditional on the resourceVersion it read); at 3 it is Invalid. A successful restore "
-        "sets it back to 0.",
-    )
-    restore_failure_message: Annotated[str | None, BY_AGENT] = Field(
-        None, description="Why the last restore failed."
-    )
-    stale_reason: Annotated[FactsChanged | None, BY_OPERATOR] = Field(
-        None,
-        description="Why it is Stale, set by the operator when the node agent refused a restore pod whose "
-        "model files (ModelChanged) or engine, its version or flags (EngineChanged) differ from the "
-        "capture's.",
-    )
-    stale_message: Annotated[str | None, BY_OPERATOR] = Field(
-        None, description="What differed, as the node agent said when it refused the restore pod."
-    )
-    stale_facts_digest: Annotated[Sha256 | None, BY_OPERATOR] = Field(
-        None,
-        description="SHA-256 of the refused pod's facts; the operator captures again once per change of "
-        "these facts.",
-    )
-    capture_pod: Annotated[str | None, BY_OPERATOR] = Field(
-        None, description="The capture pod of the current attempt."
-    )
-    capture_attempt: Annotated[int | None, BY_AGENT] = Field(
-        None,
-        ge=1,
-        description="The capture attempt the node agent last worked on (written by the agent).",
-    )
-    capture_state: Annotated[CaptureState | None, BY_AGENT] = Field(
-        None, description="How that attempt went (written by the agent; the operator derives phase)."
-    )
-    capture_message: Annotated[str | None, BY_AGENT] = Field(
-        None, description="What the agent said of the attempt (its failure, or the size captured)."
-    )
-    node: Annotated[str | None, BY_AGENT] = Field(None, description="The node it was captured on.")
-    identity: Annotated[AnyObject | None, BY_AGENT] = Field(
-        None,
-        description="The runtime identity the worker measured and the agent recorded at capture (model "
-        "files' digest, engine version, image digest, GPU): what the snapshot is valid for.",
-    )
-    identity_hash: Annotated[Sha256 | None, BY_AGENT] = Field(
-        None,
-        description="SHA-256 of the canonical identity JSON (the store manifest's identity_hash).",
-    )
-    gpu: Annotated[CapturedGpu | None, BY_AGENT] = Field(
-        None, description="The GPU it was captured on (empty on CPU)."
-    )
-    storage_path: Annotated[str | None, BY_AGENT] = Field(
-        None, description="The snapshot's directory, relative to the snapshot store's root."
-    )
-    snapshot_id: Annotated[str | None, BY_AGENT] = Field(
-        None, description="The snapshot's id in the snapshot store (its manifest's id)."
-    )
-    size_bytes: Annotated[Int64 | None, BY_AGENT] = Field(
-        None, ge=0, description="Bytes of the snapshot's files in the store."
-    )
-    manifest_digest: Annotated[str | None, BY_AGENT] = Field(
-        None, pattern=r"^sha256:[0-9a-f]{64}$", description="SHA-256 of the store manifest's exact bytes."
-    )
-    timings: Annotated[dict[str, float] | None, BY_AGENT] = Field(
-        None, description="Seconds per capture phase (e.g. lock, checkpoint, dump, publish, total)."
-    )
-    started_at: Annotated[Timestamp | None, BY_AGENT] = Field(
-        None, description="When the agent started the capture."
-    )
-    completed_at: Annotated[Timestamp | None, BY_AGENT] = Field(None, description="When the capture ended.")
+    phase: Annotated[Phase, BY_OPERATOR] = Phase.PENDING
+    """Derived by the operator from what the agent reported: Pending, Capturing, Ready, Failed (retried with
+    backoff), Invalid (never restored again) or Stale (the pods' model or engine changed since it was taken:
+    never restored again, a new capture follows)."""
+    reason: Annotated[str | None, BY_OPERATOR] = None
+    """Why it is in its phase (Pending, Capturing, Captured, CaptureFailed, CapturePodFailed, RestoreFailures,
+    Retrying, ModelChanged, EngineChanged)."""
+    message: Annotated[str | None, BY_OPERATOR] = None
+    """Details of the reason."""
+    attempts: Annotated[int, BY_OPERATOR] = Field(1, ge=0)
+    """Capture attempts made so far."""
+    retry_after: Annotated[Timestamp | None, BY_OPERATOR] = None
+    """When the next capture attempt starts, after a failed one."""
+    restore_failures: Annotated[int | None, BY_AGENT] = Field(None, ge=0)
+    """Consecutive restores of this snapshot that failed, on all nodes together (each agent adds its own,
+    conditional on the resourceVersion it read); at 3 it is Invalid. A successful restore sets it back to
+    0."""
+    restore_failure_message: Annotated[str | None, BY_AGENT] = None
+    """Why the last restore failed."""
+    stale_reason: Annotated[FactsChanged | None, BY_OPERATOR] = None
+    """Why it is Stale, set by the operator when the node agent refused a restore pod whose model files
+    (ModelChanged) or engine, its version or flags (EngineChanged) differ from the capture's."""
+    stale_message: Annotated[str | None, BY_OPERATOR] = None
+    """What differed, as the node agent said when it refused the restore pod."""
+    stale_facts_digest: Annotated[Sha256 | None, BY_OPERATOR] = None
+    """SHA-256 of the refused pod's facts; the operator captures again once per change of these facts."""
+    capture_pod: Annotated[str | None, BY_OPERATOR] = None
+    """The capture pod of the current attempt."""
+    capture_attempt: Annotated[int | None, BY_AGENT] = Field(None, ge=1)
+    """The capture attempt the node agent last worked on (written by the agent)."""
+    capture_state: Annotated[CaptureState | None, BY_AGENT] = None
+    """How that attempt went (written by the agent; the operator derives phase)."""
+    capture_message: Annotated[str | None, BY_AGENT] = None
+    """What the agent said of the attempt (its failure, or the size captured)."""
+    node: Annotated[str | None, BY_AGENT] = None
+    """The node it was captured on."""
+    identity: Annotated[AnyObject | None, BY_AGENT] = None
+    """The runtime identity the worker measured and the agent recorded at capture (model files' digest, engine
+    version, image digest, GPU): what the snapshot is valid for."""
+    identity_hash: Annotated[Sha256 | None, BY_AGENT] = None
+    """SHA-256 of the canonical identity JSON (the store manifest's identity_hash)."""
+    gpu: Annotated[CapturedGpu | None, BY_AGENT] = None
+    """The GPU it was captured on (empty on CPU)."""
+    storage_path: Annotated[str | None, BY_AGENT] = None
+    """The snapshot's directory, relative to the snapshot store's root."""
+    snapshot_id: Annotated[str | None, BY_AGENT] = None
+    """The snapshot's id in the snapshot store (its manifest's id)."""
+    size_bytes: Annotated[Int64 | None, BY_AGENT] = Field(None, ge=0)
+    """Bytes of the snapshot's files in the store."""
+    manifest_digest: Annotated[str | None, BY_AGENT] = Field(None, pattern=r"^sha256:[0-9a-f]{64}$")
+    """SHA-256 of the store manifest's exact bytes."""
+    timings: Annotated[dict[str, float] | None, BY_AGENT] = None
+    """Seconds per capture phase (e.g. lock, checkpoint, dump, publish, total)."""
+    started_at: Annotated[Timestamp | None, BY_AGENT] = None
+    """When the agent started the capture."""
+    completed_at: Annotated[Timestamp | None, BY_AGENT] = None
+    """When the capture ended."""
     # Not written yet; kopf's own bookkeeping.
     observed_generation: Int64 | None = None
     conditions: Annotated[list[Condition] | None, Field(json_schema_extra=ONE_PER_TYPE)] = None
@@ -208,7 +175,8 @@ class SnapshotStatus(Status):
 
     @classmethod
     def of(cls, snapshot: dict[str, Any] | None) -> SnapshotStatus:
-        """The typed status of an InferenceSnapshot object (unknown keys ignored, missing ones defaulted)."""
+        """The typed status of an InferenceSnapshot object (unknown keys ignored, missing ones defaulted), its
+        values as the API server stored them: an enum's is a plain string, equal to the enum member."""
         raw = (snapshot or {}).get("status") or {}
         fields = {info.alias: raw.get(info.alias) for info in cls.model_fields.values()}
         return cls.model_construct(**{alias: value for alias, value in fields.items() if value is not None})
