@@ -15,6 +15,7 @@ import pytest
 
 from warmstart.agent.node_facts import FactsUnavailable, GpuFacts, pod_gpu_facts
 from warmstart.agent.restore import Refused, RestorePhase
+from warmstart.api.capture_record import CaptureRecord
 from warmstart.checkpoint.restore import PodUnfit
 from warmstart.cuda_driver import GpuDevice
 from warmstart.engines.digest import SAMPLE_HEAD_BYTES, sampled_digest
@@ -206,7 +207,7 @@ def test_a_gpu_snapshot_is_refused_where_the_agent_has_no_cuda(pod_given_h100: A
 def test_a_pod_running_another_image_is_unfit_and_the_snapshot_not_at_fault(image: str, why: str) -> None:
     """The image is the runtime's word, checked once the snapshot is verified: PodUnfit (a refusal that
     counts nothing against the snapshot), naming the difference."""
-    snapshot = SimpleNamespace(id="s", identity=gpu_identity(), meta={})
+    snapshot = SimpleNamespace(id="s", identity=gpu_identity(), record=CaptureRecord())
     with pytest.raises(PodUnfit, match=re.escape(why)):
         restore_phase(lambda: ([H200], 580), image).pod_checks(snapshot, {}, None)  # type: ignore[arg-type]
     restore_phase(lambda: ([H200], 580)).pod_checks(snapshot, {}, None)  # type: ignore[arg-type]
