@@ -20,8 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from warmstart.cuda_driver import check, driver
 from warmstart.gpu.cuda_arena import VmmRange, allocation_granularity, primary_context
+from warmstart.host.cuda_driver import check, driver
 
 
 def map_all(ranges: list[VmmRange], threads: int, device_index: int) -> float:

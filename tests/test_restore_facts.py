@@ -17,8 +17,8 @@ from warmstart.agent.node_facts import FactsUnavailable, GpuFacts, pod_gpu_facts
 from warmstart.agent.restore import Refused, RestorePhase
 from warmstart.api.capture_record import CaptureRecord
 from warmstart.checkpoint.restore import PodUnfit
-from warmstart.cuda_driver import GpuDevice
 from warmstart.engines.digest import SAMPLE_HEAD_BYTES, sampled_digest
+from warmstart.host.cuda_driver import GpuDevice
 from warmstart.identity import SnapshotIdentity
 from warmstart.restore_facts import FactsInvalid, RestoreFacts
 from warmstart.worker.facts import measure_restore_facts, worker_flags

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmstart.fileio import (
+from warmstart.host.fileio import (
     UnsafeInput,
     directory_fd,
     loads_json,

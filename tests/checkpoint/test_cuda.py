@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from warmstart import cuda_driver
 from warmstart.api.capture_record import CaptureRecord
 from warmstart.checkpoint import cuda
+from warmstart.host import cuda_driver
 
 
 def _has_libcuda() -> bool:

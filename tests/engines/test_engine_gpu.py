@@ -19,11 +19,11 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs an NVIDIA GPU: torch.cuda.is_available() is False here", allow_module_level=True)
 
-from warmstart.cuda_driver import device_with_uuid  # noqa: E402
 from warmstart.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from warmstart.engines.builtin.engine import BuiltinEngine  # noqa: E402
 from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
 from warmstart.gpu.weight_stager.stage import COPY_PATHS  # noqa: E402
+from warmstart.host.cuda_driver import device_with_uuid  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -203,10 +203,10 @@ def test_a_stager_hands_over_allocations_of_the_planned_sizes_that_outlive_it(tm
     """vLLM's KV cache as the stager's block: the stager allocates the planned segments, fills the copies
     across them, and hands over one descriptor each; the engine's view shows the bytes, and the handles it
     takes over keep the memory (mapped anywhere) after the view and the stager are gone."""
-    from warmstart.cuda_driver import check, driver
     from warmstart.gpu.cuda_arena import VmmRange, allocation_granularity, imported_block, read_write_access
     from warmstart.gpu.weight_stager.client import acknowledge, receive_staged_weights
     from warmstart.gpu.weight_stager.plan import StagingPlan
+    from warmstart.host.cuda_driver import check, driver
 
     granule = allocation_granularity(0)
     payload = bytes(range(256)) * (3 * granule // 256)  # spans the first two segments and part of the third

@@ -17,7 +17,7 @@ def _gpu_skip_reason() -> str | None:
         import torch
     except ImportError:
         return "torch is not installed (pip install 'warmstart[engine]')"
-    from warmstart.cuda_driver import device_count
+    from warmstart.host.cuda_driver import device_count
 
     if device_count() == 0 or not torch.cuda.is_available():
         return "no NVIDIA GPU with a CUDA driver on this machine (GPU tests run on a GPU host)"

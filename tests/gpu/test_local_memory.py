@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from warmstart.cuda_driver import check, driver
 from warmstart.gpu.local_memory import CHECKPOINT_STACK_BYTES, SHRINK_ENV, LocalMemoryLimit
+from warmstart.host.cuda_driver import check, driver
 
 pytestmark = pytest.mark.gpu
 

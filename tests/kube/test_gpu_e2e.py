@@ -545,7 +545,7 @@ import torch
 print(torch.cuda.get_device_name(0), torch.cuda.mem_get_info()[1] >> 30, "GiB")
 """
 AGENT_CUDA_CHECK = """
-from warmstart.cuda_driver import gpu_devices
+from warmstart.host.cuda_driver import gpu_devices
 print([(device.name, device.compute_capability) for device in gpu_devices()])
 """
 

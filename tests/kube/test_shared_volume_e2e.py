@@ -60,7 +60,7 @@ from two_nodes import BOTH_NODES, on_either_node, only_schedulable
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import CaptureState
-from warmstart.clock import parse_time
+from warmstart.host.clock import parse_time
 from warmstart.snapshot.layout import LOCK_FILE
 from warmstart.snapshot.store import SnapshotStore
 

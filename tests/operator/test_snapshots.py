@@ -5,7 +5,7 @@ import datetime as dt
 from builders import endpoint_body, snapshot_object
 
 from warmstart.api import labels as L
-from warmstart.clock import format_time
+from warmstart.host.clock import format_time
 from warmstart.operator.backoff import Backoff
 from warmstart.operator.children import Owner
 from warmstart.operator.diagnosis import PodsChanged

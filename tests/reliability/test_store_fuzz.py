@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from test_store_hostile import IDENTITY, make_store
 
 from warmstart.checkpoint.restore import FailureCounter
-from warmstart.fileio import UnsafeInput, loads_json
+from warmstart.host.fileio import UnsafeInput, loads_json
 from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.worker_spec import WorkerSpec
 from warmstart.snapshot.keys import signing_keys

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from warmstart.checkpoint.restore import FailureCounter
-from warmstart.fileio import UnsafeInput
+from warmstart.host.fileio import UnsafeInput
 from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.manifest import Manifest, SnapshotError, SnapshotInvalid

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support import page_cache_kept
 
-from warmstart.fileio import UnsafeInput, mapped_readonly
+from warmstart.host.fileio import UnsafeInput, mapped_readonly
 from warmstart.snapshot import SnapshotStore
 from warmstart.snapshot.residency import (
     PAGE_SIZE,

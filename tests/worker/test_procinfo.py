@@ -1,4 +1,4 @@
-"""warmstart.procinfo: /proc/<pid>/stat (also for command names with spaces and parentheses) and smaps."""
+"""warmstart.host.procinfo: /proc/<pid>/stat (also for command names with spaces and parentheses), smaps."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from warmstart import procinfo
+from warmstart.host import procinfo
 
 AWKWARD_NAME = "a) (b c) d"  # what a naive split on spaces or on the first ')' gets wrong
 

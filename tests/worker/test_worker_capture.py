@@ -16,7 +16,7 @@ import pytest
 from support import free_port
 from worker_helpers import START_TIMEOUT, post
 
-from warmstart import procinfo
+from warmstart.host import procinfo
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import (
     READY_FOR_SNAPSHOT,

@@ -26,7 +26,7 @@ from warmstart.checkpoint.capture import (
     identity_from_payload,
     wait_ready,
 )
-from warmstart.clock import format_time
+from warmstart.host.clock import format_time
 from warmstart.identity import SnapshotIdentity
 from warmstart.protocol import RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 from warmstart.snapshot.layout import MANIFEST_FILE

@@ -27,7 +27,7 @@ from warmstart.agent.pods import (
 from warmstart.agent.settings import DEFAULT_PRESTAGE_MAX_BYTES
 from warmstart.api import labels as L
 from warmstart.checkpoint.criu import Criu
-from warmstart.cuda_driver import GpuDevice
+from warmstart.host.cuda_driver import GpuDevice
 from warmstart.protocol import ControlDir
 from warmstart.snapshot.remote import RemoteConfig, RemoteStore
 from warmstart.snapshot.signing import Signer, Verifier

@@ -14,7 +14,7 @@ from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import AGENT, SnapshotStatus, status_patch
-from warmstart.clock import format_time
+from warmstart.host.clock import format_time
 from warmstart.kube.client import DEFAULT_TIMEOUT, Kube, KubeError
 from warmstart.kube.events import record_event
 

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from warmstart.agent.pods import read_environ
-from warmstart.cuda_driver import CudaError, CudaUnavailable, GpuDevice, gpu_devices
-from warmstart.engines.host import driver_major
+from warmstart.engines.machine import driver_major
+from warmstart.host.cuda_driver import CudaError, CudaUnavailable, GpuDevice, gpu_devices
 from warmstart.protocol import RESTORE_FACTS, ControlDir, SignalError
 from warmstart.restore_facts import FactsInvalid, RestoreFacts
 

@@ -24,10 +24,10 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from warmstart import procinfo
 from warmstart.api import labels as L
 from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids, pid_namespace_of
+from warmstart.host import procinfo
 
 DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 CONTROL_VOLUME = "control"

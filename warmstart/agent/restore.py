@@ -26,7 +26,6 @@ import threading
 import time
 from typing import Any
 
-from warmstart import procinfo
 from warmstart.agent import objects
 from warmstart.agent.cluster_store import PullFailed, PullRefused
 from warmstart.agent.context import NO_IMAGE_DIGEST, NodeContext
@@ -51,7 +50,8 @@ from warmstart.checkpoint.restore import (
     RestoreRefused,
     restore,
 )
-from warmstart.fileio import UnsafeInput
+from warmstart.host import procinfo
+from warmstart.host.fileio import UnsafeInput
 from warmstart.identity import SnapshotIdentity, canonical_json
 from warmstart.protocol import CLAIM_RESTORE, RESTORE_CLAIM, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.restore_facts import FactsInvalid, RestoreFacts

@@ -18,8 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from warmstart import cuda_driver, procinfo
-from warmstart.cuda_driver import CudaError, CudaUnavailable
+from warmstart.host import cuda_driver, procinfo
+from warmstart.host.cuda_driver import CudaError, CudaUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -31,13 +31,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmstart import cuda_driver, procinfo
 from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu, CriuError, taken_pid
 from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.checkpoint.weight_staging import StagerProcess, give_plan, spawn_stager_early
-from warmstart.fileio import (
+from warmstart.host import cuda_driver, procinfo
+from warmstart.host.fileio import (
     DIRECTORY_FLAGS,
     RESOLVE_BENEATH,
     RESOLVE_NO_SYMLINKS,

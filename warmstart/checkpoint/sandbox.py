@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmstart.fileio import directory_fd, write_atomic
+from warmstart.host.fileio import directory_fd, write_atomic
 
 if TYPE_CHECKING:
     from warmstart.checkpoint.criu import Criu

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from warmstart.fileio import write_atomic
+from warmstart.host.fileio import write_atomic
 
 log = logging.getLogger(__name__)
 

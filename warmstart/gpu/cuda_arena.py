@@ -9,8 +9,8 @@ bytes on the GPU, so a CUDA checkpoint copies almost nothing and the CRIU image 
 maps fresh physical memory at the *same* addresses; once the owner refills the bytes (for weights:
 `warmstart.gpu.weights_io.refill` into `arena.tensor`), the old views and graphs are valid again.
 
-cuda-python is imported lazily (`warmstart.cuda_driver`): importing this module needs neither a GPU nor the
-CUDA driver.
+cuda-python is imported lazily (`warmstart.host.cuda_driver`): importing this module needs neither a GPU
+nor the CUDA driver.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from warmstart.cuda_driver import CudaError, CudaUnavailable, check, driver
-from warmstart.cuda_driver import device_count as cuda_device_count
 from warmstart.gpu.arena import round_up
+from warmstart.host.cuda_driver import CudaError, CudaUnavailable, check, driver
+from warmstart.host.cuda_driver import device_count as cuda_device_count
 
 __all__ = [
     "CudaError",

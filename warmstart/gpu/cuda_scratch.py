@@ -24,8 +24,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from warmstart.cuda_driver import check, driver
 from warmstart.gpu.cuda_arena import VmmRange, cuda_ordinal, primary_context
+from warmstart.host.cuda_driver import check, driver
 
 log = logging.getLogger(__name__)
 

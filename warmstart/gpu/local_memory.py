@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 
 from warmstart.config import env_flag
-from warmstart.cuda_driver import CudaError, CudaUnavailable, check, driver
 from warmstart.gpu.cuda_arena import primary_context
+from warmstart.host.cuda_driver import CudaError, CudaUnavailable, check, driver
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from warmstart.fileio import atomic_file
 from warmstart.gpu.arena import round_up
-from warmstart.parallel import share_among_threads
+from warmstart.host.fileio import atomic_file
+from warmstart.host.parallel import share_among_threads
 
 if TYPE_CHECKING:
     import torch

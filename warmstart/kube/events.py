@@ -7,7 +7,7 @@ import logging
 import uuid
 from typing import Any
 
-from warmstart.clock import format_time
+from warmstart.host.clock import format_time
 from warmstart.kube.client import Kube, KubeError
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from typing import Any
 from warmstart.api import labels as L
 from warmstart.api.endpoint import EndpointSpec
 from warmstart.api.snapshot import OPERATOR, SnapshotStatus, status_patch
-from warmstart.clock import parse_time, utc_now
+from warmstart.host.clock import parse_time, utc_now
 from warmstart.kube.client import Kube, KubeError, TransientKubeError
 from warmstart.kube.events import record_event
 from warmstart.operator import children, diagnosis, unchanged

@@ -25,7 +25,7 @@ from warmstart.api.snapshot import (
     derive_phase,
     status_patch,
 )
-from warmstart.clock import format_time, parse_time
+from warmstart.host.clock import format_time, parse_time
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.children import Owner, common_labels
 from warmstart.operator.diagnosis import PodsChanged

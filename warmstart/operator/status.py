@@ -9,7 +9,7 @@ from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
-from warmstart.clock import format_time, parse_time
+from warmstart.host.clock import format_time, parse_time
 from warmstart.operator.children import START_TIMEOUT_SECONDS
 from warmstart.operator.diagnosis import RESTORE_REFUSED, Cause, agent_report, is_ready, is_terminating
 from warmstart.operator.snapshots import SnapshotPlan

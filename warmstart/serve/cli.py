@@ -20,8 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmstart import procinfo
 from warmstart.checkpoint import hugepages
+from warmstart.host import procinfo
 from warmstart.serve.local_node import LocalNode, usable_criu
 from warmstart.serve.worker_spec import ServeError, StartReport, WorkerSpec
 from warmstart.snapshot.keys import signing_keys

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmstart import __version__
-from warmstart.fileio import UnsafeInput, directory_fd, loads_json, read_regular_file, write_atomic
+from warmstart.host.fileio import UnsafeInput, directory_fd, loads_json, read_regular_file, write_atomic
 from warmstart.serve.worker_spec import WorkerSpec
 
 if TYPE_CHECKING:

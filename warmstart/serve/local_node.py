@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from warmstart.api.capture_record import CaptureRecord
-from warmstart.fileio import UnsafeInput
+from warmstart.host.fileio import UnsafeInput
 from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.readiness import import_http_client_meanwhile
 from warmstart.serve.worker_spec import CONTROL_SUBDIR, ServeError, StartReport, WorkerExited, WorkerSpec

@@ -15,7 +15,7 @@ import shutil
 import stat
 from pathlib import Path
 
-from warmstart.fileio import READ_FLAGS, atomic_file
+from warmstart.host.fileio import READ_FLAGS, atomic_file
 from warmstart.snapshot.layout import StoreLayout
 from warmstart.snapshot.manifest import FileEntry, SnapshotError, SnapshotInvalid
 

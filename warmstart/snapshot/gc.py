@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from warmstart.fileio import UnsafeInput, loads_json, read_regular_file
+from warmstart.host.fileio import UnsafeInput, loads_json, read_regular_file
 from warmstart.snapshot.catalog import is_signed_snapshot_dir, list_snapshots, unpublish
 from warmstart.snapshot.layout import (
     DELETING_SUFFIX,

@@ -21,8 +21,8 @@ from typing import Any
 
 import blake3
 
-from warmstart.fileio import READ_FLAGS
-from warmstart.parallel import run_heaviest_first
+from warmstart.host.fileio import READ_FLAGS
+from warmstart.host.parallel import run_heaviest_first
 
 CHUNK_BYTES = 4 << 20
 CHUNK_HASHES: dict[str, Callable[[], Any]] = {"sha256": hashlib.sha256, "blake3": blake3.blake3}

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmstart.fileio import READ_FLAGS
+from warmstart.host.fileio import READ_FLAGS
 
 if TYPE_CHECKING:
     from warmstart.snapshot.signing import Signer, Verifier

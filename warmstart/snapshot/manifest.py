@@ -14,7 +14,7 @@ from functools import cached_property
 from typing import Any
 
 from warmstart.api.capture_record import CaptureRecord
-from warmstart.fileio import UnsafeInput, loads_json
+from warmstart.host.fileio import UnsafeInput, loads_json
 from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.hashing import CHUNK_HASHES
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmstart.fileio import (
+from warmstart.host.fileio import (
     RESOLVE_BENEATH,
     RESOLVE_NO_MAGICLINKS,
     RESOLVE_NO_SYMLINKS,
@@ -37,7 +37,7 @@ from warmstart.fileio import (
     mapped_readonly,
     openat2,
 )
-from warmstart.parallel import parallel_map
+from warmstart.host.parallel import parallel_map
 from warmstart.snapshot.catalog import Snapshot
 from warmstart.snapshot.store import SnapshotStore
 

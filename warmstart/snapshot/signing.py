@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from warmstart.fileio import UnsafeInput, loads_json, read_regular_file, write_exclusive
+from warmstart.host.fileio import UnsafeInput, loads_json, read_regular_file, write_exclusive
 
 SIGNING_KEY_ENV = "WARMSTART_SIGNING_KEY"
 HMAC_SHA256 = "hmac-sha256"

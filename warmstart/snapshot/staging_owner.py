@@ -11,9 +11,9 @@ import stat
 import uuid
 from pathlib import Path
 
-from warmstart import procinfo
-from warmstart.clock import utc_now
-from warmstart.fileio import UnsafeInput, read_json_file, write_new_file
+from warmstart.host import procinfo
+from warmstart.host.clock import utc_now
+from warmstart.host.fileio import UnsafeInput, read_json_file, write_new_file
 from warmstart.snapshot.layout import DELETING_SUFFIX, MAX_OWNER_BYTES, OWNER_FILE, StoreLayout
 from warmstart.snapshot.manifest import CREATED_FORMAT
 

@@ -21,7 +21,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmstart.fileio import atomic_file
+from warmstart.host.fileio import atomic_file
 from warmstart.snapshot.manifest import FileEntry, digest_hex
 
 RECORDS_DIR = "verified"

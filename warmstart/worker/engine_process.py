@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any
 
-from warmstart import procinfo
+from warmstart.host import procinfo
 from warmstart.protocol import (
     READY_FOR_SNAPSHOT,
     RESTORE_COMPLETE,

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from warmstart import procinfo
+from warmstart.host import procinfo
 from warmstart.protocol import (
     CLAIM_COLD,
     RESTORE_CLAIM,

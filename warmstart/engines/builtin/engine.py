@@ -45,7 +45,7 @@ from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model,
 from warmstart.engines.builtin.parallel import ParallelModel, RankSpec, all_reduce, rank_device, shard_config
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
-from warmstart.engines.host import gpu_facts, runtime_image
+from warmstart.engines.machine import gpu_facts, runtime_image
 from warmstart.gpu.arena import Arena
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weights_io import views

@@ -24,14 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from warmstart.cuda_driver import device_uuid
 from warmstart.gpu.arena import Arena, create_arena
 from warmstart.gpu.cuda_arena import CudaVmmArena, cuda_ordinal
 from warmstart.gpu.local_memory import LocalMemoryLimit
 from warmstart.gpu.weight_stager.client import StagedWeightsUnavailable, acknowledge, receive_staged_weights
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache
-from warmstart.procinfo import anonymous_memory_by_mapping
+from warmstart.host.cuda_driver import device_uuid
+from warmstart.host.procinfo import anonymous_memory_by_mapping
 
 if TYPE_CHECKING:
     from warmstart.gpu.cuda_scratch import CudaScratchPool

@@ -47,7 +47,7 @@ from warmstart.engines.base import (
     check_fits,
     check_token_ids,
 )
-from warmstart.engines.host import gpu_facts
+from warmstart.engines.machine import gpu_facts
 from warmstart.engines.vllm import kv_cache, memory, weights_files, weights_staged
 from warmstart.engines.vllm.driver import _Driver, _Submission
 from warmstart.engines.vllm.frontend import WARM_UP_COMPLETION, ServingApp, VllmFrontend
@@ -271,8 +271,8 @@ class VllmEngine(Engine):
             return None
         import torch
 
-        from warmstart.cuda_driver import device_uuid
         from warmstart.gpu.cuda_arena import allocation_granularity
+        from warmstart.host.cuda_driver import device_uuid
 
         index = torch.cuda.current_device()
         free, _total = torch.cuda.mem_get_info(index)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from warmstart.engines.base import EngineError
 from warmstart.engines.digest import files_digest
-from warmstart.engines.host import runtime_image
+from warmstart.engines.machine import runtime_image
 from warmstart.engines.vllm.options import VllmOptions
 from warmstart.identity import SnapshotIdentity
 

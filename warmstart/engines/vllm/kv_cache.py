@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmstart.config import env_flag
-from warmstart.cuda_driver import CudaError, check, driver
 from warmstart.gpu.cuda_arena import read_write_access
+from warmstart.host.cuda_driver import CudaError, check, driver
 
 log = logging.getLogger(__name__)
 

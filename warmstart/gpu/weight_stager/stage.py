@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from warmstart.fileio import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, mapped_readonly, openat2
 from warmstart.gpu.weight_stager.channel import ACK
 from warmstart.gpu.weight_stager.plan import Copy, StagingPlan
 from warmstart.gpu.weights_io import pread_exact
-from warmstart.parallel import share_among_threads
+from warmstart.host.fileio import RESOLVE_IN_ROOT, RESOLVE_NO_MAGICLINKS, mapped_readonly, openat2
+from warmstart.host.parallel import share_among_threads
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ def _start_cuda() -> Callable[[], None]:
 
     def initialise() -> None:
         try:
-            from warmstart.cuda_driver import driver
+            from warmstart.host.cuda_driver import driver
 
             driver()
         except Exception as exc:  # raised in the caller, after the plan's files were opened
@@ -142,7 +142,7 @@ def _stager_device(plan: StagingPlan) -> int:
     """The engine's GPU as this process numbers it (the agent may see every GPU of the node)."""
     if not plan.device_uuid:
         return plan.device_index
-    from warmstart.cuda_driver import device_with_uuid
+    from warmstart.host.cuda_driver import device_with_uuid
 
     return device_with_uuid(plan.device_uuid)
 
@@ -162,7 +162,7 @@ class SharedDeviceMemory:
     here end to end at `address` for the fill."""
 
     def __init__(self, device_index: int, sizes: tuple[int, ...]) -> None:
-        from warmstart.cuda_driver import check, driver
+        from warmstart.host.cuda_driver import check, driver
 
         cu = driver()
         self._cu, self._check = cu, check

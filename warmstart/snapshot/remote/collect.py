@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from warmstart.parallel import parallel_map
+from warmstart.host.parallel import parallel_map
 from warmstart.snapshot.layout import MANIFEST_FILE, MAX_MANIFEST_BYTES, SIGNATURE_FILE, SnapshotNotFound
 from warmstart.snapshot.manifest import Manifest, SnapshotError
 from warmstart.snapshot.remote.keys import Keys

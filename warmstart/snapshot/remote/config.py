@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from warmstart.config import checked_seconds
-from warmstart.fileio import UnsafeInput, read_regular_file
+from warmstart.host.fileio import UnsafeInput, read_regular_file
 
 MAX_CREDENTIAL_BYTES = 4096
 CREDENTIAL_FILES = ("access-key-id", "secret-access-key", "session-token")

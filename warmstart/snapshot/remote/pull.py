@@ -26,9 +26,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmstart.fileio import NEW_FILE_FLAGS
+from warmstart.host.fileio import NEW_FILE_FLAGS
+from warmstart.host.parallel import parallel_map, share_among_threads
 from warmstart.identity import SnapshotIdentity
-from warmstart.parallel import parallel_map, share_among_threads
 from warmstart.snapshot.adopt import BlobsMissing, adopt, blob_present, check_signed_manifest
 from warmstart.snapshot.catalog import Snapshot, is_signed_snapshot_dir
 from warmstart.snapshot.hashing import CHUNK_HASHES, chunk_ranges, hash_file, hash_range

@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmstart.parallel import parallel_map
+from warmstart.host.parallel import parallel_map
 from warmstart.snapshot.catalog import parse_manifest, read_manifest_bytes, read_signature_bytes
 from warmstart.snapshot.layout import MAX_SIGNATURE_BYTES
 from warmstart.snapshot.manifest import Manifest, SnapshotError
