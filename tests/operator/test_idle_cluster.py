@@ -4,6 +4,7 @@ endpoint once it is deleted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -96,15 +97,24 @@ def test_endpoints_at_rest_cost_no_write_over_several_resyncs(audited: ControlPl
     assert "Traceback" not in operator.log_path.read_text(errors="replace"), operator.log_tail(120)
 
 
-def test_nothing_is_sent_for_a_deleted_endpoint(audited: ControlPlane, tmp_path: Path) -> None:
-    kube, namespace, resync = audited, "deleted", 2
+@contextlib.contextmanager
+def one_endpoint_reconciled(kube: ControlPlane, namespace: str, resync: int, logs: Path) -> Iterator[None]:
+    """The operator running (resyncs every `resync` s) and one endpoint in `namespace` it reconciled."""
     kube.kubectl("create", "namespace", namespace)
     env = {"WARMSTART_OPERATOR_RESYNC_SECONDS": str(resync)}
-    operator = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", env=env)
+    operator = OperatorProcess(kube.kubeconfig, logs / "operator.log", env=env)
     operator.start()
     try:
         kube.kubectl("create", "-f", "-", input=endpoints_manifest(namespace, 1))
         kube.wait_for(lambda: reconciled(kube, namespace) == 1, timeout=60, message="reconciled")
+        yield
+    finally:
+        operator.stop()
+
+
+def test_nothing_is_sent_for_a_deleted_endpoint(audited: ControlPlane, tmp_path: Path) -> None:
+    kube, namespace, resync = audited, "deleted", 2
+    with one_endpoint_reconciled(kube, namespace, resync, tmp_path):
         since = audit.now()
         kube.kubectl("delete", "iep", "ep-0000", "-n", namespace, "--wait=true")
         # The garbage collector deletes its children meanwhile: each deletion wakes the endpoint up.
@@ -116,8 +126,6 @@ def test_nothing_is_sent_for_a_deleted_endpoint(audited: ControlPlane, tmp_path:
         time.sleep(resync * 3)
         until = audit.now()
         time.sleep(2)
-    finally:
-        operator.stop()
     requests = audit.operator_requests(kube.audit_log or Path(), since, until)
     writes = [r for r in requests if r.write and r.namespace == namespace]
     assert not writes, f"{len(writes)} writes after the endpoint was deleted: {dict(audit.tally(writes))}"
@@ -131,13 +139,7 @@ def test_each_spec_change_costs_a_bounded_number_of_writes(audited: ControlPlane
     object (kopf's record of the spec it handled), one of its status and one of each child the change
     touches; the counts are printed."""
     kube, namespace, resync = audited, "churn", 2
-    kube.kubectl("create", "namespace", namespace)
-    env = {"WARMSTART_OPERATOR_RESYNC_SECONDS": str(resync)}
-    operator = OperatorProcess(kube.kubeconfig, tmp_path / "operator.log", env=env)
-    operator.start()
-    try:
-        kube.kubectl("create", "-f", "-", input=endpoints_manifest(namespace, 1))
-        kube.wait_for(lambda: reconciled(kube, namespace) == 1, timeout=60, message="reconciled")
+    with one_endpoint_reconciled(kube, namespace, resync, tmp_path):
         time.sleep(resync * 2)
         since = audit.now()
         for change in range(1, CHANGES + 1):
@@ -147,8 +149,6 @@ def test_each_spec_change_costs_a_bounded_number_of_writes(audited: ControlPlane
         time.sleep(resync * 3)
         until = audit.now()
         time.sleep(2)
-    finally:
-        operator.stop()
     requests = audit.operator_requests(kube.audit_log or Path(), since, until)
     writes = audit.tally([r for r in requests if r.write and r.namespace == namespace])
     print(f"\n{CHANGES} spec changes: {dict(writes)}")
