@@ -61,19 +61,37 @@ def test_a_change_during_a_reconcile_still_wakes_the_endpoint_after_it():
     assert wakeups.take_due() == [("ns", "a")]
 
 
-def test_a_failed_reconcile_is_not_woken_before_its_retry_and_a_deleted_one_never():
+def test_a_failed_check_is_not_woken_before_its_retry_and_a_deleted_one_never():
     clock = Clock()
     wakeups = Wakeups(resync_seconds=2, clock=clock)
-    retry = Backoff(base_seconds=1, max_seconds=120).delay(4)  # kopf retries after 8 s
-    wakeups.retrying(("ns", "a"), retry)
+    retry = Backoff(base_seconds=1, max_seconds=120).delay(4)  # the loop retries after 8 s
+    wakeups.retrying(("ns", "a"), retry, by_kopf=False)
     wakeups.track(("ns", "a"))
     wakeups.track(("ns", "b"))
     wakeups.forget(("ns", "b"))
-    clock.now += 2  # a resync passes: kopf holds the endpoint until its retry
+    clock.now += 2  # a resync passes
     assert wakeups.take_due() == []
     clock.now += 6
     assert wakeups.take_due() == [("ns", "a")]
     assert wakeups.keys() == [("ns", "a")]
+
+
+def test_an_endpoint_kopf_retries_is_left_to_kopf_until_a_reconcile_succeeds():
+    """One path for retries: while kopf retries the endpoint's handler, neither the resync nor a child's
+    change runs a check of it (a check between kopf's retries would fail too and count apart)."""
+    clock = Clock()
+    wakeups = Wakeups(resync_seconds=2, clock=clock)
+    wakeups.retrying(("ns", "a"), 1, by_kopf=True)
+    clock.now += 60  # many resyncs
+    wakeups.now(("ns", "a"))  # a child changed
+    assert wakeups.take_due() == []
+    wakeups.reconciled(("ns", "a"))  # kopf's retry succeeded: the child's change is still to be looked at
+    assert wakeups.take_due() == [("ns", "a")]
+    wakeups.retrying(("ns", "a"), 1, by_kopf=True)
+    wakeups.forget(("ns", "a"))  # deleted
+    wakeups.track(("ns", "a"))  # created again under the same name
+    clock.now += 2
+    assert wakeups.take_due() == [("ns", "a")]
 
 
 def test_the_loop_checks_each_due_endpoint_until_cancelled():

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 MANAGED = {"app.kubernetes.io/managed-by": L.FIELD_MANAGER}
 # A child at rest is read from the API server once in this many resyncs, from the watches' copy otherwise.
 SEEN_RESYNCS = 5
+CHECK = "resync"  # the check loop's name for its reconciles (kopf's handler is named by its reason)
 
 
 # What earlier versions made kopf put on every endpoint. No handler needs a finalizer now, so kopf removes
@@ -157,7 +158,7 @@ def _retry_later(key: Key, handler: str, retry: int, error: Exception | None) ->
             delay,
             error,
         )
-    Runtime.wakeups.retrying(key, delay)
+    Runtime.wakeups.retrying(key, delay, by_kopf=handler != CHECK)
     return kopf.TemporaryError(f"reconcile failed, retrying in {delay:.0f} s: {error}", delay=delay)
 
 
@@ -166,7 +167,7 @@ def check(key: Key) -> None:
     loop after the backoff, as kopf retries its handler's."""
     failures = Runtime.check_failures.get(key, 0)
     try:
-        run_reconcile("resync", key, failures)
+        run_reconcile(CHECK, key, failures)
     except kopf.TemporaryError:  # logged, and the retry scheduled, by _retry_later
         Runtime.check_failures[key] = failures + 1
         return

@@ -37,6 +37,9 @@ class Wakeups:
         # Wake-ups asked for and not yet taken: a reconcile that ends meanwhile must not drop them (it may
         # have read the endpoint's children before the change that asked).
         self._asked: dict[Key, float] = {}
+        # Endpoints whose kopf handler failed and is retried by kopf: not checked here meanwhile, so that
+        # kopf's retries are the one path (their backoff, their count) until the handler succeeds.
+        self._held_by_kopf: set[Key] = set()
         self._lock = threading.Lock()
 
     def track(self, key: Key) -> None:
@@ -62,23 +65,29 @@ class Wakeups:
         when = self._clock() + seconds
         with self._lock:
             self._due[key] = min(when, self._asked.get(key, when))
+            self._held_by_kopf.discard(key)
 
-    def retrying(self, key: Key, delay: float) -> None:
-        """Its handler failed and kopf retries it after `delay`: no resync before then (kopf would hold
-        it until the retry anyway)."""
+    def retrying(self, key: Key, delay: float, by_kopf: bool) -> None:
+        """A reconcile failed and is retried after `delay`: by kopf (its handler's retries), in which case
+        the check loop leaves the endpoint alone until a reconcile succeeds, or by the check loop."""
         with self._lock:
             self._due[key] = self._clock() + max(delay, self.resync_seconds)
+            if by_kopf:
+                self._held_by_kopf.add(key)
 
     def forget(self, key: Key) -> None:
         with self._lock:
             self._due.pop(key, None)
             self._asked.pop(key, None)
+            self._held_by_kopf.discard(key)
 
     def take_due(self) -> list[Key]:
         """The endpoints due now; each is next due at the resync (its handler will run meanwhile)."""
         now = self._clock()
         with self._lock:
-            due = sorted(key for key, when in self._due.items() if when <= now)
+            due = sorted(
+                key for key, when in self._due.items() if when <= now and key not in self._held_by_kopf
+            )
             for key in due:
                 self._due[key] = now + self.resync_seconds
                 self._asked.pop(key, None)
