@@ -49,7 +49,7 @@ docs: $(VENV)/.installed
 # The CRDs (crds/ and the chart's copies) from the models in warmstart/api/, then the reference page made
 # from them; tests/api/test_crds_generated.py fails when either is stale.
 crds: $(VENV)/.installed
-	$(BIN)/python -m warmstart.api.crds
+	$(BIN)/python hack/generate_crds.py
 	$(BIN)/python hack/crd_reference.py
 
 lint: $(VENV)/.installed

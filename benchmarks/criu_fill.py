@@ -46,7 +46,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmstart.bench import READ_CHUNK, read_bandwidth
+from restore_bench import READ_CHUNK, read_bandwidth
+
 from warmstart.checkpoint import hugepages
 from warmstart.checkpoint.criu import RESTORE_READERS, Criu
 from warmstart.config import default_criu_command

@@ -45,9 +45,9 @@ sys.path.insert(0, str(REPO))
 
 from cuda_context_probe import start_child, stop_child  # noqa: E402
 from gpu_restore import gpu_memory_of  # noqa: E402
+from restore_bench import read_bandwidth  # noqa: E402
 from stager_copy import check_filled, copies_of, write_random  # noqa: E402
 
-from warmstart.bench import read_bandwidth  # noqa: E402
 from warmstart.checkpoint import cuda  # noqa: E402
 from warmstart.gpu.weight_stager.plan import Copy  # noqa: E402
 from warmstart.gpu.weight_stager.stage import SharedDeviceMemory, fill  # noqa: E402

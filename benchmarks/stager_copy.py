@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from warmstart.bench import pinned_to_gpu_bandwidth, read_bandwidth
+from restore_bench import pinned_to_gpu_bandwidth, read_bandwidth
+
 from warmstart.checkpoint import hugepages
 from warmstart.gpu.weight_stager.plan import Copy
 from warmstart.gpu.weight_stager.stage import COPY_PATHS, STAGING_THREADS, SharedDeviceMemory, fill

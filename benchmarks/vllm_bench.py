@@ -584,7 +584,7 @@ def newest_snapshot(work: Path, store: str) -> tuple[Any, Any]:
 
 def floor_step(args: argparse.Namespace, results: list[dict[str, Any]], store: str = "store") -> None:
     """The floors of a restore of `store`'s newest snapshot, measured as the builtin engine's benchmark
-    measures them (`warmstart.bench.restore_floors`): its CRIU image and the weights read (page cache hot;
+    measures them (`restore_bench.restore_floors`): its CRIU image and the weights read (page cache hot;
     dropped, the faster of 8 and 32 readers), the weights and the checkpointed device memory to the GPU at
     the pinned rate, and CRIU's cost for a trivial process. Each piece is counted one after the other. In a
     child process: its CUDA context is gone before the next start."""
@@ -600,7 +600,8 @@ def floor_step(args: argparse.Namespace, results: list[dict[str, Any]], store: s
 
 
 def measure_floors(criu_command: str, work: Path, store: str) -> dict[str, Any]:
-    from warmstart.bench import restore_floors
+    from restore_bench import restore_floors
+
     from warmstart.serve.local_node import usable_criu
 
     criu, why_not = usable_criu(criu_command)
@@ -621,7 +622,7 @@ def measure_floors(criu_command: str, work: Path, store: str) -> dict[str, Any]:
 def prestage(args: argparse.Namespace, store: str, with_weights: bool) -> float:
     """After a dropped page cache: the snapshot's blobs read back as the node agent pre-stages them (and the
     model's files, as the endpoint's stager DaemonSet does, `with_weights`); the seconds it took."""
-    from warmstart.bench import prestage as read_ahead
+    from restore_bench import prestage as read_ahead
 
     drop_caches()
     return read_ahead(*newest_snapshot(args.work, store), with_weights)

@@ -5,7 +5,7 @@
 #                                    trip, serve on CUDA), what a bare CUDA context costs in a checkpoint,
 #                                    and a short Qwen3-0.6B run of the restore benchmark
 #   hack/device-gpu-bench.sh full    the restore benchmark for Qwen3-0.6B and Qwen3-8B (3 repetitions)
-#   hack/device-gpu-bench.sh product the product path, `warmstart bench restore` (verification included), at
+#   hack/device-gpu-bench.sh product the product path, `benchmarks/restore_bench.py` (verification included), at
 #                                    Qwen3-8B shapes. PRODUCT_STEPS (comma-separated, default model,main):
 #                                    model (write the weight files), main (cold / hot / dropped with the
 #                                    floor; REPEAT, COLD_DROPPED=1, PRESTAGE=1 for restores after the agent's
@@ -66,13 +66,13 @@ gpu_tests() {
         | tail -5
 }
 
-# The product path at Qwen3-8B shapes: `warmstart bench restore` with the engine flags of BENCHMARKS.md.
+# The product path at Qwen3-8B shapes: `benchmarks/restore_bench.py` with the engine flags of BENCHMARKS.md.
 bench_restore() {  # NAME CRIU-COMMAND ARGS...: one bench run, its table and JSON in $OUT
     local name=$1 criu=$2
     shift 2
     echo "== bench restore: $name"
     rm -rf "$WORK/store"
-    timeout "${STEP_TIMEOUT:-400}" python3 -m warmstart bench restore --store "$WORK/store" --device cuda \
+    timeout "${STEP_TIMEOUT:-400}" python3 benchmarks/restore_bench.py --store "$WORK/store" --device cuda \
         --model qwen3-8b --worker-arg=--compile --worker-arg=--max-num-seqs=256 --worker-arg=--max-model-len=1024 \
         --criu "$criu" --markdown "$OUT/$name.md" --json "$OUT/$name.json" "$@" 2>&1 | tee "$OUT/$name.log" \
         | grep -v ' INFO ' | tail -22

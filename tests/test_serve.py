@@ -100,9 +100,9 @@ def test_two_restores_run_side_by_side_and_answer_identically(captured, make_nod
 def test_the_restore_floor_reads_the_captured_image_and_restores_a_process_with_criu(
     captured, criu_command: str, tmp_path: Path
 ) -> None:
-    """What the benchmarks put each restore against (`warmstart.bench.restore_floors`), from a real snapshot:
+    """What the benchmarks put each restore against (`restore_bench.restore_floors`), from a real snapshot:
     every byte of its CRIU image read, plus CRIU's own restore of a trivial process."""
-    from warmstart.bench import restore_floors
+    from restore_bench import restore_floors
 
     first, _, node = captured
     snapshot = node.store.get(first.snapshot_id)

@@ -9,8 +9,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import restore_bench
+from restore_bench import Floor, Series, _rows
 
-from warmstart.bench import Floor, Series, _rows
 from warmstart.checkpoint.restore import FailureCounter
 from warmstart.identity import SnapshotIdentity
 from warmstart.serve.identity_cache import IdentityCache
@@ -116,7 +117,7 @@ def test_worker_command_carries_mode_port_and_control_dir() -> None:
 @pytest.mark.spawns
 def test_bench_refuses_fewer_than_one_repetition(tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "warmstart", "bench", "restore", "--store", str(tmp_path), "--repeat", "0"],
+        [sys.executable, restore_bench.__file__, "--store", str(tmp_path), "--repeat", "0"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert result.returncode == 2
@@ -124,10 +125,10 @@ def test_bench_refuses_fewer_than_one_repetition(tmp_path: Path) -> None:
 
 
 @pytest.mark.spawns
-@pytest.mark.parametrize("command", [["serve"], ["bench", "restore"]])
+@pytest.mark.parametrize("command", [["-m", "warmstart", "serve"], [restore_bench.__file__]])
 def test_serve_and_bench_refuse_a_port_out_of_range(tmp_path: Path, command: list[str]) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "warmstart", *command, "--store", str(tmp_path), "--port", "70000"],
+        [sys.executable, *command, "--store", str(tmp_path), "--port", "70000"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 2, result.stdout + result.stderr
@@ -135,10 +136,10 @@ def test_serve_and_bench_refuse_a_port_out_of_range(tmp_path: Path, command: lis
 
 
 @pytest.mark.spawns
-@pytest.mark.parametrize("command", [["serve"], ["bench", "restore"]])
+@pytest.mark.parametrize("command", [["-m", "warmstart", "serve"], [restore_bench.__file__]])
 def test_serve_and_bench_refuse_an_unknown_huge_pages_mode(tmp_path: Path, command: list[str]) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "warmstart", *command, "--store", str(tmp_path),
+        [sys.executable, *command, "--store", str(tmp_path),
          "--transparent-hugepages", "some"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
@@ -148,7 +149,7 @@ def test_serve_and_bench_refuse_an_unknown_huge_pages_mode(tmp_path: Path, comma
 
 @pytest.mark.parametrize("fresh_memory", [False, True])
 def test_the_bench_reads_every_byte_into_reused_or_fresh_memory(tmp_path: Path, fresh_memory: bool) -> None:
-    from warmstart.bench import READ_CHUNK, read_bandwidth
+    from restore_bench import READ_CHUNK, read_bandwidth
 
     files = [tmp_path / "a", tmp_path / "b", tmp_path / "empty"]
     files[0].write_bytes(b"x" * (READ_CHUNK + 5))  # a short last piece too

@@ -22,7 +22,6 @@ COMMAND_MODULES: dict[str, str] = {
     "snapshot": "warmstart.snapshot.cli",
     "agent": "warmstart.agent.cli",
     "operator": "warmstart.operator.cli",
-    "bench": "warmstart.bench",
 }
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.api import crds
+import generate_crds as crds
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -283,7 +283,7 @@ def test_each_restore_is_put_against_the_newest_floor_of_its_store_for_the_cache
 
 
 def test_the_floor_counts_the_device_memory_each_engine_checkpointed() -> None:
-    from warmstart.bench import checkpointed_gpu_bytes
+    from restore_bench import checkpointed_gpu_bytes
 
     def snapshot(engine: dict[str, Any]) -> Any:  # only the capture record is read
         return SimpleNamespace(record=CaptureRecord(worker=WorkerRecord(engine=engine)))

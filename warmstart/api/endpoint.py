@@ -1,6 +1,6 @@
 """InferenceEndpoint's spec and status as pydantic models: fields, types, bounds, defaults, rules.
 
-The CRD is generated from them (warmstart/api/crds.py): each field's description, the API server's default
+The CRD is generated from them (hack/generate_crds.py): each field's description, the API server's default
 where it has one (`json_schema_extra`), and the CEL rules next to the model or field they check. The
 validators state the same rules for the operator, which parses specs with these models so reconcile works
 on objects built elsewhere too (tests, dry runs) and a spec from an older CRD version fails naming the field;

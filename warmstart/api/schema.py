@@ -1,6 +1,6 @@
 """What the models of both CRDs share: their CEL rules' form, Kubernetes' formats, conditions.
 
-The CRDs' openAPIV3Schemas are generated from the models (warmstart/api/crds.py): what pydantic's JSON
+The CRDs' openAPIV3Schemas are generated from the models (hack/generate_crds.py): what pydantic's JSON
 schema cannot say is said here with `json_schema_extra`, in the Kubernetes keywords themselves.
 """
 
@@ -32,10 +32,12 @@ AnyObject = Annotated[dict[str, Any], Field(json_schema_extra={"x-kubernetes-pre
 
 
 class Status(BaseModel):
-    """A status section: camelCase on the API. The API server validated what it stores against the schema
-    generated from the model, so a status is read without validating it again."""
+    """A status section: camelCase on the API, built by its Python names. What the API server stores passed
+    the schema generated from the model, so it reads back as the model (a field it does not know: ignored)."""
 
-    model_config = ConfigDict(alias_generator=to_camel, frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        alias_generator=to_camel, frozen=True, use_attribute_docstrings=True, validate_by_name=True
+    )
 
 
 class Condition(Status):

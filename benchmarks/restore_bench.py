@@ -1,4 +1,8 @@
-"""`warmstart bench restore`: cold start vs restore of the same engine and model, measured in one run.
+#!/usr/bin/env python3
+"""Cold start vs restore of the same engine and model on this machine, measured in one run.
+
+    sudo python3 benchmarks/restore_bench.py --store /tmp/bench-store --criu "$PWD/hack/criu" --repeat 3
+
 
 For each of N repetitions: a cold start, a restore with the page cache hot and (as root) one with the page
 cache dropped first (and, with --cold-dropped, a cold start with the page cache dropped; with --prestage,
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import mmap
 import os
 import re
@@ -315,7 +320,7 @@ def run_bench(args: argparse.Namespace) -> int:
         return 2
     criu, why_not = usable_criu(args.criu or default_criu_command())
     if criu is None:
-        print(f"warmstart bench restore needs CRIU 4 as root: {why_not}", file=sys.stderr)
+        print(f"the restore benchmark needs CRIU 4 as root: {why_not}", file=sys.stderr)
         return 2
     store_root = Path(args.store).resolve()
     store_root.mkdir(parents=True, exist_ok=True)
@@ -330,7 +335,7 @@ def run_bench(args: argparse.Namespace) -> int:
         with hugepages.selected(args.transparent_hugepages):
             return _bench(args, node, store, criu, work)
     except (OSError, ServeError) as exc:
-        print(f"warmstart bench restore: {exc}", file=sys.stderr)
+        print(f"restore_bench: {exc}", file=sys.stderr)
         return 1
     finally:
         node.stop_all()
@@ -513,7 +518,7 @@ def _print_tables(
     from rich.table import Table
 
     title = (
-        f"warmstart bench restore: {args.engine}/{args.model} on {args.device}, {args.repeat} repetitions, "
+        f"restore benchmark: {args.engine}/{args.model} on {args.device}, {args.repeat} repetitions, "
         f"snapshot {snapshot.size / 2**20:.0f} MiB, transparent huge pages {hugepages.current_mode()}"
     )
     table = Table(title=title)
@@ -548,19 +553,12 @@ def _print_tables(
         Path(args.markdown).write_text("\n".join(lines))
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def argument_parser() -> argparse.ArgumentParser:
     from warmstart.worker_flags import port_number
 
-    bench = subparsers.add_parser(
-        "bench",
-        help="measure cold start against restore on this machine",
-        description="Benchmarks of the product path; results go to BENCHMARKS.md.",
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    kinds = bench.add_subparsers(dest="bench_kind", metavar="KIND", required=True)
-    parser = kinds.add_parser(
-        "restore", help="cold start vs restore of the same worker", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
     add_worker_arguments(parser)
     parser.add_argument("--port", type=port_number, default=8010, help="port the benchmarked workers use")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each start (default 3)")
@@ -586,4 +584,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     parser.add_argument("--logs", help="copy the sandbox logs (CRIU's, the engine's) of hot restores here")
     parser.add_argument("--markdown", help="also write the table as Markdown to this file")
     parser.add_argument("--json", help="also write every measurement as JSON to this file")
-    parser.set_defaults(func=run_bench)
+    return parser
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(run_bench(argument_parser().parse_args()))
