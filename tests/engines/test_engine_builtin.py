@@ -12,8 +12,8 @@ torch = pytest.importorskip("torch", reason="needs torch (the `engine` extra)")
 
 from warmstart.engines import create_engine, engine_kinds  # noqa: E402
 from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams  # noqa: E402
-from warmstart.engines.builtin.config import PRESETS, preset, tensor_shapes  # noqa: E402
 from warmstart.engines.builtin.model_dir import ensure_model, model_digest  # noqa: E402
+from warmstart.engines.builtin.shapes import PRESETS, preset, tensor_shapes  # noqa: E402
 from warmstart.engines.digest import DIGEST_SIDECAR  # noqa: E402
 
 PROMPT = "The quick brown fox"

@@ -11,8 +11,8 @@ import torch
 from warmstart.checkpoint.cuda import process_tree
 from warmstart.engines import create_engine
 from warmstart.engines.base import Engine, EngineError, GenerationRequest, SamplingParams
-from warmstart.engines.builtin.config import PRESETS
 from warmstart.engines.builtin.parallel import shard_config, shard_weights
+from warmstart.engines.builtin.shapes import PRESETS
 
 PROMPTS = ["hello world", "the snapshot restores the worker", "x"]
 

@@ -16,7 +16,7 @@ import pytest
 import test_gpu_e2e as scenario
 from node_plugin import HostPython
 
-from warmstart.engines.builtin.config import PRESETS
+from warmstart.engines.builtin.shapes import PRESETS
 from warmstart.operator.spec import parse_spec
 
 # Products a node may report, the lent machines' cards among them.

@@ -28,8 +28,8 @@ def model_files(
 def _builtin_files(
     model: str, model_dir: str | None, seed: int, dtype: str | None
 ) -> tuple[Path, list[Path]]:
-    from warmstart.engines.builtin.config import PRESETS
     from warmstart.engines.builtin.model_dir import default_model_dir
+    from warmstart.engines.builtin.shapes import PRESETS
     from warmstart.engines.digest import weight_files
 
     if model_dir:

@@ -107,7 +107,7 @@ def check_worker_args(args: argparse.Namespace) -> str | None:
     if args.revision and args.engine != "vllm":
         return "--revision names a Hugging Face model revision: it needs --engine vllm"
     if args.model_dir is None and args.engine == "builtin":
-        from warmstart.engines.builtin.config import PRESETS
+        from warmstart.engines.builtin.shapes import PRESETS
 
         if args.model not in PRESETS and not Path(args.model).is_dir():
             return f"--model {args.model!r} is neither a preset ({', '.join(PRESETS)}) nor a directory"

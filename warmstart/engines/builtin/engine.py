@@ -32,7 +32,6 @@ from warmstart.engines.base import (
     check_fits,
     check_token_ids,
 )
-from warmstart.engines.builtin.config import PRESETS, ModelConfig
 from warmstart.engines.builtin.graphs import DecodeGraphs
 from warmstart.engines.builtin.memory import (
     DEFAULT_GPU_MEMORY_UTILIZATION,
@@ -44,6 +43,7 @@ from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
 from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model, model_digest, weight_files
 from warmstart.engines.builtin.parallel import ParallelModel, RankSpec, all_reduce, rank_device, shard_config
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
+from warmstart.engines.builtin.shapes import PRESETS, ModelConfig
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
 from warmstart.engines.machine import gpu_facts, runtime_image
 from warmstart.gpu.arena import Arena

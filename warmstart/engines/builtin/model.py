@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from warmstart.engines.builtin.config import ModelConfig, tensor_shapes
+from warmstart.engines.builtin.shapes import ModelConfig, tensor_shapes
 
 # Prefill attention without cuDNN's kernel: cuDNN builds a plan for each new sequence length, and on an H200
 # that made the first request at every new prompt length about 0.05 s slower. The others need no such set-up.

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.config import cache_dir
-from warmstart.engines.builtin.config import TRAINED_PRESETS, ModelConfig, preset, tensor_shapes
+from warmstart.engines.builtin.shapes import TRAINED_PRESETS, ModelConfig, preset, tensor_shapes
 from warmstart.engines.digest import model_digest, weight_files, write_sidecar
 from warmstart.gpu.weights_io import dtype_code, torch_dtype, write_safetensors
 

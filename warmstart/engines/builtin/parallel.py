@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 
 from warmstart.engines.base import EngineError
-from warmstart.engines.builtin.config import ModelConfig
 from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
+from warmstart.engines.builtin.shapes import ModelConfig
 
 log = logging.getLogger(__name__)
 

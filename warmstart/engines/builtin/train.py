@@ -24,9 +24,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from warmstart.engines.builtin.config import ModelConfig, tensor_shapes
 from warmstart.engines.builtin.model import Transformer
 from warmstart.engines.builtin.model_dir import WEIGHTS_FILE, initial_tensor
+from warmstart.engines.builtin.shapes import ModelConfig, tensor_shapes
 from warmstart.engines.builtin.tokenizer import BOS_ID
 from warmstart.gpu.weights_io import dtype_code, write_safetensors
 
