@@ -8,6 +8,7 @@ from typing import Any
 from builders import endpoint_body, endpoint_spec
 
 from warmstart.api import labels as L
+from warmstart.api.endpoint import EndpointStatus
 from warmstart.operator import children
 from warmstart.operator.diagnosis import Cause
 from warmstart.operator.placement import NODE_LOCAL, OBJECT_STORE, SHARED_VOLUME
@@ -83,7 +84,7 @@ def test_only_the_current_attempts_capture_pod_is_diagnosed():
     assert current_capture_pods(SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), pods) == []
 
 
-def status_with(previous: dict[str, Any], **causes: Any) -> dict[str, Any]:
+def status_with(previous: EndpointStatus, **causes: Any) -> EndpointStatus:
     return endpoint_status(
         generation=1,
         snapshots_enabled=True,
@@ -100,6 +101,9 @@ def status_with(previous: dict[str, Any], **causes: Any) -> dict[str, Any]:
     )
 
 
+NONE = EndpointStatus()  # a fresh endpoint's
+
+
 def cause(reason: str, kind: str, detail: str) -> Cause:
     return Cause(reason, detail, kind, (f"{kind}-pod",))
 
@@ -108,8 +112,8 @@ def test_a_cause_is_an_event_once_and_again_only_when_it_changes():
     unschedulable = cause(
         "Unschedulable", "worker", "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
     )
-    first = status_with({}, worker_causes=[unschedulable])
-    assert cause_events({}, first) == [
+    first = status_with(NONE, worker_causes=[unschedulable])
+    assert cause_events(NONE, first) == [
         ("Warning", "Unschedulable", f"worker pod worker-pod: {unschedulable.detail}")
     ]
     # The same reason with another message (the scheduler counts nodes again): not news.
@@ -126,7 +130,7 @@ def test_a_cause_is_an_event_once_and_again_only_when_it_changes():
 def test_a_capture_cause_beside_a_worker_cause_is_its_own_event():
     worker = cause("Unschedulable", "worker", "0/3 nodes are available")
     capture = cause("NoNodeAgent", "capture", "no Ready node agent on node n1")
-    events = cause_events({}, status_with({}, worker_causes=[worker], capture_causes=[capture]))
+    events = cause_events(NONE, status_with(NONE, worker_causes=[worker], capture_causes=[capture]))
     assert [(kind, reason) for kind, reason, _ in events] == [
         ("Warning", "NoNodeAgent"),
         ("Warning", "Unschedulable"),
@@ -135,5 +139,5 @@ def test_a_capture_cause_beside_a_worker_cause_is_its_own_event():
 
 def test_the_same_cause_in_two_conditions_is_one_event():
     capture = cause("NoNodeAgent", "capture", "no Ready node agent on node n1")
-    events = cause_events({}, status_with({}, capture_causes=[capture]))
+    events = cause_events(NONE, status_with(NONE, capture_causes=[capture]))
     assert [reason for _, reason, _ in events] == ["NoNodeAgent"]

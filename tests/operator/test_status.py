@@ -3,16 +3,22 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+from types import SimpleNamespace
 
 import pytest
+from pydantic import ValidationError
 
 from warmstart.api import labels as L
+from warmstart.api.endpoint import EndpointStatus
 from warmstart.operator.diagnosis import Cause, restore_causes
+from warmstart.operator.reconcile import write_status
 from warmstart.operator.snapshots import SnapshotPlan
 from warmstart.operator.status import (
+    INVALID_SPEC,
+    READY,
     Workload,
+    degraded_status,
     endpoint_status,
-    invalid_status,
     last_timings,
     reported_invalid,
     restored_replicas,
@@ -34,21 +40,32 @@ def status(
     role="",
     pods=(),
 ):
-    return endpoint_status(
-        generation=3,
-        snapshots_enabled=enabled,
-        plan=plan,
-        work=work,
-        selector="a=b",
-        request_hash="h",
-        pods=list(pods),
-        previous=previous or {},
-        now=now,
-        worker_causes=causes,
-        capture_causes=capture_causes,
-        kept_snapshot=kept,
-        worker_role=role,
+    """The status as written (its JSON merge patch), from `previous` as read back."""
+    return written(
+        endpoint_status(
+            generation=3,
+            snapshots_enabled=enabled,
+            plan=plan,
+            work=work,
+            selector="a=b",
+            request_hash="h",
+            pods=list(pods),
+            previous=EndpointStatus.model_validate(previous or {}),
+            now=now,
+            worker_causes=causes,
+            capture_causes=capture_causes,
+            kept_snapshot=kept,
+            worker_role=role,
+        )
     )
+
+
+def written(result: EndpointStatus) -> dict:
+    """The status patch the operator sends for `result`."""
+    patches: list[dict] = []
+    kube = SimpleNamespace(patch_status=lambda kind, namespace, name, patch: patches.append(patch))
+    write_status(kube, {"namespace": "ns", "name": "llm"}, result)
+    return patches[0]
 
 
 def conditions(result) -> dict[str, dict]:
@@ -210,13 +227,21 @@ def test_invalid_status_names_the_problem_and_keeps_the_other_conditions():
     before = status(
         SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), Workload(desired=1, replicas=1, ready=1, updated=1)
     )
-    result = invalid_status(4, "spec.replicas: must be between 0 and 1000, got -1", before, T0)
+    problem = "spec.replicas: must be between 0 and 1000, got -1"
+    typed = degraded_status(4, INVALID_SPEC, problem, read(before), T0, READY)
+    result = written(typed)
+    assert set(result) == {"phase", "reason", "message", "observedGeneration", "conditions"}  # the rest kept
     assert (result["phase"], result["reason"]) == ("Degraded", "InvalidSpec")
     assert result["message"].startswith("spec.replicas")
     assert conditions(result)["Degraded"]["message"].startswith("spec.replicas")
     assert conditions(result)["Degraded"]["observedGeneration"] == 4
     assert conditions(result)["SnapshotReady"]["status"] == "True"  # what the last reconcile saw
-    assert reported_invalid(result, 4) and not reported_invalid(result, 5) and not reported_invalid(before, 3)
+    assert reported_invalid(typed, 4) and not reported_invalid(typed, 5)
+    assert not reported_invalid(read(before), 3)
+
+
+def read(status: dict) -> EndpointStatus:
+    return EndpointStatus.model_validate(status)
 
 
 def test_restored_replicas_count_ready_pods_the_agent_restored():
@@ -259,7 +284,7 @@ def test_timings_come_from_the_newest_pod_reports():
         pod(json.dumps({"restoreSeconds": True})),
         pod(None),
     ]
-    assert last_timings(pods) == {"lastRestoreSeconds": 2.25, "lastColdStartSeconds": 61.0}
+    assert last_timings(pods) == {"last_restore_seconds": 2.25, "last_cold_start_seconds": 61.0}
 
 
 def test_missing_api_is_degraded_with_the_fix_named():
@@ -271,13 +296,13 @@ def test_missing_api_is_degraded_with_the_fix_named():
         selector="a=b",
         request_hash="h",
         pods=[],
-        previous={},
+        previous=EndpointStatus(),
         now=T0,
         missing_api="keda.sh/v1alpha1 ScaledObject is not served: install KEDA",
     )
-    assert result["phase"] == "Degraded"
-    assert conditions(result)["Degraded"]["reason"] == "MissingAPI"
-    assert "install KEDA" in conditions(result)["Degraded"]["message"]
+    assert result.phase == "Degraded"
+    assert conditions(written(result))["Degraded"]["reason"] == "MissingAPI"
+    assert "install KEDA" in conditions(written(result))["Degraded"]["message"]
 
 
 def test_newest_report_is_found_by_time_not_by_text():
@@ -289,7 +314,7 @@ def test_newest_report_is_found_by_time_not_by_text():
         pod(json.dumps({"coldStartSeconds": 30, "at": "2026-01-01T12:00:00+02:00"})),
         pod(json.dumps({"coldStartSeconds": 40, "at": "2026-01-01T11:00:00Z"})),
     ]
-    assert last_timings(pods) == {"lastRestoreSeconds": 2.0, "lastColdStartSeconds": 40.0}
+    assert last_timings(pods) == {"last_restore_seconds": 2.0, "last_cold_start_seconds": 40.0}
 
 
 def test_a_report_without_a_readable_time_loses_to_a_dated_one():
@@ -299,7 +324,7 @@ def test_a_report_without_a_readable_time_loses_to_a_dated_one():
         pod(json.dumps({"coldStartSeconds": 50, "at": "2026-01-01T10:00:00"})),  # no zone: UTC
         pod(json.dumps({"coldStartSeconds": 60, "at": "2026-01-01T10:30:00+01:00"})),
     ]
-    assert last_timings(pods) == {"lastRestoreSeconds": 3.0, "lastColdStartSeconds": 50.0}
+    assert last_timings(pods) == {"last_restore_seconds": 3.0, "last_cold_start_seconds": 50.0}
 
 
 def worker_pod(role, started, ready_at, annotation=None, ready="True", container="worker"):
@@ -318,7 +343,7 @@ def worker_pod(role, started, ready_at, annotation=None, ready="True", container
 
 def test_a_cold_start_lasts_from_the_container_start_to_ready():
     pods = [worker_pod(L.ROLE_COLD, "2026-01-01T10:00:00Z", "2026-01-01T10:01:05Z")]
-    assert last_timings(pods) == {"lastColdStartSeconds": 65.0}
+    assert last_timings(pods) == {"last_cold_start_seconds": 65.0}
 
 
 def test_a_restore_pod_that_fell_back_to_a_cold_start_counts_as_one():
@@ -327,7 +352,7 @@ def test_a_restore_pod_that_fell_back_to_a_cold_start_counts_as_one():
         worker_pod(L.ROLE_RESTORE, "2026-01-01T11:00:00Z", "2026-01-01T11:00:40.5Z",
                    annotation={"restoreFailed": "digest mismatch", "at": "2026-01-01T11:00:01Z"}),
     ]  # fmt: skip
-    assert last_timings(pods) == {"lastColdStartSeconds": 40.5}
+    assert last_timings(pods) == {"last_cold_start_seconds": 40.5}
 
 
 def test_only_pods_known_to_have_started_cold_and_now_ready_count():
@@ -339,7 +364,7 @@ def test_only_pods_known_to_have_started_cold_and_now_ready_count():
         worker_pod(L.ROLE_COLD, "2026-01-01T12:00:00Z", "2026-01-01T12:00:20Z", container="sidecar"),
         worker_pod(L.ROLE_COLD, "2026-01-01T12:00:00Z", "not a time"),
     ]  # fmt: skip
-    assert last_timings(pods) == {"lastRestoreSeconds": 2.5}
+    assert last_timings(pods) == {"last_restore_seconds": 2.5}
 
 
 def test_ready_again_long_after_the_start_is_not_a_start():
@@ -348,13 +373,13 @@ def test_ready_again_long_after_the_start_is_not_a_start():
         worker_pod(L.ROLE_COLD, "2026-01-01T09:00:00Z", "2026-01-01T09:00:30Z"),
         worker_pod(L.ROLE_COLD, "2026-01-01T10:00:00Z", "2026-01-03T10:00:00Z"),
     ]
-    assert last_timings(pods) == {"lastColdStartSeconds": 30.0}
+    assert last_timings(pods) == {"last_cold_start_seconds": 30.0}
 
 
 def test_a_cold_start_the_pod_reports_itself_wins_over_the_measured_one():
     pods = [worker_pod(L.ROLE_COLD, "2026-01-01T10:00:00Z", "2026-01-01T10:01:05Z",
                        annotation={"coldStartSeconds": 61.25, "at": "2026-01-01T10:01:04Z"})]  # fmt: skip
-    assert last_timings(pods) == {"lastColdStartSeconds": 61.25}
+    assert last_timings(pods) == {"last_cold_start_seconds": 61.25}
 
 
 def test_replicas_refused_their_restore_are_said_in_the_conditions_while_the_snapshot_is_ready():
@@ -381,3 +406,38 @@ def test_replicas_refused_their_restore_are_said_in_the_conditions_while_the_sna
     assert found["SnapshotReady"]["message"].startswith("replicas restore from s; 2 worker pods (tiny-0, ")
     assert (result["phase"], result["reason"]) == ("Degraded", "RestoreRefused")
     assert (result["restoredReplicas"], found["Ready"]["status"]) == (1, "True")
+
+
+def test_the_patch_clears_what_no_longer_holds_and_leaves_what_it_does_not_know():
+    """currentSnapshot and captureAttempts are written as null once gone; a timing no pod reports now is
+    not written, so the last one stays; the model's other fields (kopf's) are never written."""
+    cold = worker_pod(L.ROLE_COLD, "2026-01-01T10:00:00Z", "2026-01-01T10:01:05Z")
+    result = status(SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), Workload(1, 1, 1, 1), pods=[cold])
+    assert result["lastColdStartSeconds"] == 65.0 and result["captureAttempts"] is None
+    assert set(result) == {
+        "phase", "reason", "message", "observedGeneration", "replicas", "readyReplicas", "ready",
+        "restoredReplicas", "selector", "requestKeyHash", "currentSnapshot", "workerRole",
+        "captureAttempts", "children", "conditions", "lastColdStartSeconds",
+    }  # fmt: skip
+    assert set(result["conditions"][0]) == {
+        "type",
+        "status",
+        "reason",
+        "message",
+        "lastTransitionTime",
+        "observedGeneration",
+    }
+    again = status(CAPTURING, Workload(1, 1, 1, 1), previous=result, now=T1)
+    assert again["currentSnapshot"] is None and "lastColdStartSeconds" not in again
+
+
+def test_a_status_written_by_an_older_operator_is_read_and_its_transition_times_kept():
+    first = status(SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), Workload(1, 1, 1, 1))
+    older = {**first, "kopf": {"progress": {}}, "restoreMode": "lazy"}  # a field this model no longer has
+    again = status(SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), Workload(1, 1, 1, 1), previous=older, now=T1)
+    assert again["conditions"] == first["conditions"] and "restoreMode" not in again
+
+
+def test_a_status_the_schema_would_refuse_is_an_error_not_a_write():
+    with pytest.raises(ValidationError, match="worker_role"):
+        status(SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), Workload(1, 1, 1, 1), role="warm")

@@ -125,7 +125,7 @@ def _run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
             Runtime.settings.agents,
             Runtime.settings.snapshot_store,
         )
-        METRICS.endpoints.set(*key, outcome.status["phase"])
+        METRICS.endpoints.set(*key, outcome.status.phase)
         result = "success"
         Runtime.wakeups.reconciled(key, _follow_up(outcome))
         return outcome

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.api import labels as L
-from warmstart.api.endpoint import EndpointSpec
+from warmstart.api.endpoint import EndpointSpec, EndpointStatus
 from warmstart.api.snapshot import OPERATOR, SnapshotStatus, status_patch
 from warmstart.host.clock import parse_time, utc_now
 from warmstart.kube.client import Kube, KubeError, TransientKubeError
@@ -30,11 +30,13 @@ from warmstart.operator.spec import InvalidSpec, parse_spec
 from warmstart.operator.status import (
     DEGRADED,
     INVALID_SPEC,
+    PROGRESSING,
+    READY,
     SNAPSHOT_READY,
     Workload,
+    condition_of,
+    degraded_status,
     endpoint_status,
-    failure_status,
-    invalid_status,
     reported_invalid,
     reports,
 )
@@ -89,7 +91,7 @@ def apply_child(kube: Kube, obj: dict[str, Any], current: dict[str, Any] | None 
 
 @dataclass
 class Outcome:
-    status: dict[str, Any]
+    status: EndpointStatus
     plan: SnapshotPlan | None = None
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
@@ -263,7 +265,7 @@ def reconcile(
     meta = body["metadata"]
     owner = children.Owner.from_body(body)
     generation = int(meta.get("generation") or 0)
-    previous = body.get("status") or {}
+    previous = EndpointStatus.model_validate(body.get("status") or {})
     now = utc_now()
     try:
         spec = parse_spec(body.get("spec") or {})
@@ -308,16 +310,16 @@ def reconcile(
         pods=report.workers,
         previous=previous,
         now=now,
+        children=existing,
         missing_api=str(missing or ""),
         worker_causes=[*report.worker_causes, *diagnosis.deployment_causes(deployment)],
         capture_causes=report.capture_causes,
         worker_role=role,
         kept_snapshot=snapshot if snapshot != plan.ready else "",
     )
-    status["children"] = existing
     events = transition_events(plan, previous, status, missing)
-    if _status_changed(previous, status):
-        kube.patch_status(L.ENDPOINT_KIND, owner.namespace, owner.name, status)
+    if any(getattr(previous, name) != getattr(status, name) for name in status.model_fields_set):
+        write_status(kube, meta, status)
     for kind, reason, message in events:
         post_event(kube, body, kind, reason, message)
     if missing is not None:
@@ -374,7 +376,7 @@ def _write_children(
     plan: SnapshotPlan,
     template: tuple[str, str, str],
     request_hash: str,
-    previous: dict[str, Any],
+    previous: EndpointStatus,
     current: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], list[str], MissingAPI | None]:
     """Snapshots, Deployment (its workers' (role, snapshot, preferred node) is `template`; `current`: the
@@ -388,7 +390,7 @@ def _write_children(
     deployment = apply_child(kube, wanted, current)
     apply_child(kube, children.service(owner, spec))
     # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.
-    recorded = previous.get("children") if previous else []
+    recorded = previous.children if previous.model_fields_set else []
     try:
         return deployment, apply_optional_children(kube, owner, spec, recorded), None
     except MissingAPI as exc:  # report it in status, then let the caller retry later
@@ -399,18 +401,23 @@ def _failure_message(exc: KubeError) -> str:
     return exc.message if isinstance(exc, ChildApplyFailed) else str(exc)
 
 
+def write_status(kube: Kube, meta: dict[str, Any], status: EndpointStatus) -> None:
+    """A merge patch of the fields `status` sets: a field set to None is cleared, one not set is kept."""
+    patch = status.model_dump(by_alias=True, exclude_unset=True)
+    kube.patch_status(L.ENDPOINT_KIND, meta["namespace"], meta["name"], patch)
+
+
 def report_invalid_spec(kube: Kube, body: dict[str, Any], error: InvalidSpec, now: dt.datetime) -> None:
     """Degraded/InvalidSpec naming every problem, one Warning Event and one log line per generation of the
     spec: the resync finds it reported and stays quiet until the spec changes."""
     meta = body["metadata"]
     generation = int(meta.get("generation") or 0)
-    previous = body.get("status") or {}
+    previous = EndpointStatus.model_validate(body.get("status") or {})
     if reported_invalid(previous, generation):
         return
     count = len(error.problems)
     message = f"{count} problem{'s' if count > 1 else ''} in the spec: {error}"
-    status = invalid_status(generation, message, previous, now)
-    kube.patch_status(L.ENDPOINT_KIND, meta["namespace"], meta["name"], status)
+    write_status(kube, meta, degraded_status(generation, INVALID_SPEC, message, previous, now, READY))
     post_event(kube, body, "Warning", INVALID_SPEC, message)
     log.warning(
         "%s/%s: generation %d not reconciled: %s", meta["namespace"], meta["name"], generation, message
@@ -421,47 +428,41 @@ def report_failure(kube: Kube, body: dict[str, Any], reason: str, message: str, 
     """Degraded with the reason in status, and a Warning Event when that is news; best effort (the caller
     is retrying anyway), so a failure to report is logged, not raised."""
     meta = body["metadata"]
-    previous = body.get("status") or {}
+    previous = EndpointStatus.model_validate(body.get("status") or {})
     if reports(previous, DEGRADED, reason, message):
         return
-    status = failure_status(int(meta.get("generation") or 0), reason, message, previous, now)
+    generation = int(meta.get("generation") or 0)
     try:
-        kube.patch_status(L.ENDPOINT_KIND, meta["namespace"], meta["name"], status)
+        write_status(kube, meta, degraded_status(generation, reason, message, previous, now, PROGRESSING))
     except KubeError as exc:
         log.warning("%s/%s: status not updated with %s: %s", meta["namespace"], meta["name"], reason, exc)
     post_event(kube, body, "Warning", reason, message)
 
 
 def transition_events(
-    plan: SnapshotPlan, previous: dict[str, Any], status: dict[str, Any], missing: MissingAPI | None
+    plan: SnapshotPlan, previous: EndpointStatus, status: EndpointStatus, missing: MissingAPI | None
 ) -> list[tuple[str, str, str]]:
     """Events worth a line in `kubectl describe`: snapshot steps, the switch to restores, phase changes."""
     events = list(plan.events)
-    if plan.ready and previous.get("currentSnapshot") != plan.ready:
+    if plan.ready and previous.current_snapshot != plan.ready:
         events.append(("Normal", "RestoreEnabled", f"new replicas restore from snapshot {plan.ready}"))
-    if previous.get("phase") != status["phase"]:
-        before = previous.get("phase") or "None"
-        events.append(("Normal", "PhaseChanged", f"phase {before} -> {status['phase']}"))
+    if previous.phase != status.phase:
+        events.append(("Normal", "PhaseChanged", f"phase {previous.phase} -> {status.phase}"))
         if missing is not None:
             events.append(("Warning", "MissingAPI", str(missing)))
     return events + cause_events(previous, status)
 
 
-def cause_events(previous: dict[str, Any], status: dict[str, Any]) -> list[tuple[str, str, str]]:
+def cause_events(previous: EndpointStatus, status: EndpointStatus) -> list[tuple[str, str, str]]:
     """A Warning Event for each cause that is news: Degraded or SnapshotReady newly explained by one (a
     cause that stays, however its message changes, is not reported again)."""
-    before = {c.get("type"): c for c in previous.get("conditions") or []}
     events: list[tuple[str, str, str]] = []
-    for cond in status["conditions"]:
-        if cond["type"] not in (DEGRADED, SNAPSHOT_READY) or cond["reason"] not in diagnosis.REASONS:
+    for cond in status.conditions or []:
+        if cond.type not in (DEGRADED, SNAPSHOT_READY) or cond.reason not in diagnosis.REASONS:
             continue
-        was = before.get(cond["type"]) or {}
-        if (was.get("status"), was.get("reason")) == (cond["status"], cond["reason"]):
+        was = condition_of(previous, cond.type)
+        if (was.status, was.reason) == (cond.status, cond.reason):
             continue
-        if not any(event[1] == cond["reason"] and cond["message"] in event[2] for event in events):
-            events.append(("Warning", cond["reason"], cond["message"]))
+        if not any(event[1] == cond.reason and cond.message in event[2] for event in events):
+            events.append(("Warning", cond.reason, cond.message))
     return events
-
-
-def _status_changed(previous: dict[str, Any], status: dict[str, Any]) -> bool:
-    return any(previous.get(key) != value for key, value in status.items())

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.endpoint import EndpointStatus
+from warmstart.api.schema import Condition
 from warmstart.api.snapshot import Phase
 from warmstart.host.clock import format_time, parse_time
 from warmstart.operator.children import START_TIMEOUT_SECONDS
@@ -17,8 +19,8 @@ from warmstart.operator.snapshots import SnapshotPlan
 READY, SNAPSHOT_READY, PROGRESSING, DEGRADED = "Ready", "SnapshotReady", "Progressing", "Degraded"
 INVALID_SPEC = "InvalidSpec"
 UNDATED = dt.datetime.min.replace(tzinfo=dt.UTC)  # a report without a readable time: older than any other
-REPORTED_TIMINGS = (("restoreSeconds", "lastRestoreSeconds"), ("coldStartSeconds", "lastColdStartSeconds"))
-COLD_START = "lastColdStartSeconds"
+COLD_START = "last_cold_start_seconds"
+REPORTED_TIMINGS = (("restoreSeconds", "last_restore_seconds"), ("coldStartSeconds", COLD_START))
 # A worker not serving by then is restarted by its liveness probe, so a pod that turns Ready later than this
 # after its container started turned Ready *again* (its readiness probe failed for a while): not a start.
 COLD_START_LIMIT_SECONDS = START_TIMEOUT_SECONDS + 60
@@ -44,27 +46,33 @@ class Workload:
         )
 
 
+def condition_of(status: EndpointStatus, kind: str) -> Condition:
+    """Condition `kind` of `status`; one it lacks is Unknown."""
+    return next(
+        (c for c in status.conditions or [] if c.type == kind), Condition(type=kind, status="Unknown")
+    )
+
+
 def condition(
     kind: str,
     ok: bool,
     reason: str,
     message: str,
     generation: int,
-    previous: list[dict[str, Any]],
+    previous: EndpointStatus,
     now: dt.datetime,
-) -> dict[str, Any]:
+) -> Condition:
     """A condition whose lastTransitionTime moves only when its status changes."""
     status = "True" if ok else "False"
-    before = next((c for c in previous if c.get("type") == kind), None)
-    changed = before is None or before.get("status") != status
-    return {
-        "type": kind,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastTransitionTime": format_time(now) if changed else before["lastTransitionTime"],
-        "observedGeneration": generation,
-    }
+    before = condition_of(previous, kind)
+    return Condition(
+        type=kind,
+        status=status,
+        reason=reason,
+        message=message,
+        last_transition_time=before.last_transition_time if before.status == status else format_time(now),
+        observed_generation=generation,
+    )
 
 
 MESSAGE_LIMIT = 1024
@@ -169,18 +177,17 @@ EXPLAINED_BY = {
 }
 
 
-def explanation(phase_name: str, conditions: list[dict[str, Any]]) -> tuple[str, str]:
+def explanation(phase_name: str, verdicts: dict[str, tuple[bool, str, str]]) -> tuple[str, str]:
     """(reason, message) of the condition that explains the phase; a Ready endpoint that is still scaling
     or rolling out is explained by Progressing."""
-    by_type = {c["type"]: c for c in conditions}
     kind = EXPLAINED_BY.get(phase_name, READY)
-    if phase_name == "Ready" and by_type[PROGRESSING]["status"] == "True":
+    if phase_name == "Ready" and verdicts[PROGRESSING][0]:
         kind = PROGRESSING
-    return by_type[kind]["reason"], by_type[kind]["message"]
+    return verdicts[kind][1], verdicts[kind][2]
 
 
 def last_timings(pods: list[dict[str, Any]]) -> dict[str, float]:
-    """The newest restore and cold-start durations of the endpoint's pods.
+    """The newest restore and cold-start durations of the endpoint's pods, by their status fields' names.
 
     Restores are reported by the node agent in the pod's `warmstart.dev/status` annotation, JSON such as
     {"restoreSeconds": 2.1, "at": "...Z"}; a report that does not parse is skipped. A cold start is what the
@@ -267,19 +274,20 @@ def endpoint_status(
     selector: str,
     request_hash: str,
     pods: list[dict[str, Any]],
-    previous: dict[str, Any],
+    previous: EndpointStatus,
     now: dt.datetime,
+    children: Sequence[str] = (),
     invalid_spec: str = "",
     missing_api: str = "",
     worker_causes: Sequence[Cause] = (),
     capture_causes: Sequence[Cause] = (),
     worker_role: str = "",
     kept_snapshot: str = "",
-) -> dict[str, Any]:
-    """The endpoint's status from what the reconcile saw. `worker_causes`/`capture_causes`: why worker or
-    capture pods do not progress; `worker_role`: the role the Deployment's template runs (default the
-    plan's); `kept_snapshot`: the snapshot the template still names while no snapshot is Ready."""
-    before = previous.get("conditions") or []
+) -> EndpointStatus:
+    """The endpoint's status from what the reconcile saw (a timing no pod reports is left as it is).
+    `children`: the kinds it owns; `worker_causes`/`capture_causes`: why worker or capture pods do not
+    progress; `worker_role`: the role the Deployment's template runs (default the plan's); `kept_snapshot`:
+    the snapshot the template still names while no snapshot is Ready."""
     refused = [cause for cause in worker_causes if cause.reason == RESTORE_REFUSED]
     verdicts = {
         READY: _ready(work, worker_causes),
@@ -287,90 +295,59 @@ def endpoint_status(
         PROGRESSING: _progressing(work, plan),
         DEGRADED: _degraded(plan, invalid_spec, missing_api, [*worker_causes, *capture_causes]),
     }
-    conditions = [condition(kind, *verdict, generation, before, now) for kind, verdict in verdicts.items()]
     phase_name = phase({k: v[0] for k, v in verdicts.items()}, work.desired, bool(plan.capture_attempt))
-    reason, message = explanation(phase_name, conditions)
-    status: dict[str, Any] = {
-        "phase": phase_name,
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-        "replicas": work.replicas,
-        "readyReplicas": work.ready,
-        "ready": f"{work.ready}/{work.desired}",
-        "restoredReplicas": restored_replicas(pods),
-        "selector": selector,
-        "requestKeyHash": request_hash,
-        "currentSnapshot": plan.ready or None,
-        "workerRole": worker_role or plan.role,
-        "captureAttempts": plan.attempts if plan.active else None,
-        "conditions": conditions,
-    }
-    status.update(last_timings(pods))
-    return status
+    reason, message = explanation(phase_name, verdicts)
+    return EndpointStatus(
+        phase=phase_name,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        replicas=work.replicas,
+        ready_replicas=work.ready,
+        ready=f"{work.ready}/{work.desired}",
+        restored_replicas=restored_replicas(pods),
+        selector=selector,
+        request_key_hash=request_hash,
+        current_snapshot=plan.ready or None,
+        worker_role=worker_role or plan.role,
+        capture_attempts=plan.attempts if plan.active else None,
+        children=list(children),
+        conditions=[
+            condition(kind, *verdict, generation, previous, now) for kind, verdict in verdicts.items()
+        ],
+        **last_timings(pods),
+    )
 
 
-def invalid_status(
-    generation: int, message: str, previous: dict[str, Any], now: dt.datetime
-) -> dict[str, Any]:
-    """Status for a spec the operator cannot reconcile: Degraded with the field named."""
-    before = previous.get("conditions") or []
+def degraded_status(
+    generation: int, reason: str, message: str, previous: EndpointStatus, now: dt.datetime, off: str
+) -> EndpointStatus:
+    """Degraded and condition `off` False, both with `reason` and `message`, in place of (or beside) the
+    previous ones; the other conditions and fields keep what the last good reconcile saw. For a spec the
+    operator cannot reconcile (InvalidSpec, naming the field), `off` is Ready; for a reconcile that could
+    not write a child, Progressing."""
     replaced = {
-        DEGRADED: condition(DEGRADED, True, INVALID_SPEC, message, generation, before, now),
-        READY: condition(READY, False, INVALID_SPEC, message, generation, before, now),
+        DEGRADED: condition(DEGRADED, True, reason, message, generation, previous, now),
+        off: condition(off, False, reason, message, generation, previous, now),
     }
-    return _with_conditions(replaced, before, generation, INVALID_SPEC, message)
-
-
-def failure_status(
-    generation: int, reason: str, message: str, previous: dict[str, Any], now: dt.datetime
-) -> dict[str, Any]:
-    """Status for a reconcile that could not write a child: Degraded, not Progressing, with the reason; the
-    other conditions and fields keep what the last good reconcile saw."""
-    before = previous.get("conditions") or []
-    replaced = {
-        DEGRADED: condition(DEGRADED, True, reason, message, generation, before, now),
-        PROGRESSING: condition(PROGRESSING, False, reason, message, generation, before, now),
-    }
-    return _with_conditions(replaced, before, generation, reason, message)
-
-
-def _with_conditions(
-    replaced: dict[str, dict[str, Any]],
-    before: list[dict[str, Any]],
-    generation: int,
-    reason: str,
-    message: str,
-) -> dict[str, Any]:
-    """A Degraded status: the conditions in `replaced` put in place of (or beside) those `before`; the
-    other conditions and fields keep what the last reconcile saw."""
-    replaced = dict(replaced)
-    conditions = [replaced.pop(c.get("type"), c) for c in before]
+    conditions = [replaced.pop(c.type, c) for c in previous.conditions or []]
     conditions += replaced.values()
-    return {
-        "phase": "Degraded",
-        "reason": reason,
-        "message": message,
-        "observedGeneration": generation,
-        "conditions": conditions,
-    }
+    return EndpointStatus(
+        phase="Degraded",
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        conditions=conditions,
+    )
 
 
-def reported_invalid(status: dict[str, Any], generation: int) -> bool:
+def reported_invalid(status: EndpointStatus, generation: int) -> bool:
     """Whether `status` already says that this generation of the spec is invalid."""
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == DEGRADED:
-            return (cond.get("status"), cond.get("reason"), cond.get("observedGeneration")) == (
-                "True",
-                INVALID_SPEC,
-                generation,
-            )
-    return False
+    cond = condition_of(status, DEGRADED)
+    return (cond.status, cond.reason, cond.observed_generation) == ("True", INVALID_SPEC, generation)
 
 
-def reports(status: dict[str, Any], kind: str, reason: str, message: str) -> bool:
+def reports(status: EndpointStatus, kind: str, reason: str, message: str) -> bool:
     """Whether `status` already carries condition `kind` True with this reason and message."""
-    for cond in status.get("conditions") or []:
-        if cond.get("type") == kind:
-            return (cond.get("status"), cond.get("reason"), cond.get("message")) == ("True", reason, message)
-    return False
+    cond = condition_of(status, kind)
+    return (cond.status, cond.reason, cond.message) == ("True", reason, message)
