@@ -183,6 +183,20 @@ def processes_by_environment(pod_uid: str, container: str | None = None) -> list
     return sorted(pid for pid in host_process_ids() if read_environ(pid).get(POD_UID_ENV) == pod_uid)
 
 
+def agent_settings(**fields: Any) -> Any:
+    """The agent's settings from `fields` alone (not the environment), checked as `warmstart agent` checks
+    them; no container runtime to ask unless `cri_socket` is given."""
+    from warmstart.agent.settings import AgentSettings
+
+    class Given(AgentSettings):
+        @classmethod
+        def settings_customise_sources(cls, _: Any, init_settings: Any, **others: Any) -> tuple[Any, ...]:
+            return (init_settings,)
+
+    given = {name: str(value) if isinstance(value, Path) else value for name, value in fields.items()}
+    return Given(**{"cri_socket": "", **given})
+
+
 def find_sandbox_pods(agent: Any) -> None:
     """Make `agent` find its pods' processes by `processes_by_environment` (its pods are local sandboxes)."""
     from warmstart.agent.pods import PodSandbox

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 from s3_plugin import BUCKET
-from support import answers, find_sandbox_pods, free_port, recording_criu_command
+from support import agent_settings, answers, find_sandbox_pods, free_port, recording_criu_command
 
-from warmstart.agent.agent import Agent, AgentConfig
+from warmstart.agent.agent import Agent
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.pods import control_dir_on_host
 from warmstart.api import labels as L
@@ -187,10 +187,8 @@ def make_agent(kube: Any, tmp_path: Path) -> Iterator[Callable[[str], Agent]]:
     started: list[Agent] = []
 
     def make(criu_command: str) -> Agent:
-        config = AgentConfig(
-            node=NODE, store=store, criu_command=criu_command, kubelet_root=tmp_path / "kubelet",
-            resync_seconds=2, start_timeout=60, ready_timeout=300, criu_timeout=300,
-        )  # fmt: skip
+        config = agent_settings(node=NODE, store=store, criu=criu_command, kubelet_root=tmp_path / "kubelet",
+                                resync=2)  # fmt: skip
         started.append(Agent(config, KubeStatus(kube.api_client(), NODE), signer, verifier))
         find_sandbox_pods(started[-1])
         return started[-1]
@@ -497,7 +495,7 @@ def test_restore_failures_on_two_nodes_add_up_to_one_count(
         store = tmp_path / node
         store.mkdir()
         signer, verifier, _ = signing_keys(store, None)
-        config = AgentConfig(node=node, store=store, criu_command=str(tmp_path / "no-criu"))
+        config = agent_settings(node=node, store=store, criu=tmp_path / "no-criu")
         agents.append(Agent(config, KubeStatus(kube.api_client(), node), signer, verifier))
     snapshot_id, per_node = "deadbeef0000-20260101000000-000000", 3
 
@@ -623,14 +621,10 @@ def _bucket_agents(kube: Any, tmp_path: Path, server: Any, criu_command: str) ->
     )  # fmt: skip
     agents = []
     for name in ("a", "b"):
-        config = AgentConfig(
-            node=NODE, store=tmp_path / f"store-{name}", criu_command=criu_command,
-            kubelet_root=tmp_path / "kubelet", start_timeout=60, ready_timeout=300, criu_timeout=300,
-            remote=remote, pull_timeout=60,
-        )  # fmt: skip
-        agents.append(
-            Agent(config, KubeStatus(kube.api_client(), NODE), load_signer(key), load_verifier(key))
-        )
+        config = agent_settings(node=NODE, store=tmp_path / f"store-{name}", criu=criu_command,
+                                kubelet_root=tmp_path / "kubelet", pull_timeout=60)  # fmt: skip
+        kube_status = KubeStatus(kube.api_client(), NODE)
+        agents.append(Agent(config, kube_status, load_signer(key), load_verifier(key), remote=remote))
         find_sandbox_pods(agents[-1])
     return agents[0], agents[1]
 

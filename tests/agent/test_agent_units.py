@@ -20,10 +20,10 @@ from types import SimpleNamespace
 
 import grpc
 import pytest
-from support import processes_by_environment, wait_until
+from support import agent_settings, processes_by_environment, wait_until
 
 from warmstart.agent import pods
-from warmstart.agent.agent import Agent, AgentConfig, Operation
+from warmstart.agent.agent import Agent, Operation
 from warmstart.agent.capture import request_problem
 from warmstart.agent.cleanup import snapshots_to_remove
 from warmstart.agent.context import NodeContext
@@ -340,7 +340,7 @@ def offline_agent(tmp_path: Path) -> Agent:
     from kubernetes import client
 
     key = generate_hmac_key(tmp_path / "key")
-    config = AgentConfig(node="node-a", store=tmp_path / "store", criu_command=str(tmp_path / "no-criu"))
+    config = agent_settings(node="node-a", store=tmp_path / "store", criu=tmp_path / "no-criu")
     kube = KubeStatus(client.ApiClient(client.Configuration()), "node-a")
     return Agent(config, kube, load_signer(key), load_verifier(key))
 
@@ -541,7 +541,7 @@ def test_without_the_runtimes_answer_the_image_is_the_kubelets(tmp_path: Path) -
     kube = SimpleNamespace(get_pod=lambda namespace, name: reported)
     silent = ContainerRuntime(tmp_path / "absent.sock")
     node = NodeContext(
-        config=AgentConfig(node="n", store=tmp_path, criu_command="criu"), kube=kube, signer=None,
+        config=agent_settings(node="n", store=tmp_path), kube=kube, signer=None,
         verifier=None, metrics=None, store=None, criu=None, runtime=silent,
     )  # type: ignore[arg-type]  # fmt: skip
     assert node.worker_image(pod) == "sha256:abc"

@@ -14,8 +14,9 @@ import pytest
 from control_plane.s3 import S3Server
 from kubernetes import client
 from s3_plugin import BUCKET
+from support import agent_settings
 
-from warmstart.agent.agent import Agent, AgentConfig
+from warmstart.agent.agent import Agent
 from warmstart.agent.cluster_store import ClusterStore, PullFailed, PullRefused
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
@@ -235,10 +236,9 @@ def test_a_pull_or_a_push_trims_the_cache_at_once_and_the_gauges_show_it_against
 def test_a_deleted_inference_snapshot_unpublishes_only_the_snapshot_captured_for_it(
     s3_server: S3Server, tmp_path: Path, key: Path
 ) -> None:
-    config = AgentConfig(node="node-b", store=tmp_path / "b", criu_command=str(tmp_path / "no-criu"),
-                         remote=remote_config(s3_server))  # fmt: skip
+    config = agent_settings(node="node-b", store=tmp_path / "b", criu=tmp_path / "no-criu")
     kube = KubeStatus(client.ApiClient(client.Configuration()), "node-b")
-    agent = Agent(config, kube, load_signer(key), load_verifier(key))
+    agent = Agent(config, kube, load_signer(key), load_verifier(key), remote=remote_config(s3_server))
     node_a = node(tmp_path, "a", s3_server, key)
     snapshot = capture(node_a.local, key)
     node_a.publish(snapshot.id)
@@ -264,10 +264,9 @@ def test_a_capture_whose_push_fails_leaves_nothing_in_the_nodes_store(
     fast = dataclasses.replace(
         remote_config(s3_server), connect_timeout=1.0, retry_timeout=1.0, max_retries=0
     )
-    config = AgentConfig(node="node-a", store=tmp_path / "a", criu_command=str(tmp_path / "no-criu"),
-                         remote=fast)  # fmt: skip
+    config = agent_settings(node="node-a", store=tmp_path / "a", criu=tmp_path / "no-criu")
     kube = KubeStatus(client.ApiClient(client.Configuration()), "node-a")
-    agent = Agent(config, kube, load_signer(key), load_verifier(key))
+    agent = Agent(config, kube, load_signer(key), load_verifier(key), remote=fast)
     store = agent.node.store
     kept = capture(store, key, os.urandom(MIB), name="earlier")  # another snapshot's blobs stay
     snapshot = capture(store, key)

@@ -30,15 +30,15 @@ from typing import Any
 from warmstart.agent import objects, ownership
 from warmstart.agent.capture import CapturePhase
 from warmstart.agent.cleanup import StoreCleanup
-from warmstart.agent.context import AgentConfig, NodeContext
+from warmstart.agent.context import NodeContext
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
 from warmstart.agent.prestage import PrestagePhase
 from warmstart.agent.restore import RestorePhase
+from warmstart.agent.settings import AgentSettings
 from warmstart.api import labels as L
+from warmstart.snapshot.remote import RemoteConfig
 from warmstart.snapshot.signing import Signer, Verifier
-
-__all__ = ["Agent", "AgentConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -57,13 +57,14 @@ class Operation:
 class Agent:
     def __init__(
         self,
-        config: AgentConfig,
+        config: AgentSettings,
         kube: KubeStatus,
         signer: Signer,
         verifier: Verifier,
         metrics: AgentMetrics | None = None,
+        remote: RemoteConfig | None = None,
     ) -> None:
-        self.node = NodeContext.create(config, kube, signer, verifier, metrics or AgentMetrics())
+        self.node = NodeContext.create(config, kube, signer, verifier, metrics or AgentMetrics(), remote)
         self.capture = CapturePhase(self.node)
         self.restore = RestorePhase(self.node)
         self.cleanup = StoreCleanup(self.node, busy_pods=self.busy_pods)
@@ -73,7 +74,7 @@ class Agent:
         self._settled: set[str] = set()  # pod uids that need nothing more
 
     @property
-    def config(self) -> AgentConfig:
+    def config(self) -> AgentSettings:
         return self.node.config
 
     @property
@@ -110,7 +111,7 @@ class Agent:
         self._forget_gone({objects.meta(pod)["uid"] for pod in pods})
         for pod in pods:
             self.consider(pod)
-        for change, pod in self.kube.watch_node_pods(version, max(1, int(self.config.resync_seconds))):
+        for change, pod in self.kube.watch_node_pods(version, max(1, int(self.config.resync))):
             if self.stopping.is_set():
                 return
             if change in ("ADDED", "MODIFIED"):

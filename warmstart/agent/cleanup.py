@@ -116,7 +116,7 @@ class StoreCleanup:
         node = self.node
         while not node.stopping.is_set():
             try:
-                for change, snap in node.kube.watch_snapshots(max(1, int(node.config.resync_seconds))):
+                for change, snap in node.kube.watch_snapshots(max(1, int(node.config.resync))):
                     if node.stopping.is_set():
                         return
                     if change == "DELETED":

@@ -55,38 +55,28 @@ def _start(settings: AgentSettings, args: argparse.Namespace) -> tuple[Agent, An
     """The agent and its gRPC server (None without one), every part checked as it is set up; StartupError
     naming the setting of the first that cannot be, before the node is touched or any work begins."""
     from warmstart.agent import grpc_api
-    from warmstart.agent.agent import Agent, AgentConfig
+    from warmstart.agent.agent import Agent
     from warmstart.agent.kube_status import KubeStatus
     from warmstart.agent.metrics import AgentMetrics
     from warmstart.snapshot.keys import signing_keys
     from warmstart.snapshot.remote import RemoteConfig
     from warmstart.snapshot.signing import SigningKeyError
 
-    config = AgentConfig(
-        node=settings.node, store=Path(settings.store).resolve(), criu_command=settings.criu,
-        kubelet_root=Path(settings.kubelet_root), key=settings.key, max_captures=settings.max_captures,
-        cri_socket=Path(settings.cri_socket) if settings.cri_socket else None,
-        max_restores=settings.max_restores, resync_seconds=settings.resync,
-        prestage_interval=settings.prestage_interval, prestage_max_bytes=settings.prestage_max_bytes,
-        remote=RemoteConfig.from_env() if os.environ.get("WARMSTART_S3_BUCKET") else None,
-        pull_timeout=settings.pull_timeout, cache_max_bytes=settings.cache_max_bytes,
-        cache_max_age=settings.cache_max_age, verified_records=settings.verified_records,
-    )  # fmt: skip
-    if not config.kubelet_root.is_dir():
+    remote = RemoteConfig.from_env() if os.environ.get("WARMSTART_S3_BUCKET") else None
+    if not Path(settings.kubelet_root).is_dir():
         log.warning("--kubelet-root / WARMSTART_KUBELET_ROOT: %s is no directory (yet): no pod's control "
-                    "directory can be found until it is", config.kubelet_root)  # fmt: skip
+                    "directory can be found until it is", settings.kubelet_root)  # fmt: skip
+    store = Path(settings.store)
     try:
-        config.store.mkdir(parents=True, exist_ok=True)
+        store.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise StartupError(
-            f"--store / WARMSTART_STORE: {config.store} cannot be made: {exc.strerror}"
-        ) from None
+        raise StartupError(f"--store / WARMSTART_STORE: {store} cannot be made: {exc.strerror}") from None
     try:
-        signer, verifier, note = signing_keys(config.store, config.key)
+        signer, verifier, note = signing_keys(store, settings.key)
     except (OSError, SigningKeyError) as exc:
         where = (
             "--key / WARMSTART_SIGNING_KEY"
-            if config.key
+            if settings.key
             else "the store's generated key ($WARMSTART_KEY_DIR)"
         )
         raise StartupError(f"{where}: {exc}") from None
@@ -95,9 +85,9 @@ def _start(settings: AgentSettings, args: argparse.Namespace) -> tuple[Agent, An
     kube = _kube_client(args.kubeconfig)
     metrics = AgentMetrics()
     try:
-        agent = Agent(config, KubeStatus(kube, config.node), signer, verifier, metrics)
+        agent = Agent(settings, KubeStatus(kube, settings.node), signer, verifier, metrics, remote)
     except OSError as exc:
-        raise StartupError(f"the store {config.store} cannot be used: {exc}") from None
+        raise StartupError(f"the store {store} cannot be used: {exc}") from None
     if settings.metrics_port:
         try:
             metrics.serve(settings.metrics_port, settings.listen_address)

@@ -17,14 +17,8 @@ from warmstart.agent.cri import ContainerRuntime
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
 from warmstart.agent.node_facts import node_gpus
-from warmstart.agent.pods import (
-    DEFAULT_KUBELET_ROOT,
-    PodProcessError,
-    PodSandbox,
-    control_dir_on_host,
-    control_volume_holders,
-)
-from warmstart.agent.settings import DEFAULT_PRESTAGE_MAX_BYTES
+from warmstart.agent.pods import PodProcessError, PodSandbox, control_dir_on_host, control_volume_holders
+from warmstart.agent.settings import AgentSettings
 from warmstart.api import labels as L
 from warmstart.checkpoint.criu import Criu
 from warmstart.host.cuda_driver import GpuDevice
@@ -41,42 +35,8 @@ NO_IMAGE_DIGEST = "neither the container runtime nor the kubelet reports the wor
 
 
 @dataclass
-class AgentConfig:
-    """What the agent runs with: its settings (agent.settings, checked there) and what follows from them."""
-
-    node: str
-    store: Path
-    criu_command: str
-    kubelet_root: Path = DEFAULT_KUBELET_ROOT
-    cri_socket: Path | None = None  # the container runtime's, asked for a worker's image; None: the kubelet
-    key: str | None = None
-    work_dir: Path | None = None  # where restores materialise images (default: inside the store)
-    max_captures: int = 1
-    max_restores: int = 2
-    resync_seconds: float = 30.0
-    start_timeout: float = 300.0  # for a pod's container to appear on the host
-    ready_timeout: float = 1800.0  # for a capture pod's `ready-for-snapshot`
-    criu_timeout: float = 600.0
-    cleanup_interval: float = 300.0
-    cleanup_grace: float = 3600.0  # unreferenced store snapshots younger than this stay
-    prestage_interval: float = 30.0
-    prestage_max_bytes: int = DEFAULT_PRESTAGE_MAX_BYTES  # of snapshots kept in the page cache; 0: none
-    # The cluster's store, an S3-compatible bucket with the local store as this node's cache; None: the local
-    # store is the store (a hostPath on each node, or a shared volume).
-    remote: RemoteConfig | None = None
-    pull_timeout: float = 120.0  # for a restore's pull; past it the worker starts cold
-    cache_max_bytes: int = 0  # the node cache's bound when there is a bucket; 0: none
-    cache_max_age: float = 0.0
-    verified_records: bool = True  # restores skip blobs this node verified before, unchanged since
-
-    @property
-    def restore_work_dir(self) -> Path:
-        return self.work_dir or self.store / "agent-work" / self.node
-
-
-@dataclass
 class NodeContext:
-    config: AgentConfig
+    config: AgentSettings
     kube: KubeStatus
     signer: Signer
     verifier: Verifier
@@ -91,17 +51,25 @@ class NodeContext:
 
     @classmethod
     def create(
-        cls, config: AgentConfig, kube: KubeStatus, signer: Signer, verifier: Verifier, metrics: AgentMetrics
+        cls,
+        config: AgentSettings,
+        kube: KubeStatus,
+        signer: Signer,
+        verifier: Verifier,
+        metrics: AgentMetrics,
+        remote: RemoteConfig | None = None,
     ) -> NodeContext:
+        """`remote`: the cluster's store, an S3-compatible bucket with the local store as this node's cache;
+        None: the local store is the store (a hostPath on each node, or a shared volume)."""
         store = SnapshotStore(config.store, verified_records=config.verified_records)
         cluster_store = None
-        if config.remote is not None:
+        if remote is not None:
             cluster_store = ClusterStore(
-                local=store, remote=RemoteStore(store, config.remote), verifier=verifier, metrics=metrics,
+                local=store, remote=RemoteStore(store, remote), verifier=verifier, metrics=metrics,
                 pull_timeout=config.pull_timeout, cache_max_bytes=config.cache_max_bytes,
                 cache_max_age=config.cache_max_age, gc_grace=config.cleanup_grace,
             )  # fmt: skip
-        runtime = ContainerRuntime(config.cri_socket) if config.cri_socket else None
+        runtime = ContainerRuntime(Path(config.cri_socket)) if config.cri_socket else None
         if runtime is None:
             log.info("workers' images: from the kubelet's reports")
         elif runtime.socket.is_socket():
@@ -111,7 +79,7 @@ class NodeContext:
                         "to report a worker's image", runtime.socket)  # fmt: skip
         return cls(
             config=config, kube=kube, signer=signer, verifier=verifier, metrics=metrics, store=store,
-            criu=Criu(config.criu_command, timeout=config.criu_timeout), cluster_store=cluster_store,
+            criu=Criu(config.criu, timeout=config.criu_timeout), cluster_store=cluster_store,
             runtime=runtime,
         )  # fmt: skip
 

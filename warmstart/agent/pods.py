@@ -29,7 +29,6 @@ from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids, pid_namespace_of
 from warmstart.host import procinfo
 
-DEFAULT_KUBELET_ROOT = Path("/var/lib/kubelet")
 CONTROL_VOLUME = "control"
 PROC = Path("/proc")
 ENGINE_MODULE = "warmstart.worker.engine_process"  # what the worker supervisor runs as its engine
@@ -40,7 +39,7 @@ class PodProcessError(RuntimeError):
     """The pod's processes could not be found or prepared on this node."""
 
 
-def control_dir_on_host(kubelet_root: Path, pod_uid: str) -> Path:
+def control_dir_on_host(kubelet_root: str | Path, pod_uid: str) -> Path:
     """Where the kubelet keeps the pod's `control` emptyDir on the host."""
     if not pod_uid or "/" in pod_uid or pod_uid.startswith("."):
         raise ValueError(f"{pod_uid!r} is not a pod uid")
@@ -191,7 +190,7 @@ class PodSandbox(Sandbox):
     def find(
         cls,
         pod_uid: str,
-        kubelet_root: Path,
+        kubelet_root: str | Path,
         timeout: float = 0.0,
         cancelled: Callable[[], bool] = lambda: False,
         *,

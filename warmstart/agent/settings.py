@@ -1,10 +1,11 @@
 """The node agent's settings: each a flag of `warmstart agent` and an environment variable (the chart's
-DaemonSet sets the variables)."""
+DaemonSet sets the variables). The agent runs on this one object (`NodeContext.config`)."""
 
 from __future__ import annotations
 
 import ipaddress
-from typing import Literal
+from pathlib import Path
+from typing import ClassVar, Literal
 
 from pydantic import field_validator
 
@@ -22,10 +23,16 @@ from warmstart.settings import (
 )
 
 DEFAULT_GRPC_SOCKET = "/run/warmstart/agent.sock"
-DEFAULT_PRESTAGE_MAX_BYTES = 64 << 30
 
 
 class AgentSettings(CommandSettings):
+    # Fixed, not settings: how long the agent waits, how often it cleans the store.
+    start_timeout: ClassVar[float] = 300.0  # for a pod's container to appear on the host
+    ready_timeout: ClassVar[float] = 1800.0  # for a capture pod's `ready-for-snapshot`
+    criu_timeout: ClassVar[float] = 600.0
+    cleanup_interval: ClassVar[float] = 300.0
+    cleanup_grace: ClassVar[float] = 3600.0  # unreferenced store snapshots younger than this stay
+
     node: Text = setting(
         "",
         "WARMSTART_NODE_NAME",
@@ -33,7 +40,11 @@ class AgentSettings(CommandSettings):
         min_length=1,
     )
     store: Text = setting(
-        "/var/lib/warmstart/store", "WARMSTART_STORE", "snapshot store directory", min_length=1
+        "/var/lib/warmstart/store",
+        "WARMSTART_STORE",
+        "snapshot store directory",
+        min_length=1,
+        validate_default=True,  # made absolute (_absolute)
     )
     criu: Text = setting("criu", "WARMSTART_CRIU", "the CRIU 4 command line", min_length=1)
     kubelet_root: Text = setting(
@@ -75,7 +86,7 @@ class AgentSettings(CommandSettings):
         "endpoints with snapshot.prestage PageCache in this node's page cache",
     )
     prestage_max_bytes: Bytes = setting(
-        DEFAULT_PRESTAGE_MAX_BYTES,
+        64 << 30,
         "WARMSTART_AGENT_PRESTAGE_MAX_BYTES",
         "bytes of snapshots kept in the page cache, newest first (0: no pre-staging; the agent's memory "
         "limit caps it, since the page cache it fills is charged to its cgroup)",
@@ -111,6 +122,16 @@ class AgentSettings(CommandSettings):
         "WARMSTART_AGENT_CACHE_MAX_AGE_SECONDS",
         "remove cached snapshots unused for this many seconds (0: never)",
     )
+
+    @property
+    def restore_work_dir(self) -> Path:
+        """Where restores materialise images: inside the store, one directory per node."""
+        return Path(self.store) / "agent-work" / self.node
+
+    @field_validator("store")
+    @classmethod
+    def _absolute(cls, text: str) -> str:
+        return str(Path(text).resolve())
 
     @field_validator("listen_address")
     @classmethod

@@ -141,7 +141,6 @@ class RemoteConfig:
             "bucket": env.get("WARMSTART_S3_BUCKET", ""),
             "endpoint": env.get("WARMSTART_S3_ENDPOINT") or None,
             "prefix": env.get("WARMSTART_S3_PREFIX", ""),
-            "region": env.get("WARMSTART_S3_REGION") or "us-east-1",
             "credentials_dir": Path(env["WARMSTART_S3_CREDENTIALS_DIR"])
             if env.get("WARMSTART_S3_CREDENTIALS_DIR")
             else None,
@@ -149,6 +148,8 @@ class RemoteConfig:
             "virtual_hosted_style": env.get("WARMSTART_S3_VIRTUAL_HOSTED", "").lower()
             in ("1", "true", "yes"),
         }
+        if env.get("WARMSTART_S3_REGION"):
+            settings["region"] = env["WARMSTART_S3_REGION"]
         for setting, name in DURATION_VARIABLES.items():
             if env.get(name, "").strip():
                 settings[setting] = _number(env, name, float)
