@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 import generate_crds as crds
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ import kopf
 from warmstart.api import labels as L
 from warmstart.api.snapshot import Phase
 from warmstart.kube.client import Kube, KubeError
-from warmstart.operator import crds
+from warmstart.operator import crds, rollout
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.metrics import METRICS
 from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, reconcile
@@ -277,6 +277,17 @@ def on_child_event(
         Runtime.seen.gone(str(body.get("kind")), namespace or "", str(body.get("metadata", {}).get("name")))
     else:
         Runtime.seen.saw(plain(body))
+    _wake_owner(namespace, labels)
+
+
+def _waits_for_room(body: kopf.Body, **_: Any) -> bool:
+    return rollout.waits_for_room(body)
+
+
+@kopf.on.event("", "v1", "pods", labels={L.COMPONENT_LABEL: L.WORKER_COMPONENT}, when=_waits_for_room)
+def on_worker_without_room(namespace: str | None, labels: Mapping[str, str], **_: Any) -> None:
+    """A worker pod the scheduler has no room for: a rollout's surge pod makes its endpoint replace one at a
+    time (`rollout`), which the Deployment's own changes would tell only at the next resync."""
     _wake_owner(namespace, labels)
 
 

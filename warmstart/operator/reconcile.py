@@ -19,7 +19,7 @@ from warmstart.api.snapshot import OPERATOR, SnapshotStatus, status_patch
 from warmstart.host.clock import parse_time, utc_now
 from warmstart.kube.client import Kube, KubeError, TransientKubeError
 from warmstart.kube.events import record_event
-from warmstart.operator import children, diagnosis, unchanged
+from warmstart.operator import children, diagnosis, rollout, unchanged
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.diagnosis import AgentLookup
 from warmstart.operator.observe import observe_pods, worker_pods
@@ -290,9 +290,10 @@ def reconcile(
     current = kube.get("Deployment", owner.namespace, owner.name)
     role, snapshot = worker_template(spec, plan, current, request_hash)
     node = worker_node((role, snapshot), plan, current, snapshot_store)
+    strategy = rollout.rolling_update(current, workers)
     try:
         deployment, existing, missing = _write_children(
-            kube, owner, spec, plan, (role, snapshot, node), request_hash, previous, current
+            kube, owner, spec, plan, (role, snapshot, node, strategy), request_hash, previous, current
         )
     except TransientKubeError:
         raise  # the API server is away: nothing to report to, the caller retries
@@ -300,6 +301,7 @@ def reconcile(
         report_failure(kube, body, APPLY_FAILED, _failure_message(exc), now)
         raise ChildApplyFailed(exc.status, _failure_message(exc)) from exc
     report = observe_pods(kube, owner, workers, current_capture_pods(plan, capture_pods), agents)
+    waiting = rollout.waiting_for_room(deployment, workers)
     status = endpoint_status(
         generation=generation,
         snapshots_enabled=spec.snapshot.enabled,
@@ -312,7 +314,10 @@ def reconcile(
         now=now,
         children=existing,
         missing_api=str(missing or ""),
-        worker_causes=[*report.worker_causes, *diagnosis.deployment_causes(deployment)],
+        worker_causes=[
+            *(cause for cause in report.worker_causes if not (cause.pods and set(cause.pods) <= waiting)),
+            *diagnosis.deployment_causes(deployment),
+        ],
         capture_causes=report.capture_causes,
         worker_role=role,
         kept_snapshot=snapshot if snapshot != plan.ready else "",
@@ -374,19 +379,19 @@ def _write_children(
     owner: children.Owner,
     spec: EndpointSpec,
     plan: SnapshotPlan,
-    template: tuple[str, str, str],
+    template: tuple[str, str, str, dict[str, int]],
     request_hash: str,
     previous: EndpointStatus,
     current: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], list[str], MissingAPI | None]:
-    """Snapshots, Deployment (its workers' (role, snapshot, preferred node) is `template`; `current`: the
-    server's copy), Service,
+    """Snapshots, Deployment (its workers' (role, snapshot, preferred node, rolling update) is `template`;
+    `current`: the server's copy), Service,
     autoscaler, ServiceMonitor: (the Deployment as applied, the kinds that exist now, a kind the cluster
     does not serve)."""
     if spec.snapshot.enabled:
         sync_snapshots(kube, owner, spec, plan, request_hash)
-    role, snapshot, node = template
-    wanted = children.deployment(owner, spec, role, snapshot, request_hash, node)
+    role, snapshot, node, strategy = template
+    wanted = children.deployment(owner, spec, role, snapshot, request_hash, node, strategy)
     deployment = apply_child(kube, wanted, current)
     apply_child(kube, children.service(owner, spec))
     # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.

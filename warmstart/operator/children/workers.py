@@ -4,12 +4,14 @@ The weight stagers run as a DaemonSet of the worker's image."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.api.endpoint import EndpointSpec
 from warmstart.operator.children.owner import Owner, common_labels, object_metadata, worker_selector
 from warmstart.operator.placement import prefer_node
+from warmstart.operator.rollout import SURGE
 from warmstart.protocol import CONTROL_DIR_ENV
 from warmstart.worker_flags import DEFAULT_START_TIMEOUT, PROBE_LIVE_PATH, PROBE_READY_PATH, probe_port
 
@@ -169,10 +171,17 @@ def pod_spec(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, reques
 
 
 def deployment(
-    owner: Owner, spec: EndpointSpec, role: str, snapshot: str, request_hash: str, node: str = ""
+    owner: Owner,
+    spec: EndpointSpec,
+    role: str,
+    snapshot: str,
+    request_hash: str,
+    node: str = "",
+    rolling_update: Mapping[str, int] = SURGE,
 ) -> dict[str, Any]:
     """The serving workers: role `cold` until a snapshot is Ready, then `restore` from it, preferring `node`
-    (the one holding the snapshot, when only it does; "" for no preference)."""
+    (the one holding the snapshot, when only it does; "" for no preference), replaced as `rolling_update`
+    says (`rollout`)."""
     labels = {
         **spec.template.labels,
         **pod_labels(owner.name, L.WORKER_COMPONENT, role, snapshot, request_hash),
@@ -187,8 +196,7 @@ def deployment(
         "spec": {
             "replicas": spec.replicas,
             "selector": {"matchLabels": worker_selector(owner.name)},
-            # No surge: switching cold pods to restore pods must not need a spare GPU.
-            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(rolling_update)},
             "template": {
                 "metadata": {"labels": labels, "annotations": dict(spec.template.annotations)},
                 "spec": pod,
