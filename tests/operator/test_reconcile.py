@@ -5,15 +5,22 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from builders import endpoint_body, endpoint_spec
+from builders import endpoint_body, endpoint_spec, snapshot_object
 
 from warmstart.api import labels as L
 from warmstart.api.endpoint import EndpointStatus
 from warmstart.operator import children
 from warmstart.operator.diagnosis import Cause
 from warmstart.operator.placement import NODE_LOCAL, OBJECT_STORE, SHARED_VOLUME
-from warmstart.operator.reconcile import cause_events, current_capture_pods, worker_node, worker_template
-from warmstart.operator.snapshots import SnapshotPlan
+from warmstart.operator.reconcile import (
+    cause_events,
+    current_capture_pods,
+    sync_snapshots,
+    worker_node,
+    worker_template,
+)
+from warmstart.operator.request_key import request_key, request_key_hash
+from warmstart.operator.snapshots import SnapshotPlan, plan_snapshots
 from warmstart.operator.spec import parse_spec
 from warmstart.operator.status import Workload, endpoint_status
 
@@ -82,6 +89,62 @@ def test_only_the_current_attempts_capture_pod_is_diagnosed():
         pods[1]
     ]
     assert current_capture_pods(SnapshotPlan(role=L.ROLE_RESTORE, ready="s"), pods) == []
+
+
+class StatusNamingKube:
+    """A Kube of one InferenceSnapshot and its capture pods that records, as each capture pod is created,
+    which pod the snapshot's status names (what a node agent handling that pod reads then)."""
+
+    def __init__(self, snapshot: dict[str, Any], pods: list[str]) -> None:
+        self.snapshot = snapshot
+        self.pods = {name: {"metadata": {"name": name}} for name in pods}
+        self.named_at_create: dict[str, str | None] = {}
+
+    def create(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        assert obj["kind"] == "Pod", obj["kind"]
+        name = obj["metadata"]["name"]
+        self.named_at_create[name] = self.snapshot["status"].get("capturePod")
+        self.pods[name] = obj
+        return obj
+
+    def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        assert (kind, name) == (L.SNAPSHOT_KIND, self.snapshot["metadata"]["name"])
+        return self.snapshot
+
+    def list(self, kind: str, namespace: str, selector: Any) -> list[dict[str, Any]]:
+        assert kind == "Pod"
+        return list(self.pods.values())
+
+    def delete(self, kind: str, namespace: str, name: str) -> bool:
+        return self.pods.pop(name, None) is not None
+
+    def patch_status(self, kind: str, namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        assert (kind, name) == (L.SNAPSHOT_KIND, self.snapshot["metadata"]["name"])
+        self.snapshot["status"].update(status)
+        return self.snapshot
+
+
+def test_a_retried_capture_pod_is_named_in_the_snapshots_status_before_it_exists():
+    """The node agent handles a capture pod once, as soon as it sees it bound, and passes over one that the
+    snapshot's `capturePod` does not name (an earlier attempt's): were the retry's pod created before the
+    status named it, an agent quick enough would read the previous attempt's name and never capture it."""
+    key = request_key(SPEC)
+    request_hash = request_key_hash(key)
+    name = f"{OWNER.name}-{request_hash[:10]}"
+    failed = snapshot_object(
+        name, request_hash, "Failed", "2026-01-01T00:00:00Z", attempts=1, message="No space left on device",
+        retryAfter="2026-01-01T00:00:05Z", capturePod=children.capture_pod_name(name, 1),
+    )  # fmt: skip
+    plan = plan_snapshots(OWNER, SPEC, request_hash, key, [failed], T0 + dt.timedelta(minutes=1))
+    assert plan.capture_attempt == 2, plan
+    kube = StatusNamingKube(failed, [children.capture_pod_name(name, 1)])
+
+    sync_snapshots(kube, OWNER, SPEC, plan, request_hash)  # type: ignore[arg-type]
+
+    retried = children.capture_pod_name(name, 2)
+    assert set(kube.pods) == {retried}
+    assert kube.named_at_create == {retried: retried}
+    assert failed["status"]["attempts"] == 2 and failed["status"]["capturePod"] == retried
 
 
 def status_with(previous: EndpointStatus, **causes: Any) -> EndpointStatus:

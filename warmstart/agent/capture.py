@@ -94,12 +94,12 @@ class CapturePhase:
         failed_already = (
             status.capture_attempt == status.attempt and status.capture_state == CaptureState.FAILED
         )
-        if (
-            derive_phase(status)[0] == Phase.INVALID
-            or failed_already
-            or status.capture_pod not in (None, "", meta["name"])
-        ):
-            return  # given up on, or not this pod's attempt (any more)
+        if derive_phase(status)[0] == Phase.INVALID or failed_already:
+            return  # given up on
+        if status.capture_pod not in (None, "", meta["name"]):
+            log.info("capture pod %s passed over: its snapshot's current capture pod is %s",
+                     objects.key(pod), status.capture_pod)  # fmt: skip
+            return  # not this pod's attempt (any more)
         done = control.read(SNAPSHOT_COMPLETE)
         if done is not None:  # published before a restart of this agent: finish the bookkeeping
             try:

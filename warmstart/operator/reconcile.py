@@ -247,8 +247,11 @@ def sync_snapshots(
         if snapshot is None:
             return  # created a moment ago and already gone: next reconcile decides again
         owner = children.Owner.from_body(snapshot)
-        kube.create(children.capture_pod(owner, endpoint.name, spec, plan.capture_attempt, request_hash))
+        # The status names the pod before it exists: a node agent handles a capture pod once, as soon as it
+        # sees it bound, and passes over one that `capturePod` does not name (an earlier attempt's), so a
+        # retry's pod created first could be read against the previous attempt's name and never captured.
         kube.patch_status(L.SNAPSHOT_KIND, ns, plan.active, status_patch(OPERATOR, capture_pod=wanted))
+        kube.create(children.capture_pod(owner, endpoint.name, spec, plan.capture_attempt, request_hash))
 
 
 def reconcile(
