@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 import restore_bench
 from restore_bench import Floor, Series, _rows
+from support import REPO
 
 from warmstart.checkpoint.restore import FailureCounter
 from warmstart.identity import SnapshotIdentity
@@ -133,6 +136,30 @@ def test_serve_and_bench_refuse_a_port_out_of_range(tmp_path: Path, command: lis
     )  # fmt: skip
     assert result.returncode == 2, result.stdout + result.stderr
     assert "port must be between 0 and 65535, got 70000" in result.stderr
+
+
+GPU_SCRIPT = REPO / "hack" / "device-gpu-bench.sh"
+
+
+def _script_words(line: str) -> list[str]:
+    """A shell line's words, with every `${VAR:+WORDS}` set and every `${VAR:-DEFAULT}` at its default."""
+    line = re.sub(r"\$\{\w+:\+([^}]*)\}", r"\1", line)
+    line = re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", line)
+    return shlex.split(line.replace('"$THP"', "always"))
+
+
+def test_the_gpu_scripts_restore_benchmark_runs_parse_as_the_benchmark_takes_them() -> None:
+    """What hack/device-gpu-bench.sh asks of the restore benchmark on the GPU machine, parsed here: a flag
+    renamed or dropped fails in CI, not in a GPU call."""
+    lines = GPU_SCRIPT.read_text().replace("\\\n", " ").splitlines()
+    fixed = next(line for line in lines if "python3 benchmarks/restore_bench.py" in line)
+    fixed = fixed.split("restore_bench.py", 1)[1].split('"$@"', 1)[0]
+    calls = [_script_words(line) for line in lines if re.match(r"\s*(\S+=\S+ )?bench_restore ", line)]
+    assert len(calls) >= 4, calls
+    for words in calls:
+        given = words[words.index("bench_restore") + 3 :]  # after the run's name and CRIU command
+        args = restore_bench.argument_parser().parse_args([*_script_words(fixed), *given])
+        assert args.device == "cuda" and args.model == "qwen3-8b" and args.worker_arg, args
 
 
 @pytest.mark.spawns

@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from support import free_port
@@ -91,3 +93,17 @@ class OperatorProcess:
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(5)
+
+
+@contextmanager
+def running_operator(kubeconfig: Path, log_path: Path, env: dict[str, str]) -> Iterator[OperatorProcess]:
+    """An operator for the duration of the block, whose log must show no traceback and no handler kopf gave
+    up on when it stopped."""
+    process = OperatorProcess(kubeconfig, log_path, env=env)
+    process.start()
+    try:
+        yield process
+    finally:
+        process.stop()
+    text = log_path.read_text(errors="replace")
+    assert "Traceback" not in text and "failed permanently" not in text, process.log_tail(120)

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from cluster_calls import CAPTURED, TIMEOUT, apply, endpoint, get, items, set_snapshot_status, template_role
 from control_plane.cluster import fake_gpu_node
-from operator_process import OperatorProcess
+from operator_process import OperatorProcess, running_operator
 
 from warmstart.api import labels as L
 from warmstart.kube.client import Kube, KubeError
@@ -32,12 +32,8 @@ FIRST = "test-rollout-first"
 def operator(kube, crds, tmp_path_factory) -> Iterator[OperatorProcess]:
     log = tmp_path_factory.mktemp("operator") / "operator.log"
     env = {"WARMSTART_OPERATOR_RESYNC_SECONDS": "2", "WARMSTART_OPERATOR_CAPTURE_BACKOFF_SECONDS": "1"}
-    process = OperatorProcess(kube.kubeconfig, log, env=env)
-    process.start()
-    yield process
-    process.stop()
-    text = log.read_text(errors="replace")
-    assert "Traceback" not in text and "failed permanently" not in text, process.log_tail(120)
+    with running_operator(kube.kubeconfig, log, env) as process:
+        yield process
 
 
 @pytest.fixture

@@ -26,7 +26,7 @@ from cluster_calls import (
     set_snapshot_status,
     template_role,
 )
-from operator_process import OperatorProcess
+from operator_process import OperatorProcess, running_operator
 
 from warmstart.api import labels as L
 
@@ -56,12 +56,8 @@ def operator(kube, crds, agent_namespace, tmp_path_factory) -> Iterator[Operator
         "WARMSTART_OPERATOR_AGENT_NAMESPACE": agent_namespace,
         "WARMSTART_OPERATOR_AGENT_SELECTOR": ",".join(f"{k}={v}" for k, v in AGENT_LABELS.items()),
     }
-    process = OperatorProcess(kube.kubeconfig, log, env=env)
-    process.start()
-    yield process
-    process.stop()
-    text = log.read_text(errors="replace")
-    assert "Traceback" not in text and "failed permanently" not in text, process.log_tail(120)
+    with running_operator(kube.kubeconfig, log, env) as process:
+        yield process
 
 
 def reconciles(operator: OperatorProcess) -> float:
