@@ -50,7 +50,7 @@ from restore_bench import READ_CHUNK, read_bandwidth
 
 from warmstart.checkpoint import hugepages
 from warmstart.checkpoint.criu import RESTORE_READERS, Criu
-from warmstart.config import default_criu_command
+from warmstart.host.env import default_criu_command
 from warmstart.serve.local_node import usable_criu
 
 GIB = 1 << 30

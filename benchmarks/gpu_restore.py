@@ -52,7 +52,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir  # noqa: E402
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir  # noqa: E402
 
 GB = 1e9
 GiB = 1 << 30

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot import SnapshotStore
 from warmstart.snapshot.remote import Credentials, RemoteConfig, RemoteStore
 from warmstart.snapshot.signing import HmacKey

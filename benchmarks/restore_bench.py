@@ -310,9 +310,9 @@ def _engine_phases(node: LocalNode) -> dict[str, float]:
 
 
 def run_bench(args: argparse.Namespace) -> int:
-    from warmstart.config import default_criu_command
+    from warmstart.host.env import default_criu_command
     from warmstart.serve.local_node import usable_criu
-    from warmstart.snapshot.keys import signing_keys
+    from warmstart.snapshot.signing_keys import signing_keys
     from warmstart.snapshot.store import SnapshotStore
 
     if args.repeat < 1:
@@ -554,7 +554,7 @@ def _print_tables(
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    from warmstart.worker_flags import port_number
+    from warmstart.api.worker_options import port_number
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

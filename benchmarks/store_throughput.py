@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.host.parallel import default_workers, parallel_map, run_heaviest_first
-from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot import SnapshotStore
 from warmstart.snapshot.hashing import CHUNK_HASHES, DEFAULT_CHUNK_HASH, chunk_ranges, hash_file, hash_range
 from warmstart.snapshot.residency import evict

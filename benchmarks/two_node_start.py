@@ -68,7 +68,7 @@ from two_nodes import (  # noqa: E402
 
 from warmstart.api import labels as L  # noqa: E402
 from warmstart.snapshot.remote import Credentials, RemoteConfig  # noqa: E402
-from warmstart.snapshot.remote.keys import Keys  # noqa: E402
+from warmstart.snapshot.remote.object_keys import Keys  # noqa: E402
 from warmstart.snapshot.remote.objects import ObjectClient  # noqa: E402
 from warmstart.snapshot.store import SnapshotStore  # noqa: E402
 

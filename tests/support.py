@@ -139,7 +139,7 @@ def with_default_sigint() -> None:
 
 def helm_binary() -> str:
     """helm as `hack/control-plane build` builds it (else on PATH); skips the test without one."""
-    from warmstart.config import cache_dir
+    from warmstart.host.env import cache_dir
 
     cached = cache_dir() / "k8s" / "bin" / "helm"
     found = str(cached) if cached.exists() else shutil.which("helm")
@@ -218,7 +218,7 @@ def container_settings(container: dict[str, Any], command: str, model: type[S]) 
     from unittest import mock
 
     from warmstart.cli import build_parser
-    from warmstart.settings import load
+    from warmstart.host.command_settings import load
 
     args = container["args"]
     parsed = build_parser().parse_args(args[args.index(command) :])

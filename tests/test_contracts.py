@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.identity import SnapshotIdentity, canonical_json
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir, SignalTimeout
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir, SignalTimeout
+from warmstart.api.identity import SnapshotIdentity, canonical_json
 
 
 def make_identity(**changes):

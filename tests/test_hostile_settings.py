@@ -21,16 +21,16 @@ from typing import Any
 import pytest
 
 from warmstart.agent.settings import AgentSettings
+from warmstart.api.control_dir import RESTORE_FACTS
+from warmstart.api.worker_options import worker_flags_problem
 from warmstart.cli import build_parser
-from warmstart.config import MAX_SECONDS, checked_seconds
+from warmstart.host.command_settings import CommandSettings, SettingsError, load
+from warmstart.host.env import MAX_SECONDS, checked_seconds
 from warmstart.operator.settings import OperatorSettings
-from warmstart.protocol import RESTORE_FACTS
-from warmstart.settings import CommandSettings, SettingsError, load
-from warmstart.snapshot.keys import signing_keys, verification_key
 from warmstart.snapshot.remote.config import RemoteConfig, RemoteConfigError
 from warmstart.snapshot.signing import SigningKeyError, generate_ed25519_keypair, generate_hmac_key
+from warmstart.snapshot.signing_keys import signing_keys, verification_key
 from warmstart.worker.options import check_worker_args
-from warmstart.worker_flags import worker_flags_problem
 
 HUGE = "1e99"
 DURATION = ["abc", "nan", "inf", "-inf", "-1", "0", HUGE, str(MAX_SECONDS * 2)]
@@ -320,7 +320,7 @@ class _SlowClient:
 
 def test_a_pulls_timeout_stops_a_piece_under_way(tmp_path: Path) -> None:
     """The deadline was checked only before each piece started: one large piece ran on past it."""
-    from warmstart.snapshot.remote.keys import Keys
+    from warmstart.snapshot.remote.object_keys import Keys
     from warmstart.snapshot.remote.objects import RemoteUnavailable
     from warmstart.snapshot.remote.pull import Piece, _Pull
     from warmstart.snapshot.remote.stats import Counters

@@ -16,13 +16,13 @@ import pytest
 from warmstart.agent.node_facts import FactsUnavailable, GpuFacts, pod_gpu_facts
 from warmstart.agent.restore import Refused, RestorePhase
 from warmstart.api.capture_record import CaptureRecord
+from warmstart.api.identity import SnapshotIdentity
+from warmstart.api.restore_facts import FactsInvalid, RestoreFacts
+from warmstart.api.worker_options import add_worker_arguments
 from warmstart.checkpoint.restore import PodUnfit
 from warmstart.engines.digest import SAMPLE_HEAD_BYTES, sampled_digest
 from warmstart.host.cuda_driver import GpuDevice
-from warmstart.identity import SnapshotIdentity
-from warmstart.restore_facts import FactsInvalid, RestoreFacts
 from warmstart.worker.facts import measure_restore_facts, worker_flags
-from warmstart.worker_flags import add_worker_arguments
 
 H200 = GpuDevice("GPU-aaaa", "NVIDIA H200", "9.0")
 H100 = GpuDevice("GPU-bbbb", "NVIDIA H100 80GB HBM3", "9.0")

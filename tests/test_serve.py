@@ -27,12 +27,12 @@ from support import (
     wait_until,
 )
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint.criu import Criu
-from warmstart.identity import SnapshotIdentity
 from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.local_node import LocalNode
 from warmstart.serve.worker_spec import StartReport, WorkerSpec
-from warmstart.snapshot.keys import default_key_path, signing_keys
+from warmstart.snapshot.signing_keys import default_key_path, signing_keys
 from warmstart.snapshot.store import SnapshotStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.spawns]

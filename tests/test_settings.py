@@ -12,8 +12,8 @@ from support import container_settings, helm_template
 
 from warmstart.agent.settings import AgentSettings
 from warmstart.cli import COMMAND_MODULES, build_parser, named_command
+from warmstart.host.command_settings import SettingsError, load
 from warmstart.operator.settings import OperatorSettings
-from warmstart.settings import SettingsError, load
 
 CHART = Path(__file__).resolve().parents[1] / "charts" / "warmstart"
 # Read by other parts of the same process, not settings of the command: the object store's client

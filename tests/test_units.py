@@ -15,12 +15,12 @@ import restore_bench
 from restore_bench import Floor, Series, _rows
 from support import REPO
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint.restore import FailureCounter
-from warmstart.identity import SnapshotIdentity
 from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.local_node import prune_work_dir
 from warmstart.serve.worker_spec import WorkerSpec
-from warmstart.snapshot.keys import signing_keys
+from warmstart.snapshot.signing_keys import signing_keys
 
 IDENTITY = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="x")
 

@@ -28,21 +28,21 @@ from warmstart.agent.agent import Agent
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.pods import control_dir_on_host
 from warmstart.api import labels as L
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.api.snapshot import MAX_RESTORE_FAILURES, Phase, SnapshotStatus, derive_phase
 from warmstart.checkpoint.restore import FailureCounter
 from warmstart.checkpoint.sandbox import Sandbox
-from warmstart.identity import SnapshotIdentity
 from warmstart.operator.children import Owner
 from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import plan_snapshots
 from warmstart.operator.spec import parse_spec
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_FAILED, ControlDir
 from warmstart.snapshot import generate_hmac_key, load_signer, load_verifier
-from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.layout import MANIFEST_FILE
 from warmstart.snapshot.remote import Credentials, RemoteConfig
-from warmstart.snapshot.remote.keys import Keys
+from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.residency import blob_paths, evict, resident_bytes
+from warmstart.snapshot.signing_keys import signing_keys
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.spawns]
@@ -467,7 +467,7 @@ def test_a_vanished_published_snapshot_fails_the_capture_once(
 ) -> None:
     """snapshot-complete names a store snapshot that is gone (deleted, or a store swapped under a restarted
     agent): the InferenceSnapshot goes Failed with the reason instead of the agent raising on every resync."""
-    from warmstart.protocol import SNAPSHOT_COMPLETE
+    from warmstart.api.control_dir import SNAPSHOT_COMPLETE
 
     agent = make_agent(criu_command)
     snap = cluster.snapshot(namespace, "tiny-snap")
@@ -528,7 +528,7 @@ def test_a_restore_the_previous_agent_left_unanswered_ends_in_a_cold_start(
     otherwise wait for an answer that never comes), records why, and the worker serves cold."""
     import subprocess
 
-    from warmstart.protocol import CLAIM_RESTORE, RESTORE_CLAIM
+    from warmstart.api.control_dir import CLAIM_RESTORE, RESTORE_CLAIM
 
     agent = make_agent(criu_command)
     endpoint = cluster.endpoint(namespace)

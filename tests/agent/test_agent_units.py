@@ -49,7 +49,7 @@ from warmstart.agent.settings import AgentSettings
 from warmstart.api import labels as L
 from warmstart.api.capture_record import CaptureRecord, WorkerRecord
 from warmstart.checkpoint.sandbox import namespace_pids
-from warmstart.settings import SettingsError, load
+from warmstart.host.command_settings import SettingsError, load
 from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
@@ -265,7 +265,7 @@ def test_find_names_what_is_missing(tmp_path: Path) -> None:
 def _publish(
     store: SnapshotStore, key: Path, content: bytes, namespace: str = "ml", node: str = "node-a"
 ) -> Snapshot:
-    from warmstart.identity import SnapshotIdentity
+    from warmstart.api.identity import SnapshotIdentity
 
     identity = SnapshotIdentity(model_digest="sha256:" + "ab" * 32, engine="builtin", engine_version="1")
     meta = {"namespace": namespace, "inferenceSnapshot": "s", "node": node}
@@ -298,7 +298,7 @@ def test_store_snapshot_id_and_worker_port() -> None:
 
 def test_request_problem_covers_a_malformed_payload_as_well_as_another_engine() -> None:
     """Both mean no capture, and both must resume the waiting worker (the agent acts on any problem)."""
-    from warmstart.identity import SnapshotIdentity
+    from warmstart.api.identity import SnapshotIdentity
 
     identity = SnapshotIdentity(model_digest="sha256:" + "cd" * 32, engine="builtin", engine_version="1")
     payload = {"identity": identity.to_dict(), "pid": 2}
@@ -553,8 +553,8 @@ def test_a_pod_whose_model_or_engine_changed_is_refused_with_a_typed_reason_and_
     """What the operator acts on to capture again: the kind of change and a digest of the pod's facts, the
     same for the same facts; a pod that could not measure its facts gets no such reason."""
     from warmstart.agent.restore import PodChanged, Refused
-    from warmstart.protocol import RESTORE_FACTS, ControlDir
-    from warmstart.restore_facts import RestoreFacts
+    from warmstart.api.control_dir import RESTORE_FACTS, ControlDir
+    from warmstart.api.restore_facts import RestoreFacts
 
     captured = RestoreFacts("builtin", "1", ("--port", "8000"), "/m", {"model.safetensors": (10, "aa")})
     record = CaptureRecord(worker=WorkerRecord(restore_facts=captured.to_dict()))

@@ -20,10 +20,10 @@ from warmstart.agent.agent import Agent
 from warmstart.agent.cluster_store import ClusterStore, PullFailed, PullRefused
 from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot import SnapshotStore, generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.remote import Credentials, RemoteAccessDenied, RemoteConfig, RemoteStore
-from warmstart.snapshot.remote.keys import Keys
+from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.store import Snapshot
 
 pytestmark = pytest.mark.spawns

@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
+from warmstart.api.control_dir import ControlDir
 from warmstart.checkpoint.capture import CaptureOptions, capture
 from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
-from warmstart.protocol import ControlDir
 from warmstart.snapshot.signing import load_signer
 from warmstart.snapshot.store import SnapshotStore
 

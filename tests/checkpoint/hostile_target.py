@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import sys
 
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+from warmstart.api.identity import SnapshotIdentity
 
 
 def main() -> int:

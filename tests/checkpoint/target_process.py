@@ -18,8 +18,8 @@ import threading
 import time
 from pathlib import Path
 
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+from warmstart.api.identity import SnapshotIdentity
 
 
 def _chatter() -> None:

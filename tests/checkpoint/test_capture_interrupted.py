@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from support import wait_until, with_default_sigint
 
+from warmstart.api.control_dir import RESTORE_COMPLETE
 from warmstart.checkpoint.sandbox import pid_namespace_of
-from warmstart.protocol import RESTORE_COMPLETE
 from warmstart.snapshot.signing import generate_hmac_key
 from warmstart.snapshot.store import SnapshotStore
 

@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from support import recording_criu_command, wait_for_line, wait_until
 
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint import weight_staging
 from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
 from warmstart.checkpoint.criu import Criu
@@ -27,8 +29,6 @@ from warmstart.checkpoint.restore import (
 )
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, namespace_pids, waiting_init_command
 from warmstart.gpu.weight_stager.plan import StagingPlan
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
 from warmstart.snapshot import verify
 from warmstart.snapshot.layout import SIGNATURE_FILE
 from warmstart.snapshot.signing import load_signer, load_verifier, signature_document

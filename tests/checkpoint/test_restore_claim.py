@@ -12,12 +12,7 @@ from pathlib import Path
 import pytest
 from support import free_port, recording_criu_command, wait_for_line, wait_until
 
-from warmstart.checkpoint.capture import capture
-from warmstart.checkpoint.criu import Criu
-from warmstart.checkpoint.restore import FailureCounter, RestoreClaimed, RestoreResult, restore
-from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import (
+from warmstart.api.control_dir import (
     CLAIM_COLD,
     CLAIM_RESTORE,
     RESTORE_CLAIM,
@@ -25,6 +20,11 @@ from warmstart.protocol import (
     RESTORE_FAILED,
     ControlDir,
 )
+from warmstart.api.identity import SnapshotIdentity
+from warmstart.checkpoint.capture import capture
+from warmstart.checkpoint.criu import Criu
+from warmstart.checkpoint.restore import FailureCounter, RestoreClaimed, RestoreResult, restore
+from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
 from warmstart.snapshot.signing import load_signer, load_verifier
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 

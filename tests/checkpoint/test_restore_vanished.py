@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from warmstart.api.control_dir import RESTORE_FAILED, ControlDir
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.restore import FailureCounter, SnapshotVanished, restore
 from warmstart.checkpoint.sandbox import Sandbox, waiting_init_command
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import RESTORE_FAILED, ControlDir
 from warmstart.snapshot.signing import Verifier, load_signer, load_verifier
 from warmstart.snapshot.store import SnapshotStore
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from support import wait_for_line, wait_until
 
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 from warmstart.checkpoint.criu import RESTORE_READERS, Criu, CriuError
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 
 pytestmark = [pytest.mark.integration, pytest.mark.spawns]
 TARGET = Path(__file__).with_name("target_process.py")

@@ -12,12 +12,18 @@ from pathlib import Path
 import pytest
 from support import wait_for_line
 
+from warmstart.api.control_dir import (
+    READY_FOR_SNAPSHOT,
+    RESTORE_COMPLETE,
+    RESTORE_FAILED,
+    ControlDir,
+    SignalError,
+)
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint.capture import CaptureError, capture
 from warmstart.checkpoint.criu import Criu
 from warmstart.checkpoint.restore import RestoreFailed, restore
 from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox, waiting_init_command
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir, SignalError
 from warmstart.snapshot.signing import load_signer, load_verifier
 from warmstart.snapshot.store import SnapshotStore
 

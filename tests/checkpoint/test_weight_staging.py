@@ -20,6 +20,7 @@ import pytest
 from support import wait_until
 
 from warmstart.api.capture_record import CaptureRecord
+from warmstart.api.control_dir import ControlDir
 from warmstart.checkpoint import weight_staging
 from warmstart.checkpoint.weight_staging import (
     StagerProcess,
@@ -32,7 +33,6 @@ from warmstart.checkpoint.weight_staging import (
 from warmstart.gpu.weight_stager.client import StagedWeightsUnavailable, receive_staged_weights
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weight_stager.stage import STAGING_THREADS, open_inside
-from warmstart.protocol import ControlDir
 
 NOBODY = 65534
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from warmstart.api.worker_options import add_worker_arguments, parse_engine_arg
 from warmstart.engines import create_engine, engine_kinds
 from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams, check_fits
 from warmstart.engines.vllm import (
@@ -23,7 +24,6 @@ from warmstart.engines.vllm import (
     snapshot_identity,
 )
 from warmstart.worker.options import engine_argv, engine_options
-from warmstart.worker_flags import add_worker_arguments, parse_engine_arg
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 TEST_MODEL_ENV = "WARMSTART_VLLM_TEST_MODEL"

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir
 from warmstart.gpu.cuda_arena import CudaVmmArena
 from warmstart.gpu.weights_io import Layout, plan_layout, refill, release_pinned_cache, views
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir
 
 
 def digest(t: torch.Tensor) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from warmstart.protocol import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, ControlDir
 
 REPO = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("gpu_child.py")

@@ -16,7 +16,7 @@ from control_plane.node import RealNode
 from node_plugin import HostPython, warmstart_source
 
 from warmstart.api import labels as L
-from warmstart.protocol import RESTORE_CLAIM as CLAIM
+from warmstart.api.control_dir import RESTORE_CLAIM as CLAIM
 from warmstart.snapshot.store import SnapshotStore
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "warmstart"

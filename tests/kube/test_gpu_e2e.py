@@ -65,9 +65,9 @@ from node_plugin import HostPython
 from pod_timeline import ENDPOINT, PodTimeline
 
 from warmstart.api import labels as L
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint import hugepages
 from warmstart.engines.vllm.engine import STAGED_WEIGHTS_ENV
-from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.signing import load_signer, signature_document
 
 pytestmark = [pytest.mark.gpu, pytest.mark.integration]

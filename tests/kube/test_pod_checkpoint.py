@@ -17,10 +17,10 @@ from node_plugin import HostPython
 
 from warmstart.agent.pods import PodSandbox, pod_processes
 from warmstart.api import labels as L
+from warmstart.api.control_dir import READY_FOR_SNAPSHOT, ControlDir
 from warmstart.checkpoint.capture import CaptureOptions, capture, identity_from_payload
 from warmstart.checkpoint.criu import Criu, cgroup_dirs
 from warmstart.checkpoint.restore import restore
-from warmstart.protocol import READY_FOR_SNAPSHOT, ControlDir
 from warmstart.snapshot.signing import generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.store import SnapshotStore
 

@@ -53,7 +53,7 @@ from two_nodes import (
 )
 
 from warmstart.api import labels as L
-from warmstart.snapshot.remote.keys import Keys
+from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.store import SnapshotStore
 
 pytestmark = pytest.mark.spawns

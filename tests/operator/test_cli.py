@@ -4,9 +4,9 @@ import argparse
 
 import pytest
 
+from warmstart.host.command_settings import SettingsError, load
 from warmstart.operator.cli import register, watched_namespaces
 from warmstart.operator.settings import OperatorSettings
-from warmstart.settings import SettingsError, load
 
 
 def parse(*argv: str) -> argparse.Namespace:

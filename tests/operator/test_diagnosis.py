@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from warmstart.api import labels as L
+from warmstart.host.command_settings import SettingsError, load
 from warmstart.operator.diagnosis import (
     AgentLookup,
     causes,
@@ -19,7 +20,6 @@ from warmstart.operator.diagnosis import (
     restore_causes,
 )
 from warmstart.operator.settings import OperatorSettings
-from warmstart.settings import SettingsError, load
 
 NO_GPU = (
     "0/3 nodes are available: 3 Insufficient nvidia.com/gpu. preemption: 0/3 nodes are available: "

@@ -26,11 +26,11 @@ from test_store_hostile import (
 )
 
 from warmstart.api.capture_record import CaptureRecord, WorkerRecord
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.local_node import LocalNode
 from warmstart.serve.worker_spec import ServeError, StartReport, WorkerSpec
-from warmstart.snapshot.keys import signing_keys
+from warmstart.snapshot.signing_keys import signing_keys
 from warmstart.snapshot.store import SnapshotStore
 
 pytestmark = pytest.mark.reliability
@@ -175,7 +175,7 @@ KILLED_SERVE = textwrap.dedent(
     from warmstart.serve.identity_cache import IdentityCache
     from warmstart.serve.local_node import LocalNode
     from warmstart.serve.worker_spec import WorkerSpec
-    from warmstart.snapshot.keys import signing_keys
+    from warmstart.snapshot.signing_keys import signing_keys
     from warmstart.snapshot.store import SnapshotStore
 
     store_root, criu_command, port = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])

@@ -21,9 +21,9 @@ from warmstart.checkpoint.restore import FailureCounter
 from warmstart.host.fileio import UnsafeInput, loads_json
 from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.worker_spec import WorkerSpec
-from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.manifest import Manifest, SnapshotError, SnapshotInvalid
 from warmstart.snapshot.signing import SignatureInvalid, Signer, Verifier, signature_document, verify_document
+from warmstart.snapshot.signing_keys import signing_keys
 
 pytestmark = pytest.mark.reliability
 EXAMPLES = 300

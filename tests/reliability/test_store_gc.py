@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot import gc as gc_module
 from warmstart.snapshot import generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.gc import GcReport

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint.restore import FailureCounter
 from warmstart.host.fileio import UnsafeInput
-from warmstart.identity import SnapshotIdentity
-from warmstart.snapshot.keys import signing_keys
 from warmstart.snapshot.manifest import Manifest, SnapshotError, SnapshotInvalid
 from warmstart.snapshot.signing import Signer, Verifier, signature_document
+from warmstart.snapshot.signing_keys import signing_keys
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 pytestmark = pytest.mark.reliability

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from snapshot_helpers import make_identity, write_files
 
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot import SnapshotStore, generate_hmac_key, load_signer, load_verifier
 from warmstart.snapshot.signing import Signer, Verifier
 

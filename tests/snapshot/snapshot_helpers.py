@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 
 
 def make_identity(engine_version: str = "1.0", **overrides: object) -> SnapshotIdentity:

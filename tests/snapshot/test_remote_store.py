@@ -32,7 +32,7 @@ from warmstart.snapshot.remote import (
     trim_cache,
 )
 from warmstart.snapshot.remote.cache import BlobHolds
-from warmstart.snapshot.remote.keys import Keys
+from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.signing import Verifier
 
 HELPERS_DIR = Path(snapshot_helpers.__file__).parent

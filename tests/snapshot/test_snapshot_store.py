@@ -16,7 +16,7 @@ import blake3
 import pytest
 from snapshot_helpers import make_identity, write_files
 
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot import (
     IdentityMismatch,
     Snapshot,

@@ -11,13 +11,19 @@ from typing import Any
 
 import pytest
 
-from warmstart.snapshot.keys import KEY_DIR_ENV, default_key_path, key_dir, signing_keys, verification_key
 from warmstart.snapshot.signing import (
     SigningKeyError,
     generate_hmac_key,
     load_signer,
     signature_document,
     verify_document,
+)
+from warmstart.snapshot.signing_keys import (
+    KEY_DIR_ENV,
+    default_key_path,
+    key_dir,
+    signing_keys,
+    verification_key,
 )
 
 CONTENDERS = 8

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from snapshot_helpers import write_files
 
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot import Snapshot, SnapshotInvalid, SnapshotStore
 from warmstart.snapshot import verify as verify_module
 from warmstart.snapshot.signing import Signer, Verifier

@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from warmstart.api.worker_options import PROBE_WAIT_MAX_SECONDS, probe_port
 from warmstart.worker.probe import EngineWatch, ProbeServer
-from warmstart.worker_flags import PROBE_WAIT_MAX_SECONDS, probe_port
 
 
 class Engine:

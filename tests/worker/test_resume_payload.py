@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from warmstart.protocol import RESTORE_COMPLETE, Signal
+from warmstart.api.control_dir import RESTORE_COMPLETE, Signal
 from warmstart.worker.engine_process import _expect_staged_weights
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from support import free_port
 
-from warmstart.protocol import CLAIM_COLD, CLAIM_RESTORE, RESTORE_CLAIM, RESTORE_FAILED, ControlDir
+from warmstart.api.control_dir import CLAIM_COLD, CLAIM_RESTORE, RESTORE_CLAIM, RESTORE_FAILED, ControlDir
 from warmstart.worker.supervisor import EXIT_RESTORE_UNANSWERED, RESTORE_ANSWER_TIMEOUT_ENV
 
 pytestmark = pytest.mark.spawns

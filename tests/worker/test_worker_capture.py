@@ -16,15 +16,15 @@ import pytest
 from support import free_port
 from worker_helpers import START_TIMEOUT, post
 
-from warmstart.host import procinfo
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import (
+from warmstart.api.control_dir import (
     READY_FOR_SNAPSHOT,
     RESTORE_COMPLETE,
     RESTORE_FAILED,
     SNAPSHOT_COMPLETE,
     ControlDir,
 )
+from warmstart.api.identity import SnapshotIdentity
+from warmstart.host import procinfo
 
 pytestmark = pytest.mark.spawns
 

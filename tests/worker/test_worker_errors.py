@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.engines.base import (
     Engine,
     EngineError,
@@ -16,7 +17,6 @@ from warmstart.engines.base import (
     RequestError,
     TokenDelta,
 )
-from warmstart.identity import SnapshotIdentity
 from warmstart.worker.metrics import WorkerMetrics
 from warmstart.worker.server import ServerState, build_app
 

@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
+from warmstart.api.worker_options import add_worker_arguments, worker_flags_problem
 from warmstart.worker.options import check_worker_args, engine_argv, engine_options
-from warmstart.worker_flags import add_worker_arguments, worker_flags_problem
 
 
 def parse(*flags: str) -> argparse.Namespace:

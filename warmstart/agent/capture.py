@@ -18,6 +18,8 @@ from warmstart.agent.context import NO_IMAGE_DIGEST, NodeContext
 from warmstart.agent.pods import PodSandbox
 from warmstart.api import labels as L
 from warmstart.api.capture_record import CaptureRecord
+from warmstart.api.control_dir import RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.api.snapshot import AGENT, CaptureState, Phase, SnapshotStatus, derive_phase, status_patch
 from warmstart.checkpoint.capture import (
     CaptureError,
@@ -27,8 +29,6 @@ from warmstart.checkpoint.capture import (
     wait_ready,
 )
 from warmstart.host.clock import format_time
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import RESTORE_COMPLETE, SNAPSHOT_COMPLETE, ControlDir
 from warmstart.snapshot.layout import MANIFEST_FILE
 from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.remote import RemoteError

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from warmstart.agent.settings import AgentSettings
 from warmstart.checkpoint import hugepages
-from warmstart.settings import SettingsError, add_arguments, load
+from warmstart.host.command_settings import SettingsError, add_arguments, load
 
 if TYPE_CHECKING:
     from warmstart.agent.agent import Agent
@@ -58,9 +58,9 @@ def _start(settings: AgentSettings, args: argparse.Namespace) -> tuple[Agent, An
     from warmstart.agent.agent import Agent
     from warmstart.agent.kube_status import KubeStatus
     from warmstart.agent.metrics import AgentMetrics
-    from warmstart.snapshot.keys import signing_keys
     from warmstart.snapshot.remote import RemoteConfig
     from warmstart.snapshot.signing import SigningKeyError
+    from warmstart.snapshot.signing_keys import signing_keys
 
     remote = RemoteConfig.from_env() if os.environ.get("WARMSTART_S3_BUCKET") else None
     if not Path(settings.kubelet_root).is_dir():

@@ -20,9 +20,9 @@ from warmstart.agent.node_facts import node_gpus
 from warmstart.agent.pods import PodProcessError, PodSandbox, control_dir_on_host, control_volume_holders
 from warmstart.agent.settings import AgentSettings
 from warmstart.api import labels as L
+from warmstart.api.control_dir import ControlDir
 from warmstart.checkpoint.criu import Criu
 from warmstart.host.cuda_driver import GpuDevice
-from warmstart.protocol import ControlDir
 from warmstart.snapshot.remote import RemoteConfig, RemoteStore
 from warmstart.snapshot.signing import Signer, Verifier
 from warmstart.snapshot.store import SnapshotStore

@@ -1,6 +1,6 @@
 """What this node and a restore pod are, as the agent measures them: the facts a snapshot identity records
 about where it ran (the container image, the GPU's product and compute capability, the driver), compared
-before a restore; and the pod's own restore facts (`warmstart.restore_facts`), read from its control
+before a restore; and the pod's own restore facts (`warmstart.api.restore_facts`), read from its control
 directory."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from warmstart.agent.pods import read_environ
+from warmstart.api.control_dir import RESTORE_FACTS, ControlDir, SignalError
+from warmstart.api.restore_facts import FactsInvalid, RestoreFacts
 from warmstart.engines.machine import driver_major
 from warmstart.host.cuda_driver import CudaError, CudaUnavailable, GpuDevice, gpu_devices
-from warmstart.protocol import RESTORE_FACTS, ControlDir, SignalError
-from warmstart.restore_facts import FactsInvalid, RestoreFacts
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"  # what NVIDIA's device plugin (and container runtime) sets
 POLL_SECONDS = 0.02

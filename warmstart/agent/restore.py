@@ -32,6 +32,15 @@ from warmstart.agent.context import NO_IMAGE_DIGEST, NodeContext
 from warmstart.agent.node_facts import FactsUnavailable, pod_gpu_facts, pod_restore_facts, visible_devices
 from warmstart.agent.pods import PodProcessError, PodSandbox
 from warmstart.api import labels as L
+from warmstart.api.control_dir import (
+    CLAIM_RESTORE,
+    RESTORE_CLAIM,
+    RESTORE_COMPLETE,
+    RESTORE_FAILED,
+    ControlDir,
+)
+from warmstart.api.identity import SnapshotIdentity, canonical_json
+from warmstart.api.restore_facts import FactsInvalid, RestoreFacts
 from warmstart.api.snapshot import (
     FACTS_DIGEST_KEY,
     MAX_RESTORE_FAILURES,
@@ -52,9 +61,6 @@ from warmstart.checkpoint.restore import (
 )
 from warmstart.host import procinfo
 from warmstart.host.fileio import UnsafeInput
-from warmstart.identity import SnapshotIdentity, canonical_json
-from warmstart.protocol import CLAIM_RESTORE, RESTORE_CLAIM, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
-from warmstart.restore_facts import FactsInvalid, RestoreFacts
 from warmstart.snapshot.manifest import SnapshotError, SnapshotInvalid
 from warmstart.snapshot.store import Snapshot
 
@@ -253,7 +259,7 @@ class RestorePhase:
 
     def check_restore_facts(self, snapshot: Snapshot, control: ControlDir) -> None:
         """Refused unless the pod's worker shows the capture's restore facts: engine, its version, its flags,
-        the model's files (`warmstart.restore_facts`). Snapshots taken before they were recorded pass."""
+        the model's files (`warmstart.api.restore_facts`). Snapshots taken before they were recorded pass."""
         recorded = snapshot.record.worker.restore_facts
         if recorded is None:
             log.info("snapshot %s records no restore facts: the pod's model is not compared", snapshot.id)

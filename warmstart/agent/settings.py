@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 from pydantic import field_validator
 
 from warmstart.checkpoint.hugepages import MODES as HUGEPAGES_MODES
-from warmstart.settings import (
+from warmstart.host.command_settings import (
     Bytes,
     CommandSettings,
     Count,

@@ -38,7 +38,7 @@ class WorkerRecord:
     weights_released: bool = False
     host: str = ""
     port: int | None = None
-    restore_facts: dict[str, Any] | None = None  # `warmstart.restore_facts.RestoreFacts`, as a dict
+    restore_facts: dict[str, Any] | None = None  # `warmstart.api.restore_facts.RestoreFacts`, as a dict
     weight_staging: dict[str, Any] | None = None  # the plan of a weights stager (`warmstart.gpu`)
     extra: dict[str, Any] = field(default_factory=dict)  # what else it said (another engine's facts)
 

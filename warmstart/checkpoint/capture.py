@@ -29,18 +29,18 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from warmstart.api.capture_record import CaptureRecord, WorkerRecord
-from warmstart.checkpoint import cuda
-from warmstart.checkpoint.criu import Criu
-from warmstart.checkpoint.layout import CRIU_DIR, LOGS_DIR, SANDBOX_FILES_DIR, timed
-from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import (
+from warmstart.api.control_dir import (
     READY_FOR_SNAPSHOT,
     RESTORE_COMPLETE,
     SNAPSHOT_COMPLETE,
     ControlDir,
     SignalError,
 )
+from warmstart.api.identity import SnapshotIdentity
+from warmstart.checkpoint import cuda
+from warmstart.checkpoint.criu import Criu
+from warmstart.checkpoint.layout import CRIU_DIR, LOGS_DIR, SANDBOX_FILES_DIR, timed
+from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids
 from warmstart.snapshot.signing import Signer
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 

@@ -31,6 +31,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from warmstart.api.control_dir import (
+    CLAIM_COLD,
+    CLAIM_RESTORE,
+    RESTORE_CLAIM,
+    RESTORE_COMPLETE,
+    RESTORE_FAILED,
+    ControlDir,
+    SignalError,
+)
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu, CriuError, taken_pid
 from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
@@ -47,16 +57,6 @@ from warmstart.host.fileio import (
     openat2,
     read_json_file,
     write_atomic,
-)
-from warmstart.identity import SnapshotIdentity
-from warmstart.protocol import (
-    CLAIM_COLD,
-    CLAIM_RESTORE,
-    RESTORE_CLAIM,
-    RESTORE_COMPLETE,
-    RESTORE_FAILED,
-    ControlDir,
-    SignalError,
 )
 from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.signing import Verifier

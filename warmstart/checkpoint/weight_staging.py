@@ -32,11 +32,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from warmstart.config import env_flag, env_int, env_str
+from warmstart.api.control_dir import ControlDir
 from warmstart.gpu.weight_stager.channel import listen
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weight_stager.stage import COPY_PATHS, MAX_STAGING_THREADS, STAGING_THREADS
-from warmstart.protocol import ControlDir
+from warmstart.host.env import env_flag, env_int, env_str
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """An engine's model files and version, found from its flags without loading the engine (no torch, no vLLM):
-what a restore pod's worker measures before an engine exists (`warmstart.restore_facts`)."""
+what a restore pod's worker measures before an engine exists (`warmstart.api.restore_facts`)."""
 
 from __future__ import annotations
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from warmstart.config import env_flag
 from warmstart.gpu.cuda_arena import primary_context
 from warmstart.host.cuda_driver import CudaError, CudaUnavailable, check, driver
+from warmstart.host.env import env_flag
 
 log = logging.getLogger(__name__)
 

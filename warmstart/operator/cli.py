@@ -15,8 +15,8 @@ import threading
 from collections.abc import Coroutine, Iterator
 from typing import Any
 
+from warmstart.host.command_settings import SettingsError, add_arguments, load
 from warmstart.operator.settings import OperatorSettings
-from warmstart.settings import SettingsError, add_arguments, load
 
 
 def register(subparsers: Any) -> None:

@@ -13,7 +13,7 @@ import hashlib
 from typing import Any
 
 from warmstart.api.endpoint import EndpointSpec
-from warmstart.identity import canonical_json
+from warmstart.api.identity import canonical_json
 
 REQUEST_KEY_VERSION = 1
 

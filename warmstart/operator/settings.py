@@ -7,9 +7,9 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
+from warmstart.host.command_settings import CommaList, CommandSettings, Count, Port, Seconds, Text, setting
 from warmstart.operator.diagnosis import AgentLookup, parse_selector
 from warmstart.operator.placement import NODE_LOCAL, SNAPSHOT_STORES
-from warmstart.settings import CommaList, CommandSettings, Count, Port, Seconds, Text, setting
 
 
 class OperatorSettings(CommandSettings):

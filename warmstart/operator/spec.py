@@ -22,7 +22,7 @@ from warmstart.api.endpoint import (
     ResourceSpec,
     rule_broken,
 )
-from warmstart.worker_flags import worker_flags_problem
+from warmstart.api.worker_options import worker_flags_problem
 
 # Worker flags the operator sets from the spec: in engine.args they are refused, naming the field to use.
 OPERATOR_FLAGS = {

@@ -24,7 +24,7 @@ from warmstart.checkpoint import hugepages
 from warmstart.host import procinfo
 from warmstart.serve.local_node import LocalNode, usable_criu
 from warmstart.serve.worker_spec import ServeError, StartReport, WorkerSpec
-from warmstart.snapshot.keys import signing_keys
+from warmstart.snapshot.signing_keys import signing_keys
 
 if TYPE_CHECKING:
     from warmstart.snapshot.signing import Signer, Verifier
@@ -52,7 +52,7 @@ def print_report(report: StartReport, spec: WorkerSpec) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     from warmstart.checkpoint.sandbox import SandboxError
-    from warmstart.config import default_criu_command
+    from warmstart.host.env import default_criu_command
     from warmstart.snapshot.store import SnapshotStore
     from warmstart.snapshot.verified import records_wanted
 
@@ -94,8 +94,8 @@ def _settings_problem(args: argparse.Namespace) -> str | None:
         if value is not None and (not value.strip() or "\0" in value):
             return f"{flag}: must name a file or directory (got {value!r})"
     if args.key is not None:
-        from warmstart.snapshot.keys import signing_keys
         from warmstart.snapshot.signing import SigningKeyError
+        from warmstart.snapshot.signing_keys import signing_keys
 
         try:
             signing_keys(Path(args.store), args.key)  # a key given must be usable: no silent cold starts
@@ -154,7 +154,7 @@ def _stop_on_signals() -> None:
 
 
 def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    from warmstart.worker_flags import seconds
+    from warmstart.api.worker_options import seconds
 
     parser.add_argument("--engine", default="builtin", help="engine adapter (default builtin)")
     parser.add_argument("--model", default="tiny", help="model preset or directory (default tiny)")
@@ -180,7 +180,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    from warmstart.worker_flags import port_number
+    from warmstart.api.worker_options import port_number
 
     parser = subparsers.add_parser(
         "serve",

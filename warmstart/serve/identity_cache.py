@@ -15,7 +15,7 @@ from warmstart.host.fileio import UnsafeInput, directory_fd, loads_json, read_re
 from warmstart.serve.worker_spec import WorkerSpec
 
 if TYPE_CHECKING:
-    from warmstart.identity import SnapshotIdentity
+    from warmstart.api.identity import SnapshotIdentity
     from warmstart.snapshot.signing import Signer, Verifier
     from warmstart.snapshot.store import SnapshotStore
 
@@ -140,7 +140,7 @@ class IdentityCache:
 
 
 def _identity_of(entry: dict[str, Any]) -> SnapshotIdentity:
-    from warmstart.identity import SnapshotIdentity
+    from warmstart.api.identity import SnapshotIdentity
 
     try:
         return SnapshotIdentity.from_dict(entry["identity"])

@@ -19,10 +19,10 @@ from warmstart.serve.worker_spec import CONTROL_SUBDIR, ServeError, StartReport,
 from warmstart.serve.workers import PlainWorker, wait_http_ready
 
 if TYPE_CHECKING:
+    from warmstart.api.control_dir import ControlDir
+    from warmstart.api.identity import SnapshotIdentity
     from warmstart.checkpoint.criu import Criu
     from warmstart.checkpoint.sandbox import Sandbox
-    from warmstart.identity import SnapshotIdentity
-    from warmstart.protocol import ControlDir
     from warmstart.snapshot.signing import Signer, Verifier
     from warmstart.snapshot.store import Snapshot, SnapshotStore
 
@@ -118,8 +118,8 @@ class LocalNode:
         return StartReport("cold", time.monotonic() - started, reason=reason)
 
     def start_cold_and_capture(self) -> StartReport:
+        from warmstart.api.control_dir import ControlDir
         from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
-        from warmstart.protocol import ControlDir
 
         assert self.criu is not None and self.signer is not None
         started = time.monotonic()
@@ -154,9 +154,9 @@ class LocalNode:
         return ""
 
     def start_restored(self, snapshot_id: str, identity: SnapshotIdentity) -> StartReport:
+        from warmstart.api.control_dir import ControlDir
         from warmstart.checkpoint.restore import RestoreFailed, RestoreRefused, restore
         from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
-        from warmstart.protocol import ControlDir
 
         assert self.criu is not None and self.verifier is not None
         started, began_at = time.monotonic(), time.time()
@@ -268,7 +268,7 @@ class LocalNode:
 def _worker_goes_cold(control: ControlDir) -> bool:
     """Whether the restore sandbox's supervisor cold-starts the engine itself: it was answered
     restore-failed, or it claimed the pod for a cold start (anything unreadable there counts as such)."""
-    from warmstart.protocol import CLAIM_COLD, RESTORE_CLAIM, RESTORE_FAILED, SignalError
+    from warmstart.api.control_dir import CLAIM_COLD, RESTORE_CLAIM, RESTORE_FAILED, SignalError
 
     try:
         claim = control.read(RESTORE_CLAIM)

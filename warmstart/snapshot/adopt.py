@@ -14,8 +14,8 @@ import os
 import stat
 from pathlib import Path
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.host.fileio import fsync_dir, write_new_file
-from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.blobs import existing_blob_of_size, ingest
 from warmstart.snapshot.catalog import Snapshot, parse_manifest
 from warmstart.snapshot.layout import MANIFEST_FILE, SIGNATURE_FILE, StoreLayout

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.api.capture_record import CaptureRecord
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.host.fileio import UnsafeInput, read_regular_file
-from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.layout import (
     DELETING_SUFFIX,
     MANIFEST_FILE,

@@ -203,7 +203,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
 def _load_expected_identity(path: Path | None) -> Any:
     if path is None:
         return None
-    from warmstart.identity import SnapshotIdentity
+    from warmstart.api.identity import SnapshotIdentity
 
     try:
         return SnapshotIdentity.from_dict(json.loads(path.read_text()))
@@ -251,7 +251,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 def _verifier(args: argparse.Namespace, store: Any) -> Any:
     """The verifier of --key, else of the key generated for this store (never one inside it)."""
-    from warmstart.snapshot.keys import verification_key
+    from warmstart.snapshot.signing_keys import verification_key
 
     return verification_key(store.root, args.key)
 

@@ -14,8 +14,8 @@ from functools import cached_property
 from typing import Any
 
 from warmstart.api.capture_record import CaptureRecord
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.host.fileio import UnsafeInput, loads_json
-from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.hashing import CHUNK_HASHES
 
 MANIFEST_SCHEMA = "warmstart.dev/snapshot-manifest/v2"  # v2: chunk digests name their hash

@@ -18,10 +18,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.host.clock import utc_now
 from warmstart.host.fileio import fsync_dir, write_new_file
 from warmstart.host.parallel import parallel_map
-from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.blobs import existing_blob_of_size, ingest
 from warmstart.snapshot.catalog import Snapshot
 from warmstart.snapshot.gc import remove_unreferenced_blobs

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot.catalog import Snapshot
 from warmstart.snapshot.layout import StoreLayout
 from warmstart.snapshot.manifest import SnapshotError, check_relative_path

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot import catalog, gc, verify
 from warmstart.snapshot.catalog import Snapshot
 from warmstart.snapshot.gc import GcReport

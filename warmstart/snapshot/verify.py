@@ -12,8 +12,8 @@ import stat
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.host.parallel import parallel_map, run_heaviest_first
-from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.blobs import place
 from warmstart.snapshot.catalog import Snapshot, signed_manifest
 from warmstart.snapshot.hashing import chunk_ranges, hash_file, hash_range

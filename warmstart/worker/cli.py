@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from warmstart.api.worker_options import add_worker_arguments
 from warmstart.worker.options import check_worker_args
-from warmstart.worker_flags import add_worker_arguments
 
 
 def register(subparsers: Any) -> None:

@@ -21,8 +21,7 @@ import threading
 import time
 from typing import Any
 
-from warmstart.host import procinfo
-from warmstart.protocol import (
+from warmstart.api.control_dir import (
     READY_FOR_SNAPSHOT,
     RESTORE_COMPLETE,
     RESTORE_FAILED,
@@ -30,11 +29,12 @@ from warmstart.protocol import (
     ControlDir,
     Signal,
 )
+from warmstart.api.worker_options import add_worker_arguments
+from warmstart.host import procinfo
 from warmstart.worker.connections import ConnectionLimits, quiet_connection_logs, uvicorn_options
 from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.openai_requests import RequestLimits
 from warmstart.worker.options import engine_options
-from warmstart.worker_flags import add_worker_arguments
 
 log = logging.getLogger("warmstart.worker.engine")
 

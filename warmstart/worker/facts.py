@@ -1,4 +1,4 @@
-"""The restore facts this worker shows (`warmstart.restore_facts`): measured from its flags and its model
+"""The restore facts this worker shows (`warmstart.api.restore_facts`): measured from its flags and its model
 files, without an engine, by a restore pod's worker as it starts and by a capturing engine beside its
 snapshot."""
 
@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import argparse
 
+from warmstart.api.restore_facts import RestoreFacts
 from warmstart.engines.base import EngineError
 from warmstart.engines.digest import sampled_digests
 from warmstart.engines.model_files import engine_version, model_files
-from warmstart.restore_facts import RestoreFacts
 from warmstart.worker.options import engine_argv
 
 ROLE_FLAGS = ("--mode", "--control-dir")  # they differ between a capture pod and its restore pods

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from warmstart.config import cache_dir, env_seconds
-from warmstart.protocol import CONTROL_DIR_ENV
-from warmstart.worker_flags import DEFAULT_RESTORE_TIMEOUT, RESTORE_TIMEOUT_ENV
+from warmstart.api.control_dir import CONTROL_DIR_ENV
+from warmstart.api.worker_options import DEFAULT_RESTORE_TIMEOUT, RESTORE_TIMEOUT_ENV
+from warmstart.host.env import cache_dir, env_seconds
 
 # Once a restore holds the claim, how long past --restore-timeout to wait for its answer (it always answers;
 # this bounds a restorer that died): longer than a CRIU restore's own timeout and the verification before it.

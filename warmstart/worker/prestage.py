@@ -19,9 +19,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from warmstart.api.worker_options import add_worker_arguments
 from warmstart.snapshot import residency
 from warmstart.worker.options import engine_options
-from warmstart.worker_flags import add_worker_arguments
 
 log = logging.getLogger(__name__)
 

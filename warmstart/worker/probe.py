@@ -1,4 +1,4 @@
-"""The supervisor's probe endpoints on the probe port (`worker_flags`), for the kubelet.
+"""The supervisor's probe endpoints on the probe port (`api.worker_options`), for the kubelet.
 
 - `GET /ready?wait=S`: 200 once the engine's own `/ready` answers 200, the answer held up to S seconds
   until then. It listens from the container's start, in every mode: a restored engine opens its server only
@@ -26,7 +26,7 @@ import urllib.parse
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
-from warmstart.worker_flags import PROBE_LIVE_PATH, PROBE_READY_PATH, PROBE_WAIT_MAX_SECONDS
+from warmstart.api.worker_options import PROBE_LIVE_PATH, PROBE_READY_PATH, PROBE_WAIT_MAX_SECONDS
 
 ASK_EVERY_SECONDS = 0.02
 ASK_TIMEOUT_SECONDS = 0.5  # the least an ask of the engine waits for its answer

@@ -33,8 +33,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from warmstart.host import procinfo
-from warmstart.protocol import (
+from warmstart.api.control_dir import (
     CLAIM_COLD,
     RESTORE_CLAIM,
     RESTORE_COMPLETE,
@@ -44,6 +43,7 @@ from warmstart.protocol import (
     ControlDir,
     Signal,
 )
+from warmstart.host import procinfo
 from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.options import (
     DEFAULT_RESTORE_ANSWER_TIMEOUT,
@@ -222,7 +222,7 @@ class Supervisor:
 
 
 def _show_restore_facts(args: argparse.Namespace, control: ControlDir, started: float) -> None:
-    """What the restorer checks before it gives this pod a snapshot (`warmstart.restore_facts`); a restore
+    """What the restorer checks before it gives this pod a snapshot (`warmstart.api.restore_facts`); a restore
     waits for them, so the log says how long after the process's start they came."""
     measured = time.monotonic()
     facts = measure_restore_facts(args)

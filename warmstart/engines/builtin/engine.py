@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 import warmstart
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.engines.base import (
     Engine,
     EngineError,
@@ -49,7 +50,6 @@ from warmstart.engines.machine import gpu_facts, runtime_image
 from warmstart.gpu.arena import Arena
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weights_io import views
-from warmstart.identity import SnapshotIdentity
 
 log = logging.getLogger(__name__)
 

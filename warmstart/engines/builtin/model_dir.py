@@ -21,10 +21,10 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from warmstart.config import cache_dir
 from warmstart.engines.builtin.shapes import TRAINED_PRESETS, ModelConfig, preset, tensor_shapes
 from warmstart.engines.digest import model_digest, weight_files, write_sidecar
 from warmstart.gpu.weights_io import dtype_code, torch_dtype, write_safetensors
+from warmstart.host.env import cache_dir
 
 __all__ = ["default_model_dir", "ensure_model", "model_digest", "weight_files"]
 

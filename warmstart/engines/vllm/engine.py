@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmstart.config import env_flag
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.engines.base import (
     Engine,
     EngineError,
@@ -61,7 +61,7 @@ from warmstart.engines.vllm.options import VllmOptions, import_vllm, sampling_kw
 from warmstart.engines.vllm.quiesce import apply_env_defaults, open_resources, undumpable, use_file_rendezvous
 from warmstart.gpu.local_memory import LocalMemoryLimit
 from warmstart.gpu.weight_stager.plan import StagingPlan
-from warmstart.identity import SnapshotIdentity
+from warmstart.host.env import env_flag
 
 log = logging.getLogger(__name__)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.engines.base import EngineError
 from warmstart.engines.digest import files_digest
 from warmstart.engines.machine import runtime_image
 from warmstart.engines.vllm.options import VllmOptions
-from warmstart.identity import SnapshotIdentity
 
 ENGINE_KIND = "vllm"
 # Besides the weights, the files that change what a model computes or how its text is tokenized.

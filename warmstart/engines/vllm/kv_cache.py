@@ -23,9 +23,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from warmstart.config import env_flag
 from warmstart.gpu.cuda_arena import read_write_access
 from warmstart.host.cuda_driver import CudaError, check, driver
+from warmstart.host.env import env_flag
 
 log = logging.getLogger(__name__)
 

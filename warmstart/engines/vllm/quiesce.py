@@ -28,7 +28,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from warmstart.protocol import CONTROL_DIR_ENV
+from warmstart.api.control_dir import CONTROL_DIR_ENV
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api.control_dir import CONTROL_DIR_ENV
 from warmstart.api.endpoint import EndpointSpec
+from warmstart.api.worker_options import DEFAULT_START_TIMEOUT, PROBE_LIVE_PATH, PROBE_READY_PATH, probe_port
 from warmstart.operator.children.owner import Owner, common_labels, object_metadata, worker_selector
 from warmstart.operator.placement import prefer_node
 from warmstart.operator.rollout import SURGE
-from warmstart.protocol import CONTROL_DIR_ENV
-from warmstart.worker_flags import DEFAULT_START_TIMEOUT, PROBE_LIVE_PATH, PROBE_READY_PATH, probe_port
 
 START_TIMEOUT_SECONDS = int(DEFAULT_START_TIMEOUT)  # past it, a worker never ready is restarted
 PROBE_PORT_NAME = "probe"  # the supervisor's probe endpoints

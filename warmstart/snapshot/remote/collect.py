@@ -22,7 +22,7 @@ from datetime import UTC, datetime, timedelta
 from warmstart.host.parallel import parallel_map
 from warmstart.snapshot.layout import MANIFEST_FILE, MAX_MANIFEST_BYTES, SIGNATURE_FILE, SnapshotNotFound
 from warmstart.snapshot.manifest import Manifest, SnapshotError
-from warmstart.snapshot.remote.keys import Keys
+from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.remote.objects import ObjectClient, ObjectInfo, ObjectMissing, ObjectTooLarge
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from warmstart.config import checked_seconds
+from warmstart.host.env import checked_seconds
 from warmstart.host.fileio import UnsafeInput, read_regular_file
 
 MAX_CREDENTIAL_BYTES = 4096

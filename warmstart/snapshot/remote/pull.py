@@ -26,16 +26,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.host.fileio import NEW_FILE_FLAGS
 from warmstart.host.parallel import parallel_map, share_among_threads
-from warmstart.identity import SnapshotIdentity
 from warmstart.snapshot.adopt import BlobsMissing, adopt, blob_present, check_signed_manifest
 from warmstart.snapshot.catalog import Snapshot, is_signed_snapshot_dir
 from warmstart.snapshot.hashing import CHUNK_HASHES, chunk_ranges, hash_file, hash_range
 from warmstart.snapshot.layout import MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES, SnapshotNotFound
 from warmstart.snapshot.manifest import FileEntry, Manifest, SnapshotInvalid, digest_hex
 from warmstart.snapshot.remote.cache import BlobHolds
-from warmstart.snapshot.remote.keys import Keys
+from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.remote.objects import (
     ObjectClient,
     ObjectMissing,

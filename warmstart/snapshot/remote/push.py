@@ -20,7 +20,7 @@ from warmstart.host.parallel import parallel_map
 from warmstart.snapshot.catalog import parse_manifest, read_manifest_bytes, read_signature_bytes
 from warmstart.snapshot.layout import MAX_SIGNATURE_BYTES
 from warmstart.snapshot.manifest import Manifest, SnapshotError
-from warmstart.snapshot.remote.keys import Keys
+from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.remote.objects import ObjectClient, ObjectMissing
 from warmstart.snapshot.remote.stats import Counters, Progress, ProgressHook, TransferStats
 from warmstart.snapshot.signing import Verifier

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from warmstart.identity import SnapshotIdentity
+from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot.adopt import check_signed_manifest
 from warmstart.snapshot.layout import MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES, SnapshotNotFound
 from warmstart.snapshot.manifest import Manifest
@@ -17,7 +17,7 @@ from warmstart.snapshot.remote.collect import (
     list_remote,
 )
 from warmstart.snapshot.remote.config import RemoteConfig
-from warmstart.snapshot.remote.keys import Keys
+from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.remote.objects import ObjectClient, ObjectMissing
 from warmstart.snapshot.remote.pull import PullResult, pull_snapshot
 from warmstart.snapshot.remote.push import PushResult, push_snapshot

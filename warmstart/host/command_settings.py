@@ -25,7 +25,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from warmstart.config import checked_seconds
+from warmstart.host.env import checked_seconds
 
 S = TypeVar("S", bound="CommandSettings")
 
@@ -82,7 +82,7 @@ def _no_nul(text: str) -> str:
     return text
 
 
-# A duration (`config.checked_seconds`): finite, more than 0 seconds, at most ten years.
+# A duration (`host.env.checked_seconds`): finite, more than 0 seconds, at most ten years.
 Seconds = Annotated[float, BeforeValidator(checked_seconds)]
 # The same, where 0 means none.
 SecondsOrZero = Annotated[float, BeforeValidator(functools.partial(checked_seconds, zero=True))]

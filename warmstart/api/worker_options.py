@@ -12,8 +12,8 @@ import os
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from warmstart.config import checked_seconds
-from warmstart.protocol import CONTROL_DIR_ENV
+from warmstart.api.control_dir import CONTROL_DIR_ENV
+from warmstart.host.env import checked_seconds
 
 MODES = ("cold", "capture", "restore")
 DEFAULT_RESTORE_TIMEOUT = 600.0
@@ -200,7 +200,7 @@ def _engine_arg(text: str) -> tuple[str, object]:
 
 
 def seconds(text: str) -> float:
-    """An argparse type: a duration (`config.checked_seconds`: finite, more than 0, at most ten years)."""
+    """An argparse type: a duration (`host.env.checked_seconds`: finite, more than 0, at most ten years)."""
     try:
         return checked_seconds(text)
     except ValueError as exc:

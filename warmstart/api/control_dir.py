@@ -14,7 +14,7 @@ stager, see `warmstart.gpu.weight_stager`); `restore-complete` may carry `host`,
 `restore_started_at` and `weight_stager_socket` (a file name in this directory where a stager waits).
 
 `ready-for-snapshot` also carries `restore_facts`, and a restore pod's worker writes `restore-facts` as it
-starts: the cheap facts a restore pod must share with the capture (`warmstart.restore_facts`).
+starts: the cheap facts a restore pod must share with the capture (`warmstart.api.restore_facts`).
 
 `restore-claim` decides who starts the engine of a restore pod, so there are never two on one GPU. It is
 created once and never replaced (`ControlDir.claim`): the restorer takes it (`holder: restore`) before it
