@@ -11,7 +11,6 @@ the manifest or runs before any blob is linked, and a half-adopted snapshot is n
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 
 from warmstart.api.identity import SnapshotIdentity
@@ -48,15 +47,6 @@ def check_signed_manifest(
     if expected_identity is not None and expected_identity.digest() != manifest.identity_hash:
         raise IdentityMismatch(manifest.identity.mismatches(expected_identity), snapshot_id=snapshot_id)
     return manifest
-
-
-def blob_present(layout: StoreLayout, digest: str, size: int) -> bool:
-    """A regular file of the right size under the digest's name (its content is checked at restore)."""
-    try:
-        info = layout.blob_path(digest).lstat()
-    except FileNotFoundError:
-        return False
-    return stat.S_ISREG(info.st_mode) and info.st_size == size
 
 
 def blob_modes(manifest: Manifest) -> dict[str, int]:
@@ -97,7 +87,9 @@ def adopt(
         for digest, source in fetched.items():
             _place(layout, source, digest, sizes[digest], modes[digest], digest in replace)
         fsync_dir(layout.blobs_dir)
-        missing = sorted(digest for digest, size in sizes.items() if not blob_present(layout, digest, size))
+        missing = sorted(
+            digest for digest, size in sizes.items() if not existing_blob_of_size(layout, digest, size)
+        )
         if missing:
             raise BlobsMissing(missing)
         if final.is_dir():

@@ -16,9 +16,8 @@ import stat
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING
 
-from warmstart.api.identity import SnapshotIdentity
 from warmstart.host.clock import utc_now
 from warmstart.host.fileio import fsync_dir, write_new_file
 from warmstart.host.parallel import parallel_map
@@ -32,32 +31,16 @@ from warmstart.snapshot.signing import Signer, signature_document
 from warmstart.snapshot.verify import blobs_not_matching
 
 if TYPE_CHECKING:
-    from warmstart.snapshot.verified import VerifiedRecords
+    from warmstart.snapshot.staging import Staging
 
 log = logging.getLogger(__name__)
-
-
-class Staged(Protocol):
-    """What a publish reads of the staging it publishes (`staging.Staging`, which calls it)."""
-
-    root: Path
-    layout: StoreLayout
-    identity: SnapshotIdentity
-    node: dict[str, Any]
-    meta: dict[str, Any]
-    timings: dict[str, float]
-    hash_workers: int | None
-    chunk_size: int
-    records: VerifiedRecords | None
-
-    def collect_files(self) -> dict[str, Path]: ...
 
 
 def new_snapshot_id(identity_hash: str, created: datetime) -> str:
     return f"{identity_hash[:12]}-{created.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}"
 
 
-def publish_staging(staging: Staged, signer: Signer) -> Snapshot:
+def publish_staging(staging: Staging, signer: Signer) -> Snapshot:
     """Publish what `staging.dir` holds; returns the published snapshot.
 
     A publish that fails removes the blobs it wrote (unless a published manifest names them meanwhile):
@@ -103,7 +86,7 @@ def publish_staging(staging: Staged, signer: Signer) -> Snapshot:
     return Snapshot(final, manifest)
 
 
-def _hashed_entries(staging: Staged, files: dict[str, Path]) -> dict[str, FileEntry]:
+def _hashed_entries(staging: Staging, files: dict[str, Path]) -> dict[str, FileEntry]:
     modes = {path: stat.S_IMODE(path.stat().st_mode) for path in files.values()}
     started = time.monotonic()
     hashed = hash_files(

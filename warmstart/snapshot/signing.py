@@ -27,7 +27,6 @@ from warmstart.host.fileio import UnsafeInput, loads_json, read_regular_file, wr
 SIGNING_KEY_ENV = "WARMSTART_SIGNING_KEY"
 HMAC_SHA256 = "hmac-sha256"
 ED25519 = "ed25519"
-ALGORITHMS = (HMAC_SHA256, ED25519)
 MIN_HMAC_KEY_BYTES = 16
 MAX_KEY_FILE_BYTES = 64 << 10
 _PEM_MARKER = b"-----BEGIN "
@@ -231,12 +230,6 @@ def _load_pem(path: Path, content: bytes) -> Ed25519Signer | Ed25519Verifier:
         raise SigningKeyError(f"key file {path}: {exc}") from exc
 
 
-def _load_key(path: str | os.PathLike[str] | None) -> tuple[Path, HmacKey | Ed25519Signer | Ed25519Verifier]:
-    """The key file's path and the key it holds (the file named by WARMSTART_SIGNING_KEY without `path`)."""
-    key_path = _key_path(path)
-    return key_path, _parse_key(key_path, _read_key_file(key_path))
-
-
 def _parse_key(key_path: Path, content: bytes) -> HmacKey | Ed25519Signer | Ed25519Verifier:
     if content.lstrip().startswith(_PEM_MARKER):
         return _load_pem(key_path, content)
@@ -257,15 +250,14 @@ def keys_from_content(key_path: Path, content: bytes) -> tuple[Signer, Verifier]
 
 def load_signer(path: str | os.PathLike[str] | None = None) -> Signer:
     """The signer for a key file (or the file named by WARMSTART_SIGNING_KEY)."""
-    key_path, key = _load_key(path)
-    if isinstance(key, Ed25519Verifier):
-        raise SigningKeyError(f"key file {key_path} is a public key; signing needs the private key")
-    return key
+    key_path = _key_path(path)
+    return keys_from_content(key_path, _read_key_file(key_path))[0]
 
 
 def load_verifier(path: str | os.PathLike[str] | None = None) -> Verifier:
     """The verifier for a key file: an Ed25519 public (or private) key, or an HMAC secret."""
-    _, key = _load_key(path)
+    key_path = _key_path(path)
+    key = _parse_key(key_path, _read_key_file(key_path))
     return key.verifier() if isinstance(key, Ed25519Signer) else key
 
 

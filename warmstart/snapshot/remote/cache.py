@@ -20,7 +20,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from warmstart.snapshot.catalog import Snapshot
 from warmstart.snapshot.layout import SnapshotNotFound
@@ -37,9 +37,6 @@ class TrimReport:
     bytes_after: int = 0
     freed_bytes: int = 0  # bytes of blob files removed
     over_limit: bool = False  # still above max_bytes: what is left is busy or held by a pull
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 class BlobHolds:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from warmstart.host.parallel import parallel_map
@@ -34,12 +34,6 @@ class RemoteSnapshot:
 
     id: str
     published: datetime  # when its signature was uploaded
-    manifest_bytes: int
-
-    @property
-    def identity_prefix(self) -> str:
-        """The first 12 hex digits of its identity hash (every snapshot id starts with them)."""
-        return self.id[:12]
 
 
 @dataclass
@@ -53,9 +47,6 @@ class RemoteGcReport:
     young_blobs: list[str] = field(default_factory=list)  # unreferenced, within the grace period
     ignored_keys: int = 0  # not the store's
     errors: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, object]:
-        return asdict(self)
 
 
 @dataclass
@@ -85,9 +76,7 @@ def list_remote(client: ObjectClient, keys: Keys, identity_hash: str | None = No
     """Published snapshots in the bucket, newest first; `identity_hash` (or a prefix of one) filters."""
     listing = _list_snapshot_files(client, keys)
     found = [
-        RemoteSnapshot(
-            snapshot_id, listing.signed[snapshot_id].last_modified, listing.manifests[snapshot_id].size
-        )
+        RemoteSnapshot(snapshot_id, listing.signed[snapshot_id].last_modified)
         for snapshot_id in listing.complete
         if identity_hash is None or snapshot_id.startswith(identity_hash[:12])
     ]

@@ -29,9 +29,10 @@ from pathlib import Path
 from warmstart.api.identity import SnapshotIdentity
 from warmstart.host.fileio import NEW_FILE_FLAGS
 from warmstart.host.parallel import parallel_map, share_among_threads
-from warmstart.snapshot.adopt import BlobsMissing, adopt, blob_present, check_signed_manifest
+from warmstart.snapshot.adopt import BlobsMissing, adopt, check_signed_manifest
+from warmstart.snapshot.blobs import existing_blob_of_size
 from warmstart.snapshot.catalog import Snapshot, is_signed_snapshot_dir
-from warmstart.snapshot.hashing import CHUNK_HASHES, chunk_ranges, hash_file, hash_range
+from warmstart.snapshot.hashing import CHUNK_HASHES, chunk_ranges, hash_file
 from warmstart.snapshot.layout import MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES, SnapshotNotFound
 from warmstart.snapshot.manifest import FileEntry, Manifest, SnapshotInvalid, digest_hex
 from warmstart.snapshot.remote.cache import BlobHolds
@@ -47,6 +48,7 @@ from warmstart.snapshot.remote.stats import Counters, Progress, ProgressHook, Tr
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.staging_owner import create_staging_root
 from warmstart.snapshot.store import SnapshotStore
+from warmstart.snapshot.verify import blobs_not_matching
 
 MAX_ADOPT_ROUNDS = 2
 
@@ -97,23 +99,6 @@ def representatives(manifest: Manifest) -> dict[str, FileEntry]:
     for path in sorted(manifest.files):
         chosen.setdefault(manifest.files[path].digest, manifest.files[path])
     return chosen
-
-
-def cached_blob_matches(store: SnapshotStore, entry: FileEntry) -> bool:
-    """The local blob's content against the signed digests (chunks in parallel where it has them)."""
-    blob = store.blob_path(entry.digest)
-    try:
-        if not entry.chunks:
-            return hash_file(blob)[0] == entry.digest
-        ranges = chunk_ranges(entry.size, entry.chunk_size)
-        digests = parallel_map(
-            lambda span: hash_range(blob, span[0], span[1], entry.chunk_hash),
-            ranges,
-            workers=store.hash_workers,
-        )
-    except OSError:
-        return False
-    return list(digests) == list(entry.chunks)
 
 
 @dataclass
@@ -239,7 +224,9 @@ def pull_snapshot(
     deadline = None if timeout is None else started + timeout
     job = _Pull(client, keys, store, snapshot_id, counters, progress, deadline, timeout)
     try:
-        raw, signature, manifest = _verified_remote_manifest(job, verifier, expected_identity)
+        raw, signature, manifest = fetch_signed_manifest(
+            client, keys, snapshot_id, verifier, expected_identity
+        )
         progress(Progress("manifest-verified", snapshot_id))
         with (holds or BlobHolds()).holding(manifest.digests()):
             result = _fetch_and_adopt(job, raw, signature, manifest, verify_cached)
@@ -253,15 +240,19 @@ def pull_snapshot(
     return result
 
 
-def _verified_remote_manifest(
-    job: _Pull, verifier: Verifier, expected_identity: SnapshotIdentity | None
+def fetch_signed_manifest(
+    client: ObjectClient,
+    keys: Keys,
+    snapshot_id: str,
+    verifier: Verifier,
+    expected_identity: SnapshotIdentity | None = None,
 ) -> tuple[bytes, bytes, Manifest]:
-    snapshot_id = job.snapshot_id
+    """The bucket's manifest bytes, signature bytes and manifest, once `check_signed_manifest` passes."""
     try:
-        signature = job.client.get_bytes(job.keys.signature(snapshot_id), MAX_SIGNATURE_BYTES)
-        raw = job.client.get_bytes(job.keys.manifest(snapshot_id), MAX_MANIFEST_BYTES)
+        signature = client.get_bytes(keys.signature(snapshot_id), MAX_SIGNATURE_BYTES)
+        raw = client.get_bytes(keys.manifest(snapshot_id), MAX_MANIFEST_BYTES)
     except ObjectMissing as exc:
-        raise SnapshotNotFound(f"no snapshot {snapshot_id} in the object store {job.client.where}") from exc
+        raise SnapshotNotFound(f"no snapshot {snapshot_id} in the object store {client.where}") from exc
     except ObjectTooLarge as exc:
         raise SnapshotInvalid(f"refused: {exc}", snapshot_id=snapshot_id) from exc
     return raw, signature, check_signed_manifest(raw, signature, snapshot_id, verifier, expected_identity)
@@ -304,15 +295,13 @@ def _what_to_fetch(
     store: SnapshotStore, entries: dict[str, FileEntry], verify_cached: bool
 ) -> tuple[list[str], set[str]]:
     """The digests to fetch, and those among them whose local blob is damaged (to be replaced)."""
-    wanted: list[str] = []
-    replace: set[str] = set()
-    for digest, entry in entries.items():
-        if not blob_present(store.layout, digest, entry.size):
-            wanted.append(digest)
-        elif verify_cached and not cached_blob_matches(store, entry):
-            wanted.append(digest)
-            replace.add(digest)
-    return wanted, replace
+    layout = store.layout
+    present = {
+        digest for digest, entry in entries.items() if existing_blob_of_size(layout, digest, entry.size)
+    }
+    cached = [entries[digest] for digest in present]
+    replace = blobs_not_matching(layout, cached, store.hash_workers) if verify_cached else set()
+    return [digest for digest in entries if digest not in present or digest in replace], replace
 
 
 def _allocate(path: Path, size: int) -> None:

@@ -43,7 +43,6 @@ class _Push:
     store: SnapshotStore
     counters: Counters
     progress: ProgressHook
-    rehash_existing_below: int | None
     result: PushResult
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -75,19 +74,16 @@ class _Push:
         self.progress(Progress("blob-skipped", self.result.snapshot_id, digest, size))
 
     def push_blob(self, digest: str, size: int, path: Path) -> None:
-        """Upload the blob unless the bucket has it: same key, size and content (read back and hashed:
-        the key and size of an object say nothing of its bytes; `rehash_existing_below`, when set, trusts
-        larger ones by size)."""
+        """Upload the blob unless the bucket has it: same key, size and content (read back and hashed,
+        whatever its size: the key and size of an object say nothing of its bytes, and one trusted by them
+        would never be repaired)."""
         existing = self.client.head(self.keys.blob(digest))
         if existing is None or existing.size != size:
             self.upload(digest, size, path, repaired=existing is not None)
-        elif self.rehashed(size) and not self.remote_content_matches(digest, size):
+        elif not self.remote_content_matches(digest, size):
             self.upload(digest, size, path, repaired=True)
         else:
             self.skip(digest, size)
-
-    def rehashed(self, size: int) -> bool:
-        return self.rehash_existing_below is None or size <= self.rehash_existing_below
 
     def remote_content_matches(self, digest: str, size: int) -> bool:
         hasher = hashlib.sha256()
@@ -134,7 +130,6 @@ def push_snapshot(
     *,
     counters: Counters,
     progress: ProgressHook,
-    rehash_existing_below: int | None,
     verifier: Verifier | None,
 ) -> PushResult:
     """Upload the local snapshot `snapshot_id` (verified first, signature and every blob, with `verifier`)."""
@@ -145,7 +140,7 @@ def push_snapshot(
     raw, signature = read_manifest_bytes(layout, snapshot_id), read_signature_bytes(layout, snapshot_id)
     manifest = parse_manifest(raw, snapshot_id)
     result = PushResult(snapshot_id, TransferStats())
-    job = _Push(client, keys, store, counters, progress, rehash_existing_below, result)
+    job = _Push(client, keys, store, counters, progress, result)
     blobs = job.blobs(manifest)
     workers = client.config.concurrency
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 
 
 @dataclass
@@ -16,9 +16,6 @@ class TransferStats:
     objects_skipped: int = 0
     objects_repaired: int = 0  # found damaged or gone and moved again
     seconds: float = 0.0
-
-    def to_dict(self) -> dict[str, float]:
-        return asdict(self)
 
 
 @dataclass

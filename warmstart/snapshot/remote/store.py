@@ -5,8 +5,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from warmstart.api.identity import SnapshotIdentity
-from warmstart.snapshot.adopt import check_signed_manifest
-from warmstart.snapshot.layout import MAX_MANIFEST_BYTES, MAX_SIGNATURE_BYTES, SnapshotNotFound
 from warmstart.snapshot.manifest import Manifest
 from warmstart.snapshot.remote.cache import BlobHolds, TrimReport, mark_used, trim_cache
 from warmstart.snapshot.remote.collect import (
@@ -18,18 +16,14 @@ from warmstart.snapshot.remote.collect import (
 )
 from warmstart.snapshot.remote.config import RemoteConfig
 from warmstart.snapshot.remote.object_keys import Keys
-from warmstart.snapshot.remote.objects import ObjectClient, ObjectMissing
-from warmstart.snapshot.remote.pull import PullResult, pull_snapshot
+from warmstart.snapshot.remote.objects import ObjectClient
+from warmstart.snapshot.remote.pull import PullResult, fetch_signed_manifest, pull_snapshot
 from warmstart.snapshot.remote.push import PushResult, push_snapshot
 from warmstart.snapshot.remote.stats import Counters, ProgressHook, no_progress
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.store import SnapshotStore
 
 DEFAULT_GC_GRACE = 3600.0
-# A blob the bucket already holds under its key with the right size is read back and hashed before a push
-# skips it, whatever its size (None): a same-size object of other bytes is uploaded again. A bound here would
-# trust larger objects by key and size, and a damaged one would never be repaired.
-DEFAULT_REHASH_EXISTING_BELOW: int | None = None
 
 
 class RemoteStore:
@@ -45,13 +39,11 @@ class RemoteStore:
         config: RemoteConfig,
         *,
         client: ObjectClient | None = None,
-        rehash_existing_below: int | None = DEFAULT_REHASH_EXISTING_BELOW,
     ) -> None:
         self.local = local
         self.config = config
         self.client = client or ObjectClient(config)
         self.keys = Keys(config.key_prefix)
-        self.rehash_existing_below = rehash_existing_below
         self.counters = Counters()
         self.holds = BlobHolds()  # the blobs of the pulls in progress: the cache trim keeps them
 
@@ -66,7 +58,7 @@ class RemoteStore:
         the local snapshot is verified in full first."""
         return push_snapshot(
             self.client, self.keys, self.local, snapshot_id, counters=self.counters, progress=progress,
-            rehash_existing_below=self.rehash_existing_below, verifier=verifier,
+            verifier=verifier,
         )  # fmt: skip
 
     def pull(
@@ -101,14 +93,7 @@ class RemoteStore:
         self, snapshot_id: str, verifier: Verifier, expected_identity: SnapshotIdentity | None = None
     ) -> Manifest:
         """A snapshot's manifest from the bucket, once its signature (and identity) checks out."""
-        try:
-            signature = self.client.get_bytes(self.keys.signature(snapshot_id), MAX_SIGNATURE_BYTES)
-            raw = self.client.get_bytes(self.keys.manifest(snapshot_id), MAX_MANIFEST_BYTES)
-        except ObjectMissing as exc:
-            raise SnapshotNotFound(
-                f"no snapshot {snapshot_id} in the object store {self.client.where}"
-            ) from exc
-        return check_signed_manifest(raw, signature, snapshot_id, verifier, expected_identity)
+        return fetch_signed_manifest(self.client, self.keys, snapshot_id, verifier, expected_identity)[2]
 
     def delete(self, snapshot_id: str) -> None:
         """Unpublish a snapshot in the bucket at once; its blobs stay until `gc`."""
