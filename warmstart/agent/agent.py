@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from warmstart.agent import objects, ownership
@@ -50,9 +50,6 @@ class Operation:
     snapshot: str
     since: float = field(default_factory=time.time)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "pod": self.pod, "snapshot": self.snapshot, "since": self.since}
-
 
 class Agent:
     def __init__(
@@ -76,10 +73,6 @@ class Agent:
     @property
     def config(self) -> AgentSettings:
         return self.node.config
-
-    @property
-    def kube(self) -> KubeStatus:
-        return self.node.kube
 
     @property
     def metrics(self) -> AgentMetrics:
@@ -107,19 +100,16 @@ class Agent:
                 self.stopping.wait(2.0)
 
     def _list_and_watch(self) -> None:
-        pods, version = self.kube.list_node_pods()
-        self._forget_gone({objects.meta(pod)["uid"] for pod in pods})
+        pods, version = self.node.kube.list_node_pods()
+        with self._lock:  # pods gone from the node need remembering no more
+            self._settled &= {objects.meta(pod)["uid"] for pod in pods}
         for pod in pods:
             self.consider(pod)
-        for change, pod in self.kube.watch_node_pods(version, max(1, int(self.config.resync))):
+        for change, pod in self.node.kube.watch_node_pods(version, max(1, int(self.config.resync))):
             if self.stopping.is_set():
                 return
             if change in ("ADDED", "MODIFIED"):
                 self.consider(pod)
-
-    def _forget_gone(self, present: set[str]) -> None:
-        with self._lock:
-            self._settled &= present
 
     def consider(self, pod: dict[str, Any]) -> None:
         """Start work for `pod` when it is a capture or restore pod not already handled or being handled."""
@@ -133,16 +123,13 @@ class Agent:
             if uid in self._settled or uid in self._in_flight:
                 return
             self._in_flight[uid] = Operation(role, objects.key(pod), pod_labels.get(L.SNAPSHOT_LABEL, ""))
-        worker = threading.Thread(
-            target=self._handle, args=(pod,), name=f"{role}-{meta['name']}", daemon=True
-        )
-        worker.start()
+        threading.Thread(target=self._handle, args=(pod,), name=f"{role}-{meta['name']}", daemon=True).start()
 
     def _handle(self, pod: dict[str, Any]) -> None:
         uid = objects.meta(pod)["uid"]
         settled = False  # an exception leaves the pod for the next resync
         try:
-            if not ownership.owned(self.kube, pod):
+            if not ownership.owned(self.node.kube, pod):
                 log.info(
                     "pod %s is not owned by an InferenceEndpoint or its snapshot: ignored", objects.key(pod)
                 )
@@ -195,7 +182,7 @@ class Agent:
         except cuda.CudaUnavailable as exc:
             cuda_available, cuda_reason = False, str(exc)
         with self._lock:
-            in_flight = [operation.to_dict() for operation in self._in_flight.values()]
+            in_flight = [asdict(operation) for operation in self._in_flight.values()]
         return {
             "node": self.config.node, "criu_version": criu_version, "criu_error": criu_error,
             "cuda_available": cuda_available, "cuda_reason": cuda_reason, "in_flight": in_flight,

@@ -130,7 +130,7 @@ class CapturePhase:
         payload: dict[str, Any],
     ) -> None:
         node = self.node
-        namespace, snap_name = objects.meta(snap)["namespace"], objects.meta(snap)["name"]
+        namespace, snap_name = objects.names(snap)
         pod_name, node_name = objects.meta(pod)["name"], node.config.node
         started = time.monotonic()
         node.kube.patch_snapshot_status(namespace, snap_name, status_patch(
@@ -224,7 +224,7 @@ class CapturePhase:
             manifest_digest=manifest_digest(snapshot), completed_at=format_time(),
             timings={key: float(value) for key, value in timings.items()},
         )  # fmt: skip
-        node.kube.patch_snapshot_status(objects.meta(snap)["namespace"], objects.meta(snap)["name"], patch)
+        node.kube.patch_snapshot_status(*objects.names(snap), patch)
         node.kube.event(snap, L.SNAPSHOT_KIND, "Normal", "Ready", message)
 
     def _mark_failed(self, snap: dict[str, Any], pod: dict[str, Any], reason: str) -> None:
@@ -233,7 +233,5 @@ class CapturePhase:
             AGENT, capture_attempt=SnapshotStatus.of(snap).attempt, capture_state=CaptureState.FAILED,
             capture_message=reason[:1024], completed_at=format_time(),
         )  # fmt: skip
-        self.node.kube.patch_snapshot_status(
-            objects.meta(snap)["namespace"], objects.meta(snap)["name"], patch
-        )
+        self.node.kube.patch_snapshot_status(*objects.names(snap), patch)
         self.node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "CaptureFailed", reason)

@@ -53,7 +53,12 @@ class StoreCleanup:
 
     def loop(self) -> None:
         self.reclaim_work_dirs()  # an agent killed mid-restore left its work directory: nothing runs yet
-        self.collect_left_behind()
+        # The store's GC once at start: the staging of an agent killed mid-capture (its owner gone) goes now,
+        # not a cleanup interval later, which on a shared volume holds a whole capture's size.
+        try:
+            self.node.store.gc()
+        except Exception as exc:
+            log.warning("store cleanup at start failed: %s", exc)
         while not self.node.stopping.wait(self.node.config.cleanup_interval):
             try:
                 self.reclaim_work_dirs()
@@ -80,14 +85,6 @@ class StoreCleanup:
         if removed:
             log.info("removed %d restore work directories left by interrupted restores", len(removed))
         return removed
-
-    def collect_left_behind(self) -> None:
-        """The store's GC once at start: the staging of an agent killed mid-capture (its owner gone) goes now,
-        not a cleanup interval later, which on a shared volume holds a whole capture's size."""
-        try:
-            self.node.store.gc()
-        except Exception as exc:
-            log.warning("store cleanup at start failed: %s", exc)
 
     def clean(self) -> list[str]:
         """Remove store snapshots long unreferenced, then garbage-collect blobs."""
@@ -137,13 +134,11 @@ class StoreCleanup:
             snapshot = None
         if snapshot is not None and captured_for(snapshot.record, snap):
             self._delete(snapshot_id)
-        if cluster_store is not None and captured_for(self._remote_record(snapshot_id), snap):
-            cluster_store.forget(snapshot_id)
-
-    def _remote_record(self, snapshot_id: str) -> CaptureRecord | None:
-        """The capture record of the bucket's manifest once its signature checks out; None if unreadable."""
-        assert self.node.cluster_store is not None
-        try:
-            return self.node.cluster_store.remote.manifest(snapshot_id, self.node.verifier).record
+        if cluster_store is None:
+            return
+        try:  # the bucket's manifest, once its signature checks out
+            remote = cluster_store.remote.manifest(snapshot_id, self.node.verifier)
         except (SnapshotError, RemoteError):
-            return None
+            return
+        if captured_for(remote.record, snap):
+            cluster_store.forget(snapshot_id)

@@ -28,12 +28,10 @@ class StartupError(Exception):
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        settings = load(AgentSettings, args)
-        started = _start(settings, args)
+        agent, server = _start(load(AgentSettings, args), args)
     except (SettingsError, StartupError, ValueError) as exc:  # RemoteConfigError: a bucket named but unusable
         print(f"warmstart agent: {exc}", file=sys.stderr)
         return 2
-    agent, server = started
 
     def stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping", signum)
@@ -54,10 +52,13 @@ def _run(args: argparse.Namespace) -> int:
 def _start(settings: AgentSettings, args: argparse.Namespace) -> tuple[Agent, Any]:
     """The agent and its gRPC server (None without one), every part checked as it is set up; StartupError
     naming the setting of the first that cannot be, before the node is touched or any work begins."""
+    from kubernetes.config import ConfigException
+
     from warmstart.agent import grpc_api
     from warmstart.agent.agent import Agent
     from warmstart.agent.kube_status import KubeStatus
     from warmstart.agent.metrics import AgentMetrics
+    from warmstart.kube.client import api_client
     from warmstart.snapshot.remote import RemoteConfig
     from warmstart.snapshot.signing import SigningKeyError
     from warmstart.snapshot.signing_keys import signing_keys
@@ -82,7 +83,13 @@ def _start(settings: AgentSettings, args: argparse.Namespace) -> tuple[Agent, An
         raise StartupError(f"{where}: {exc}") from None
     if note:
         log.info(note)
-    kube = _kube_client(args.kubeconfig)
+    try:
+        kube = api_client(args.kubeconfig)
+    except (ConfigException, OSError, ValueError) as exc:
+        raise StartupError(
+            f"no Kubernetes credentials: {exc} (--kubeconfig, else the pod's service account, else "
+            "KUBECONFIG or ~/.kube/config)"
+        ) from None
     metrics = AgentMetrics()
     try:
         agent = Agent(settings, KubeStatus(kube, settings.node), signer, verifier, metrics, remote)
@@ -119,21 +126,6 @@ def _start(settings: AgentSettings, args: argparse.Namespace) -> tuple[Agent, An
             log.info("transparent huge pages on this node: %s (was %s; %s)", settings.transparent_hugepages,
                      before, setting)  # fmt: skip
     return agent, server
-
-
-def _kube_client(kubeconfig: str | None) -> Any:
-    """The API server's client; StartupError when no credentials can be loaded."""
-    from kubernetes.config import ConfigException
-
-    from warmstart.kube.client import api_client
-
-    try:
-        return api_client(kubeconfig)
-    except (ConfigException, OSError, ValueError) as exc:
-        raise StartupError(
-            f"no Kubernetes credentials: {exc} (--kubeconfig, else the pod's service account, else "
-            "KUBECONFIG or ~/.kube/config)"
-        ) from None
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

@@ -68,10 +68,6 @@ class ClusterStore:
                 if self._busy[snapshot_id] <= 0:
                     del self._busy[snapshot_id]
 
-    def busy(self) -> set[str]:
-        with self._guard:
-            return set(self._busy)
-
     def _lock(self, snapshot_id: str) -> threading.Lock:
         with self._guard:
             return self._locks.setdefault(snapshot_id, threading.Lock())
@@ -127,9 +123,10 @@ class ClusterStore:
         if not (self.cache_max_bytes or self.cache_max_age):
             return None
         with self._trimming:
+            with self._guard:
+                busy = set(self._busy) | set(keep)
             report = self.remote.trim_cache(max_bytes=self.cache_max_bytes or None,
-                                            max_age=self.cache_max_age or None,
-                                            busy=self.busy() | set(keep))  # fmt: skip
+                                            max_age=self.cache_max_age or None, busy=busy)  # fmt: skip
         self.metrics.cache_bytes.set(report.bytes_after)
         self.metrics.cache_max_bytes.set(self.cache_max_bytes)
         if report.removed:

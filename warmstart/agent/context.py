@@ -100,7 +100,7 @@ class NodeContext:
                 raise PodProcessError(f"pod {objects.key(pod)}: the kubelet reports no worker container yet")
             time.sleep(NODE_LOOK_SECONDS)
             if time.monotonic() - asked >= API_LOOK_SECONDS:
-                reported = self.kube.get_pod(meta["namespace"], meta["name"]) or {}
+                reported = self.kube.get_pod(*objects.names(pod)) or {}
                 container, asked = objects.worker_container_id(reported), time.monotonic()
         remaining = max(0.0, deadline - time.monotonic())
         return PodSandbox.find(meta["uid"], root, remaining, self.stopping.is_set, container=container)
@@ -109,15 +109,14 @@ class NodeContext:
         """The image digest the pod's worker container runs from: the container runtime's answer when the
         agent may ask it, else the kubelet's report, waited for while the container starts (the kubelet
         reports it up to a second after the start); "" when neither ever does."""
-        meta = objects.meta(pod)
-        namespace, name = meta["namespace"], meta["name"]
         if self.runtime:
-            if image := self.runtime.container_image(meta["uid"], L.WORKER_CONTAINER, self.stopping.is_set):
+            uid = objects.meta(pod)["uid"]
+            if image := self.runtime.container_image(uid, L.WORKER_CONTAINER, self.stopping.is_set):
                 return image
-            log.info("pod %s/%s: no image from the container runtime; waiting for the kubelet's report",
-                     namespace, name)  # fmt: skip
+            log.info("pod %s: no image from the container runtime; waiting for the kubelet's report",
+                     objects.key(pod))  # fmt: skip
         deadline = time.monotonic() + self.config.start_timeout
-        while not (image := objects.worker_image_id(self.kube.get_pod(namespace, name) or {})):
+        while not (image := objects.worker_image_id(self.kube.get_pod(*objects.names(pod)) or {})):
             if time.monotonic() >= deadline or self.stopping.is_set():
                 return ""
             time.sleep(NODE_LOOK_SECONDS)

@@ -30,24 +30,21 @@ class KubeStatus:
     def __init__(self, api_client: Any, node: str, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.kube = Kube(api_client, timeout, field_manager=EVENT_SOURCE)
         self.node = node
-        self.timeout = timeout
+        self._on_this_node = {"spec.nodeName": node}  # the field selector of its pods
 
     # --- reads ---------------------------------------------------------------------------------------
 
     def list_node_pods(self) -> tuple[list[dict[str, Any]], str]:
         """Worker pods scheduled on this node and the list's resourceVersion."""
-        return self.kube.list_with_version("Pod", "", L.ENDPOINT_LABEL, self._on_this_node())
+        return self.kube.list_with_version("Pod", "", L.ENDPOINT_LABEL, self._on_this_node)
 
     def watch_node_pods(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """(type, pod) of each change to the pods `list_node_pods` lists, from `resource_version` on."""
-        return self.kube.watch("Pod", "", seconds, L.ENDPOINT_LABEL, self._on_this_node(), resource_version)
+        return self.kube.watch("Pod", "", seconds, L.ENDPOINT_LABEL, self._on_this_node, resource_version)
 
     def watch_snapshots(self, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """(type, InferenceSnapshot) of each change to one, in any namespace."""
         return self.kube.watch(L.SNAPSHOT_KIND, "", seconds)
-
-    def _on_this_node(self) -> dict[str, str]:
-        return {"spec.nodeName": self.node}
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.kube.get("Pod", namespace, name)
@@ -62,7 +59,6 @@ class KubeStatus:
         return self.kube.list(L.SNAPSHOT_KIND, "", "")
 
     def get_owner(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
-        """A ReplicaSet or Deployment (the links between a worker pod and its InferenceEndpoint)."""
         return self.kube.get(kind, namespace, name) if kind in OWNER_KINDS else None
 
     # --- writes --------------------------------------------------------------------------------------

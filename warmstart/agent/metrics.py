@@ -69,6 +69,5 @@ class AgentMetrics:
         start_http_server(port, addr=address, registry=self.registry)
 
     def value(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """The current value of one sample (0 when absent): for tests and the gRPC Status."""
-        found = self.registry.get_sample_value(name, labels or {})
-        return found or 0.0
+        """The current value of one sample (0 when absent)."""
+        return self.registry.get_sample_value(name, labels or {}) or 0.0

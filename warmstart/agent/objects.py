@@ -19,9 +19,14 @@ def status(obj: dict[str, Any] | None) -> dict[str, Any]:
     return (obj or {}).get("status") or {}
 
 
+def names(obj: dict[str, Any]) -> tuple[str, str]:
+    """(namespace, name)."""
+    return meta(obj)["namespace"], meta(obj)["name"]
+
+
 def key(obj: dict[str, Any]) -> str:
     """`namespace/name`, for logs."""
-    return f"{meta(obj)['namespace']}/{meta(obj)['name']}"
+    return "/".join(names(obj))
 
 
 def _worker_status(pod: dict[str, Any]) -> dict[str, Any]:

@@ -45,10 +45,6 @@ def prestage_requested(endpoint: dict[str, Any] | None) -> bool:
     return snapshot_policy.get("prestage") == PAGE_CACHE
 
 
-def is_ready(snap: dict[str, Any]) -> bool:
-    return derive_phase(SnapshotStatus.of(snap))[0] == Phase.READY
-
-
 class PrestagePhase:
     def __init__(self, node: NodeContext) -> None:
         self.node = node
@@ -90,7 +86,7 @@ class PrestagePhase:
             return int(limit * CGROUP_SHARE)
         return budget
 
-    def wanted(self, held: contextlib.ExitStack | None = None) -> list[WantedSnapshot]:
+    def wanted(self, held: contextlib.ExitStack) -> list[WantedSnapshot]:
         """The Ready snapshots whose endpoint asks for pre-staging and that this node's store holds, newest
         first (kept from the cache's trim while `held` lasts)."""
         asks: dict[tuple[str, str], bool] = {}  # (namespace, endpoint) -> prestage requested, one read each
@@ -98,7 +94,7 @@ class PrestagePhase:
         for snap in self.node.kube.list_snapshots():
             meta = objects.meta(snap)
             owner = meta.get("namespace", ""), str((snap.get("spec") or {}).get("endpoint") or "")
-            if not owner[1] or not is_ready(snap):
+            if not owner[1] or derive_phase(SnapshotStatus.of(snap))[0] != Phase.READY:
                 continue
             if owner not in asks:
                 asks[owner] = prestage_requested(self.node.kube.get_endpoint(*owner))

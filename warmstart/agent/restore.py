@@ -113,8 +113,7 @@ def _control_dir_exists(control: ControlDir) -> bool:
 
 def worker_port(pod: dict[str, Any]) -> int | None:
     """The port the worker serves on: its container's first port, else its `--port` argument."""
-    containers = (pod.get("spec") or {}).get("containers") or []
-    for container in containers:
+    for container in (pod.get("spec") or {}).get("containers") or []:
         for port in container.get("ports") or []:
             if port.get("containerPort"):
                 return int(port["containerPort"])
@@ -171,9 +170,7 @@ class RestorePhase:
         with self._slots:
             self._restore(pod, snap, snapshot, expected, sandbox, control)
 
-    def restorable(
-        self, pod: dict[str, Any], held: contextlib.ExitStack | None = None
-    ) -> tuple[dict[str, Any], Snapshot]:
+    def restorable(self, pod: dict[str, Any], held: contextlib.ExitStack) -> tuple[dict[str, Any], Snapshot]:
         """The pod's InferenceSnapshot and the store snapshot it names (pulled from the object store when this
         node's cache lacks it, and kept from the cache's trim while `held` lasts); Refused with the reason
         otherwise. The store's manifest is read here only to compare; `restore()` verifies it before CRIU."""
@@ -193,13 +190,9 @@ class RestorePhase:
         snapshot_id = objects.store_snapshot_id(snap)
         try:
             snapshot = self._local_copy(snapshot_id, held)
-        except PullRefused as exc:
+        except (PullRefused, SnapshotInvalid) as exc:  # the snapshot's own files: counted against it
             raise SnapshotRefused(f"InferenceSnapshot {name}: {exc}", snap, snapshot_id) from exc
-        except PullFailed as exc:
-            raise Refused(f"InferenceSnapshot {name}: {exc}") from exc
-        except SnapshotInvalid as exc:
-            raise SnapshotRefused(f"InferenceSnapshot {name}: {exc}", snap, snapshot_id) from exc
-        except SnapshotError as exc:
+        except (PullFailed, SnapshotError) as exc:
             raise Refused(f"InferenceSnapshot {name}: {exc}") from exc
         if snapshot.identity_hash != status.identity_hash:
             raise Refused(
@@ -213,12 +206,11 @@ class RestorePhase:
             )
         return snap, snapshot
 
-    def _local_copy(self, snapshot_id: str, held: contextlib.ExitStack | None) -> Snapshot:
+    def _local_copy(self, snapshot_id: str, held: contextlib.ExitStack) -> Snapshot:
         cluster_store = self.node.cluster_store
         if cluster_store is None:
             return self.node.store.get(snapshot_id)
-        if held is not None:
-            held.enter_context(cluster_store.in_use(snapshot_id))
+        held.enter_context(cluster_store.in_use(snapshot_id))
         return cluster_store.local_copy(snapshot_id, "restore")
 
     def expected_identity(self, recorded: SnapshotIdentity, sandbox: PodSandbox) -> SnapshotIdentity:
@@ -317,11 +309,7 @@ class RestorePhase:
         control.send(RESTORE_FAILED, {"reason": reason})
         self.node.metrics.restores.labels("refused").inc()
         self.node.kube.event(pod, "Pod", "Warning", "RestoreRefused", f"{reason}; the worker starts cold")
-        self.node.kube.annotate_pod(
-            objects.meta(pod)["namespace"],
-            objects.meta(pod)["name"],
-            {"restoreFailed": reason, **(report or {})},
-        )
+        self.node.kube.annotate_pod(*objects.names(pod), {"restoreFailed": reason, **(report or {})})
 
     def _restore(
         self,
@@ -372,7 +360,6 @@ class RestorePhase:
         node.metrics.restores.labels("succeeded").inc()
         node.metrics.restore_seconds.observe(seconds)
         node.metrics.restored_bytes.inc(result.snapshot.size)
-        namespace, name = objects.meta(pod)["namespace"], objects.meta(pod)["name"]
         began = dt.datetime.fromtimestamp(resume["restore_started_at"], dt.UTC).isoformat(
             timespec="milliseconds"
         )
@@ -382,7 +369,7 @@ class RestorePhase:
             "restorePhases": {phase: round(took, 3) for phase, took in result.timings.items()},
             "snapshot": objects.meta(snap)["name"],
         }
-        node.kube.annotate_pod(namespace, name, report)
+        node.kube.annotate_pod(*objects.names(pod), report)
         source = f"InferenceSnapshot {report['snapshot']} (store snapshot {snapshot_id})"
         node.kube.event(pod, "Pod", "Normal", "Restored", f"from {source} in {seconds:.2f}s")
         node.kube.clear_restore_failures(snap)
@@ -410,8 +397,7 @@ class RestorePhase:
         """A failed restore in the metrics, the pod's Event (`message`) and its annotation (`reason`)."""
         self.node.metrics.restores.labels("failed").inc()
         self.node.kube.event(pod, "Pod", "Warning", "RestoreFailed", message)
-        namespace, name = objects.meta(pod)["namespace"], objects.meta(pod)["name"]
-        self.node.kube.annotate_pod(namespace, name, {"restoreFailed": reason})
+        self.node.kube.annotate_pod(*objects.names(pod), {"restoreFailed": reason})
 
     def _failed(
         self,
@@ -424,8 +410,8 @@ class RestorePhase:
         """Report a failed restore (already counted in this store's `failures` and answered to the pod) and
         add it to the snapshot's count over all nodes: Invalid once that reaches the limit. Every failure
         that is the snapshot's comes here, wherever it was found (pull, verification, CRIU)."""
-        node, meta = self.node, objects.meta(snap)
-        count = node.kube.add_restore_failure(meta["namespace"], meta["name"], reason)
+        node = self.node
+        count = node.kube.add_restore_failure(*objects.names(snap), reason)
         self._report_failed(
             pod, reason, f"{reason} (failure {count} of {failures.max_failures}); the worker starts cold"
         )

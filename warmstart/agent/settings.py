@@ -22,8 +22,6 @@ from warmstart.host.command_settings import (
     setting,
 )
 
-DEFAULT_GRPC_SOCKET = "/run/warmstart/agent.sock"
-
 
 class AgentSettings(CommandSettings):
     # Fixed, not settings: how long the agent waits, how often it cleans the store.
@@ -68,7 +66,7 @@ class AgentSettings(CommandSettings):
     )
     metrics_port: Port = setting(9400, "WARMSTART_AGENT_METRICS_PORT_NUMBER", "Prometheus port, 0 for none")
     grpc_socket: Text = setting(
-        DEFAULT_GRPC_SOCKET,
+        "/run/warmstart/agent.sock",
         "WARMSTART_AGENT_GRPC_SOCKET",
         "unix socket of the gRPC API (root only), empty for none",
         empty_means_none=True,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -142,12 +142,10 @@ def _error_message(raw: bytes | str | None) -> str:
     server answers an unknown path with a plain-text "404 page not found")."""
     if not raw:
         return "(empty reply)"
-    try:
+    with suppress(ValueError):
         data = json.loads(raw)
-    except ValueError:
-        return _excerpt(raw)
-    if isinstance(data, dict) and data.get("message"):
-        return str(data["message"])
+        if isinstance(data, dict) and data.get("message"):
+            return str(data["message"])
     return _excerpt(raw)
 
 
@@ -192,7 +190,6 @@ class Kube:
     ) -> None:
         from kubernetes.dynamic import DynamicClient
 
-        self.api = api_client
         self.timeout = timeout
         self.field_manager = field_manager  # who made each write, in the objects' managedFields
         self.dynamic = DynamicClient(api_client, discoverer=_KnownKinds)
@@ -206,6 +203,17 @@ class Kube:
         with _errors(what):
             reply = verb(*args, serialize=False, _request_timeout=self.timeout, **kwargs)
             return _json_body(reply.data, what)
+
+    def _call_unless(
+        self, status: int, what: str, verb: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> dict[str, Any] | None:
+        """`_call`; None when the API server answers `status` (404: not there, 409: there already)."""
+        try:
+            return self._call(what, verb, *args, **kwargs)
+        except KubeError as exc:
+            if exc.status == status:
+                return None
+            raise
 
     def _resource(self, kind: str) -> Any:
         return self.dynamic.resources.get(kind=kind)
@@ -223,26 +231,16 @@ class Kube:
         """Create; None when it already exists."""
         resource = self._resource(obj.get("kind", ""))
         namespace = obj["metadata"].get("namespace")
-        try:
-            return self._call(
-                f"POST {resource.path(namespace=namespace)}", self.dynamic.create, resource, obj,
-                namespace=namespace, field_manager=self.field_manager,
-            )  # fmt: skip
-        except KubeError as exc:
-            if exc.status == 409:
-                return None
-            raise
+        return self._call_unless(
+            409, f"POST {resource.path(namespace=namespace)}", self.dynamic.create, resource, obj,
+            namespace=namespace, field_manager=self.field_manager,
+        )  # fmt: skip
 
     def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         resource = self._resource(kind)
-        try:
-            return self._call(
-                f"GET {resource.path(name, namespace)}", self.dynamic.get, resource, name, namespace
-            )
-        except KubeError as exc:
-            if exc.status == 404:
-                return None
-            raise
+        return self._call_unless(
+            404, f"GET {resource.path(name, namespace)}", self.dynamic.get, resource, name, namespace
+        )
 
     def list(
         self,
@@ -298,12 +296,7 @@ class Kube:
         """What discovery says the API server lets clients do with `kind` (empty: not served)."""
         resource = self._resource(kind)
         path = f"/{resource.prefix}/{resource.group_version}"
-        try:
-            data = self._call(f"GET {path}", self.dynamic.request, "get", path)
-        except KubeError as exc:
-            if exc.status == 404:
-                return frozenset()
-            raise
+        data = self._call_unless(404, f"GET {path}", self.dynamic.request, "get", path) or {}
         for entry in data.get("resources") or []:
             if entry.get("name") == resource.name:
                 return frozenset(entry.get("verbs") or [])
@@ -312,16 +305,11 @@ class Kube:
     def delete(self, kind: str, namespace: str, name: str) -> bool:
         """Delete in the background; False when it was already gone."""
         resource = self._resource(kind)
-        try:
-            self._call(
-                f"DELETE {resource.path(name, namespace)}", self.dynamic.delete, resource, name, namespace,
-                propagation_policy="Background",
-            )  # fmt: skip
-        except KubeError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        deleted = self._call_unless(
+            404, f"DELETE {resource.path(name, namespace)}", self.dynamic.delete, resource, name, namespace,
+            propagation_policy="Background",
+        )  # fmt: skip
+        return deleted is not None
 
     def patch(
         self, kind: str, namespace: str, name: str, patch: dict[str, Any], subresource: str = ""
