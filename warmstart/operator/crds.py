@@ -14,6 +14,7 @@ from typing import Any
 
 from warmstart.api import labels as L
 from warmstart.kube.client import CRD_KIND, Kube, KubeError
+from warmstart.operator.diagnosis import is_terminating
 
 log = logging.getLogger(__name__)
 
@@ -26,10 +27,6 @@ VERBS_KOPF_NEEDS = frozenset({"list", "watch", "patch"})
 def established(body: Mapping[str, Any]) -> bool:
     conditions = (body.get("status") or {}).get("conditions") or []
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-
-
-def terminating(body: Mapping[str, Any]) -> bool:
-    return bool((body.get("metadata") or {}).get("deletionTimestamp"))
 
 
 def read_crd(kube: Kube, name: str) -> dict[str, Any] | None:
@@ -47,7 +44,7 @@ def served_uids(kube: Kube) -> dict[str, str]:
     uids = {}
     for name in KIND_OF_CRD:
         crd = read_crd(kube, name)
-        if crd is not None and established(crd) and not terminating(crd) and served(kube, name):
+        if crd is not None and established(crd) and not is_terminating(crd) and served(kube, name):
             uids[name] = crd["metadata"]["uid"]
     return uids
 

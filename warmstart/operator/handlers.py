@@ -20,6 +20,7 @@ from warmstart.api.snapshot import Phase
 from warmstart.kube.client import Kube, KubeError
 from warmstart.operator import crds, rollout
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
+from warmstart.operator.diagnosis import is_terminating
 from warmstart.operator.metrics import METRICS
 from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, reconcile
 from warmstart.operator.seen_children import SeenChildren, SeenKube
@@ -100,50 +101,46 @@ def endpoint_lock(key: Key) -> threading.Lock:
 
 
 def run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
-    with endpoint_lock(key):
-        return _run_reconcile(handler, key, retry)
-
-
-def _run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
     """Reconcile one endpoint from a fresh read (so status transitions are never computed from a stale
     copy), and count it. kopf calls this from the endpoint's own handler, one call at a time per endpoint.
     None: the endpoint is gone, or its spec is invalid (already reported in status, once per generation:
     retrying cannot help until the spec changes). A failure raises kopf.TemporaryError, for kopf to retry
     after the backoff (`retry`: the failures in a row so far, as kopf counts them)."""
-    started = time.perf_counter()
-    result = "error"
-    try:
-        body = _kube().get(L.ENDPOINT_KIND, *key)
-        if body is None or body["metadata"].get("deletionTimestamp"):
-            result = "gone"
-            Runtime.wakeups.forget(key)  # its DELETED event may come later: no check of it meanwhile
+    with endpoint_lock(key):
+        started = time.perf_counter()
+        result = "error"
+        try:
+            body = _kube().get(L.ENDPOINT_KIND, *key)
+            if body is None or body["metadata"].get("deletionTimestamp"):
+                result = "gone"
+                Runtime.wakeups.forget(key)  # its DELETED event may come later: no check of it meanwhile
+                return None
+            outcome = reconcile(
+                SeenKube(_kube(), Runtime.seen),
+                body,
+                Runtime.backoff,
+                Runtime.settings.agents,
+                Runtime.settings.snapshot_store,
+            )
+            METRICS.endpoints.set(*key, outcome.status.phase)
+            result = "success"
+            Runtime.wakeups.reconciled(key, _follow_up(outcome))
+            return outcome
+        except InvalidSpec:
+            result = "invalid"
+            METRICS.endpoints.set(*key, "Degraded")
+            Runtime.wakeups.reconciled(key)
             return None
-        outcome = reconcile(
-            SeenKube(_kube(), Runtime.seen),
-            body,
-            Runtime.backoff,
-            Runtime.settings.agents,
-            Runtime.settings.snapshot_store,
-        )
-        METRICS.endpoints.set(*key, outcome.status.phase)
-        result = "success"
-        Runtime.wakeups.reconciled(key, _follow_up(outcome))
-        return outcome
-    except InvalidSpec:
-        result = "invalid"
-        METRICS.endpoints.set(*key, "Degraded")
-        Runtime.wakeups.reconciled(key)
-        return None
-    except ChildApplyFailed as exc:
-        METRICS.endpoints.set(*key, "Degraded")
-        raise _retry_later(key, handler, retry, exc) from exc
-    except (MissingAPI, KubeError) as exc:  # KubeError: e.g. the API server restarting, a conflict
-        raise _retry_later(key, handler, retry, exc) from exc
-    except Exception as exc:  # a bug in one reconcile must not stop the others; retried like any failure
-        log.exception("%s/%s: %s reconcile crashed", *key, handler)
-        raise _retry_later(key, handler, retry, None) from exc
-    finally:
-        METRICS.observe(handler, result, time.perf_counter() - started)
+        except ChildApplyFailed as exc:
+            METRICS.endpoints.set(*key, "Degraded")
+            raise _retry_later(key, handler, retry, exc) from exc
+        except (MissingAPI, KubeError) as exc:  # KubeError: e.g. the API server restarting, a conflict
+            raise _retry_later(key, handler, retry, exc) from exc
+        except Exception as exc:  # a bug in one reconcile must not stop the others; retried like any failure
+            log.exception("%s/%s: %s reconcile crashed", *key, handler)
+            raise _retry_later(key, handler, retry, None) from exc
+        finally:
+            METRICS.observe(handler, result, time.perf_counter() - started)
 
 
 def _retry_later(key: Key, handler: str, retry: int, error: Exception | None) -> kopf.TemporaryError:
@@ -244,7 +241,7 @@ def on_crd_event(event: Mapping[str, Any], body: kopf.Body, name: str, uid: str,
     if event.get("type") == "DELETED":
         return
     crd = plain(body)
-    if crds.established(crd) and not crds.terminating(crd) and Runtime.served_crds.get(name) != uid:
+    if crds.established(crd) and not is_terminating(crd) and Runtime.served_crds.get(name) != uid:
         _serve_new_crd(name)
 
 

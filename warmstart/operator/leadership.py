@@ -30,11 +30,6 @@ class LeaseSettings:
     renew_seconds: int = 10  # a leader that cannot renew within this long stops acting
     retry_seconds: int = 2
 
-    @staticmethod
-    def holder() -> str:
-        """This replica's name in the Lease: its pod's name (the hostname) and a random suffix."""
-        return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-
 
 class Leadership:
     """Campaigns for the Lease in a background thread; `leading` is set while this replica holds it."""
@@ -45,7 +40,8 @@ class Leadership:
         from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
         logging.getLogger("leaderelection").setLevel(logging.WARNING)  # it logs each retry at INFO
-        self.identity = settings.holder()
+        # This replica's name in the Lease: its pod's name (the hostname) and a random suffix.
+        self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self.leading = threading.Event()
         self._on_lost = on_lost
         lock = LeaseLock(settings.name, settings.namespace, self.identity)

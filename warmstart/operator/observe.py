@@ -4,7 +4,6 @@ failures for pods stuck before their containers start, and where the node agents
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from warmstart.kube.client import Kube
@@ -20,13 +19,6 @@ from warmstart.operator.diagnosis import (
     ready_agent_nodes,
     restore_causes,
 )
-
-
-@dataclass(frozen=True)
-class PodReport:
-    workers: list[dict[str, Any]]  # the endpoint's worker pods (its Deployment's), for timings and counts
-    worker_causes: list[Cause]
-    capture_causes: list[Cause]
 
 
 def mount_failures(kube: Kube, namespace: str, pods: list[Mapping[str, Any]]) -> dict[str, str]:
@@ -67,14 +59,11 @@ def observe_pods(
     workers: list[dict[str, Any]],
     capture_pods: list[dict[str, Any]],
     agents: AgentLookup | None,
-) -> PodReport:
+) -> tuple[list[Cause], list[Cause]]:
     """Why the endpoint's `workers` (`worker_pods`) or `capture_pods` (the current attempt's) do not
-    progress, or started cold where they were to be restored."""
+    progress, or started cold where they were to be restored: (worker causes, capture causes)."""
     everything = [*workers, *capture_pods]
     mounts = mount_failures(kube, endpoint.namespace, creating_pods(everything))
     nodes = agent_nodes(kube, agents, everything)
-    return PodReport(
-        workers=workers,
-        worker_causes=[*causes(workers, "worker", mounts, nodes, agents), *restore_causes(workers)],
-        capture_causes=causes(capture_pods, "capture", mounts, nodes, agents),
-    )
+    worker_causes = [*causes(workers, "worker", mounts, nodes, agents), *restore_causes(workers)]
+    return worker_causes, causes(capture_pods, "capture", mounts, nodes, agents)

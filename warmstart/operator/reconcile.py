@@ -78,7 +78,7 @@ def apply_child(kube: Kube, obj: dict[str, Any], current: dict[str, Any] | None 
     applied = unchanged.stamped(obj)
     if current is _UNREAD:
         current = kube.get(obj["kind"], meta["namespace"], meta["name"])
-    if current is not None and unchanged.held(current, applied):
+    if unchanged.held(current, applied):
         return current
     try:
         return kube.apply(applied)
@@ -279,14 +279,11 @@ def reconcile(
     request_hash = request_key_hash(key)
     # Capture pods before snapshots: the agent reports a snapshot captured before its pod ends, so a pod seen
     # ended is never judged against a snapshot read before that report (an attempt wrongly counted failed).
-    capture_pods = _capture_pods(kube, owner) if spec.snapshot.enabled else []
-    snapshots = (
-        kube.list(L.SNAPSHOT_KIND, owner.namespace, {L.ENDPOINT_LABEL: owner.name})
-        if spec.snapshot.enabled
-        else []
-    )
-    timeout = spec.snapshot.capture_timeout_seconds
-    pod_failures = capture_pod_failures(snapshots, capture_pods, timeout, now) if capture_pods else {}
+    capture_pods, snapshots = [], []
+    if spec.snapshot.enabled:
+        capture_pods = _capture_pods(kube, owner)
+        snapshots = kube.list(L.SNAPSHOT_KIND, owner.namespace, {L.ENDPOINT_LABEL: owner.name})
+    pod_failures = capture_pod_failures(snapshots, capture_pods, spec.snapshot.capture_timeout_seconds, now)
     workers = worker_pods(kube, owner)
     changes = diagnosis.facts_changes(workers)
     plan = plan_snapshots(owner, spec, request_hash, key, snapshots, now, backoff, pod_failures, changes)
@@ -294,16 +291,19 @@ def reconcile(
     role, snapshot = worker_template(spec, plan, current, request_hash)
     node = worker_node((role, snapshot), plan, current, snapshot_store)
     strategy = rollout.rolling_update(current, workers)
+    wanted = children.deployment(owner, spec, role, snapshot, request_hash, node, strategy)
     try:
         deployment, existing, missing = _write_children(
-            kube, owner, spec, plan, (role, snapshot, node, strategy), request_hash, previous, current
+            kube, owner, spec, plan, wanted, request_hash, previous, current
         )
     except TransientKubeError:
         raise  # the API server is away: nothing to report to, the caller retries
     except KubeError as exc:
         report_failure(kube, body, APPLY_FAILED, _failure_message(exc), now)
         raise ChildApplyFailed(exc.status, _failure_message(exc)) from exc
-    report = observe_pods(kube, owner, workers, current_capture_pods(plan, capture_pods), agents)
+    worker_causes, capture_causes = observe_pods(
+        kube, owner, workers, current_capture_pods(plan, capture_pods), agents
+    )
     waiting = rollout.waiting_for_room(deployment, workers)
     status = endpoint_status(
         generation=generation,
@@ -312,16 +312,16 @@ def reconcile(
         work=Workload.from_deployment(spec.replicas, deployment),
         selector=children.selector_string(owner.name),
         request_hash=request_hash,
-        pods=report.workers,
+        pods=workers,
         previous=previous,
         now=now,
         children=existing,
         missing_api=str(missing or ""),
         worker_causes=[
-            *(cause for cause in report.worker_causes if not (cause.pods and set(cause.pods) <= waiting)),
+            *(cause for cause in worker_causes if not (cause.pods and set(cause.pods) <= waiting)),
             *diagnosis.deployment_causes(deployment),
         ],
-        capture_causes=report.capture_causes,
+        capture_causes=capture_causes,
         worker_role=role,
         kept_snapshot=snapshot if snapshot != plan.ready else "",
     )
@@ -382,19 +382,15 @@ def _write_children(
     owner: children.Owner,
     spec: EndpointSpec,
     plan: SnapshotPlan,
-    template: tuple[str, str, str, dict[str, int]],
+    wanted: dict[str, Any],
     request_hash: str,
     previous: EndpointStatus,
     current: dict[str, Any] | None,
 ) -> tuple[dict[str, Any], list[str], MissingAPI | None]:
-    """Snapshots, Deployment (its workers' (role, snapshot, preferred node, rolling update) is `template`;
-    `current`: the server's copy), Service,
-    autoscaler, ServiceMonitor: (the Deployment as applied, the kinds that exist now, a kind the cluster
-    does not serve)."""
+    """Snapshots, Deployment (`wanted`; `current`: the server's copy), Service, autoscaler, ServiceMonitor:
+    (the Deployment as applied, the kinds that exist now, a kind the cluster does not serve)."""
     if spec.snapshot.enabled:
         sync_snapshots(kube, owner, spec, plan, request_hash)
-    role, snapshot, node, strategy = template
-    wanted = children.deployment(owner, spec, role, snapshot, request_hash, node, strategy)
     deployment = apply_child(kube, wanted, current)
     apply_child(kube, children.service(owner, spec))
     # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.

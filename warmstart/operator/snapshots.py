@@ -56,10 +56,6 @@ def phase_of(snapshot: dict[str, Any]) -> str:
     return SnapshotStatus.of(snapshot).phase
 
 
-def attempts_of(snapshot: dict[str, Any]) -> int:
-    return SnapshotStatus.of(snapshot).attempt
-
-
 def _name(snapshot: dict[str, Any]) -> str:
     return snapshot["metadata"]["name"]
 
@@ -115,20 +111,13 @@ def _plan_failed(
     if attempts >= spec.snapshot.max_capture_attempts:
         plan.exhausted = True
         return
-    retry_after = status.retry_after
-    if not retry_after:
-        when = now + dt.timedelta(seconds=backoff.delay(attempts))
-        _patch(plan, name, retry_after=format_time(when))
-        plan.events.append(
-            (
-                "Warning",
-                "CaptureFailed",
-                f"snapshot {name} attempt {attempts} failed ({plan.failure_message}); "
-                f"retrying at {format_time(when)}",
-            )
-        )
+    if not status.retry_after:
+        when = format_time(now + dt.timedelta(seconds=backoff.delay(attempts)))
+        _patch(plan, name, retry_after=when)
+        why = f"snapshot {name} attempt {attempts} failed ({plan.failure_message}); retrying at {when}"
+        plan.events.append(("Warning", "CaptureFailed", why))
         return
-    if parse_time(retry_after) <= now:
+    if parse_time(status.retry_after) <= now:
         plan.attempts = attempts + 1
         plan.active_phase = Phase.PENDING
         plan.capture_attempt = plan.attempts
@@ -200,15 +189,11 @@ def _plan_capture(
         plan.create = snapshot_body(endpoint, spec, name, request_hash, key)
         plan.active, plan.active_phase, plan.attempts, plan.capture_attempt = name, Phase.PENDING, 1, 1
         plan.status_patches[name] = status_patch(OPERATOR, phase=Phase.PENDING, attempts=1)
-        plan.events.append(
-            (
-                "Normal",
-                CAPTURE_STARTED,
-                f"no Ready snapshot for request key {request_hash[:12]}: created {name} and a capture pod",
-            )
-        )
+        why = f"no Ready snapshot for request key {request_hash[:12]}: created {name} and a capture pod"
+        plan.events.append(("Normal", CAPTURE_STARTED, why))
         return
-    plan.active, plan.active_phase, plan.attempts = _name(active), phase_of(active), attempts_of(active)
+    status = SnapshotStatus.of(active)
+    plan.active, plan.active_phase, plan.attempts = _name(active), status.phase, status.attempt
     if plan.active_phase in IN_PROGRESS:
         plan.capture_attempt = plan.attempts
     elif plan.active_phase == Phase.FAILED:
@@ -267,14 +252,5 @@ def _patch(plan: SnapshotPlan, name: str, **fields: Any) -> None:
 def _retention(ordered: list[dict[str, Any]], retention: int, keep: set[str]) -> list[str]:
     """Names to delete: everything beyond the newest `retention`, sparing the snapshots in use."""
     keep = {name for name in keep if name}
-    budget = max(0, retention - len(keep))
-    doomed = []
-    for snap in ordered:
-        name = _name(snap)
-        if name in keep:
-            continue
-        if budget > 0:
-            budget -= 1
-            continue
-        doomed.append(name)
-    return doomed
+    spared = max(0, retention - len(keep))
+    return [name for name in map(_name, ordered) if name not in keep][spared:]

@@ -23,8 +23,6 @@ def _scale_down_behavior(spec: EndpointSpec) -> dict[str, Any]:
 def horizontal_pod_autoscaler(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
     """autoscaling/v2 HPA on the endpoint's scale subresource, from a per-pod or an external metric."""
     scaling = spec.autoscaling
-    if scaling.metric is None:
-        raise ValueError("hpa needs autoscaling.metric")
     target = {"type": "AverageValue", "averageValue": scaling.metric.target}
     if scaling.metric.source == "External":
         metric = {
@@ -60,8 +58,6 @@ def default_prometheus_query(owner: Owner, metric: str) -> str:
 def scaled_object(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
     """KEDA ScaledObject with a Prometheus trigger; minReplicaCount 0 scales the endpoint to zero."""
     scaling = spec.autoscaling
-    if scaling.metric is None:
-        raise ValueError("keda needs autoscaling.metric")
     query = scaling.metric.query or default_prometheus_query(owner, scaling.metric.name)
     return {
         "apiVersion": "keda.sh/v1alpha1",
