@@ -87,14 +87,12 @@ def _wait_to_lead(settings: OperatorSettings) -> bool:
     """Campaign for the Lease; True once this replica holds it, False if it was told to stop first. The
     liveness endpoint answers meanwhile: a follower is healthy."""
     from warmstart.kube.client import api_client
-    from warmstart.operator.leadership import Leadership, LeaseSettings, exit_now
+    from warmstart.operator.leadership import Leadership, exit_now
 
     stopping = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopping.set())
-    lease = LeaseSettings(namespace=settings.leader_election_namespace, name=settings.lease_name)
-    leadership = Leadership(lease, api_client(), on_lost=exit_now)
-    leadership.start()
+    leadership = Leadership(settings.leader_election_namespace, settings.lease_name, api_client(), exit_now)
     with _follower_liveness(settings.liveness_port) if settings.liveness_port else contextlib.nullcontext():
         return leadership.wait_to_lead(stopping)
 

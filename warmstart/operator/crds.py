@@ -29,12 +29,6 @@ def established(body: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
-def read_crd(kube: Kube, name: str) -> dict[str, Any] | None:
-    """The CRD by name, through a list (the operator may list and watch CRDs, not get them)."""
-    found = kube.list(CRD_KIND, "", {}, fields={"metadata.name": name})
-    return found[0] if found else None
-
-
 def served(kube: Kube, name: str) -> bool:
     return kube.served_verbs(KIND_OF_CRD[name]) >= VERBS_KOPF_NEEDS
 
@@ -43,9 +37,10 @@ def served_uids(kube: Kube) -> dict[str, str]:
     """uid of each of the operator's CRDs that is established, not terminating and served by discovery."""
     uids = {}
     for name in KIND_OF_CRD:
-        crd = read_crd(kube, name)
-        if crd is not None and established(crd) and not is_terminating(crd) and served(kube, name):
-            uids[name] = crd["metadata"]["uid"]
+        # Listed by name (at most one): the operator may list and watch CRDs, not get them.
+        for crd in kube.list(CRD_KIND, "", {}, fields={"metadata.name": name}):
+            if established(crd) and not is_terminating(crd) and served(kube, name):
+                uids[name] = crd["metadata"]["uid"]
     return uids
 
 

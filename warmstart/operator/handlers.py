@@ -238,14 +238,11 @@ def _is_our_crd(name: str, **_: Any) -> bool:
 @kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_is_our_crd)
 def on_crd_event(event: Mapping[str, Any], body: kopf.Body, name: str, uid: str, **_: Any) -> None:
     """Our CRDs: serve one that (re)appeared after kopf started."""
-    if event.get("type") == "DELETED":
-        return
     crd = plain(body)
-    if crds.established(crd) and not is_terminating(crd) and Runtime.served_crds.get(name) != uid:
-        _serve_new_crd(name)
-
-
-def _serve_new_crd(name: str) -> None:
+    if event.get("type") == "DELETED" or not crds.established(crd) or is_terminating(crd):
+        return
+    if Runtime.served_crds.get(name) == uid:
+        return
     if not crds.wait_until_served(_kube(), name):
         log.warning("CRD %s established but not served by discovery: waiting for its next change", name)
         return

@@ -14,27 +14,21 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from warmstart.kube.client import with_timeout
 
 log = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class LeaseSettings:
-    namespace: str
-    name: str = "warmstart-operator"
-    lease_seconds: int = 15  # a silent leader is replaced after this long
-    renew_seconds: int = 10  # a leader that cannot renew within this long stops acting
-    retry_seconds: int = 2
+LEASE_SECONDS = 15  # a silent leader is replaced after this long
+RENEW_SECONDS = 10  # a leader that cannot renew within this long stops acting
+RETRY_SECONDS = 2
 
 
 class Leadership:
     """Campaigns for the Lease in a background thread; `leading` is set while this replica holds it."""
 
-    def __init__(self, settings: LeaseSettings, api_client: Any, on_lost: Callable[[], None]) -> None:
+    def __init__(self, namespace: str, name: str, api_client: Any, on_lost: Callable[[], None]) -> None:
         from kubernetes import client
         from kubernetes.leaderelection import electionconfig, leaderelection
         from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
@@ -44,24 +38,22 @@ class Leadership:
         self.identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         self.leading = threading.Event()
         self._on_lost = on_lost
-        lock = LeaseLock(settings.name, settings.namespace, self.identity)
+        lock = LeaseLock(name, namespace, self.identity)
         # Not the client library's global default; each call bounded, so that a renewal cannot hang past
         # the deadline of the one before it.
         coordination = client.CoordinationV1Api(api_client)
-        lock.api_instance = with_timeout(coordination, settings.renew_seconds / 2)
+        lock.api_instance = with_timeout(coordination, RENEW_SECONDS / 2)
         config = electionconfig.Config(
-            lock, settings.lease_seconds, settings.renew_seconds, settings.retry_seconds,
+            lock, LEASE_SECONDS, RENEW_SECONDS, RETRY_SECONDS,
             onstarted_leading=self.leading.set, onstopped_leading=self._lost,
         )  # fmt: skip
         self._election = leaderelection.LeaderElection(config)
-        self.lease = f"{settings.namespace}/{settings.name}"
-
-    def start(self) -> None:
-        log.info("waiting to hold Lease %s as %s", self.lease, self.identity)
-        threading.Thread(target=self._election.run, name="leader-election", daemon=True).start()
+        self.lease = f"{namespace}/{name}"
 
     def wait_to_lead(self, cancelled: threading.Event) -> bool:
-        """Block until this replica leads (True) or `cancelled` is set (False)."""
+        """Start campaigning; block until this replica leads (True) or `cancelled` is set (False)."""
+        log.info("waiting to hold Lease %s as %s", self.lease, self.identity)
+        threading.Thread(target=self._election.run, name="leader-election", daemon=True).start()
         while not cancelled.is_set():
             if self.leading.wait(0.5):
                 log.info("holding Lease %s: this replica acts", self.lease)

@@ -41,5 +41,4 @@ def request_key(spec: EndpointSpec) -> dict[str, Any]:
 
 
 def request_key_hash(key: dict[str, Any]) -> str:
-    """Hex SHA-256 of the key's canonical JSON."""
     return hashlib.sha256(canonical_json(key)).hexdigest()

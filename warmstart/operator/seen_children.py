@@ -34,11 +34,9 @@ class SeenChildren:
         if body.get("kind") not in WATCHED:
             return
         meta = body["metadata"]
+        ref = (body["kind"], meta.get("namespace", ""), meta["name"])
         with self._lock:
-            self._seen[(body["kind"], meta.get("namespace", ""), meta["name"])] = (
-                self._clock(),
-                copy.deepcopy(body),
-            )
+            self._seen[ref] = (self._clock(), copy.deepcopy(body))
 
     def gone(self, kind: str, namespace: str, name: str) -> None:
         with self._lock:

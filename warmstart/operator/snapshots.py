@@ -11,6 +11,7 @@ active one.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,12 +68,8 @@ def _created(snapshot: dict[str, Any]) -> str:
 def snapshot_name(endpoint: str, request_hash: str, taken: set[str]) -> str:
     """`<endpoint>-<hash prefix>`, then `-1`, `-2`, ... while the name is taken (e.g. by an Invalid one)."""
     base = f"{endpoint}-{request_hash[:NAME_HASH_CHARS]}"
-    if base not in taken:
-        return base
-    index = 1
-    while f"{base}-{index}" in taken:
-        index += 1
-    return f"{base}-{index}"
+    candidates = itertools.chain([base], (f"{base}-{index}" for index in itertools.count(1)))
+    return next(name for name in candidates if name not in taken)
 
 
 def snapshot_body(
@@ -96,10 +93,6 @@ def snapshot_body(
             signing_key_secret=spec.snapshot.signing_key_secret or None,
         ).model_dump(by_alias=True, exclude_none=True),
     }
-
-
-def _newest_first(snapshots: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return sorted(snapshots, key=lambda s: (_created(s), _name(s)), reverse=True)
 
 
 def _plan_failed(
@@ -155,7 +148,7 @@ def plan_snapshots(
     plan = SnapshotPlan(role=L.ROLE_COLD)
     failures = capture_pod_failures or {}
     snapshots = [_with_derived_phase(s, failures.get(_name(s), ""), plan) for s in snapshots]
-    ordered = _newest_first(snapshots)
+    ordered = sorted(snapshots, key=lambda s: (_created(s), _name(s)), reverse=True)  # newest first
     mine = [s for s in ordered if (s.get("spec") or {}).get("requestKeyHash") == request_hash]
     mine = _retire_changed(plan, mine, changes or [])
     current = _after_stale(mine)
