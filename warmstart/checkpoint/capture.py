@@ -38,7 +38,7 @@ from warmstart.api.control_dir import (
 )
 from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint import cuda
-from warmstart.checkpoint.criu import Criu
+from warmstart.checkpoint.criu import Criu, unescape_mountinfo
 from warmstart.checkpoint.layout import CRIU_DIR, LOGS_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids
 from warmstart.snapshot.signing import Signer
@@ -145,9 +145,10 @@ class SandboxFile:
     fd: int  # read-only descriptor of the very file the engine has open
 
 
-def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> list[SandboxFile]:
+@contextlib.contextmanager
+def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> Iterator[list[SandboxFile]]:
     """Regular files on the sandbox mount that `host_pid` holds open or has mapped (a JIT compiler's shared
-    object, loaded and its descriptor closed); close them with `close_sandbox_files`.
+    object, loaded and its descriptor closed), held open while the block runs.
 
     Each is opened through `/proc/<pid>/fd/N` or `/proc/<pid>/map_files/RANGE`, which lead to the engine's
     file itself: its path is never resolved again, so nothing the tenant put at that path (a link to a file
@@ -156,22 +157,13 @@ def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> list[SandboxFile]:
     """
     mount_id = _mount_id_at(host_pid, sandbox.mountpoint)
     found: dict[Path, SandboxFile] = {}
-    try:
+    with contextlib.ExitStack() as held:
         for magic in _engine_files(host_pid):
             opened = _open_engine_file(magic, sandbox.mountpoint, mount_id)
-            if opened is None or opened.inside in found:
-                close_sandbox_files([opened] if opened else [])
-            else:
-                found[opened.inside] = opened
-    except BaseException:
-        close_sandbox_files(list(found.values()))
-        raise
-    return sorted(found.values(), key=lambda opened: opened.inside)
-
-
-def close_sandbox_files(files: list[SandboxFile]) -> None:
-    for opened in files:
-        os.close(opened.fd)
+            if opened is not None:
+                held.callback(os.close, opened.fd)
+                found.setdefault(opened.inside, opened)
+        yield sorted(found.values(), key=lambda opened: opened.inside)
 
 
 def _engine_files(host_pid: int) -> Iterator[str]:
@@ -210,16 +202,11 @@ def _mount_id_at(host_pid: int, mountpoint: Path) -> int:
     with open(f"/proc/{host_pid}/mountinfo", encoding="utf-8", errors="surrogateescape") as mounts:
         for line in mounts:
             fields = line.split()
-            if _unescape_mountinfo(fields[4]) == str(mountpoint):
+            if unescape_mountinfo(fields[4]) == str(mountpoint):
                 found = int(fields[0])
     if found is None:
         raise CaptureError(f"nothing is mounted at {mountpoint} in the worker's mount namespace")
     return found
-
-
-def _unescape_mountinfo(field: str) -> str:
-    """Undo mountinfo's octal escapes (a space is written as \\040)."""
-    return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), field)
 
 
 def _mount_id_of(fd: int) -> int | None:
@@ -248,15 +235,6 @@ def _copy_from(source_fd: int, target: BinaryIO) -> int:
         target.write(chunk)
         copied += len(chunk)
     return copied
-
-
-@contextlib.contextmanager
-def _held_open(host_pid: int, sandbox: Sandbox) -> Iterator[list[SandboxFile]]:
-    files = open_sandbox_files(host_pid, sandbox)
-    try:
-        yield files
-    finally:
-        close_sandbox_files(files)
 
 
 def _check_unchanged(files: list[SandboxFile], sizes: dict[Path, int]) -> None:
@@ -353,19 +331,19 @@ def _dump_and_publish(
         worker=worker,
     )
     node = {"hostname": socket.gethostname()}
-    meta = record.to_meta()
-    with store.stage(identity, node=node, meta=meta) as staging, _held_open(host_pid, sandbox) as files:
+    with (
+        store.stage(identity, node=node, meta=record.to_meta()) as staging,
+        open_sandbox_files(host_pid, sandbox) as files,
+    ):
         with timer.phase("copy_sandbox_files"):
             sizes = _copy_sandbox_files(files, sandbox, staging.dir / SANDBOX_FILES_DIR)
+        images = staging.dir / CRIU_DIR
         with timer.phase("criu_dump"):
             sandbox.criu(criu).dump(
-                namespace_pid,
-                staging.dir / CRIU_DIR,
-                logs_dir=staging.dir / LOGS_DIR,
-                leave_running=True,
+                namespace_pid, images, logs_dir=staging.dir / LOGS_DIR, leave_running=True
             )
         _check_unchanged(files, sizes)
-        check_ids_restorable(staging.dir / CRIU_DIR)
+        check_ids_restorable(images)
         staging.meta = dataclasses.replace(
             record,
             sandbox_files=[str(opened.inside) for opened in files],

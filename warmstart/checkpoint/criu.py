@@ -71,13 +71,10 @@ def parse_version(output: str) -> CriuVersion:
 
 def first_error_line(log_file: Path) -> str | None:
     """CRIU's first line mentioning "Error" in its log, without the timestamp prefix."""
-    try:
-        with open(log_file, errors="replace") as log:
-            for line in log:
-                if _ERROR_LINE.search(line) and not any(b.search(line) for b in _BENIGN_ERRORS):
-                    return re.sub(r"^\(\s*[\d.]+\)\s*", "", line.strip())
-    except OSError:
-        return None
+    with contextlib.suppress(OSError), open(log_file, errors="replace") as log:
+        for line in log:
+            if _ERROR_LINE.search(line) and not any(b.search(line) for b in _BENIGN_ERRORS):
+                return re.sub(r"^\(\s*[\d.]+\)\s*", "", line.strip())
     return None
 
 
@@ -180,7 +177,7 @@ def _cgroup_mounts(mountinfo: Path, controllers: set[str]) -> list[tuple[frozens
         fields = line.split()
         separator = fields.index("-")
         fstype, options = fields[separator + 1], fields[separator + 3].split(",")
-        root, mountpoint = _unescape(fields[3]), _unescape(fields[4])
+        root, mountpoint = unescape_mountinfo(fields[3]), unescape_mountinfo(fields[4])
         if fstype == "cgroup2":
             mounts.append((frozenset(), root, mountpoint))
         elif fstype == "cgroup":
@@ -189,7 +186,8 @@ def _cgroup_mounts(mountinfo: Path, controllers: set[str]) -> list[tuple[frozens
     return mounts
 
 
-def _unescape(field: str) -> str:
+def unescape_mountinfo(field: str) -> str:
+    """Undo mountinfo's octal escapes (a space is written as \\040)."""
     return re.sub(r"\\([0-7]{3})", lambda octal: chr(int(octal.group(1), 8)), field)
 
 
@@ -243,7 +241,8 @@ class Criu:
         return result.returncode == 0 and PARALLEL_READS_BUILD in result.stdout
 
     def _version_output(self) -> subprocess.CompletedProcess[str]:
-        return self._run(["--version"], timeout=min(self.timeout, 30.0))
+        with contextlib.closing(_Entered()) as entered:
+            return self._run(["--version"], timeout=min(self.timeout, 30.0), entered=entered)
 
     def dump(
         self,
@@ -257,15 +256,11 @@ class Criu:
         """Dump the process tree rooted at `pid` into `images_dir`; returns the log file."""
         images_dir.mkdir(parents=True, exist_ok=True)
         log_file = self._log_file(logs_dir, "dump.log")
-        entered = _Entered()
-        try:
+        with contextlib.closing(_Entered()) as entered:
             args = ["dump", "--tree", str(pid), *self._dirs_args(entered, images_dir, log_file)]
             if leave_running:
                 args.append("--leave-running")
-            args += list(extra)
-            self._run_logged(args, log_file, what=f"dump of pid {pid}", entered=entered)
-        finally:
-            entered.close()
+            self._run_logged([*args, *extra], log_file, what=f"dump of pid {pid}", entered=entered)
         return log_file
 
     def restore(
@@ -280,18 +275,14 @@ class Criu:
         log_file = self._log_file(logs_dir, "restore.log")
         pidfile = logs_dir / "restore.pid"
         pidfile.unlink(missing_ok=True)
-        entered = _Entered()
-        try:
+        with contextlib.closing(_Entered()) as entered:
             args = ["restore", *self._dirs_args(entered, images_dir, log_file)]
             args += ["--pidfile", pidfile.name if self._pod_pid is not None else str(pidfile)]
             if detach:
                 args.append("--restore-detached")
             if self._cgroups_of is not None:
                 args.append("--manage-cgroups=ignore")
-            args += list(extra)
-            self._run_logged(args, log_file, what="restore", entered=entered)
-        finally:
-            entered.close()
+            self._run_logged([*args, *extra], log_file, what="restore", entered=entered)
         try:
             return int(pidfile.read_text().strip())
         except (OSError, ValueError) as exc:
@@ -308,20 +299,15 @@ class Criu:
             raise CriuError("lazy pages are not supported for restores into a pod")
         log_file = self._log_file(logs_dir, "lazy-pages.log")
         (images_dir / LAZY_PAGES_SOCKET).unlink(missing_ok=True)
-        argv = [
-            *self._prefix,
-            *self.command,
-            "lazy-pages",
-            *self._dirs_args(_Entered(), images_dir, log_file),
-        ]
+        dirs = self._dirs_args(_Entered(), images_dir, log_file)  # not in a pod: no descriptors
         process = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
-            start_new_session=True,
+            [*self._prefix, *self.command, "lazy-pages", *dirs], stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
         )  # fmt: skip
         deadline = time.monotonic() + 10
         while not (images_dir / LAZY_PAGES_SOCKET).exists():  # the restore must find it listening
             if process.poll() is not None or time.monotonic() > deadline:
-                _kill_group(process)
+                kill_group(process)
                 reason = first_error_line(log_file) or "it did not open its socket"
                 raise CriuError(
                     f"CRIU lazy-pages did not start: {reason} (log: {log_file})", log_file=log_file
@@ -357,20 +343,7 @@ class Criu:
             )
         raise CriuError(f"CRIU {what} failed: {reason} (log: {log_file})", log_file=log_file)
 
-    def _run(
-        self, args: list[str], *, timeout: float, entered: _Entered | None = None
-    ) -> subprocess.CompletedProcess[str]:
-        own = entered is None
-        entered = entered or _Entered()
-        try:
-            return self._run_entered(args, timeout=timeout, entered=entered)
-        finally:
-            if own:
-                entered.close()
-
-    def _run_entered(
-        self, args: list[str], *, timeout: float, entered: _Entered
-    ) -> subprocess.CompletedProcess[str]:
+    def _run(self, args: list[str], *, timeout: float, entered: _Entered) -> subprocess.CompletedProcess[str]:
         program = self.command if self._pod_pid is None else _program_args(self.command, entered)
         argv = self._prefix + program + args
         join_fds = _open_cgroup_procs(self._cgroups_of) if self._cgroups_of is not None else []
@@ -396,10 +369,10 @@ class Criu:
         try:
             stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            _kill_group(process)
+            kill_group(process)
             return subprocess.CompletedProcess(argv, -signal.SIGKILL, "", "timeout")
         except BaseException:  # Ctrl-C while CRIU runs: do not leave it behind
-            _kill_group(process)
+            kill_group(process)
             raise
         return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
 
@@ -431,7 +404,7 @@ def _join(fds: list[int]) -> None:
         os.write(fd, b"0")
 
 
-def _kill_group(process: subprocess.Popen[str]) -> None:
+def kill_group(process: subprocess.Popen[str]) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGKILL)
     process.wait()

@@ -22,11 +22,10 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from warmstart.api.control_dir import (
 )
 from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint import cuda
-from warmstart.checkpoint.criu import Criu, CriuError, taken_pid
+from warmstart.checkpoint.criu import Criu, CriuError, kill_group, taken_pid
 from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
 from warmstart.checkpoint.sandbox import Sandbox
 from warmstart.checkpoint.weight_staging import StagerProcess, give_plan, spawn_stager_early
@@ -125,7 +124,6 @@ class FailureCounter:
 
     def __init__(self, store_root: Path, max_failures: int = DEFAULT_MAX_FAILURES) -> None:
         self.store_root = Path(store_root)
-        self.directory = self.store_root / FAILURES_DIR
         self.max_failures = max_failures
 
     @staticmethod
@@ -184,27 +182,11 @@ class FailureCounter:
             pass
 
 
-def check_signed(
-    store: SnapshotStore, snapshot_id: str, verifier: Verifier, expected_identity: SnapshotIdentity
-) -> Snapshot:
-    """The snapshot once its signature and identity check out (its blobs are not hashed yet)."""
+@contextlib.contextmanager
+def _refused_unless_valid(snapshot_id: str, destination: Path) -> Iterator[None]:
+    """A SnapshotError (signature, identity, a digest) as RestoreRefused, with `destination` removed."""
     try:
-        return store.check_signature(snapshot_id, verifier, expected_identity)
-    except SnapshotError as exc:
-        raise RestoreRefused(f"snapshot {snapshot_id} refused: {exc}") from exc
-
-
-def verify_and_materialize(
-    store: SnapshotStore,
-    snapshot_id: str,
-    verifier: Verifier,
-    expected_identity: SnapshotIdentity,
-    destination: Path,
-) -> Snapshot:
-    """Verify signature, identity and digests, then hardlink the snapshot's files under `destination`."""
-    shutil.rmtree(destination, ignore_errors=True)
-    try:
-        return store.materialize(snapshot_id, destination, verifier, expected_identity=expected_identity)
+        yield
     except SnapshotError as exc:
         shutil.rmtree(destination, ignore_errors=True)
         raise RestoreRefused(f"snapshot {snapshot_id} refused: {exc}") from exc
@@ -225,22 +207,24 @@ def place_sandbox_files(snapshot: Snapshot, materialized: Path, sandbox: Sandbox
     source_root = materialized / SANDBOX_FILES_DIR
     if not source_root.is_dir():
         return
-    root_fd = _open_sandbox_dir(sandbox.host_dir)
-    try:
+    with _sandbox_dir(sandbox.host_dir) as root_fd:
         for source in sorted(source_root.rglob("*")):
             if source.is_file():
                 relative = source.relative_to(source_root)
                 mode = _recorded_mode(snapshot, relative)
                 _place_file(root_fd, relative, source, mode, sandbox.host_dir)
-    finally:
-        os.close(root_fd)
 
 
-def _open_sandbox_dir(host_dir: Path) -> int:
+@contextlib.contextmanager
+def _sandbox_dir(host_dir: Path) -> Iterator[int]:
     try:
-        return os.open(host_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(host_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError as exc:
         raise RestoreFailed(f"the sandbox directory {host_dir} is unusable ({exc.strerror})") from exc
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _recorded_mode(snapshot: Snapshot, relative: Path) -> int:
@@ -311,14 +295,15 @@ def restore(
     claimed = False
     try:
         stager = spawn_stager_early(store, snapshot_id, sandbox.init_pid, control)  # no plan yet
-        with timed(timings, "verify_materialize"):
+        with timed(timings, "verify_materialize"), _refused_unless_valid(snapshot_id, work_dir):
             # The plan is the signed manifest's: the weights go to the GPU while the blobs are hashed
             # and CRIU restores the engine; a blob that fails its digest stops the stager below.
-            signed = check_signed(store, snapshot_id, verifier, expected_identity)
+            signed = store.check_signature(snapshot_id, verifier, expected_identity)  # blobs not hashed yet
             if signed.record.uses_cuda:
                 cuda_driver.warm_up()  # meanwhile: ready by the CUDA restore (`cuda_driver` times the rest)
             stager = give_plan(stager, signed, sandbox.init_pid)
-            snapshot = verify_and_materialize(store, snapshot_id, verifier, expected_identity, work_dir)
+            shutil.rmtree(work_dir, ignore_errors=True)
+            snapshot = store.materialize(snapshot_id, work_dir, verifier, expected_identity=expected_identity)
         if before_claim is not None:
             with timed(timings, "pod_checks"):
                 before_claim()
@@ -435,9 +420,7 @@ def _start_lazy_pages(runner: Criu, work_dir: Path) -> subprocess.Popen[str] | N
 
 def _stop_lazy_pages(process: subprocess.Popen[str] | None) -> None:
     if process is not None and process.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
+        kill_group(process)
 
 
 def _reap_lazy_pages(process: subprocess.Popen[str]) -> None:
@@ -458,11 +441,8 @@ def _hand_over_restore_log(work_dir: Path, sandbox: Sandbox) -> None:
     if not source.is_file():
         return
     try:
-        root_fd = _open_sandbox_dir(sandbox.host_dir)
-        try:
+        with _sandbox_dir(sandbox.host_dir) as root_fd:
             _place_file(root_fd, Path(RESTORE_LOGS_DIR, RESTORE_LOG), source, 0o644, sandbox.host_dir)
-        finally:
-            os.close(root_fd)
     except RestoreFailed as exc:
         log.warning("CRIU's restore log stays in %s: %s", source, exc)
 

@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -37,6 +36,7 @@ from warmstart.gpu.weight_stager.channel import listen
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weight_stager.stage import COPY_PATHS, MAX_STAGING_THREADS, STAGING_THREADS
 from warmstart.host.env import env_flag, env_int, env_str
+from warmstart.host.fileio import write_all
 from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 log = logging.getLogger(__name__)
@@ -157,33 +157,27 @@ class StagerProcess:
         plan_read, plan_write = os.pipe()
         with contextlib.suppress(OSError):  # a larger plan waits for the stager to read it
             fcntl.fcntl(plan_write, fcntl.F_SETPIPE_SZ, PLAN_PIPE_BYTES)
-        opened: list[Any] = [plan_read]
         try:
-            copy, threads = _copy_path(), _threads()
-            listener = listen(f"/proc/self/fd/{control_dir_fd}/{socket_name}")
-            opened.append(listener)
-            root_fd = os.open(f"/proc/{sandbox_init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-            opened.append(root_fd)
-            process = subprocess.Popen(
-                [sys.executable, "-m", "warmstart.gpu.weight_stager", "--plan-fd", str(plan_read),
-                 "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd), "--copy", copy,
-                 "--threads", str(threads)],
-                stdin=subprocess.DEVNULL,
-                pass_fds=(plan_read, listener.fileno(), root_fd),
-                **_as_owner_of(sandbox_init_pid),
-            )  # fmt: skip
+            with contextlib.ExitStack() as opened:  # closed here once started: the stager has its own copies
+                opened.callback(os.close, plan_read)
+                copy, threads = _copy_path(), _threads()
+                listener = opened.enter_context(listen(f"/proc/self/fd/{control_dir_fd}/{socket_name}"))
+                root_fd = os.open(f"/proc/{sandbox_init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+                opened.callback(os.close, root_fd)
+                process = subprocess.Popen(
+                    [sys.executable, "-m", "warmstart.gpu.weight_stager", "--plan-fd", str(plan_read),
+                     "--listen-fd", str(listener.fileno()), "--root-fd", str(root_fd), "--copy", copy,
+                     "--threads", str(threads)],
+                    stdin=subprocess.DEVNULL,
+                    pass_fds=(plan_read, listener.fileno(), root_fd),
+                    **_as_owner_of(sandbox_init_pid),
+                )  # fmt: skip
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(socket_name, dir_fd=control_dir_fd)
             os.close(control_dir_fd)
             os.close(plan_write)
             raise
-        finally:
-            for item in opened:  # the stager has its own copies
-                if isinstance(item, socket.socket):
-                    item.close()
-                else:
-                    os.close(item)
         return cls(process, control_dir_fd, socket_name, plan_write)
 
     def send_plan(self, plan: StagingPlan) -> None:
@@ -192,9 +186,7 @@ class StagerProcess:
             raise OSError("the weight stager has its plan already")
         pipe, self._plan_pipe = self._plan_pipe, None
         try:
-            view = memoryview(plan.to_json().encode())
-            while view:
-                view = view[os.write(pipe, view) :]
+            write_all(pipe, plan.to_json().encode())
         finally:
             os.close(pipe)
 

@@ -31,7 +31,6 @@ DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_JSON_DEPTH = 32  # the deepest legitimate file (a manifest) nests 4 levels
 
 SYS_OPENAT2 = 437  # the same number on x86_64 and arm64
-RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_NO_SYMLINKS = 0x04
 RESOLVE_BENEATH = 0x08
@@ -49,8 +48,7 @@ class _OpenHow(ctypes.Structure):
 def openat2(dir_fd: int, path: str, flags: int, resolve: int, mode: int = 0) -> int:
     """openat2(2): a descriptor of `path`, resolved from `dir_fd` under the RESOLVE_* flags in `resolve`."""
     how = _OpenHow(flags, mode, resolve)
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.syscall(SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+    fd = libc().syscall(SYS_OPENAT2, dir_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
     if fd < 0:
         error = ctypes.get_errno()
         raise OSError(error, os.strerror(error), path)
@@ -88,11 +86,11 @@ def mapped_readonly(fd: int, offset: int, length: int) -> Iterator[int]:
         library.munmap(address, size)
 
 
-def write_new_file(path: Path, content: bytes, mode: int = 0o644) -> None:
+def write_new_file(path: Path | str, content: bytes, mode: int = 0o644, *, dir_fd: int | None = None) -> None:
     """Create `path` (never overwrite, never through a symbolic link) with `content`, fsync'd."""
-    fd = os.open(path, NEW_FILE_FLAGS, mode)
+    fd = os.open(path, NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
     try:
-        _write_all(fd, content)
+        write_all(fd, content)
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -139,13 +137,8 @@ def write_exclusive(name: str, content: bytes, *, dir_fd: int, mode: int = 0o644
     if Path(name).name != name:
         raise ValueError(f"{name!r} is not a bare name")
     temporary = f".{name}.{secrets.token_hex(8)}.tmp"
-    fd = os.open(temporary, NEW_FILE_FLAGS, mode, dir_fd=dir_fd)
     try:
-        try:
-            _write_all(fd, content)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_new_file(temporary, content, mode, dir_fd=dir_fd)
         os.link(temporary, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -160,7 +153,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_all(fd: int, content: bytes) -> None:
+def write_all(fd: int, content: bytes) -> None:
     view = memoryview(content)
     while view:
         view = view[os.write(fd, view) :]
