@@ -3,13 +3,7 @@
 Shared by the agent (capture, restore), the one-machine mode and the CLI; imports nothing from Kubernetes.
 """
 
-from warmstart.snapshot.manifest import (
-    FileEntry,
-    IdentityMismatch,
-    Manifest,
-    SnapshotError,
-    SnapshotInvalid,
-)
+from warmstart.snapshot.manifest import IdentityMismatch, SnapshotError, SnapshotInvalid
 from warmstart.snapshot.signing import (
     SignatureInvalid,
     SigningKeyError,
@@ -18,13 +12,10 @@ from warmstart.snapshot.signing import (
     load_signer,
     load_verifier,
 )
-from warmstart.snapshot.store import GcReport, Snapshot, SnapshotNotFound, SnapshotStore, Staging
+from warmstart.snapshot.store import Snapshot, SnapshotNotFound, SnapshotStore
 
 __all__ = [
-    "FileEntry",
-    "GcReport",
     "IdentityMismatch",
-    "Manifest",
     "SignatureInvalid",
     "SigningKeyError",
     "Snapshot",
@@ -32,7 +23,6 @@ __all__ = [
     "SnapshotInvalid",
     "SnapshotNotFound",
     "SnapshotStore",
-    "Staging",
     "generate_ed25519_keypair",
     "generate_hmac_key",
     "load_signer",

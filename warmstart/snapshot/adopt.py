@@ -18,7 +18,7 @@ from warmstart.host.fileio import fsync_dir, write_new_file
 from warmstart.snapshot.blobs import existing_blob_of_size, ingest
 from warmstart.snapshot.catalog import Snapshot, parse_manifest
 from warmstart.snapshot.layout import MANIFEST_FILE, SIGNATURE_FILE, StoreLayout
-from warmstart.snapshot.manifest import FileEntry, IdentityMismatch, Manifest, SnapshotError, SnapshotInvalid
+from warmstart.snapshot.manifest import FileEntry, Manifest, SnapshotError, SnapshotInvalid
 from warmstart.snapshot.signing import SignatureInvalid, Verifier, verify_document
 
 
@@ -43,10 +43,7 @@ def check_signed_manifest(
         verify_document(verifier, raw, signature)
     except SignatureInvalid as exc:
         raise SnapshotInvalid(f"{SIGNATURE_FILE}: {exc}", snapshot_id=snapshot_id) from exc
-    manifest = parse_manifest(raw, snapshot_id)  # its id and its identity hash checked there
-    if expected_identity is not None and expected_identity.digest() != manifest.identity_hash:
-        raise IdentityMismatch(manifest.identity.mismatches(expected_identity), snapshot_id=snapshot_id)
-    return manifest
+    return parse_manifest(raw, snapshot_id, expected_identity)  # id, identity hash and identity checked there
 
 
 def blob_modes(manifest: Manifest) -> dict[str, int]:

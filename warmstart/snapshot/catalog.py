@@ -35,6 +35,7 @@ from warmstart.snapshot.layout import (
 from warmstart.snapshot.manifest import (
     SNAPSHOT_ID_PATTERN,
     FileEntry,
+    IdentityMismatch,
     Manifest,
     SnapshotError,
     SnapshotInvalid,
@@ -149,9 +150,11 @@ def is_signed_snapshot_dir(entry: Path) -> bool:
         return False
 
 
-def parse_manifest(raw: bytes, snapshot_id: str) -> Manifest:
-    """The manifest in `raw`, which must name `snapshot_id` and whose identity must hash to its identity
-    hash; SnapshotInvalid saying why not."""
+def parse_manifest(
+    raw: bytes, snapshot_id: str, expected_identity: SnapshotIdentity | None = None
+) -> Manifest:
+    """The manifest in `raw`, which must name `snapshot_id`, whose identity must hash to its identity hash
+    (and be `expected_identity`, when given); SnapshotInvalid (IdentityMismatch) saying why not."""
     try:
         manifest = Manifest.from_bytes(raw)
     except SnapshotInvalid as exc:
@@ -173,18 +176,26 @@ def parse_manifest(raw: bytes, snapshot_id: str) -> Manifest:
             f"{actual_hash}",
             snapshot_id=snapshot_id,
         )
+    if expected_identity is not None and expected_identity.digest() != manifest.identity_hash:
+        raise IdentityMismatch(manifest.identity.mismatches(expected_identity), snapshot_id=snapshot_id)
     return manifest
 
 
-def signed_manifest(layout: StoreLayout, snapshot_id: str, verifier: Verifier) -> Manifest:
-    """The manifest of `snapshot_id` once its signature checks out (see the module's docstring)."""
+def signed_manifest(
+    layout: StoreLayout,
+    snapshot_id: str,
+    verifier: Verifier,
+    expected_identity: SnapshotIdentity | None = None,
+) -> Manifest:
+    """The manifest of `snapshot_id` once its signature checks out (see the module's docstring), then as
+    `parse_manifest` checks it."""
     try:
         signature = signature_of(verifier, read_signature_bytes(layout, snapshot_id))
         raw = read_manifest_bytes(layout, snapshot_id)
         check_signature(verifier, raw, signature)
     except SignatureInvalid as exc:
         raise SnapshotInvalid(f"{SIGNATURE_FILE}: {exc}", snapshot_id=snapshot_id) from exc
-    return parse_manifest(raw, snapshot_id)
+    return parse_manifest(raw, snapshot_id, expected_identity)
 
 
 def get_snapshot(layout: StoreLayout, snapshot_id: str, verifier: Verifier | None = None) -> Snapshot:

@@ -121,11 +121,11 @@ def _print_json(value: Any) -> None:
 
 
 def human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(count) < 1024:
             return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
         count /= 1024
-    raise AssertionError("unreachable")
+    return f"{count:.1f} TiB"
 
 
 def _console() -> Any:

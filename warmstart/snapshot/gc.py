@@ -51,13 +51,14 @@ from warmstart.snapshot.layout import (
     SnapshotNotFound,
     StoreLayout,
 )
-from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN, digest_hex
+from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN
 from warmstart.snapshot.signing import SignatureInvalid, Verifier, check_signature, signature_of
 from warmstart.snapshot.staging_owner import newest_mtime, staging_is_stale, this_host
 from warmstart.snapshot.verified import VerifiedRecords
 
 MAX_LOCKED_READS = 16  # manifests GC may read under the exclusive lock (new since its unlocked read)
 MAX_UNLOCKED_ROUNDS = 3  # unlocked reads before GC gives up on a `snapshots/` that keeps changing
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _DIGEST_STRING = re.compile(rb'"sha256:[0-9a-f]{64}"')
 
 
@@ -100,11 +101,13 @@ def collect_garbage(
     layout.ensure()
     grace = staging_older_than if blob_grace is None else blob_grace
     report = GcReport(dry_run=dry_run)
-    looks_stale = _stale_staging(layout, staging_older_than, report)
+    looks_stale = _stale_staging(
+        sorted(layout.staging_dir.iterdir()), staging_older_than, report, final=False
+    )
     scan = SnapshotScan(layout, verifier)
     scan.settle()
     with layout.lock(exclusive=True):  # a few lstats per snapshot directory, then the blobs
-        stale = _confirm_stale_staging(looks_stale, staging_older_than, report)
+        stale = _stale_staging(looks_stale, staging_older_than, report, final=True)
         current = scan.bring_up_to_date()
         referenced = scan.referenced() if current else None
         if referenced is not None:
@@ -112,9 +115,9 @@ def collect_garbage(
             _gc_blobs(layout, referenced | set(keep_blobs()), grace, report)
     # Neither needs the lock: a stale staging directory has no publish in progress, and junk in
     # `snapshots/` is nothing a publish made (it renames a signed directory in whole).
-    doomed = [] if dry_run else _move_staging(layout, stale)
+    doomed = [] if dry_run else [_set_aside(layout, entry) for entry in stale]
     doomed += _move_junk(layout, _old_junk(layout, scan, staging_older_than), report)
-    for path in doomed:
+    for path in filter(None, doomed):
         shutil.rmtree(path, ignore_errors=True)
     report.errors += scan.errors()
     if not current:
@@ -152,62 +155,43 @@ def remove_unreferenced_blobs(layout: StoreLayout, digests: Iterable[str]) -> li
 # --- staging --------------------------------------------------------------------------------------------
 
 
-def _stale_staging(layout: StoreLayout, older_than: float, report: GcReport) -> list[Path]:
-    """The entries that look stale read without the lock (see `_confirm_stale_staging`); the rest reported
-    as kept."""
+def _stale_staging(
+    entries: Iterable[Path], older_than: float, report: GcReport, *, final: bool
+) -> list[Path]:
+    """The stale ones of `entries`; those kept are reported, and those found stale too when `final`.
+
+    They are judged first without the lock, then (`final`) once more under the exclusive lock: without it
+    GC may see a directory between its making and its owner record (both under the shared lock), and with
+    no record to read it would be judged by age alone.
+    """
     here, now = this_host(), time.time()
     stale = []
-    for entry in sorted(layout.staging_dir.iterdir()):
+    for entry in entries:
         try:
             is_stale, why = staging_is_stale(entry, here, now, older_than)
         except FileNotFoundError:  # discarded by its owner meanwhile
             continue
         if is_stale:
             stale.append(entry)
-        else:
-            report.kept_staging.append(f"{entry.name} ({why})")
+        if final or not is_stale:
+            (report.removed_staging if is_stale else report.kept_staging).append(f"{entry.name} ({why})")
     return stale
 
 
-def _confirm_stale_staging(looks_stale: list[Path], older_than: float, report: GcReport) -> list[Path]:
-    """Judge `looks_stale` again under the exclusive lock: those that still are stale, each reported.
-
-    Without the lock GC may see a directory between its making and its owner record (both under the shared
-    lock), and with no record to read it would be judged by age alone.
-    """
-    here, now = this_host(), time.time()
-    stale = []
-    for entry in looks_stale:
-        try:
-            is_stale, why = staging_is_stale(entry, here, now, older_than)
-        except FileNotFoundError:
-            continue
-        (report.removed_staging if is_stale else report.kept_staging).append(f"{entry.name} ({why})")
-        if is_stale:
-            stale.append(entry)
-    return stale
-
-
-def _move_staging(layout: StoreLayout, stale: list[Path]) -> list[Path]:
-    """Unlink what is no directory, rename each directory out of the way; the directories to remove."""
-    doomed = []
-    for entry in stale:
-        try:
-            if not stat.S_ISDIR(entry.lstat().st_mode):
-                entry.unlink(missing_ok=True)
-            elif entry.name.endswith(DELETING_SUFFIX):
-                doomed.append(entry)
-            else:
-                doomed.append(_rename_for_removal(layout, entry))
-        except FileNotFoundError:
-            continue
-    return doomed
-
-
-def _rename_for_removal(layout: StoreLayout, entry: Path) -> Path:
-    doomed = layout.staging_dir / f"{uuid.uuid4().hex}{DELETING_SUFFIX}"
-    os.rename(entry, doomed)
-    return doomed
+def _set_aside(layout: StoreLayout, entry: Path) -> Path | None:
+    """Unlink an entry that is no directory; a directory is renamed out of the way (unless it was already)
+    and returned, to be removed."""
+    try:
+        if not stat.S_ISDIR(entry.lstat().st_mode):
+            entry.unlink(missing_ok=True)
+            return None
+        if entry.name.endswith(DELETING_SUFFIX):
+            return entry
+        doomed = layout.staging_dir / f"{uuid.uuid4().hex}{DELETING_SUFFIX}"
+        os.rename(entry, doomed)
+        return doomed
+    except FileNotFoundError:
+        return None
 
 
 # --- what snapshots/ references -------------------------------------------------------------------------
@@ -402,7 +386,7 @@ def _manifest_digests(raw: bytes) -> set[str] | None:
     if not isinstance(files, dict):
         return None
     digests = {item.get("digest") for item in files.values() if isinstance(item, dict)}
-    return {digest for digest in digests if isinstance(digest, str) and _is_digest(digest)}
+    return {digest for digest in digests if isinstance(digest, str) and _DIGEST.fullmatch(digest)}
 
 
 def _claims_key_or_none(document: bytes, verifier: Verifier) -> bool:
@@ -417,14 +401,6 @@ def _claims_key_or_none(document: bytes, verifier: Verifier) -> bool:
     ):
         return True
     return parsed["algorithm"] == verifier.algorithm and parsed["key_id"] == verifier.key_id
-
-
-def _is_digest(value: str) -> bool:
-    try:
-        digest_hex(value)
-    except ValueError:
-        return False
-    return True
 
 
 # --- junk in snapshots/ ---------------------------------------------------------------------------------
@@ -448,24 +424,17 @@ def _old_junk(
 
 def _move_junk(
     layout: StoreLayout, junk: dict[str, tuple[Fingerprint, float]], report: GcReport
-) -> list[Path]:
-    """Rename each old junk entry still as it was judged out of `snapshots/` (unlink one that is no
-    directory); the directories to remove."""
+) -> list[Path | None]:
+    """Set aside each old junk entry still as it was judged (`_set_aside`; a junk name, being a snapshot
+    id, never ends in the deleting suffix); the directories to remove."""
     doomed = []
     for name, (fingerprint, age) in sorted(junk.items()):
         entry = layout.snapshots_dir / name
         if _fingerprint(entry) != fingerprint:
             continue  # changed or gone since it was judged
         report.removed_unsigned.append(f"{name} (no signed manifest; untouched for {age:.0f}s)")
-        if report.dry_run:
-            continue
-        try:
-            if stat.S_ISDIR(entry.lstat().st_mode):
-                doomed.append(_rename_for_removal(layout, entry))
-            else:
-                entry.unlink(missing_ok=True)
-        except FileNotFoundError:
-            continue
+        if not report.dry_run:
+            doomed.append(_set_aside(layout, entry))
     return doomed
 
 

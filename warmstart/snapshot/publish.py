@@ -9,6 +9,7 @@ the store's shared lock, so GC either sees the manifest or runs entirely before 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import secrets
@@ -81,7 +82,7 @@ def publish_staging(staging: Staging, signer: Signer) -> Snapshot:
         # Every blob was hashed here (a staged file linked in, or a stored one kept once it checked out):
         # the next restore need not hash it again.
         for entry in entries.values():
-            staging.records.remember_as_is(entry, layout.blob_path(entry.digest))
+            staging.records.remember(entry, layout.blob_path(entry.digest))
     log.info("published snapshot %s (%d files, %d bytes)", snapshot_id, len(entries), manifest.size)
     return Snapshot(final, manifest)
 
@@ -94,14 +95,7 @@ def _hashed_entries(staging: Staging, files: dict[str, Path]) -> dict[str, FileE
     )
     staging.timings["store_hash"] = round(time.monotonic() - started, 6)
     return {
-        relative: FileEntry(
-            digest=hashed[path].digest,
-            size=hashed[path].size,
-            mode=modes[path],
-            chunk_size=hashed[path].chunk_size,
-            chunks=hashed[path].chunks,
-            chunk_hash=hashed[path].chunk_hash,
-        )
+        relative: FileEntry(mode=modes[path], **dataclasses.asdict(hashed[path]))
         for relative, path in files.items()
     }
 

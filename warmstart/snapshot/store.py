@@ -136,7 +136,7 @@ class SnapshotStore:
     ) -> Snapshot:
         """The snapshot once its signature, schema and identity hash check out, and its identity is
         `expected_identity` when given (no blob is hashed)."""
-        manifest = verify.verified_manifest(self.layout, snapshot_id, verifier, expected_identity)
+        manifest = catalog.signed_manifest(self.layout, snapshot_id, verifier, expected_identity)
         return Snapshot(self.snapshots_dir / snapshot_id, manifest)
 
     def materialize(

@@ -82,26 +82,20 @@ class VerifiedRecords:
         finally:
             os.close(fd)
 
-    def remember(self, entry: FileEntry, state: BlobState, blob: Path) -> None:
-        """Record that the blob matched `entry` as it was in `state` (nothing when it changed since, or
-        when the record cannot be written: the next restore hashes it again)."""
-        if self.state(blob) == state:
-            self._write(entry, state)
-
-    def remember_as_is(self, entry: FileEntry, blob: Path) -> None:
-        """Record the blob as it is now, its bytes just hashed by this process as `entry`'s."""
-        state = self.state(blob)
-        if state is not None:
-            self._write(entry, state)
-
-    def _write(self, entry: FileEntry, state: BlobState) -> None:
+    def remember(self, entry: FileEntry, blob: Path, state: BlobState | None = None) -> None:
+        """Record that the blob matched `entry` as it was in `state` (by default as it is now, its bytes
+        just hashed by this process); nothing when it changed since, or when the record cannot be written:
+        the next restore hashes it again."""
+        now = self.state(blob)
+        if now is None or (state is not None and now != state):
+            return
         with contextlib.suppress(OSError):
             with contextlib.suppress(FileExistsError):
                 os.mkdir(self.directory, 0o700)
             fd = self._open_directory()
             try:
                 with atomic_file(Path(record_name(entry)), 0o600, dir_fd=fd) as out:
-                    out.write(state.line().encode())
+                    out.write(now.line().encode())
             finally:
                 os.close(fd)
 

@@ -20,7 +20,6 @@ from warmstart.snapshot.hashing import chunk_ranges, hash_file, hash_range
 from warmstart.snapshot.layout import StoreLayout
 from warmstart.snapshot.manifest import (
     FileEntry,
-    IdentityMismatch,
     Manifest,
     SnapshotError,
     SnapshotInvalid,
@@ -48,23 +47,9 @@ def verify_snapshot(
     With `prefix`, only blobs of files under it are hashed (signature and schema are always checked); with
     `records`, a blob they say matched, unchanged since, is not hashed again.
     """
-    manifest = verified_manifest(layout, snapshot_id, verifier, expected_identity)
+    manifest = signed_manifest(layout, snapshot_id, verifier, expected_identity)
     verify_blobs(layout, snapshot_id, selected_entries(manifest, prefix), workers, records)
     return Snapshot(layout.snapshots_dir / snapshot_id, manifest)
-
-
-def verified_manifest(
-    layout: StoreLayout,
-    snapshot_id: str,
-    verifier: Verifier,
-    expected_identity: SnapshotIdentity | None = None,
-) -> Manifest:
-    """The manifest once its signature, schema, id and identity hash check out (and the identity is
-    `expected_identity`, when given)."""
-    manifest = signed_manifest(layout, snapshot_id, verifier)
-    if expected_identity is not None and expected_identity.digest() != manifest.identity_hash:
-        raise IdentityMismatch(manifest.identity.mismatches(expected_identity), snapshot_id=snapshot_id)
-    return manifest
 
 
 def selected_entries(manifest: Manifest, prefix: str | None) -> dict[str, FileEntry]:
@@ -101,7 +86,7 @@ def verify_blobs(
         wrong = {entry for entry, _ in mismatched}
         for entry, state in states.items():
             if state is not None and entry not in wrong:
-                records.remember(entry, state, layout.blob_path(entry.digest))
+                records.remember(entry, layout.blob_path(entry.digest), state)
     if problems:
         extra = len(problems) - MAX_REPORTED_PROBLEMS
         reason = "; ".join(problems[:MAX_REPORTED_PROBLEMS]) + (f"; and {extra} more" if extra > 0 else "")

@@ -15,35 +15,20 @@ regardless: botocore requires python-dateutil < 3, the kubernetes client 37 (a d
 """
 
 from warmstart.snapshot.remote.cache import TrimReport, mark_used, trim_cache
-from warmstart.snapshot.remote.collect import RemoteGcReport, RemoteSnapshot
 from warmstart.snapshot.remote.config import Credentials, RemoteConfig, RemoteConfigError
-from warmstart.snapshot.remote.objects import (
-    ObjectClient,
-    RemoteAccessDenied,
-    RemoteError,
-    RemoteUnavailable,
-)
-from warmstart.snapshot.remote.pull import PullResult
-from warmstart.snapshot.remote.push import PushResult
-from warmstart.snapshot.remote.stats import Counters, Progress, TransferStats
+from warmstart.snapshot.remote.objects import RemoteAccessDenied, RemoteError, RemoteUnavailable
+from warmstart.snapshot.remote.stats import Progress
 from warmstart.snapshot.remote.store import RemoteStore
 
 __all__ = [
-    "Counters",
     "Credentials",
-    "ObjectClient",
     "Progress",
-    "PullResult",
-    "PushResult",
     "RemoteAccessDenied",
     "RemoteConfig",
     "RemoteConfigError",
     "RemoteError",
-    "RemoteGcReport",
-    "RemoteSnapshot",
     "RemoteStore",
     "RemoteUnavailable",
-    "TransferStats",
     "TrimReport",
     "mark_used",
     "trim_cache",

@@ -232,16 +232,11 @@ class ObjectClient:
             return RemoteError(f"bucket {self.config.bucket} does not exist at {self.where}")
         if status is not None and 400 <= status < 500:
             return RemoteError(f"{self.where} refused {key}: {brief}")
-        return RemoteUnavailable(
-            f"object store {self.where} failed on {key} after {elapsed:.1f}s "
-            f"(bounds: {self.bounds()}): {brief}"
-        )
-
-    def bounds(self) -> str:
         c = self.config
-        return (
-            f"connect {c.connect_timeout:g}s, request {c.request_timeout:g}s, stall {c.read_timeout:g}s, "
-            f"{c.max_retries} retries within {c.retry_timeout:g}s"
+        return RemoteUnavailable(
+            f"object store {self.where} failed on {key} after {elapsed:.1f}s (bounds: connect "
+            f"{c.connect_timeout:g}s, request {c.request_timeout:g}s, stall {c.read_timeout:g}s, "
+            f"{c.max_retries} retries within {c.retry_timeout:g}s): {brief}"
         )
 
 
