@@ -82,8 +82,6 @@ class Agent:
     def stopping(self) -> threading.Event:
         return self.node.stopping
 
-    # --- the loop ------------------------------------------------------------------------------------
-
     def run(self) -> None:
         """List and watch this node's worker pods until `stopping` is set; relist every resync period."""
         for target, name in (
@@ -165,8 +163,6 @@ class Agent:
                     return True
             time.sleep(0.05)
         return False
-
-    # --- what the gRPC API reports -------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
         from warmstart.checkpoint import cuda

@@ -107,7 +107,7 @@ class CapturePhase:
             except SnapshotError as exc:  # gone or unreadable since: fail this attempt, never loop on it
                 self._mark_failed(snap, pod, f"the published snapshot cannot be read: {exc}")
                 return
-            self._mark_ready(snap, meta["name"], snapshot, snapshot.timings)
+            self._mark_ready(snap, snapshot, snapshot.timings)
             return
         sandbox = node.find_pod(pod)
         try:
@@ -177,7 +177,7 @@ class CapturePhase:
         node.metrics.capture_seconds.observe(seconds)
         node.metrics.captured_bytes.inc(result.snapshot.size)
         timings = {**result.timings, **pushed, "total": round(seconds, 6)}
-        self._mark_ready(snap, pod_name, result.snapshot, timings)
+        self._mark_ready(snap, result.snapshot, timings)
         # Only now may the capture pod's worker exit: a capture pod that ended while its snapshot was not yet
         # Ready (pushing takes seconds) reads to the operator as a failed attempt, and it starts another.
         control.send(SNAPSHOT_COMPLETE, {"snapshot": published})
@@ -210,9 +210,7 @@ class CapturePhase:
         log.info("removed snapshot %s of a failed push and %s of its blobs", snapshot_id,
                  "none" if removed is None else len(removed))  # fmt: skip
 
-    def _mark_ready(
-        self, snap: dict[str, Any], pod_name: str, snapshot: Snapshot, timings: dict[str, float]
-    ) -> None:
+    def _mark_ready(self, snap: dict[str, Any], snapshot: Snapshot, timings: dict[str, float]) -> None:
         node = self.node
         message = f"captured on {node.config.node}: {snapshot.size / 2**20:.1f} MiB"
         patch = status_patch(

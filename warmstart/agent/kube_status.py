@@ -32,8 +32,6 @@ class KubeStatus:
         self.node = node
         self._on_this_node = {"spec.nodeName": node}  # the field selector of its pods
 
-    # --- reads ---------------------------------------------------------------------------------------
-
     def list_node_pods(self) -> tuple[list[dict[str, Any]], str]:
         """Worker pods scheduled on this node and the list's resourceVersion."""
         return self.kube.list_with_version("Pod", "", L.ENDPOINT_LABEL, self._on_this_node)
@@ -60,8 +58,6 @@ class KubeStatus:
 
     def get_owner(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         return self.kube.get(kind, namespace, name) if kind in OWNER_KINDS else None
-
-    # --- writes --------------------------------------------------------------------------------------
 
     def patch_snapshot_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         self.kube.patch_status(L.SNAPSHOT_KIND, namespace, name, status)

@@ -20,7 +20,6 @@ def status(obj: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def names(obj: dict[str, Any]) -> tuple[str, str]:
-    """(namespace, name)."""
     return meta(obj)["namespace"], meta(obj)["name"]
 
 

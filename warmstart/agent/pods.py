@@ -56,12 +56,8 @@ def read_environ(pid: int, proc: Path = PROC) -> dict[str, str]:
         raw = (proc / str(pid) / "environ").read_bytes()
     except OSError:
         return {}
-    found = {}
-    for item in raw.split(b"\0"):
-        name, sep, value = item.partition(b"=")
-        if sep:
-            found[name.decode(errors="replace")] = value.decode(errors="replace")
-    return found
+    pairs = (item.partition(b"=") for item in raw.split(b"\0"))
+    return {k.decode(errors="replace"): v.decode(errors="replace") for k, sep, v in pairs if sep}
 
 
 _CONTAINER_ID = re.compile(r"^(?:[a-z0-9-]+://)?([0-9a-f]{12,128})$")
@@ -77,10 +73,8 @@ def container_id(reported: str) -> str:
 
 
 def _is_pod_component(component: str, pod_uid: str) -> bool:
-    if component == f"pod{pod_uid}":  # cgroupfs driver
-        return True
-    underscored = pod_uid.replace("-", "_")  # systemd driver: kubepods-besteffort-pod<uid_>.slice
-    return component.endswith(f"-pod{underscored}.slice") or component == f"kubepods-pod{underscored}.slice"
+    systemd = f"-pod{pod_uid.replace('-', '_')}.slice"  # systemd driver: kubepods[-<qos>]-pod<uid_>.slice
+    return component == f"pod{pod_uid}" or component.endswith(systemd)  # or the cgroupfs driver's
 
 
 def _is_container_component(component: str, wanted: str) -> bool:
@@ -98,13 +92,10 @@ def cgroup_belongs(cgroup_text: str, pod_uid: str, container: str | None = None)
         if len(parts) != 3:
             continue
         components = [c for c in parts[2].split("/") if c]
-        for index, component in enumerate(components):
-            if not _is_pod_component(component, pod_uid):
-                continue
-            if container is None:
-                return True
-            following = components[index + 1] if index + 1 < len(components) else ""
-            if _is_container_component(following, container):
+        for component, following in zip(components, [*components[1:], ""], strict=False):
+            if _is_pod_component(component, pod_uid) and (
+                container is None or _is_container_component(following, container)
+            ):
                 return True
     return False
 
@@ -175,14 +166,13 @@ class PodSandbox(Sandbox):
         self,
         host_dir: Path,
         init_pid: int,
-        mountpoint: Path = Path(L.CONTROL_DIR_PATH),
         *,
         whole_container: bool = False,
     ) -> None:
         self.whole_container = whole_container
         self.host_dir = host_dir
         self.init_pid = init_pid
-        self.mountpoint = mountpoint
+        self.mountpoint = Path(L.CONTROL_DIR_PATH)
         self.pid_namespace = pid_namespace_of(init_pid)
         self._init_identity = procinfo.start_ticks(init_pid)
 
@@ -230,7 +220,6 @@ class PodSandbox(Sandbox):
         return started is not None and started == self._init_identity
 
     def workers(self) -> list[int]:
-        """Host PIDs of the pod's processes other than its supervisor."""
         return [pid for pid in self.host_pids() if pid != self.init_pid]
 
     def engine_running(self) -> bool:

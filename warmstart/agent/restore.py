@@ -99,7 +99,6 @@ class SnapshotRefused(Refused):
 
 
 def answered(control: ControlDir) -> bool:
-    """True when the pod already got `restore-complete` or `restore-failed`."""
     return control.present(RESTORE_COMPLETE) or control.present(RESTORE_FAILED)
 
 
@@ -351,7 +350,7 @@ class RestorePhase:
             self._report_failed(pod, str(exc), f"{exc}; the worker starts cold")
             return
         except (RestoreRefused, RestoreFailed) as exc:  # counted on this node's store and answered
-            self._failed(pod, snap, snapshot_id, str(exc), failures)
+            self._failed(pod, snap, str(exc), failures)
             return
         finally:
             node.metrics.in_flight.labels(L.ROLE_RESTORE).dec()
@@ -391,7 +390,7 @@ class RestorePhase:
             log.error("could not count the failed restore of %s on this node: %s", snapshot_id, exc)
         log.warning("restore into %s failed: %s", objects.key(pod), reason)
         control.send(RESTORE_FAILED, {"reason": reason, "snapshot": snapshot_id, "failures": count})
-        self._failed(pod, snap, snapshot_id, reason, failures)
+        self._failed(pod, snap, reason, failures)
 
     def _report_failed(self, pod: dict[str, Any], reason: str, message: str) -> None:
         """A failed restore in the metrics, the pod's Event (`message`) and its annotation (`reason`)."""
@@ -400,12 +399,7 @@ class RestorePhase:
         self.node.kube.annotate_pod(*objects.names(pod), {"restoreFailed": reason})
 
     def _failed(
-        self,
-        pod: dict[str, Any],
-        snap: dict[str, Any],
-        snapshot_id: str,
-        reason: str,
-        failures: FailureCounter,
+        self, pod: dict[str, Any], snap: dict[str, Any], reason: str, failures: FailureCounter
     ) -> None:
         """Report a failed restore (already counted in this store's `failures` and answered to the pod) and
         add it to the snapshot's count over all nodes: Invalid once that reaches the limit. Every failure

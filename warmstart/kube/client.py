@@ -196,7 +196,6 @@ class Kube:
 
     @classmethod
     def from_environment(cls, kubeconfig: str | None = None, pool_size: int = 32) -> Kube:
-        """A client configured by `load_configuration`, with `pool_size` connections."""
         return cls(api_client(kubeconfig, pool_size))
 
     def _call(self, what: str, verb: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
