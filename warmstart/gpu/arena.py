@@ -11,7 +11,6 @@ on CUDA, a virtual-memory arena in `warmstart.gpu.cuda_arena` that keeps its vir
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
@@ -105,24 +104,15 @@ class TorchArena:
         return self._tensor is None
 
 
-# kind -> "module:class"; the class takes the device. "cuda-vmm" keeps its virtual address across cycles.
-ARENA_BACKENDS: dict[str, str] = {
-    "torch": "warmstart.gpu.arena:TorchArena",
-    "cuda-vmm": "warmstart.gpu.cuda_arena:CudaVmmArena",
-}
-
-
 def create_arena(kind: str, device: str | torch.device) -> Arena:
     """Build an arena backend by name (`torch`, or `cuda-vmm` on CUDA)."""
-    target = ARENA_BACKENDS.get(kind)
-    if target is None:
-        raise ValueError(f"unknown arena {kind!r}; choose one of: {', '.join(sorted(ARENA_BACKENDS))}")
-    module_name, _, class_name = target.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        raise ValueError(f"arena {kind!r} is not available in this build ({exc})") from exc
-    return getattr(module, class_name)(device)
+    if kind == "torch":
+        return TorchArena(device)
+    if kind == "cuda-vmm":
+        from warmstart.gpu.cuda_arena import CudaVmmArena
+
+        return CudaVmmArena(device)
+    raise ValueError(f"unknown arena {kind!r}; choose one of: cuda-vmm, torch")
 
 
 def round_up(value: int, multiple: int) -> int:

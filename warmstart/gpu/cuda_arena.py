@@ -20,23 +20,8 @@ import functools
 from collections.abc import Iterator
 from typing import Any
 
-from warmstart.gpu.arena import round_up
+from warmstart.gpu.arena import ArenaReleasedError, round_up
 from warmstart.host.cuda_driver import CudaError, CudaUnavailable, check, driver
-from warmstart.host.cuda_driver import device_count as cuda_device_count
-
-__all__ = [
-    "CudaError",
-    "CudaUnavailable",
-    "CudaVmmArena",
-    "ImportedBlock",
-    "VmmRange",
-    "allocation_granularity",
-    "cuda_device_count",
-    "cuda_ordinal",
-    "primary_context",
-    "read_write_access",
-    "imported_block",
-]
 
 
 class _PrimaryContext:
@@ -103,7 +88,8 @@ class VmmRange:
         """Back the range with fresh physical memory (contents undefined); nothing to do when mapped."""
         if self._handle is not None:
             return
-        self._map_handle(check(driver().cuMemCreate(self.size, self._allocation_prop(), 0), "cuMemCreate"))
+        prop = _device_memory_prop(self.device_index)
+        self._map_handle(check(driver().cuMemCreate(self.size, prop, 0), "cuMemCreate"))
 
     def map_shared(self, fd: int) -> None:
         """Back the range with memory another process exported as a POSIX file descriptor (same size)."""
@@ -145,9 +131,6 @@ class VmmRange:
         if self.size:
             check(driver().cuMemAddressFree(self.address, self.size), "cuMemAddressFree")
             self.size = 0
-
-    def _allocation_prop(self) -> Any:
-        return _device_memory_prop(self.device_index)
 
 
 def _device_memory_prop(device_index: int) -> Any:
@@ -261,7 +244,6 @@ class CudaVmmArena:
         self._nbytes = 0
         self._tensor: Any = None
 
-    # -- state ---------------------------------------------------------------------------------------------
     @property
     def nbytes(self) -> int:
         """Bytes asked for in `allocate` (the mapped size is rounded up to the allocation granularity)."""
@@ -282,12 +264,9 @@ class CudaVmmArena:
         if self._tensor is None:
             raise RuntimeError("the CUDA arena has no memory yet: call allocate(nbytes) first")
         if self.released:
-            from warmstart.gpu.arena import ArenaReleasedError
-
             raise ArenaReleasedError("the CUDA arena is released; call reacquire() first")
         return self._tensor
 
-    # -- lifecycle -----------------------------------------------------------------------------------------
     def allocate(self, nbytes: int) -> Any:
         """Reserve the virtual range, back it with device memory, and return the flat uint8 view."""
         if nbytes <= 0:
@@ -350,7 +329,6 @@ class CudaVmmArena:
         self._range = None
         self._tensor = None
 
-    # -- internals -----------------------------------------------------------------------------------------
     def _require_context(self) -> None:
         if self._context is None:
             raise RuntimeError("the CUDA arena was never allocated: call allocate(nbytes) first")

@@ -10,6 +10,7 @@ here without loading whole files.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import math
@@ -205,10 +206,10 @@ def refill(
     total = sum(chunk.nbytes for chunk in chunks)
     threads = max(1, min(threads, len(chunks)))
     started = time.perf_counter()
-    with _OpenFiles({chunk.path for chunk in chunks}, direct_io) as fds:
+    with _open_files({chunk.path for chunk in chunks}, direct_io) as fds:
         buffer_bytes = min(chunk_bytes, max(chunk.nbytes for chunk in chunks))
         if arena.device.type == "cpu":
-            worker = _cpu_direct_worker(arena, fds, buffer_bytes) if direct_io else _cpu_worker(arena, fds)
+            worker = _cpu_worker(arena, fds, buffer_bytes, direct_io)
         else:
             import torch
 
@@ -218,38 +219,29 @@ def refill(
     return RefillStats(total, time.perf_counter() - started, threads)
 
 
-def _cpu_worker(arena: torch.Tensor, fds: dict[Path, int]) -> Callable[[Iterator[Chunk]], None]:
-    # On CPU the arena is ordinary memory: read straight into it, no staging buffer.
-    target = memoryview(arena.numpy())
-
-    def work(chunks: Iterator[Chunk]) -> None:
-        for chunk in chunks:
-            pread_exact(
-                fds[chunk.path],
-                target[chunk.arena_offset : chunk.arena_offset + chunk.nbytes],
-                chunk.file_offset,
-            )
-
-    return work
-
-
-def _cpu_direct_worker(
-    arena: torch.Tensor, fds: dict[Path, int], buffer_bytes: int
+def _cpu_worker(
+    arena: torch.Tensor, fds: dict[Path, int], buffer_bytes: int, direct_io: bool
 ) -> Callable[[Iterator[Chunk]], None]:
-    # O_DIRECT needs aligned offsets, lengths and addresses, which arena offsets are not: stage each chunk.
+    # On CPU the arena is ordinary memory: read straight into it, no staging buffer. O_DIRECT needs aligned
+    # offsets, lengths and addresses, which arena offsets are not: with it, stage each chunk.
     target = memoryview(arena.numpy())
 
     def work(chunks: Iterator[Chunk]) -> None:
-        staging = memoryview(_direct_staging_buffer(buffer_bytes, pinned=False).numpy())
+        buffer = _direct_staging_buffer(buffer_bytes, pinned=False) if direct_io else None
+        staging = None if buffer is None else memoryview(buffer.numpy())
         for chunk in chunks:
-            begin, end = _pread_direct(fds[chunk.path], staging, chunk.file_offset, chunk.nbytes)
-            target[chunk.arena_offset : chunk.arena_offset + chunk.nbytes] = staging[begin:end]
+            window = target[chunk.arena_offset : chunk.arena_offset + chunk.nbytes]
+            if staging is None:
+                pread_exact(fds[chunk.path], window, chunk.file_offset)
+            else:
+                begin, end = _pread_direct(fds[chunk.path], staging, chunk.file_offset, chunk.nbytes)
+                window[:] = staging[begin:end]
 
     return work
 
 
 def _cuda_worker(
-    arena: torch.Tensor, fds: dict[Path, int], buffer_bytes: int, direct_io: bool = False
+    arena: torch.Tensor, fds: dict[Path, int], buffer_bytes: int, direct_io: bool
 ) -> Callable[[Iterator[Chunk]], None]:
     import torch
 
@@ -293,27 +285,18 @@ def release_pinned_cache() -> None:
         torch._C._host_emptyCache()
 
 
-class _OpenFiles:
+@contextlib.contextmanager
+def _open_files(paths: Iterable[Path], direct_io: bool) -> Iterator[dict[Path, int]]:
     """Open each file once for all threads (pread is position-free) and close them all afterwards."""
-
-    def __init__(self, paths: Iterable[Path], direct_io: bool = False) -> None:
-        self._paths = sorted(paths)
-        self._flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct_io else 0)
-        self.fds: dict[Path, int] = {}
-
-    def __enter__(self) -> dict[Path, int]:
-        try:
-            for path in self._paths:
-                self.fds[path] = _open(path, self._flags)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self.fds
-
-    def __exit__(self, *exc_info: Any) -> None:
-        for fd in self.fds.values():
+    flags = os.O_RDONLY | os.O_CLOEXEC | (os.O_DIRECT if direct_io else 0)
+    fds: dict[Path, int] = {}
+    try:
+        for path in sorted(paths):
+            fds[path] = _open(path, flags)
+        yield fds
+    finally:
+        for fd in fds.values():
             os.close(fd)
-        self.fds.clear()
 
 
 def pread_exact(fd: int, target: memoryview, offset: int) -> None:
