@@ -127,8 +127,7 @@ class IdentityCache:
             if snapshot.record.identity_cache_key != key:
                 continue
             model_dir = snapshot.record.worker.model_dir
-            model_dir = model_dir if _is_path(model_dir) else None
-            if model_dir is None or _changed_since(model_dir, snapshot.created.timestamp()):
+            if not _is_path(model_dir) or _changed_since(model_dir, snapshot.created.timestamp()):
                 continue
             note = f"identity recovered from snapshot {snapshot.id} (its record was missing)"
             try:

@@ -24,13 +24,11 @@ if TYPE_CHECKING:
     from warmstart.checkpoint.criu import Criu
     from warmstart.checkpoint.sandbox import Sandbox
     from warmstart.snapshot.signing import Signer, Verifier
-    from warmstart.snapshot.store import Snapshot, SnapshotStore
+    from warmstart.snapshot.store import SnapshotStore
 
 
 class LocalNode:
-    """Starts workers on this machine: cold, cold + capture, or restored from the store.
-
-    Whatever the store holds, a start ends serving: an oddity in the store's tree (a file or a link where
+    """Whatever the store holds, a start ends serving: an oddity in the store's tree (a file or a link where
     a directory goes, junk, a full disk) is a refusal with its reason and a cold start, never an exit.
     """
 
@@ -98,12 +96,12 @@ class LocalNode:
         self._work_dir_checked = True
         return self.work_dir
 
-    def _start_worker_sandbox(self, mode: str) -> Sandbox:
+    def _start_worker_sandbox(self, mode: str, reserve_pids: bool = False) -> Sandbox:
         from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
 
         host_dir = self._new_sandbox_dir(mode)
         command = self.spec.command(mode, MOUNTPOINT / CONTROL_SUBDIR)
-        sandbox = Sandbox.start(host_dir, command)
+        sandbox = Sandbox.start(host_dir, command, reserve_pids=reserve_pids)
         self.sandboxes.append(sandbox)
         return sandbox
 
@@ -138,40 +136,31 @@ class LocalNode:
             )  # fmt: skip
         except CaptureError as exc:  # the source was resumed: it serves as a plain cold start
             return self._serving_cold(sandbox, started, f"capture failed: {exc}")
-        snapshot = result.snapshot
-        note = self._record_identity(snapshot)
+        snapshot, note = result.snapshot, ""
+        try:
+            self.identities.record(self.spec, snapshot.identity, snapshot.record.worker.model_dir)
+        except (OSError, UnsafeInput) as exc:  # the next start recovers it
+            note = f"the identity record could not be written ({exc})"
         wait_http_ready(self.spec, started + self.ready_timeout, sandbox)
         return StartReport(
             "cold+capture", time.monotonic() - started, snapshot.id, snapshot.size, note, result.timings
         )
 
-    def _record_identity(self, snapshot: Snapshot) -> str:
-        """Record the captured identity; a note when it cannot be (the next start recovers it)."""
-        try:
-            self.identities.record(self.spec, snapshot.identity, snapshot.record.worker.model_dir)
-        except (OSError, UnsafeInput) as exc:
-            return f"the identity record could not be written ({exc})"
-        return ""
-
     def start_restored(self, snapshot_id: str, identity: SnapshotIdentity) -> StartReport:
         from warmstart.api.control_dir import ControlDir
         from warmstart.checkpoint.restore import RestoreFailed, RestoreRefused, restore
-        from warmstart.checkpoint.sandbox import MOUNTPOINT, Sandbox
 
         assert self.criu is not None and self.verifier is not None
         started, began_at = time.monotonic(), time.time()
         import_http_client_meanwhile()  # for the readiness probes, while the restore mostly waits
-        host_dir = self._new_sandbox_dir("restore")
         # PID 1 is the worker supervisor in restore mode: it adopts the restored engine, or cold-starts one
         # itself when the restore fails.
-        command = self.spec.command("restore", MOUNTPOINT / CONTROL_SUBDIR)
-        sandbox = Sandbox.start(host_dir, command, reserve_pids=True)
-        self.sandboxes.append(sandbox)
-        control = ControlDir(host_dir / CONTROL_SUBDIR)
+        sandbox = self._start_worker_sandbox("restore", reserve_pids=True)
+        control = ControlDir(sandbox.host_dir / CONTROL_SUBDIR)
         try:
             result = restore(
                 store=self.store, verifier=self.verifier, snapshot_id=snapshot_id, expected_identity=identity,
-                sandbox=sandbox, control=control, criu=self.criu, work_dir=_images_dir(host_dir),
+                sandbox=sandbox, control=control, criu=self.criu, work_dir=_images_dir(sandbox.host_dir),
                 resume_payload=self._resume_payload(restore_started_at=began_at),
             )  # fmt: skip
         except (RestoreRefused, RestoreFailed) as exc:
@@ -202,7 +191,7 @@ class LocalNode:
     def start(self) -> StartReport:
         """Restore when a valid snapshot exists, else cold start (and capture when CRIU is usable)."""
         report = self._start()
-        report.reason = "; ".join(filter(None, [*self.notes, report.reason]))
+        report.reason = _joined(*self.notes, report.reason)
         self.notes.clear()
         return report
 
@@ -230,7 +219,7 @@ class LocalNode:
             identity, recovered = self.identities.recover(self.spec, self.store)
         if identity is None:
             report = self.start_cold_and_capture()
-            report.reason = "; ".join(filter(None, [unknown, report.reason]))
+            report.reason = _joined(unknown, report.reason)
             return report
         candidates = self.store.list(identity.digest(), verifier=self.verifier)
         failures = FailureCounter(self.store.root)
@@ -240,13 +229,11 @@ class LocalNode:
                 skipped.append(f"{snapshot.id} failed {failures.count(snapshot.id)} times")
                 continue
             report = self.start_restored(snapshot.id, identity)
-            report.reason = "; ".join(filter(None, [recovered, report.reason]))
+            report.reason = _joined(recovered, report.reason)
             return report
         report = self.start_cold_and_capture()
         if skipped:
-            report.reason = "; ".join(
-                filter(None, ["snapshots marked invalid: " + "; ".join(skipped), report.reason])
-            )
+            report.reason = _joined("snapshots marked invalid: " + "; ".join(skipped), report.reason)
         return report
 
     def _discard(self, worker: Sandbox | PlainWorker) -> None:
@@ -279,6 +266,10 @@ def _worker_goes_cold(control: ControlDir) -> bool:
         return True
 
 
+def _joined(*reasons: str) -> str:
+    return "; ".join(filter(None, reasons))
+
+
 def _images_dir(sandbox_dir: Path) -> Path:
     return sandbox_dir.with_name(sandbox_dir.name + "-images")
 
@@ -297,8 +288,6 @@ def _remove_without_following(path: Path) -> None:
 
 def prune_work_dir(work_dir: Path) -> None:
     """Remove sandbox directories left by earlier runs whose serve process is gone."""
-    if not work_dir.is_dir():
-        return
     for entry in work_dir.iterdir():
         owner = entry.name.removesuffix("-images").rsplit("-", 1)[-1]
         if owner.isdigit() and not Path(f"/proc/{owner}").exists():

@@ -145,7 +145,7 @@ class GuardedH11Protocol(H11Protocol):
         while it is answering a request (or the connection is closing)."""
         if self.transport is None or self.transport.is_closing():
             return None
-        if self._awaiting_head():
+        if self._awaiting_head():  # not reset by bytes of a head trickling in
             return self._idle_since
         if self.conn.their_state is h11.SEND_BODY:
             return self._heard
@@ -156,14 +156,13 @@ class GuardedH11Protocol(H11Protocol):
         return request_done and self.conn.their_state in (h11.IDLE, h11.DONE)
 
     def _deadline(self) -> float | None:
-        if self.transport is None or self.transport.is_closing():
+        since = self.waiting_since()
+        if since is None:
             return None
-        keep_alive = self.limits.keep_alive_seconds
-        if self._awaiting_head():  # not reset by bytes of a head trickling in
-            return self._idle_since + keep_alive
-        if self.conn.their_state is h11.SEND_BODY:
-            return min(self._heard + keep_alive, self._head_at + self.limits.body_timeout_seconds)
-        return None
+        deadline = since + self.limits.keep_alive_seconds
+        if self.conn.their_state is h11.SEND_BODY:  # the whole body is bounded too
+            deadline = min(deadline, self._head_at + self.limits.body_timeout_seconds)
+        return deadline
 
     def _schedule(self) -> None:
         """One timer per connection, at its deadline at the latest; it checks again when it fires."""
@@ -229,8 +228,7 @@ def _close_longest_waiting(connections: list[GuardedH11Protocol], keep: GuardedH
 
 
 def _framed_twice(headers: list[tuple[bytes, bytes]]) -> bool:
-    names = {name for name, _ in headers}
-    return b"content-length" in names and b"transfer-encoding" in names
+    return {b"content-length", b"transfer-encoding"}.issubset(name for name, _ in headers)
 
 
 def _error_body(message: str, code: str) -> bytes:

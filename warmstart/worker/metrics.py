@@ -74,23 +74,16 @@ class WorkerMetrics:
         try:
             yield tracker
         finally:
-            tracker.finish()
+            (self.requests_running if tracker.running else self.requests_waiting).dec()
 
 
 class GenerationTracker:
     def __init__(self, metrics: WorkerMetrics) -> None:
         self._metrics = metrics
-        self._state = "waiting"
+        self.running = False
 
     def started(self) -> None:
-        if self._state == "waiting":
+        if not self.running:
             self._metrics.requests_waiting.dec()
             self._metrics.requests_running.inc()
-            self._state = "running"
-
-    def finish(self) -> None:
-        if self._state == "waiting":
-            self._metrics.requests_waiting.dec()
-        elif self._state == "running":
-            self._metrics.requests_running.dec()
-        self._state = "finished"
+            self.running = True

@@ -309,14 +309,10 @@ def _check_text(text: str, path: str) -> None:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
-        where = _printable(path) or "the request body"
+        where = path.encode("utf-8", "backslashreplace").decode("utf-8") or "the request body"
         raise ApiError(
             400, f"{where} contains a lone surrogate; strings must be valid Unicode", where
         ) from None
-
-
-def _printable(path: str) -> str:
-    return path.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def parse_request(body: dict[str, Any], chat: bool, limits: RequestLimits) -> ParsedRequest:

@@ -82,42 +82,31 @@ def wait_seconds(query: str) -> float | None:
     return seconds if 0 <= seconds <= PROBE_WAIT_MAX_SECONDS else None
 
 
-class ProbeServer:
-    """The endpoints on `port` (all addresses: the kubelet probes the pod's IP), in threads of their own."""
+class ProbeServer(HTTPServer):
+    """The endpoints on `port` (all addresses: the kubelet probes the pod's IP). Requests wait in a queue for
+    `HANDLER_THREADS` threads started up front."""
 
     def __init__(self, port: int, engine: EngineWatch) -> None:
-        handler = type("Handler", (_Handler,), {"engine": engine})
-        self._server = _PooledHTTPServer(("0.0.0.0", port), handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="probe", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    def start(self) -> ProbeServer:
-        self._server.start_handlers()
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-
-class _PooledHTTPServer(HTTPServer):
-    """An HTTP server whose requests wait in a queue for `HANDLER_THREADS` threads started up front."""
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
-        super().__init__(address, handler)
+        super().__init__(("0.0.0.0", port), type("Handler", (_Handler,), {"engine": engine}))
         self._requests: queue.Queue[tuple[socket.socket, object] | None] = queue.Queue()
         self._handlers = [
             threading.Thread(target=self._handle_queued, name=f"probe-handler-{n}", daemon=True)
             for n in range(HANDLER_THREADS)
         ]
 
-    def start_handlers(self) -> None:
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def start(self) -> ProbeServer:
         for thread in self._handlers:
             thread.start()
+        threading.Thread(target=self.serve_forever, name="probe", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.shutdown()
+        self.server_close()
 
     def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
         self._requests.put((request, client_address))

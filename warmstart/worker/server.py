@@ -58,8 +58,6 @@ from warmstart.worker.openai_requests import (
     request_models,
 )
 
-__all__ = ["ApiError", "CountResponses", "RequestLimits", "ServerState", "build_app"]
-
 log = logging.getLogger("warmstart.worker.server")
 
 CLIENT_GONE = 499  # the status a request is counted with when its client left before the answer
@@ -69,17 +67,6 @@ T = TypeVar("T")
 
 def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
-
-
-@contextlib.contextmanager
-def _engine_errors() -> Iterator[None]:
-    """Engine failures as API errors: a request the engine refuses is a 400, an engine that fails a 503."""
-    try:
-        yield
-    except RequestError as exc:
-        raise ApiError(400, str(exc), exc.param) from None
-    except EngineError as exc:
-        raise ApiError(503, str(exc)) from None
 
 
 @dataclass
@@ -205,8 +192,7 @@ def build_app(
         raise ApiError(
             400,
             "this worker does not implement the Responses API (/v1/responses); use /v1/chat/completions",
-            None,
-            "unsupported_endpoint",
+            code="unsupported_endpoint",
         )
 
     return app
@@ -339,9 +325,6 @@ class _Api:
         parsed = parsed_request(body, chat, self.limits)
         if parsed.model != self.engine.served_model_name:
             raise _model_not_found(parsed.model, self.engine.served_model_name)
-        return parsed, *self._requests(parsed, chat)
-
-    def _requests(self, parsed: ParsedRequest, chat: bool) -> tuple[list[GenerationRequest], int]:
         prompts = (
             [{"prompt": self.engine.chat_prompt(parsed.messages)}] if parsed.messages else parsed.prompts
         )
@@ -352,7 +335,7 @@ class _Api:
             count, fitted = self._fit(request, parsed.max_tokens_param, chat)
             prompt_tokens += count
             requests += [dataclasses.replace(fitted, request_id=uuid.uuid4().hex) for _ in range(parsed.n)]
-        return requests, prompt_tokens
+        return parsed, requests, prompt_tokens
 
     def _generate(self, requests: list[GenerationRequest], stop: threading.Event) -> list[GenerationResult]:
         """Run every choice through engine.stream() (so it can be stopped between tokens), all submitted
@@ -395,8 +378,12 @@ class _Api:
         if stop.is_set():
             self.metrics.requests_cancelled.inc()
             raise _Cancelled()
-        with _engine_errors():
+        try:
             delta = next(stream, None)
+        except RequestError as exc:
+            raise ApiError(400, str(exc), exc.param) from None
+        except EngineError as exc:
+            raise ApiError(503, str(exc)) from None
         if delta is not None:
             self.metrics.completion_tokens.inc(len(delta.token_ids))
         return delta
@@ -485,6 +472,7 @@ class _Reply:
         self.model = model
         self.created = int(time.time())
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        self.chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
     def full(
         self, results: list[GenerationResult], prompt_tokens: int, token_ids: bool = False
@@ -505,20 +493,20 @@ class _Reply:
     def stream_start(self) -> Iterator[str]:
         if self.chat:
             choice = {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
-            yield _sse({**self._head("chat.completion.chunk"), "choices": [choice]})
+            yield _sse({**self._head(self.chunk_kind), "choices": [choice]})
 
     def chunk(self, delta: TokenDelta) -> str:
         if self.chat:
             content = {"content": delta.text} if delta.text or delta.finish_reason is None else {}
             choice = {"index": 0, "delta": content, "finish_reason": delta.finish_reason}
-            return _sse({**self._head("chat.completion.chunk"), "choices": [choice]})
-        choice = {"index": 0, "text": delta.text, "logprobs": None, "finish_reason": delta.finish_reason}
-        return _sse({**self._head("text_completion"), "choices": [choice]})
+        else:
+            choice = {"index": 0, "text": delta.text, "logprobs": None, "finish_reason": delta.finish_reason}
+        return _sse({**self._head(self.chunk_kind), "choices": [choice]})
 
     def usage_chunk(self, prompt_tokens: int, completion_tokens: int) -> str:
         """The last chunk of a stream asked for with stream_options.include_usage: no choices, the usage."""
-        kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return _sse({**self._head(kind), "choices": [], "usage": _usage(prompt_tokens, completion_tokens)})
+        usage = _usage(prompt_tokens, completion_tokens)
+        return _sse({**self._head(self.chunk_kind), "choices": [], "usage": usage})
 
     def _choice(self, index: int, text: str, finish_reason: str) -> dict[str, Any]:
         if self.chat:
