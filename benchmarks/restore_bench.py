@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from warmstart.checkpoint import hugepages
 from warmstart.checkpoint.layout import CRIU_DIR
-from warmstart.serve.cli import add_worker_arguments
+from warmstart.serve.cli import add_serve_arguments
 from warmstart.serve.local_node import LocalNode
 from warmstart.serve.worker_spec import ServeError, StartReport, WorkerSpec
 
@@ -559,7 +559,7 @@ def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    add_worker_arguments(parser)
+    add_serve_arguments(parser)
     parser.add_argument("--port", type=port_number, default=8010, help="port the benchmarked workers use")
     parser.add_argument("--repeat", type=int, default=3, help="repetitions of each start (default 3)")
     parser.add_argument(

@@ -22,7 +22,7 @@ from warmstart.api.worker_options import add_worker_arguments
 from warmstart.checkpoint.restore import PodUnfit
 from warmstart.engines.digest import SAMPLE_HEAD_BYTES, sampled_digest
 from warmstart.host.cuda_driver import GpuDevice
-from warmstart.worker.facts import measure_restore_facts, worker_flags
+from warmstart.worker.facts import measure_restore_facts
 
 H200 = GpuDevice("GPU-aaaa", "NVIDIA H200", "9.0")
 H100 = GpuDevice("GPU-bbbb", "NVIDIA H100 80GB HBM3", "9.0")
@@ -120,7 +120,11 @@ def test_a_worker_measures_its_model_files_and_flags_without_an_engine(tmp_path:
     restore = measure_restore_facts(worker_args(*argv, "--mode", "restore"))
     assert capture.error == "" and set(capture.model_files) == {"model.safetensors", "config.json"}
     assert capture.mismatches(restore) == []  # --mode and --control-dir differ by role: left out
-    assert "--mode" not in worker_flags(worker_args(*argv, "--mode", "restore"))
+    assert restore.worker_args == (f"--model-dir={directory}",)  # the defaults (builtin) need no flag
+    spelled_out = worker_args(
+        *argv, "--mode", "restore", "--engine=builtin", "--seed", "0", "--dtype", "auto"
+    )
+    assert measure_restore_facts(spelled_out).worker_args == restore.worker_args  # the same options
     (directory / "model.safetensors").write_bytes(b"weights-2" * 1000)  # overwritten in place
     changed = capture.mismatches(measure_restore_facts(worker_args(*argv, "--mode", "restore")))
     assert changed == [f"model {directory}: model.safetensors changed content since the snapshot"]

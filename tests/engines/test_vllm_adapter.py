@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from warmstart.api.worker_options import add_worker_arguments, parse_engine_arg
+from warmstart.api.worker_options import WorkerOptions, add_worker_arguments, parse_engine_arg
 from warmstart.engines import create_engine, engine_kinds
 from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams, check_fits
 from warmstart.engines.vllm import (
@@ -23,7 +23,6 @@ from warmstart.engines.vllm import (
     sampling_kwargs,
     snapshot_identity,
 )
-from warmstart.worker.options import engine_argv, engine_options
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 TEST_MODEL_ENV = "WARMSTART_VLLM_TEST_MODEL"
@@ -185,7 +184,7 @@ def test_worker_options_for_vllm_reach_the_engine_and_survive_the_engine_process
         "--sleep-level", "1", "--engine-arg", "max_num_batched_tokens=4096", "--engine-arg", "revision=main",
         "--vllm-server-arg=--enable-auto-tool-choice", "--vllm-server-arg=--tool-call-parser=hermes",
     )  # fmt: skip
-    options = engine_options(args)
+    options = WorkerOptions.of(args).engine_options()
     assert options == {
         "model": "Qwen/Qwen3-0.6B",
         "device": "cuda",
@@ -198,19 +197,19 @@ def test_worker_options_for_vllm_reach_the_engine_and_survive_the_engine_process
         "api": "vllm",
         "server_args": ["--enable-auto-tool-choice", "--tool-call-parser=hermes"],
     }
-    relaunched = worker_args(*engine_argv(args, "capture"))
-    assert engine_options(relaunched) == options
+    relaunched = worker_args(*WorkerOptions.of(args).engine_argv("capture"))
+    assert WorkerOptions.of(relaunched).engine_options() == options
     assert isinstance(create_engine("vllm", **options), VllmEngine)
 
 
 def test_worker_options_for_builtin_carry_no_vllm_options() -> None:
     args = worker_args("--engine", "builtin", "--tensor-parallel-size", "2", "--engine-arg", "a=1")
-    options = engine_options(args)
+    options = WorkerOptions.of(args).engine_options()
     assert not {"engine_args", "sleep_level", "api", "server_args"} & set(options)
     assert options["tensor_parallel_size"] == 2  # the builtin engine splits over ranks too
-    argv = engine_argv(args, "cold")
-    assert "--engine-arg" not in argv and "--api" not in argv
-    assert engine_options(worker_args(*argv)) == options
+    argv = WorkerOptions.of(args).engine_argv("cold")
+    assert not [arg for arg in argv if arg.startswith(("--engine-arg", "--api"))]
+    assert WorkerOptions.of(worker_args(*argv)).engine_options() == options
 
 
 def test_a_malformed_engine_arg_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:

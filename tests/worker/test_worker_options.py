@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from warmstart.api.worker_options import add_worker_arguments, worker_flags_problem
-from warmstart.worker.options import check_worker_args, engine_argv, engine_options
+from warmstart.api.worker_options import WorkerOptions, add_worker_arguments, worker_flags_problem
+from warmstart.worker.options import check_worker_args
 
 
 def parse(*flags: str) -> argparse.Namespace:
@@ -16,13 +16,21 @@ def parse(*flags: str) -> argparse.Namespace:
     return parser.parse_args(list(flags))
 
 
+def engine_options(args: argparse.Namespace) -> dict:
+    return WorkerOptions.of(args).engine_options()
+
+
+def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
+    return WorkerOptions.of(args).engine_argv(mode)
+
+
 def test_dtype_auto_leaves_the_model_its_own_dtype() -> None:
     assert "dtype" not in engine_options(parse("--dtype", "auto"))
     assert engine_options(parse("--dtype", "bfloat16"))["dtype"] == "bfloat16"
 
 
 def test_release_weights_is_left_to_the_engine_unless_given() -> None:
-    assert engine_options(parse())["release_weights"] is None
+    assert "release_weights" not in engine_options(parse())
     assert engine_options(parse("--no-release-weights"))["release_weights"] is False
     for flags, passed in (((), None), (("--release-weights",), "--release-weights"),
                           (("--no-release-weights",), "--no-release-weights")):  # fmt: skip

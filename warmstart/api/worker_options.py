@@ -1,21 +1,26 @@
-"""The flags of `warmstart worker`: the contract between the worker and whoever starts it.
+"""The options of `warmstart worker`: the contract between the worker and whoever starts it.
 
-The worker parses its command line with this parser; the operator checks an endpoint's `engine.args`
-against it and builds worker pods' arguments from it, without importing the worker or the engines.
+`WorkerOptions` declares each option once: its type and default, its flag's group, parser and help, which
+engines take it as a keyword option, and whether the engine process gets it. From it come the worker's
+parser, the engine's keyword options, the engine process's command line and the flags a restore pod must
+share with its capture (`warmstart.api.restore_facts`). The operator checks an endpoint's `engine.args`
+against the parser, without importing the worker or the engines.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
+import typing
 from collections.abc import Callable
-from typing import Any, NoReturn
+from dataclasses import dataclass, field
+from typing import Any, Literal, NoReturn, get_args, get_origin
 
 from warmstart.api.control_dir import CONTROL_DIR_ENV
 from warmstart.host.env import checked_seconds
 
-MODES = ("cold", "capture", "restore")
 DEFAULT_RESTORE_TIMEOUT = 600.0
 RESTORE_TIMEOUT_ENV = "WARMSTART_RESTORE_TIMEOUT"
 # The supervisor's probe endpoints on --probe-port (`warmstart.worker.probe`): `GET /ready?wait=S` answers
@@ -25,178 +30,17 @@ PROBE_LIVE_PATH = "/live"
 PROBE_WAIT_MAX_SECONDS = 5.0
 DEFAULT_START_TIMEOUT = 1800.0  # cold starts of large models take minutes; restores are much shorter
 
+# The groups of `--help`.
+ENGINE, VLLM, WORKER = "engine", "vllm engine (--engine vllm)", "worker"
+HTTP = "HTTP limits (what one client may hold)"
+
 
 def probe_port(engine_port: int) -> int:
     """The port the operator gives the supervisor's probe endpoints: the one after the engine's."""
     return engine_port + 1 if engine_port < 65535 else engine_port - 1
 
 
-def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
-    engine = parser.add_argument_group("engine")
-    engine.add_argument("--engine", default="builtin", help="engine kind (default builtin)")
-    engine.add_argument(
-        "--model", default="tiny", help="preset (tiny, demo, qwen3-0.6b, qwen3-8b) or a model dir"
-    )
-    engine.add_argument(
-        "--model-dir", help="model directory (default: $WARMSTART_CACHE/models/<preset>-<seed>)"
-    )
-    engine.add_argument("--served-model-name", help="the model name clients ask for (default: the preset)")
-    engine.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
-    engine.add_argument(
-        "--seed", type=integer(0, (1 << 32) - 1), default=0,
-        help="seed of generated or trained weights (default 0)",
-    )  # fmt: skip
-    engine.add_argument(
-        "--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="weights dtype (auto: as stored)"
-    )
-    engine.add_argument("--revision", help="model revision of a Hugging Face model id (vllm engine)")
-    engine.add_argument(
-        "--max-model-len", type=integer(1, 1 << 24), help="context length (default min(model's, 4096))"
-    )
-    engine.add_argument(
-        "--max-num-seqs", type=integer(1, 1 << 16), help="sequences batched together (default 8 CPU, 16 GPU)"
-    )
-    engine.add_argument(
-        "--cuda-graph-sizes", type=_int_list, help="decode batch sizes to capture, e.g. 1,2,4,8"
-    )
-    engine.add_argument("--compile", action="store_true", help="torch.compile the decode step (CUDA)")
-    engine.add_argument(
-        "--release-weights",
-        action=argparse.BooleanOptionalAction,
-        help="drop the weights before a checkpoint and reload them after resume (default: on CUDA with the "
-        "cuda-vmm arena, where they come back at the same addresses; off elsewhere)",
-    )
-    engine.add_argument(
-        "--arena",
-        default="auto",
-        choices=("auto", "torch", "cuda-vmm"),
-        help="weight/KV memory backend (auto: cuda-vmm on CUDA, which keeps addresses; torch on CPU)",
-    )
-    engine.add_argument(
-        "--tensor-parallel-size", type=integer(1, 1024), default=1,
-        help="processes (one per GPU) the model is split over (default 1; the builtin engine: gloo on CPU, "
-        "NCCL on CUDA)",
-    )  # fmt: skip
-    vllm = parser.add_argument_group("vllm engine (--engine vllm)")
-    vllm.add_argument(
-        "--gpu-memory-utilization", type=share, default=0.9,
-        help="share of GPU memory to take, more than 0 and at most 1 (default 0.9)",
-    )  # fmt: skip
-    vllm.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
-    vllm.add_argument(
-        "--sleep-level", type=int, choices=(1, 2), default=2,
-        help="before a checkpoint: 2 drops the weights and reloads them from the model files after resume, "
-        "1 keeps them in CPU memory, inside the snapshot (default 2)",
-    )  # fmt: skip
-    vllm.add_argument(
-        "--engine-arg", action="append", type=_engine_arg, metavar="KEY=VALUE",
-        help="any other vLLM engine argument (repeatable; VALUE is JSON where it parses)",
-    )  # fmt: skip
-    vllm.add_argument(
-        "--api", choices=("vllm", "warmstart"), default="vllm",
-        help="the HTTP server after resume: vllm (vLLM's own OpenAI-compatible server and its vllm:* "
-        "metrics, in the worker's process) or warmstart (the worker's; default vllm)",
-    )  # fmt: skip
-    vllm.add_argument(
-        "--vllm-server-arg", action="append", default=[], metavar="ARG",
-        help="one argument for vLLM's server, as `vllm serve` takes it (repeatable, in the = form: "
-        "--vllm-server-arg=--enable-auto-tool-choice --vllm-server-arg=--tool-call-parser=hermes)",
-    )  # fmt: skip
-    worker = parser.add_argument_group("worker")
-    worker.add_argument(
-        "--mode", choices=MODES, default="cold", help="cold, capture or restore (default cold)"
-    )
-    worker.add_argument("--host", default="127.0.0.1", help="HTTP listen address (default 127.0.0.1)")
-    worker.add_argument("--port", type=port_number, default=8000, help="HTTP port (default 8000)")
-    worker.add_argument(
-        "--probe-port", type=port_number,
-        help="serve the kubelet's probes on this port from the start: /ready?wait=S (held until the engine's "
-        "/ready is 200) and /live (default: not served)",
-    )  # fmt: skip
-    worker.add_argument(
-        "--start-timeout", type=seconds, default=DEFAULT_START_TIMEOUT,
-        help="seconds the engine may take to be ready before /live fails and the kubelet restarts it "
-        f"(default {DEFAULT_START_TIMEOUT:g})",
-    )  # fmt: skip
-    http = parser.add_argument_group("HTTP limits (what one client may hold)")
-    http.add_argument("--http-keep-alive-seconds", type=seconds, default=5.0,
-                      help="idle connections, request heads not in and bodies stalled are cut off after "
-                      "this (default 5)")  # fmt: skip
-    http.add_argument("--http-max-connections", type=integer(1, 1 << 20), default=1024,
-                      help="open connections; past it the one waiting longest for its client goes "
-                      "(default 1024)")  # fmt: skip
-    http.add_argument("--http-max-connections-per-client", type=integer(1, 1 << 20), default=256,
-                      help="open connections from one address; past it that address's longest waiting "
-                      "goes, else a 503 (default 256)")  # fmt: skip
-    http.add_argument("--http-body-timeout-seconds", type=seconds, default=30.0,
-                      help="a request body must arrive whole within this, else 408 (default 30)")  # fmt: skip
-    http.add_argument("--max-request-bytes", type=integer(1, 1 << 40), default=4 << 20,
-                      help="largest request body, else 413 (default 4 MiB)")  # fmt: skip
-    http.add_argument("--max-n", type=integer(1, 4096), default=16,
-                      help="largest `n` of one request (default 16)")  # fmt: skip
-    http.add_argument("--max-output-tokens", type=integer(1, 1 << 24), default=None,
-                      help="largest max_tokens (default: what the context leaves)")  # fmt: skip
-    worker.add_argument(
-        "--control-dir",
-        default=os.environ.get(CONTROL_DIR_ENV),
-        help=f"control directory shared with the agent (default ${CONTROL_DIR_ENV})",
-    )
-    worker.add_argument(
-        "--log-dir",
-        help="where the engine's stdout/stderr go (default <control-dir>/logs, else $WARMSTART_CACHE/logs)",
-    )
-    worker.add_argument(
-        "--restore-timeout",
-        type=_restore_seconds,
-        default=None,
-        help=f"restore mode: seconds to wait for the agent before a cold start "
-        f"(default ${RESTORE_TIMEOUT_ENV} or {DEFAULT_RESTORE_TIMEOUT:g})",
-    )
-
-
-class _RaisingParser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise ValueError(message)
-
-
-def worker_flags_problem(argv: list[str]) -> str | None:
-    """Why `warmstart worker` would reject these flags (argparse's own words), or None."""
-    parser = _RaisingParser(prog="warmstart worker", add_help=False, allow_abbrev=False)
-    add_worker_arguments(parser)
-    try:
-        _, unknown = parser.parse_known_args(argv)
-    except ValueError as exc:
-        return str(exc)
-    return f"unrecognized arguments: {' '.join(unknown)}" if unknown else None
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
-    return values
-
-
-def parse_engine_arg(text: str) -> tuple[str, Any]:
-    """`KEY=VALUE` -> (key, value); VALUE is JSON where it parses (numbers, booleans, objects), else text."""
-    key, sep, raw = text.partition("=")
-    key = key.strip().replace("-", "_")
-    if not sep or not key.isidentifier():
-        raise ValueError(f"expected KEY=VALUE with KEY an engine argument name, got {text!r}")
-    try:
-        return key, json.loads(raw)
-    except json.JSONDecodeError:
-        return key, raw
-
-
-def _engine_arg(text: str) -> tuple[str, object]:
-    try:
-        return parse_engine_arg(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+# --- parsers of one flag's text ------------------------------------------------------------------------
 
 
 def seconds(text: str) -> float:
@@ -250,3 +94,300 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"port must be between 0 and 65535, got {value}")
     return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_engine_arg(text: str) -> tuple[str, Any]:
+    """`KEY=VALUE` -> (key, value); VALUE is JSON where it parses (numbers, booleans, objects), else text."""
+    key, sep, raw = text.partition("=")
+    key = key.strip().replace("-", "_")
+    if not sep or not key.isidentifier():
+        raise ValueError(f"expected KEY=VALUE with KEY an engine argument name, got {text!r}")
+    try:
+        return key, json.loads(raw)
+    except json.JSONDecodeError:
+        return key, raw
+
+
+def _engine_arg(text: str) -> tuple[str, Any]:
+    try:
+        return parse_engine_arg(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# --- the options ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Flag:
+    """How an option is read from the command line and where it goes."""
+
+    group: str
+    help: str
+    parse: Callable[[str], Any] | None = None
+    engines: tuple[str, ...] = ()  # the engine kinds given it as a keyword option (EVERY: all)
+    keyword: str | None = None  # the engines' name for it, where it differs
+    supervisor_only: bool = False  # else also on the engine process's command line
+    repeated: bool = False  # the flag repeats, one value each time
+    text: Callable[[Any], str] = str  # a value back to a flag's text
+
+
+EVERY, BOTH, BUILTIN, VLLM_ONLY = ("*",), ("builtin", "vllm"), ("builtin",), ("vllm",)
+
+
+def option(
+    default: Any, group: str, help: str, parse: Callable[[str], Any] | None = None, **flag: Any
+) -> Any:
+    """A field of `WorkerOptions`: its default and its flag."""
+    metadata = {"flag": Flag(group, help, parse, **flag)}
+    if isinstance(default, list):
+        return field(default_factory=list, metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def _comma_list(values: list[int]) -> str:
+    return ",".join(map(str, values))
+
+
+def _engine_arg_text(pair: tuple[str, Any]) -> str:
+    return f"{pair[0]}={json.dumps(pair[1])}"
+
+
+@dataclass(frozen=True)
+class WorkerOptions:
+    """Every option of `warmstart worker`, in the order `--help` shows them. Built from what the worker's
+    parser checked (`of`); a plain dataclass, so that a restore pod's supervisor starts without pydantic."""
+
+    engine: str = option("builtin", ENGINE, "engine kind")
+    model: str = option(
+        "tiny", ENGINE, "preset (tiny, demo, qwen3-0.6b, qwen3-8b) or a model dir", engines=EVERY
+    )
+    model_dir: str | None = option(
+        None, ENGINE, "model directory (default: $WARMSTART_CACHE/models/<preset>-<seed>)", engines=EVERY
+    )
+    served_model_name: str | None = option(
+        None, ENGINE, "the model name clients ask for (default: the preset)", engines=EVERY
+    )
+    device: str = option("cpu", ENGINE, "cpu, cuda or cuda:N", engines=EVERY)
+    seed: int = option(
+        0, ENGINE, "seed of generated or trained weights", integer(0, (1 << 32) - 1), engines=BOTH
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] | None = option(
+        None, ENGINE, "weights dtype (auto: as stored)", engines=EVERY
+    )
+    revision: str | None = option(None, ENGINE, "model revision of a Hugging Face model id (vllm engine)")
+    max_model_len: int | None = option(
+        None, ENGINE, "context length (default min(model's, 4096))", integer(1, 1 << 24), engines=EVERY
+    )
+    max_num_seqs: int | None = option(
+        None, ENGINE, "sequences batched together (default 8 CPU, 16 GPU)", integer(1, 1 << 16), engines=EVERY
+    )
+    cuda_graph_sizes: list[int] | None = option(
+        None,
+        ENGINE,
+        "decode batch sizes to capture, e.g. 1,2,4,8",
+        _int_list,
+        engines=EVERY,
+        text=_comma_list,
+    )
+    compile: bool = option(False, ENGINE, "torch.compile the decode step (CUDA)", engines=BUILTIN)
+    release_weights: bool | None = option(
+        None, ENGINE, "drop the weights before a checkpoint and reload them after resume (default: on CUDA "
+        "with the cuda-vmm arena, where they come back at the same addresses; off elsewhere)",
+        engines=BUILTIN,
+    )  # fmt: skip
+    arena: Literal["auto", "torch", "cuda-vmm"] = option(
+        "auto", ENGINE, "weight/KV memory backend (auto: cuda-vmm on CUDA, which keeps addresses; torch on "
+        "CPU)", engines=BUILTIN,
+    )  # fmt: skip
+    tensor_parallel_size: int = option(
+        1, ENGINE, "processes (one per GPU) the model is split over (the builtin engine: gloo on CPU, NCCL "
+        "on CUDA)", integer(1, 1024), engines=BOTH,
+    )  # fmt: skip
+
+    gpu_memory_utilization: float = option(
+        0.9, VLLM, "share of GPU memory to take, more than 0 and at most 1", share, engines=BOTH
+    )
+    enforce_eager: bool = option(False, VLLM, "no CUDA graphs", engines=VLLM_ONLY)
+    sleep_level: Literal[1, 2] = option(
+        2, VLLM, "before a checkpoint: 2 drops the weights and reloads them from the model files after "
+        "resume, 1 keeps them in CPU memory, inside the snapshot", int, engines=VLLM_ONLY,
+    )  # fmt: skip
+    engine_arg: list[tuple[str, Any]] = option(
+        [], VLLM, "any other vLLM engine argument (repeatable; VALUE is JSON where it parses)", _engine_arg,
+        engines=VLLM_ONLY, keyword="engine_args", repeated=True, text=_engine_arg_text,
+    )  # fmt: skip
+    api: Literal["vllm", "warmstart"] = option(
+        "vllm", VLLM, "the HTTP server after resume: vllm (vLLM's own OpenAI-compatible server and its "
+        "vllm:* metrics, in the worker's process) or warmstart (the worker's)", engines=VLLM_ONLY,
+    )  # fmt: skip
+    vllm_server_arg: list[str] = option(
+        [], VLLM, "one argument for vLLM's server, as `vllm serve` takes it (repeatable, in the = form: "
+        "--vllm-server-arg=--enable-auto-tool-choice --vllm-server-arg=--tool-call-parser=hermes)",
+        engines=VLLM_ONLY, keyword="server_args", repeated=True,
+    )  # fmt: skip
+
+    mode: Literal["cold", "capture", "restore"] = option("cold", WORKER, "cold, capture or restore")
+    host: str = option("127.0.0.1", WORKER, "HTTP listen address")
+    port: int = option(8000, WORKER, "HTTP port", port_number)
+    probe_port: int | None = option(
+        None, WORKER, "serve the kubelet's probes on this port from the start: /ready?wait=S (held until the "
+        "engine's /ready is 200) and /live (default: not served)", port_number, supervisor_only=True,
+    )  # fmt: skip
+    start_timeout: float = option(
+        DEFAULT_START_TIMEOUT, WORKER, "seconds the engine may take to be ready before /live fails and the "
+        "kubelet restarts it", seconds, supervisor_only=True,
+    )  # fmt: skip
+
+    http_keep_alive_seconds: float = option(
+        5.0, HTTP, "idle connections, request heads not in and bodies stalled are cut off after this", seconds
+    )
+    http_max_connections: int = option(
+        1024,
+        HTTP,
+        "open connections; past it the one waiting longest for its client goes",
+        integer(1, 1 << 20),
+    )
+    http_max_connections_per_client: int = option(
+        256, HTTP, "open connections from one address; past it that address's longest waiting goes, else a "
+        "503", integer(1, 1 << 20),
+    )  # fmt: skip
+    http_body_timeout_seconds: float = option(
+        30.0, HTTP, "a request body must arrive whole within this, else 408", seconds
+    )
+    max_request_bytes: int = option(
+        4 << 20, HTTP, "largest request body in bytes, else 413", integer(1, 1 << 40)
+    )
+    max_n: int = option(16, HTTP, "largest `n` of one request", integer(1, 4096))
+    max_output_tokens: int | None = option(
+        None, HTTP, "largest max_tokens (default: what the context leaves)", integer(1, 1 << 24)
+    )
+
+    control_dir: str | None = option(
+        None, WORKER, f"control directory shared with the agent (default ${CONTROL_DIR_ENV})"
+    )
+    log_dir: str | None = option(
+        None, WORKER, "where the engine's stdout/stderr go (default <control-dir>/logs, else "
+        "$WARMSTART_CACHE/logs)", supervisor_only=True,
+    )  # fmt: skip
+    restore_timeout: float | None = option(
+        None, WORKER, "restore mode: seconds to wait for the agent before a cold start "
+        f"(default ${RESTORE_TIMEOUT_ENV} or {DEFAULT_RESTORE_TIMEOUT:g})", _restore_seconds,
+        supervisor_only=True,
+    )  # fmt: skip
+
+    def __post_init__(self) -> None:
+        if self.dtype == "auto":  # as stored: the same options as none given
+            object.__setattr__(self, "dtype", None)
+
+    @classmethod
+    def of(cls, args: argparse.Namespace) -> WorkerOptions:
+        """The options in a namespace the worker's parser filled (its other attributes left out)."""
+        return cls(**{name: getattr(args, name) for name in FLAGS})
+
+    def engine_options(self) -> dict[str, Any]:
+        """Keyword options for `create_engine(self.engine, ...)`; one not given is left to the engine."""
+        options = {
+            flag.keyword or name: getattr(self, name)
+            for name, flag in FLAGS.items()
+            if flag.engines and self._for_engine(flag) and getattr(self, name) is not None
+        }
+        if self.engine == "vllm":
+            options["engine_args"] = dict(self.engine_arg) | (
+                {"revision": self.revision} if self.revision else {}
+            )
+        return options
+
+    def engine_argv(self, mode: str) -> list[str]:
+        """The engine process's command line, in `mode` (cold or capture)."""
+        return dataclasses.replace(self, mode=mode).argv()
+
+    def argv(self, leave_out: tuple[str, ...] = ()) -> list[str]:
+        """The engine process's options that differ from their defaults, as flags in the `--flag=value` form
+        (a value may begin with a dash): the same options always give the same flags."""
+        argv: list[str] = []
+        for name, flag in FLAGS.items():
+            value = getattr(self, name)
+            default = DEFAULTS[name]
+            if flag.supervisor_only or name in leave_out or value == default or not self._for_engine(flag):
+                continue
+            option = _option(name)
+            if isinstance(value, bool):
+                argv.append(option if value else "--no-" + option[2:])
+            elif flag.repeated:
+                argv += [f"{option}={flag.text(item)}" for item in value]
+            else:
+                argv.append(f"{option}={flag.text(value)}")
+        return argv
+
+    def _for_engine(self, flag: Flag) -> bool:
+        """Every engine takes an option, unless the option names the engines that do."""
+        return flag.engines in ((), EVERY) or self.engine in flag.engines
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+FLAGS: dict[str, Flag] = {item.name: item.metadata["flag"] for item in dataclasses.fields(WorkerOptions)}
+DEFAULTS: dict[str, Any] = {name: getattr(WorkerOptions(), name) for name in FLAGS}
+TYPES: dict[str, Any] = typing.get_type_hints(WorkerOptions)
+
+
+def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+    """The worker's flags, one per option, in their groups; each help names the option's default."""
+    groups: dict[str, Any] = {}
+    for name, flag in FLAGS.items():
+        default, annotation = DEFAULTS[name], TYPES[name]
+        if flag.group not in groups:
+            groups[flag.group] = parser.add_argument_group(flag.group)
+        kwargs: dict[str, Any] = {"help": flag.help + _default_text(default)}
+        if annotation is bool:
+            kwargs["action"] = "store_true"
+        elif annotation == bool | None:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs.update(type=flag.parse, choices=_choices(annotation))
+        if flag.repeated:
+            kwargs.update(action="append", metavar="KEY=VALUE" if flag.parse else "ARG")
+        kwargs["default"] = os.environ.get(CONTROL_DIR_ENV) if name == "control_dir" else default
+        groups[flag.group].add_argument(_option(name), **kwargs)
+
+
+def _default_text(default: Any) -> str:
+    if default is None or isinstance(default, bool | list):
+        return ""
+    return f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
+
+
+def _choices(annotation: Any) -> tuple[Any, ...] | None:
+    for candidate in (annotation, *get_args(annotation)):
+        if get_origin(candidate) is Literal:
+            return get_args(candidate)
+    return None
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(message)
+
+
+def worker_flags_problem(argv: list[str]) -> str | None:
+    """Why `warmstart worker` would reject these flags (argparse's own words), or None."""
+    parser = _RaisingParser(prog="warmstart worker", add_help=False, allow_abbrev=False)
+    add_worker_arguments(parser)
+    try:
+        _, unknown = parser.parse_known_args(argv)
+    except ValueError as exc:
+        return str(exc)
+    return f"unrecognized arguments: {' '.join(unknown)}" if unknown else None

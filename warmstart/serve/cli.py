@@ -153,7 +153,7 @@ def _stop_on_signals() -> None:
     signal.signal(signal.SIGINT, interrupt)
 
 
-def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     from warmstart.api.worker_options import seconds
 
     parser.add_argument("--engine", default="builtin", help="engine adapter (default builtin)")
@@ -188,7 +188,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_worker_arguments(parser)
+    add_serve_arguments(parser)
     parser.add_argument("--port", type=port_number, default=8000, help="port to serve on (default 8000)")
     parser.add_argument(
         "--once", "--exit-after-ready", dest="once", action="store_true",

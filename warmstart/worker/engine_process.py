@@ -29,12 +29,11 @@ from warmstart.api.control_dir import (
     ControlDir,
     Signal,
 )
-from warmstart.api.worker_options import add_worker_arguments
+from warmstart.api.worker_options import WorkerOptions, add_worker_arguments
 from warmstart.host import procinfo
 from warmstart.worker.connections import ConnectionLimits, quiet_connection_logs, uvicorn_options
 from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.openai_requests import RequestLimits
-from warmstart.worker.options import engine_options
 
 log = logging.getLogger("warmstart.worker.engine")
 
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from warmstart.engines.base import EngineError
 
     try:
-        engine = create_engine(args.engine, **engine_options(args))
+        engine = create_engine(args.engine, **WorkerOptions.of(args).engine_options())
         engine.load()
         engine.warm_up()
     except (EngineError, ValueError, OSError) as exc:

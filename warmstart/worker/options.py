@@ -1,12 +1,11 @@
-"""Command-line options shared by `warmstart worker` (the supervisor) and the engine process it spawns."""
+"""What the worker resolves of its options (`warmstart.api.worker_options`) beyond their parsing: the settings
+the environment gives, the checks across options, where its logs go."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from pathlib import Path
-from typing import Any
 
 from warmstart.api.control_dir import CONTROL_DIR_ENV
 from warmstart.api.worker_options import DEFAULT_RESTORE_TIMEOUT, RESTORE_TIMEOUT_ENV
@@ -16,81 +15,6 @@ from warmstart.host.env import cache_dir, env_seconds
 # this bounds a restorer that died): longer than a CRIU restore's own timeout and the verification before it.
 RESTORE_ANSWER_TIMEOUT_ENV = "WARMSTART_RESTORE_ANSWER_TIMEOUT"
 DEFAULT_RESTORE_ANSWER_TIMEOUT = 1800.0
-
-
-def engine_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Keyword options for `create_engine(args.engine, ...)`."""
-    options: dict[str, Any] = {"model": args.model, "device": args.device}
-    optional = {
-        "model_dir": args.model_dir,
-        "served_model_name": args.served_model_name,
-        "dtype": None if args.dtype == "auto" else args.dtype,
-        "max_model_len": args.max_model_len,
-        "max_num_seqs": args.max_num_seqs,
-        "cuda_graph_sizes": args.cuda_graph_sizes,
-    }
-    options.update({key: value for key, value in optional.items() if value is not None})
-    if args.engine == "builtin":
-        options.update(
-            seed=args.seed,
-            tensor_parallel_size=args.tensor_parallel_size,
-            compile=args.compile,
-            release_weights=args.release_weights,
-            arena=args.arena,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-        )
-    elif args.engine == "vllm":
-        options.update(
-            seed=args.seed,
-            tensor_parallel_size=args.tensor_parallel_size,
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            enforce_eager=args.enforce_eager,
-            sleep_level=args.sleep_level,
-            api=args.api,
-            server_args=list(args.vllm_server_arg),
-            engine_args=dict(args.engine_arg or []) | ({"revision": args.revision} if args.revision else {}),
-        )
-    return options
-
-
-def engine_argv(args: argparse.Namespace, mode: str) -> list[str]:
-    """The engine process's arguments: the same options, with `mode` (cold or capture)."""
-    argv = ["--engine", args.engine, "--model", args.model, "--device", args.device, "--seed", str(args.seed),
-            "--mode", mode, "--host", args.host, "--port", str(args.port), "--arena", args.arena,
-            "--gpu-memory-utilization", str(args.gpu_memory_utilization)]  # fmt: skip
-    for flag, value in (
-        ("--model-dir", args.model_dir),
-        ("--served-model-name", args.served_model_name),
-        ("--dtype", args.dtype),
-        ("--revision", args.revision),
-        ("--max-model-len", args.max_model_len),
-        ("--max-num-seqs", args.max_num_seqs),
-        ("--control-dir", args.control_dir),
-        ("--http-keep-alive-seconds", args.http_keep_alive_seconds),
-        ("--http-max-connections", args.http_max_connections),
-        ("--http-max-connections-per-client", args.http_max_connections_per_client),
-        ("--http-body-timeout-seconds", args.http_body_timeout_seconds),
-        ("--max-request-bytes", args.max_request_bytes),
-        ("--max-n", args.max_n),
-        ("--max-output-tokens", args.max_output_tokens),
-    ):
-        if value is not None:
-            argv += [flag, str(value)]
-    if args.cuda_graph_sizes:
-        argv += ["--cuda-graph-sizes", ",".join(map(str, args.cuda_graph_sizes))]
-    argv += ["--compile"] if args.compile else []
-    if args.release_weights is not None:
-        argv += ["--release-weights" if args.release_weights else "--no-release-weights"]
-    if args.engine == "builtin" and args.tensor_parallel_size != 1:
-        argv += ["--tensor-parallel-size", str(args.tensor_parallel_size)]
-    if args.engine == "vllm":
-        argv += ["--tensor-parallel-size", str(args.tensor_parallel_size),
-                 "--sleep-level", str(args.sleep_level)]  # fmt: skip
-        argv += ["--enforce-eager"] if args.enforce_eager else []
-        argv += ["--api", args.api] + [f"--vllm-server-arg={arg}" for arg in args.vllm_server_arg]
-        for key, value in args.engine_arg or []:
-            argv += ["--engine-arg", f"{key}={json.dumps(value)}"]
-    return argv
 
 
 def check_worker_args(args: argparse.Namespace) -> str | None:

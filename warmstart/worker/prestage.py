@@ -19,9 +19,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from warmstart.api.worker_options import add_worker_arguments
+from warmstart.api.worker_options import WorkerOptions, add_worker_arguments
 from warmstart.snapshot import residency
-from warmstart.worker.options import engine_options
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +48,7 @@ def model_dir(args: argparse.Namespace) -> Path | None:
     is not local files (a Hugging Face id the engine downloads)."""
     from warmstart.engines import create_engine
 
-    engine = create_engine(args.engine, **engine_options(args))
+    engine = create_engine(args.engine, **WorkerOptions.of(args).engine_options())
     found = str(engine.model_dir or "")
     return Path(found) if found else None
 

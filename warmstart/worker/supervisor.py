@@ -43,12 +43,12 @@ from warmstart.api.control_dir import (
     ControlDir,
     Signal,
 )
+from warmstart.api.worker_options import WorkerOptions
 from warmstart.host import procinfo
 from warmstart.worker.facts import measure_restore_facts
 from warmstart.worker.options import (
     DEFAULT_RESTORE_ANSWER_TIMEOUT,
     RESTORE_ANSWER_TIMEOUT_ENV,
-    engine_argv,
     log_dir,
     restore_timeout,
 )
@@ -161,7 +161,12 @@ class Supervisor:
     def _spawn(self, mode: str, started_at: float) -> int:
         directory = log_dir(self.args)
         directory.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "warmstart.worker.engine_process", *engine_argv(self.args, mode)]
+        argv = [
+            sys.executable,
+            "-m",
+            "warmstart.worker.engine_process",
+            *WorkerOptions.of(self.args).engine_argv(mode),
+        ]
         argv += ["--started-at", repr(started_at)]
         with open(directory / ENGINE_LOG, "ab") as log_file:
             # A new session: the engine leads its own session, as CRIU wants of a dumped tree's root. Every
