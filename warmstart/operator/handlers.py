@@ -22,9 +22,10 @@ from warmstart.operator import crds, rollout
 from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
 from warmstart.operator.diagnosis import is_terminating
 from warmstart.operator.metrics import METRICS
-from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, Outcome, reconcile
+from warmstart.operator.reconcile import ChildApplyFailed, MissingAPI, reconcile
 from warmstart.operator.seen_children import SeenChildren, SeenKube
 from warmstart.operator.settings import OperatorSettings
+from warmstart.operator.snapshots import SnapshotPlan
 from warmstart.operator.spec import InvalidSpec
 from warmstart.operator.wakeups import Key, Wakeups, check_loop
 
@@ -87,10 +88,9 @@ def _kube() -> Kube:
     return Runtime.kube
 
 
-def _follow_up(outcome: Outcome) -> float | None:
+def _follow_up(plan: SnapshotPlan) -> float | None:
     """Come back for a Failed snapshot awaiting its retry; the periodic resync covers everything else."""
-    plan = outcome.plan
-    if plan is not None and plan.active_phase == Phase.FAILED and not plan.exhausted:
+    if plan.active_phase == Phase.FAILED and not plan.exhausted:
         return max(1.0, Runtime.backoff.base_seconds / 4)
     return None
 
@@ -100,12 +100,12 @@ def endpoint_lock(key: Key) -> threading.Lock:
         return Runtime.locks.setdefault(key, threading.Lock())
 
 
-def run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
+def run_reconcile(handler: str, key: Key, retry: int = 0) -> None:
     """Reconcile one endpoint from a fresh read (so status transitions are never computed from a stale
     copy), and count it. kopf calls this from the endpoint's own handler, one call at a time per endpoint.
-    None: the endpoint is gone, or its spec is invalid (already reported in status, once per generation:
-    retrying cannot help until the spec changes). A failure raises kopf.TemporaryError, for kopf to retry
-    after the backoff (`retry`: the failures in a row so far, as kopf counts them)."""
+    An endpoint gone, or with an invalid spec (already reported in status, once per generation: retrying
+    cannot help until the spec changes), is not retried. A failure raises kopf.TemporaryError, for kopf to
+    retry after the backoff (`retry`: the failures in a row so far, as kopf counts them)."""
     with endpoint_lock(key):
         started = time.perf_counter()
         result = "error"
@@ -114,23 +114,21 @@ def run_reconcile(handler: str, key: Key, retry: int = 0) -> Outcome | None:
             if body is None or body["metadata"].get("deletionTimestamp"):
                 result = "gone"
                 Runtime.wakeups.forget(key)  # its DELETED event may come later: no check of it meanwhile
-                return None
-            outcome = reconcile(
+                return
+            status, plan = reconcile(
                 SeenKube(_kube(), Runtime.seen),
                 body,
                 Runtime.backoff,
                 Runtime.settings.agents,
                 Runtime.settings.snapshot_store,
             )
-            METRICS.endpoints.set(*key, outcome.status.phase)
+            METRICS.endpoints.set(*key, status.phase)
             result = "success"
-            Runtime.wakeups.reconciled(key, _follow_up(outcome))
-            return outcome
+            Runtime.wakeups.reconciled(key, _follow_up(plan))
         except InvalidSpec:
             result = "invalid"
             METRICS.endpoints.set(*key, "Degraded")
             Runtime.wakeups.reconciled(key)
-            return None
         except ChildApplyFailed as exc:
             METRICS.endpoints.set(*key, "Degraded")
             raise _retry_later(key, handler, retry, exc) from exc

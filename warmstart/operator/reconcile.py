@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from dataclasses import dataclass, field
 from typing import Any
 
 from warmstart.api import labels as L
@@ -87,13 +86,6 @@ def apply_child(kube: Kube, obj: dict[str, Any], current: dict[str, Any] | None 
     except KubeError as exc:
         child = f"{obj['kind']} {meta['namespace']}/{meta['name']}"
         raise ChildApplyFailed(exc.status, f"{child}: {exc}") from exc
-
-
-@dataclass
-class Outcome:
-    status: EndpointStatus
-    plan: SnapshotPlan | None = None
-    events: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 def post_event(kube: Kube, involved: dict[str, Any], kind: str, reason: str, message: str) -> None:
@@ -260,11 +252,12 @@ def reconcile(
     backoff: Backoff = CAPTURE_BACKOFF,
     agents: AgentLookup | None = None,
     snapshot_store: str = NODE_LOCAL,
-) -> Outcome:
-    """Reconcile one endpoint; raises InvalidSpec (permanent, reported once per generation), MissingAPI,
-    ChildApplyFailed (a child the API server refused, reported in status and by a Warning Event) or
-    KubeError. `agents`: where the node agents run, to check that capture and restore pods have one;
-    `snapshot_store`: the kind of store they keep snapshots in (placement)."""
+) -> tuple[EndpointStatus, SnapshotPlan]:
+    """Reconcile one endpoint: (its status, the snapshot plan carried out). Raises InvalidSpec (permanent,
+    reported once per generation), MissingAPI, ChildApplyFailed (a child the API server refused, reported
+    in status and by a Warning Event) or KubeError. `agents`: where the node agents run, to check that
+    capture and restore pods have one; `snapshot_store`: the kind of store they keep snapshots in
+    (placement)."""
     meta = body["metadata"]
     owner = children.Owner.from_body(body)
     generation = int(meta.get("generation") or 0)
@@ -332,7 +325,7 @@ def reconcile(
         post_event(kube, body, kind, reason, message)
     if missing is not None:
         raise missing
-    return Outcome(status=status, plan=plan, events=events)
+    return status, plan
 
 
 def worker_template(
