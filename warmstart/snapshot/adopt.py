@@ -46,15 +46,6 @@ def check_signed_manifest(
     return parse_manifest(raw, snapshot_id, expected_identity)  # id, identity hash and identity checked there
 
 
-def blob_modes(manifest: Manifest) -> dict[str, int]:
-    """The mode each blob is stored with: the first file's that names it, without write bits (as publish)."""
-    modes: dict[str, int] = {}
-    for path in sorted(manifest.files):
-        entry = manifest.files[path]
-        modes.setdefault(entry.digest, entry.mode & 0o555)
-    return modes
-
-
 def adopt(
     layout: StoreLayout,
     staging_root: Path,
@@ -77,15 +68,16 @@ def adopt(
     write_new_file(output / MANIFEST_FILE, raw)
     write_new_file(output / SIGNATURE_FILE, signature)
     fsync_dir(output)
-    modes = blob_modes(manifest)
-    sizes = {entry.digest: entry.size for entry in manifest.files.values()}
+    entries = manifest.representatives()
     final = layout.snapshots_dir / manifest.id
     with layout.lock(exclusive=False):
         for digest, source in fetched.items():
-            _place(layout, source, digest, sizes[digest], modes[digest], digest in replace)
+            _place(layout, source, entries[digest], digest in replace)
         fsync_dir(layout.blobs_dir)
         missing = sorted(
-            digest for digest, size in sizes.items() if not existing_blob_of_size(layout, digest, size)
+            digest
+            for digest, entry in entries.items()
+            if not existing_blob_of_size(layout, digest, entry.size)
         )
         if missing:
             raise BlobsMissing(missing)
@@ -96,8 +88,9 @@ def adopt(
     return Snapshot(final, manifest)
 
 
-def _place(layout: StoreLayout, source: Path, digest: str, size: int, mode: int, replace: bool) -> None:
-    """Make a fetched file the blob of `digest`: a blob already there of its size is kept unless it was found
-    corrupted (`replace`); anything else at its name is replaced."""
-    keep = not replace and existing_blob_of_size(layout, digest, size)
-    ingest(layout, source, FileEntry(digest=digest, size=size, mode=mode), keep_existing=keep)
+def _place(layout: StoreLayout, source: Path, entry: FileEntry, replace: bool) -> None:
+    """Make a fetched file the blob of `entry` (the first file naming it: its mode, without write bits as
+    publish stores blobs): a blob already there of its size is kept unless it was found corrupted
+    (`replace`); anything else at its name is replaced."""
+    keep = not replace and existing_blob_of_size(layout, entry.digest, entry.size)
+    ingest(layout, source, entry, keep_existing=keep)

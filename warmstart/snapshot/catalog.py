@@ -16,7 +16,7 @@ import shutil
 import stat
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from warmstart.snapshot.layout import (
     StoreLayout,
 )
 from warmstart.snapshot.manifest import (
+    CREATED_FORMAT,
     SNAPSHOT_ID_PATTERN,
     FileEntry,
     IdentityMismatch,
@@ -66,7 +67,7 @@ class Snapshot:
 
     @property
     def created(self) -> datetime:
-        return self.manifest.created_at
+        return datetime.strptime(self.manifest.created, CREATED_FORMAT).replace(tzinfo=UTC)
 
     @property
     def size(self) -> int:

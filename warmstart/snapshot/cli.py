@@ -97,12 +97,9 @@ def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace)
 
     try:
         return handler(args)
-    except (UsageError, SigningKeyError) as exc:
+    except (UsageError, SigningKeyError, SnapshotError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    except SnapshotError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return EXIT_INVALID
+        return EXIT_INVALID if isinstance(exc, SnapshotError) else EXIT_USAGE
 
 
 def _store(args: argparse.Namespace) -> Any:

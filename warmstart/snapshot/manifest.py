@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from functools import cached_property
 from typing import Any
 
@@ -134,10 +134,6 @@ class Manifest:
         return CaptureRecord.of(self.meta)
 
     @property
-    def created_at(self) -> datetime:
-        return datetime.strptime(self.created, CREATED_FORMAT).replace(tzinfo=UTC)
-
-    @property
     def size(self) -> int:
         """Bytes of the snapshot's files."""
         return sum(entry.size for entry in self.files.values())
@@ -145,6 +141,13 @@ class Manifest:
     def digests(self) -> set[str]:
         """Every blob the snapshot needs."""
         return {entry.digest for entry in self.files.values()}
+
+    def representatives(self) -> dict[str, FileEntry]:
+        """One entry per distinct blob, the first by path (entries of one digest hold the same bytes)."""
+        chosen: dict[str, FileEntry] = {}
+        for path in sorted(self.files):
+            chosen.setdefault(self.files[path].digest, self.files[path])
+        return chosen
 
     def to_dict(self) -> dict[str, Any]:
         return {

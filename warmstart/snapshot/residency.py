@@ -18,6 +18,7 @@ the way) and must be regular files: a privileged reader is never led elsewhere b
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import mmap
@@ -124,35 +125,32 @@ def evict(path: str | os.PathLike[str]) -> None:
 
 @dataclass
 class _Allotment:
-    path: str
     fd: int
     length: int  # how much of the file's start the budget covers
 
 
-def _allot(paths: Iterable[str | os.PathLike[str]], budget_bytes: int, root: Path | None) -> list[_Allotment]:
-    """Open the files in order until the budget is spent; each gets what is left of it, up to its size."""
+def _allot(
+    paths: Iterable[str | os.PathLike[str]],
+    budget_bytes: int,
+    root: Path | None,
+    opened: contextlib.ExitStack,
+) -> list[_Allotment]:
+    """Open the files in order until the budget is spent (`opened` closes them); each gets what is left of
+    it, up to its size."""
     allotted: list[_Allotment] = []
     left = budget_bytes
-    try:
-        for path in paths:
-            if left <= 0:
-                break
-            try:
-                fd = open_regular(path, root)
-            except FileNotFoundError:  # removed by GC since it was listed: nothing to stage
-                continue
-            length = min(os.fstat(fd).st_size, left)
-            allotted.append(_Allotment(os.fspath(path), fd, length))
-            left -= length
-    except BaseException:
-        _close(allotted)
-        raise
+    for path in paths:
+        if left <= 0:
+            break
+        try:
+            fd = open_regular(path, root)
+        except FileNotFoundError:  # removed by GC since it was listed: nothing to stage
+            continue
+        opened.callback(os.close, fd)
+        length = min(os.fstat(fd).st_size, left)
+        allotted.append(_Allotment(fd, length))
+        left -= length
     return allotted
-
-
-def _close(allotted: list[_Allotment]) -> None:
-    for allotment in allotted:
-        os.close(allotment.fd)
 
 
 def _missing_ranges(pages: bytes, length: int) -> list[tuple[int, int]]:
@@ -197,13 +195,11 @@ def stage(
     file is skipped; a symbolic link, a path outside `root` or a file that is not regular raises UnsafeInput
     before anything is read. Returns the bytes read.
     """
-    allotted = _allot(paths, budget_bytes, root)
-    try:
+    with contextlib.ExitStack() as opened:
+        allotted = _allot(paths, budget_bytes, root, opened)
         read = parallel_map(
             lambda allotment: _stage_file(allotment, chunk_bytes, should_stop), allotted, workers=threads
         )
-    finally:
-        _close(allotted)
     return sum(read)
 
 

@@ -84,8 +84,6 @@ class HmacKey:
 
 
 class Ed25519Signer:
-    """Signs with an Ed25519 private key."""
-
     algorithm = ED25519
 
     def __init__(self, private_key: object) -> None:
@@ -104,8 +102,6 @@ class Ed25519Signer:
 
 
 class Ed25519Verifier:
-    """Verifies with an Ed25519 public key."""
-
     algorithm = ED25519
 
     def __init__(self, public_key: object) -> None:

@@ -53,15 +53,18 @@ def signing_keys(store_root: Path, key: str | None) -> tuple[Signer, Verifier, s
 
     The third value is a note for the user when a key was generated, else "".
     """
-    from warmstart.snapshot.signing import keys_from_content
+    from warmstart.snapshot.signing import KeyExists, generate_hmac_key, keys_from_content
 
     if key is not None:
         return (*keys_from_content(Path(key), _read_key(Path(key), follow_symlinks=True)), "")
     path = default_key_path(store_root)
-    created = _ensure_key(path)
-    signer, verifier = keys_from_content(path, read_private_key(path))
-    note = f"generated a signing key for this store at {path} (mode 0600); pass --key to use your own"
-    return signer, verifier, note if created else ""
+    _private_directory(path.parent)
+    try:
+        generate_hmac_key(path)
+        note = f"generated a signing key for this store at {path} (mode 0600); pass --key to use your own"
+    except KeyExists:
+        note = ""
+    return (*keys_from_content(path, read_private_key(path)), note)
 
 
 def verification_key(store_root: Path, key: str | None) -> Verifier:
@@ -78,18 +81,6 @@ def verification_key(store_root: Path, key: str | None) -> Verifier:
             f"it would be {path})"
         )
     return keys_from_content(path, read_private_key(path))[1]
-
-
-def _ensure_key(path: Path) -> bool:
-    """Create the key at `path` unless it exists; True when this call wrote it."""
-    from warmstart.snapshot.signing import KeyExists, generate_hmac_key
-
-    _private_directory(path.parent)
-    try:
-        generate_hmac_key(path)
-    except KeyExists:
-        return False
-    return True
 
 
 def _private_directory(directory: Path) -> None:

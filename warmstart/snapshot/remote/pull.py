@@ -93,14 +93,6 @@ def plan_pieces(entry: FileEntry, path: Path, part_size: int) -> list[Piece]:
     ]
 
 
-def representatives(manifest: Manifest) -> dict[str, FileEntry]:
-    """One entry per distinct blob (entries of one digest hold the same bytes)."""
-    chosen: dict[str, FileEntry] = {}
-    for path in sorted(manifest.files):
-        chosen.setdefault(manifest.files[path].digest, manifest.files[path])
-    return chosen
-
-
 @dataclass
 class _Pull:
     client: ObjectClient
@@ -262,7 +254,7 @@ def _fetch_and_adopt(
     job: _Pull, raw: bytes, signature: bytes, manifest: Manifest, verify_cached: bool
 ) -> PullResult:
     store, layout = job.store, job.store.layout
-    entries = representatives(manifest)
+    entries = manifest.representatives()
     wanted, replace = _what_to_fetch(store, entries, verify_cached)
     staging_root = create_staging_root(layout)
     fetched: dict[str, Path] = {}

@@ -144,7 +144,8 @@ def push_snapshot(
     blobs = job.blobs(manifest)
     workers = client.config.concurrency
     try:
-        parallel_map(lambda item: job.push_blob(item[0], *item[1]), _largest_first(blobs), workers=workers)
+        largest_first = sorted(blobs.items(), key=lambda item: item[1][0], reverse=True)
+        parallel_map(lambda item: job.push_blob(item[0], *item[1]), largest_first, workers=workers)
         progress(Progress("blobs-done", snapshot_id))
         result.already_published = not job.commit(snapshot_id, raw, signature)
         job.repair_missing(blobs, workers)
@@ -155,7 +156,3 @@ def push_snapshot(
     counters.add(pushes=1)
     progress(Progress("published", snapshot_id))
     return result
-
-
-def _largest_first(blobs: dict[str, tuple[int, Path]]) -> list[tuple[str, tuple[int, Path]]]:
-    return sorted(blobs.items(), key=lambda item: item[1][0], reverse=True)
