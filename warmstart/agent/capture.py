@@ -91,10 +91,8 @@ class CapturePhase:
             if control.path.is_dir() and not control.present(SNAPSHOT_COMPLETE):
                 control.send(SNAPSHOT_COMPLETE, {"snapshot": objects.store_snapshot_id(snap)})
             return
-        failed_already = (
-            status.capture_attempt == status.attempt and status.capture_state == CaptureState.FAILED
-        )
-        if derive_phase(status)[0] == Phase.INVALID or failed_already:
+        failed = status.capture_attempt == status.attempt and status.capture_state == CaptureState.FAILED
+        if derive_phase(status)[0] == Phase.INVALID or failed:
             return  # given up on
         if status.capture_pod not in (None, "", meta["name"]):
             log.info("capture pod %s passed over: its snapshot's current capture pod is %s",

@@ -53,7 +53,9 @@ class ContainerRuntime:
         try:
             with grpc.insecure_channel(f"unix://{self.socket}") as channel:
                 runtime = cri_pb2_grpc.RuntimeServiceStub(channel)
-                listed = runtime.ListContainers(_named(pod_uid, container), timeout=CALL_TIMEOUT_SECONDS)
+                labels = {POD_UID_LABEL: pod_uid, CONTAINER_NAME_LABEL: container}
+                named = cri_pb2.ListContainersRequest(filter=cri_pb2.ContainerFilter(label_selector=labels))
+                listed = runtime.ListContainers(named, timeout=CALL_TIMEOUT_SECONDS)
                 live = [found for found in listed.containers if found.state in LIVE_STATES]
                 if not live:
                     return ""
@@ -63,8 +65,3 @@ class ContainerRuntime:
         except grpc.RpcError as exc:
             log.warning("the container runtime at %s did not answer: %s", self.socket, exc)
             return None
-
-
-def _named(pod_uid: str, container: str) -> cri_pb2.ListContainersRequest:
-    labels = {POD_UID_LABEL: pod_uid, CONTAINER_NAME_LABEL: container}
-    return cri_pb2.ListContainersRequest(filter=cri_pb2.ContainerFilter(label_selector=labels))

@@ -9,6 +9,7 @@ e.g. `grpcurl -plaintext -unix -import-path warmstart/agent/proto -proto agent.p
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from concurrent import futures
@@ -50,7 +51,10 @@ def serve(state: AgentState, socket_path: Path, workers: int = 4) -> grpc.Server
 
     A stale socket of an earlier agent is replaced; anything else at that path is refused.
     """
-    _remove_stale_socket(socket_path)
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISSOCK(socket_path.lstat().st_mode):
+            raise OSError(f"{socket_path} exists and is not a socket: refusing to replace it")
+        socket_path.unlink()
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers))
     agent_pb2_grpc.add_AgentServicer_to_server(AgentServicer(state), server)
     previous = os.umask(0o177)  # the socket is created 0600: no window in which others may connect
@@ -62,13 +66,3 @@ def serve(state: AgentState, socket_path: Path, workers: int = 4) -> grpc.Server
         raise OSError(f"cannot listen on {socket_path} for the agent's gRPC API")
     server.start()
     return server
-
-
-def _remove_stale_socket(path: Path) -> None:
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISSOCK(mode):
-        raise OSError(f"{path} exists and is not a socket: refusing to replace it")
-    path.unlink()

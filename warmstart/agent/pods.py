@@ -84,10 +84,14 @@ def _is_container_component(component: str, wanted: str) -> bool:
     return scope is not None and scope[1] == wanted
 
 
-def cgroup_belongs(cgroup_text: str, pod_uid: str, container: str | None = None) -> bool:
-    """True when some hierarchy's path in `/proc/<pid>/cgroup` text has the pod's component (followed by
-    the container's, when `container` is given)."""
-    for line in cgroup_text.splitlines():
+def _in_cgroup_of(pid: int, pod_uid: str, container: str | None, proc: Path) -> bool:
+    """True when some hierarchy's path in the process's `/proc/<pid>/cgroup` has the pod's component
+    (followed by the container's, when `container` is given)."""
+    try:
+        text = (proc / str(pid) / "cgroup").read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
@@ -98,14 +102,6 @@ def cgroup_belongs(cgroup_text: str, pod_uid: str, container: str | None = None)
             ):
                 return True
     return False
-
-
-def _in_cgroup_of(pid: int, pod_uid: str, container: str | None, proc: Path) -> bool:
-    try:
-        text = (proc / str(pid) / "cgroup").read_text()
-    except OSError:
-        return False
-    return cgroup_belongs(text, pod_uid, container)
 
 
 def pod_processes(pod_uid: str, proc: Path = PROC, container: str | None = None) -> list[int]:

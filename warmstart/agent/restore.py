@@ -130,44 +130,38 @@ class RestorePhase:
 
     def handle(self, pod: dict[str, Any]) -> None:
         """Restore the pod's snapshot into it, or tell it to cold-start; then the pod needs nothing more."""
-        uid = objects.meta(pod)["uid"]
-        control = self.node.control_dir(uid)
+        control = self.node.control_dir(objects.meta(pod)["uid"])
         if answered(control):
             return
         if self._interrupted_earlier(control):
             self._answer_interrupted(pod, control)
             return
         with contextlib.ExitStack() as held:  # the snapshot stays in the node cache until the restore ends
-            self._restore_if_restorable(pod, control, held)
-
-    def _restore_if_restorable(
-        self, pod: dict[str, Any], control: ControlDir, held: contextlib.ExitStack
-    ) -> None:
-        try:
-            snap, snapshot = self.restorable(pod, held)
-        except SnapshotRefused as exc:
-            self._wait_control_dir(control)
-            self._count_failure(pod, control, exc.snap, exc.snapshot_id, str(exc))
-            return
-        except Refused as exc:
-            self._wait_control_dir(control)
-            self._refuse(pod, control, str(exc))
-            return
-        except Exception as exc:  # a defect of ours: nothing touched the pod yet; it starts cold, not stuck
-            log.exception("restore into %s: looking its snapshot up failed", objects.key(pod))
-            self._wait_control_dir(control)
-            self._refuse(pod, control, f"the node agent failed looking the snapshot up: {exc!r}")
-            return
-        sandbox = self.node.find_pod(pod)
-        if answered(control):  # answered while the pod's container was awaited
-            return
-        try:
-            expected = self.expected_identity(snapshot.identity, sandbox)
-        except Refused as exc:
-            self._refuse(pod, control, str(exc))
-            return
-        with self._slots:
-            self._restore(pod, snap, snapshot, expected, sandbox, control)
+            try:
+                snap, snapshot = self.restorable(pod, held)
+            except SnapshotRefused as exc:
+                self._wait_control_dir(control)
+                self._count_failure(pod, control, exc.snap, exc.snapshot_id, str(exc))
+                return
+            except Refused as exc:
+                self._wait_control_dir(control)
+                self._refuse(pod, control, str(exc))
+                return
+            except Exception as exc:  # our defect: nothing touched the pod yet; it starts cold, not stuck
+                log.exception("restore into %s: looking its snapshot up failed", objects.key(pod))
+                self._wait_control_dir(control)
+                self._refuse(pod, control, f"the node agent failed looking the snapshot up: {exc!r}")
+                return
+            sandbox = self.node.find_pod(pod)
+            if answered(control):  # answered while the pod's container was awaited
+                return
+            try:
+                expected = self.expected_identity(snapshot.identity, sandbox)
+            except Refused as exc:
+                self._refuse(pod, control, str(exc))
+                return
+            with self._slots:
+                self._restore(pod, snap, snapshot, expected, sandbox, control)
 
     def restorable(self, pod: dict[str, Any], held: contextlib.ExitStack) -> tuple[dict[str, Any], Snapshot]:
         """The pod's InferenceSnapshot and the store snapshot it names (pulled from the object store when this
