@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from warmstart.api.capture_record import CaptureRecord, WorkerRecord
 from warmstart.api.control_dir import (
@@ -68,7 +68,6 @@ class CaptureOptions:
     complete_signal: bool = True
     resume_payload: dict[str, Any] = field(default_factory=dict)  # e.g. {"port": 8000} for the source
     ready_timeout: float = 600.0
-    cuda_lock_timeout_ms: int = cuda.DEFAULT_LOCK_TIMEOUT_MS
     record: CaptureRecord = field(default_factory=CaptureRecord)  # who asked: completed by the capture
     # Identity fields the capturing side measures itself and records instead of the worker's own word
     # (on a cluster: the image digest the container runtime reports).
@@ -218,23 +217,18 @@ def _mount_id_of(fd: int) -> int | None:
 
 
 def _copy_sandbox_files(files: list[SandboxFile], sandbox: Sandbox, destination: Path) -> dict[Path, int]:
-    """Copy the open files' contents; returns the sizes copied (CRIU refuses a file of another size)."""
+    """Copy the open files' contents, each from offset 0 (its own open file: the engine's offset stays);
+    returns the sizes copied (CRIU refuses a file of another size)."""
     sizes = {}
     for opened in files:
         target = destination / opened.inside.relative_to(sandbox.mountpoint)
         target.parent.mkdir(parents=True, exist_ok=True)
+        copied = 0
         with open(target, "xb") as copy:
-            sizes[opened.inside] = _copy_from(opened.fd, copy)
+            while chunk := os.pread(opened.fd, COPY_CHUNK_BYTES, copied):
+                copied += copy.write(chunk)
+        sizes[opened.inside] = copied
     return sizes
-
-
-def _copy_from(source_fd: int, target: BinaryIO) -> int:
-    """Copy all of `source_fd` from offset 0 (its own open file: the engine's offset stays); bytes copied."""
-    copied = 0
-    while chunk := os.pread(source_fd, COPY_CHUNK_BYTES, copied):
-        target.write(chunk)
-        copied += len(chunk)
-    return copied
 
 
 def _check_unchanged(files: list[SandboxFile], sizes: dict[Path, int]) -> None:
@@ -277,12 +271,20 @@ def capture(
         log.info("capturing pid %d (host %d): %s", namespace_pid, host_pid, use.reason)
         if gpu_pids:
             with timer.phase("cuda_checkpoint"):
-                cuda.suspend_all(gpu_pids, options.cuda_lock_timeout_ms)
+                cuda.suspend_all(gpu_pids)
             suspended = gpu_pids
+        record = dataclasses.replace(
+            options.record,
+            engine_pid=namespace_pid,
+            uses_cuda=use.uses_cuda,
+            cuda_reason=use.reason,
+            # Their PIDs inside the sandbox (CRIU restores them): each is CUDA-restored, or the restore fails.
+            cuda_pids=_sandbox_pids(host_pid, gpu_pids),
+            worker=worker,
+        )
         published = _dump_and_publish(
-            store, signer, sandbox, criu, identity, namespace_pid, host_pid, worker, use, gpu_pids, options,
-            timer,
-        )  # fmt: skip
+            store, signer, sandbox, criu, identity, record, namespace_pid, host_pid, timer
+        )
     except BaseException as exc:
         try:
             _resume_source(control, suspended, options.resume_payload, timer)
@@ -313,23 +315,11 @@ def _dump_and_publish(
     sandbox: Sandbox,
     criu: Criu,
     identity: SnapshotIdentity,
+    record: CaptureRecord,
     namespace_pid: int,
     host_pid: int,
-    worker: WorkerRecord,
-    use: cuda.CudaUse,
-    cuda_pids: list[int],
-    options: CaptureOptions,
     timer: _Timer,
 ) -> Snapshot:
-    record = dataclasses.replace(
-        options.record,
-        engine_pid=namespace_pid,
-        uses_cuda=use.uses_cuda,
-        cuda_reason=use.reason,
-        # Their PIDs inside the sandbox (CRIU restores them): each is CUDA-restored, or the restore fails.
-        cuda_pids=_sandbox_pids(host_pid, cuda_pids),
-        worker=worker,
-    )
     node = {"hostname": socket.gethostname()}
     with (
         store.stage(identity, node=node, meta=record.to_meta()) as staging,

@@ -98,8 +98,6 @@ def _split(command: Sequence[str] | str) -> list[str]:
 
 
 POD_NAMESPACES = ("--pid", "--mount", "--net", "--ipc", "--uts")
-PROC_FD = "/proc/self/fd"
-_OPEN_DIRECTORY = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 @dataclass
@@ -113,9 +111,9 @@ class _Entered:
         """`/proc/self/fd/N` for host directory `path` (opened once, without following a final link)."""
         key = os.path.abspath(path)
         if key not in self.by_dir:
-            fd = os.open(key, _OPEN_DIRECTORY | os.O_NOFOLLOW)
+            fd = os.open(key, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
             self.fds.append(fd)
-            self.by_dir[key] = f"{PROC_FD}/{fd}"
+            self.by_dir[key] = f"/proc/self/fd/{fd}"
         return self.by_dir[key]
 
     def path(self, path: str) -> str:
@@ -338,9 +336,7 @@ class Criu:
         if result.returncode == -signal.SIGKILL and result.stderr == "timeout":
             reason = f"timed out after {self.timeout:.0f}s"
         else:
-            reason = first_error_line(log_file) or (
-                result.stderr.strip()[-300:] or f"exit {result.returncode}"
-            )
+            reason = first_error_line(log_file) or result.stderr.strip()[-300:] or f"exit {result.returncode}"
         raise CriuError(f"CRIU {what} failed: {reason} (log: {log_file})", log_file=log_file)
 
     def _run(self, args: list[str], *, timeout: float, entered: _Entered) -> subprocess.CompletedProcess[str]:

@@ -134,10 +134,9 @@ def process_tree(root: int) -> list[int]:
                 children.setdefault(stat.ppid, []).append(stat.pid)
     if not os.path.exists(f"/proc/{root}"):
         return []
-    tree, index = [root], 0
-    while index < len(tree):
-        tree.extend(sorted(children.get(tree[index], [])))
-        index += 1
+    tree = [root]
+    for pid in tree:  # the list grows while it is walked: breadth first
+        tree.extend(sorted(children.get(pid, [])))
     return tree
 
 

@@ -175,11 +175,9 @@ class FailureCounter:
 
     def clear(self, snapshot_id: str) -> None:
         name = self._name(snapshot_id)
-        try:
-            with directory_fd(self.store_root, FAILURES_DIR) as fd:
-                os.unlink(name, dir_fd=fd)
-        except (OSError, UnsafeInput):  # nothing to clear, or nothing that could be a record
-            pass
+        # no record to clear, or nothing that could be one
+        with contextlib.suppress(OSError, UnsafeInput), directory_fd(self.store_root, FAILURES_DIR) as fd:
+            os.unlink(name, dir_fd=fd)
 
 
 @contextlib.contextmanager
@@ -211,8 +209,7 @@ def place_sandbox_files(snapshot: Snapshot, materialized: Path, sandbox: Sandbox
         for source in sorted(source_root.rglob("*")):
             if source.is_file():
                 relative = source.relative_to(source_root)
-                mode = _recorded_mode(snapshot, relative)
-                _place_file(root_fd, relative, source, mode, sandbox.host_dir)
+                _place_file(root_fd, relative, source, _recorded_mode(snapshot, relative), sandbox.host_dir)
 
 
 @contextlib.contextmanager
@@ -234,15 +231,12 @@ def _recorded_mode(snapshot: Snapshot, relative: Path) -> int:
 
 def _place_file(root_fd: int, relative: Path, source: Path, mode: int, host_dir: Path) -> None:
     try:
-        parent_fd = _directory_beneath(root_fd, relative.parts[:-1])
-        try:
-            with (
-                open(source, "rb") as content,
-                atomic_file(Path(relative.name), mode, dir_fd=parent_fd) as out,
-            ):
-                shutil.copyfileobj(content, out)  # a copy: the blob behind `source` is immutable
-        finally:
-            os.close(parent_fd)
+        with (
+            _directory_beneath(root_fd, relative.parts[:-1]) as parent_fd,
+            open(source, "rb") as content,
+            atomic_file(Path(relative.name), mode, dir_fd=parent_fd) as out,
+        ):
+            shutil.copyfileobj(content, out)  # a copy: the blob behind `source` is immutable
     except OSError as exc:
         raise RestoreFailed(
             f"cannot place {relative} in the sandbox directory {host_dir}: {exc.strerror or exc} "
@@ -250,7 +244,8 @@ def _place_file(root_fd: int, relative: Path, source: Path, mode: int, host_dir:
         ) from exc
 
 
-def _directory_beneath(root_fd: int, parts: tuple[str, ...]) -> int:
+@contextlib.contextmanager
+def _directory_beneath(root_fd: int, parts: tuple[str, ...]) -> Iterator[int]:
     """A descriptor of root/parts..., each created where missing and opened without following a link."""
     fd = os.dup(root_fd)
     try:
@@ -260,10 +255,9 @@ def _directory_beneath(root_fd: int, parts: tuple[str, ...]) -> int:
             child = openat2(fd, part, DIRECTORY_FLAGS, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
             os.close(fd)
             fd = child
-    except BaseException:
+        yield fd
+    finally:
         os.close(fd)
-        raise
-    return fd
 
 
 def restore(

@@ -84,8 +84,7 @@ def namespace_pids(pid: int, proc: Path = Path("/proc")) -> list[int]:
 
 def children_of(pid: int) -> list[int]:
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as children:
-            return [int(value) for value in children.read().split()]
+        return [int(value) for value in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
 
@@ -156,10 +155,6 @@ class Sandbox:
         """`criu` as it must run to dump from or restore into this sandbox: in its PID and mount namespace."""
         return criu.in_namespaces_of(self.init_pid)
 
-    def on_host(self, inside_path: Path) -> Path:
-        """Where a file under the sandbox's mountpoint lives on the host."""
-        return self.host_dir / Path(inside_path).relative_to(self.mountpoint)
-
     def alive(self) -> bool:
         return self.process.poll() is None
 
@@ -186,16 +181,12 @@ class Sandbox:
                     if namespace_pids(int(tid), Path(f"/proc/{pid}/task"))[-1] != namespace_tid:
                         continue
                     name = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-                    owner = (
-                        Path(f"/proc/{pid}/cmdline")
-                        .read_bytes()
-                        .replace(b"\0", b" ")
-                        .decode(errors="replace")
-                    )
+                    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
+                owner = cmdline.replace(b"\0", b" ").decode(errors="replace").strip()[:120]
                 what = "process" if int(tid) == pid else f"a thread of pid {namespace_pids(pid)[-1]}"
-                return f"{what} named {name!r} ({owner.strip()[:120]})"
+                return f"{what} named {name!r} ({owner})"
         return ""
 
     def host_pids(self) -> list[int]:
@@ -235,12 +226,6 @@ class Sandbox:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.init_pid, signal.SIGKILL)
             self.process.wait()
-
-    def __enter__(self) -> Sandbox:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def waiting_init_command() -> list[str]:

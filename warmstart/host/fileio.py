@@ -113,8 +113,7 @@ def atomic_file(target: Path, mode: int = 0o644, *, dir_fd: int | None = None) -
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        final = name if dir_fd is not None else str(target)
-        os.rename(temporary_path, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        os.rename(temporary_path, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temporary_path, dir_fd=dir_fd)
@@ -203,7 +202,6 @@ def loads_json(raw: bytes, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
 def read_json_file(
     path: str | os.PathLike[str], limit: int, *, dir_fd: int | None = None, follow_symlinks: bool = False
 ) -> Any:
-    """`read_regular_file` then `loads_json`."""
     raw = read_regular_file(path, limit, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
     return loads_json(raw, os.fspath(path))
 

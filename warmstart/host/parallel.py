@@ -12,7 +12,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -44,15 +44,24 @@ def share_among_threads(
     work: Callable[[Iterator[T]], None], items: Iterator[T], threads: int, *, name: str = "worker"
 ) -> None:
     """`threads` threads running `work` on one shared queue of `items`; the first error stops them all."""
-    shared = _SharedIterator(items)
+    lock = threading.Lock()
     errors: list[BaseException] = []
+
+    def shared() -> Iterator[T]:
+        """One thread's turn at `items`, one at a time under the lock; none once any thread failed."""
+        while not errors:
+            with lock:
+                try:
+                    item = next(items)
+                except StopIteration:
+                    return
+            yield item
 
     def guarded() -> None:
         try:
-            work(shared)
+            work(shared())
         except BaseException as exc:  # re-raised in the caller below
             errors.append(exc)
-            shared.stop()
 
     pool = [threading.Thread(target=guarded, name=f"{name}-{i}", daemon=True) for i in range(threads)]
     for thread in pool:
@@ -61,23 +70,3 @@ def share_among_threads(
         thread.join()
     if errors:
         raise errors[0]
-
-
-class _SharedIterator(Generic[T]):
-    def __init__(self, items: Iterator[T]) -> None:
-        self._items = items
-        self._lock = threading.Lock()
-        self._stopped = False
-
-    def __iter__(self) -> _SharedIterator[T]:
-        return self
-
-    def __next__(self) -> T:
-        with self._lock:
-            if self._stopped:
-                raise StopIteration
-            return next(self._items)
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True

@@ -153,5 +153,4 @@ def memory_counters(pid: int | str = "self", proc: Path = PROC) -> dict[str, int
 
 
 def counters_delta(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
-    """`after` minus `before`, for the counters both have."""
     return {name: after[name] - before[name] for name in after if name in before}
