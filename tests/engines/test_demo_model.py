@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch", reason="needs torch (the `engine` extra)")
 
 from warmstart.engines.base import GenerationRequest, SamplingParams  # noqa: E402
 from warmstart.engines.builtin.engine import BuiltinEngine  # noqa: E402
-from warmstart.engines.builtin.model_dir import ensure_model, model_digest  # noqa: E402
+from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
 from warmstart.engines.builtin.shapes import TRAINED_PRESETS, preset  # noqa: E402
 from warmstart.engines.builtin.train import TEXT_FILE  # noqa: E402
-from warmstart.engines.digest import DIGEST_SIDECAR  # noqa: E402
+from warmstart.engines.digest import DIGEST_SIDECAR, model_digest  # noqa: E402
 
 PROMPT = "The snapshot"
 

@@ -12,9 +12,9 @@ torch = pytest.importorskip("torch", reason="needs torch (the `engine` extra)")
 
 from warmstart.engines import create_engine, engine_kinds  # noqa: E402
 from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams  # noqa: E402
-from warmstart.engines.builtin.model_dir import ensure_model, model_digest  # noqa: E402
+from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
 from warmstart.engines.builtin.shapes import PRESETS, preset, tensor_shapes  # noqa: E402
-from warmstart.engines.digest import DIGEST_SIDECAR  # noqa: E402
+from warmstart.engines.digest import DIGEST_SIDECAR, model_digest  # noqa: E402
 
 PROMPT = "The quick brown fox"
 
@@ -119,7 +119,7 @@ def test_release_and_reacquire_keep_outputs(make_engine) -> None:
     engine = make_engine(release_weights=True)
     before = engine.generate([greedy(ignore_eos=True)])[0]
     assert engine.release() is True
-    assert engine._weight_arena.released and engine._kv_arena.released
+    assert engine._memory.weights.released and engine._memory.kv.released
     with pytest.raises(EngineError, match="released"):
         engine.generate([greedy()])
     engine.reacquire()
@@ -150,7 +150,7 @@ def test_garbage_in_fresh_kv_memory_never_reaches_the_output(make_engine, monkey
     engine = make_engine()
     batch = [greedy("Hi", ignore_eos=True), greedy(PROMPT * 3, ignore_eos=True)]
     before = [result.token_ids for result in engine.generate(batch)]
-    arena = engine._kv_arena
+    arena = engine._memory.kv
     reacquire = arena.reacquire
 
     def reacquire_with_leftovers():
@@ -187,7 +187,7 @@ def test_a_reacquire_that_failed_refills_the_weights_when_retried(
 def test_release_keeps_weights_unless_asked(make_engine) -> None:
     engine = make_engine()
     assert engine.release() is False
-    assert not engine._weight_arena.released and engine._kv_arena.released
+    assert not engine._memory.weights.released and engine._memory.kv.released
     engine.reacquire()
     assert engine.generate([greedy(max_tokens=2)])[0].token_ids
 

@@ -109,13 +109,13 @@ def test_release_frees_gpu_memory_and_reacquire_restores_outputs(make_engine, ar
     free_before, _ = torch.cuda.mem_get_info()
     assert engine.release() is True
     free_released, _ = torch.cuda.mem_get_info()
-    weights = engine._weight_arena.nbytes
+    weights = engine._memory.weights.nbytes
     assert free_released - free_before >= 0.9 * weights, "releasing must hand the weights' memory back"
     started = time.perf_counter()
     engine.reacquire()
     elapsed = time.perf_counter() - started
     print(f"\n[{arena}] reacquire of {weights / 1e9:.2f} GB weights + KV: {elapsed:.3f} s")
-    if engine._weight_arena.keeps_address:
+    if engine._memory.weights.keeps_address:
         assert engine._memory.addresses() == addresses
         assert engine._graphs.captures == 1, "graphs over unmoved memory must not be captured again"
     else:
@@ -164,7 +164,7 @@ def test_weights_staged_by_another_process_serve_the_same_outputs(
     addresses = engine._memory.addresses()
     assert engine.release() is True
     plan = engine.weight_staging_plan()
-    assert plan is not None and plan.range_bytes >= engine._weight_arena.nbytes
+    assert plan is not None and plan.range_bytes >= engine._memory.weights.nbytes
     assert device_with_uuid(plan.device_uuid) == plan.device_index  # the stager finds the GPU by its UUID
     stager, socket_path = _start_stager(plan.to_json(), tmp_path, copy)
     engine.expect_staged_weights(socket_path)
@@ -178,7 +178,7 @@ def test_weights_staged_by_another_process_serve_the_same_outputs(
     free_before, _ = torch.cuda.mem_get_info()
     engine.release()  # and goes back to the driver when the engine lets go
     free_after, _ = torch.cuda.mem_get_info()
-    assert free_after - free_before >= 0.9 * engine._weight_arena.nbytes
+    assert free_after - free_before >= 0.9 * engine._memory.weights.nbytes
 
 
 @pytest.mark.spawns

@@ -41,13 +41,13 @@ from warmstart.engines.builtin.memory import (
     kv_slots_that_fit,
 )
 from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
-from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model, model_digest, weight_files
+from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model
 from warmstart.engines.builtin.parallel import ParallelModel, RankSpec, all_reduce, rank_device, shard_config
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.shapes import PRESETS, ModelConfig
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
+from warmstart.engines.digest import model_digest, weight_files
 from warmstart.engines.machine import gpu_facts, runtime_image
-from warmstart.gpu.arena import Arena
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weights_io import views
 
@@ -118,8 +118,6 @@ class BuiltinEngine(Engine):
         self.last_reacquire_stats: dict[str, float] | None = None
         self._addresses_at_release: tuple[int, int] = (0, 0)
 
-    # --- Engine interface ----------------------------------------------------------------------------
-
     @property
     def served_model_name(self) -> str:
         return self._name
@@ -127,10 +125,6 @@ class BuiltinEngine(Engine):
     @property
     def max_model_len(self) -> int:
         return self._max_len
-
-    @property
-    def device(self) -> torch.device:
-        return self._device
 
     @property
     def model_dir(self) -> Path:
@@ -225,18 +219,6 @@ class BuiltinEngine(Engine):
     def last_refill_stats(self) -> dict[str, Any] | None:
         return self._memory.last_refill_stats
 
-    @property
-    def last_release_stats(self) -> dict[str, Any] | None:
-        return self._memory.last_release_stats
-
-    @property
-    def _weight_arena(self) -> Arena | None:
-        return self._memory.weights
-
-    @property
-    def _kv_arena(self) -> Arena | None:
-        return self._memory.kv
-
     def generate(self, requests: list[GenerationRequest]) -> list[GenerationResult]:
         sequences = [self._sequence(request) for request in requests]
         scheduler = self._require_scheduler()
@@ -290,19 +272,13 @@ class BuiltinEngine(Engine):
             model_dir=str(self._model_dir),
             max_num_seqs=self._max_num_seqs,
             tensor_parallel_size=self._tp,
-            weights_bytes=self._weight_arena.nbytes if self._weight_arena else 0,
-            kv_bytes=self._kv_arena.nbytes if self._kv_arena else 0,
+            weights_bytes=self._memory.weights.nbytes if self._memory.weights else 0,
+            kv_bytes=self._memory.kv.nbytes if self._memory.kv else 0,
             graph_scratch_bytes=self._memory.scratch.nbytes if self._memory.scratch is not None else 0,
             weight_files=[str(path) for path in self._memory.files],
-            at_release=self.last_release_stats or {},
+            at_release=self._memory.last_release_stats or {},
         )
         return facts
-
-    @property
-    def serving(self) -> bool:
-        return self._scheduler is not None and self._scheduler.running
-
-    # --- internals -----------------------------------------------------------------------------------
 
     def _default_dir(self, model: str) -> Path:
         if self._preset is None:
@@ -352,9 +328,9 @@ class BuiltinEngine(Engine):
         self._max_num_seqs = sequences
 
     def _bind_all(self) -> None:
-        self._model.bind(views(self._weight_arena.tensor, self._memory.layout))
+        self._model.bind(views(self._memory.weights.tensor, self._memory.layout))
         self._model.bind_kv(
-            KVCache(self._kv_arena.tensor, self._model_config, self._max_num_seqs + 1, self._max_len)
+            KVCache(self._memory.kv.tensor, self._model_config, self._max_num_seqs + 1, self._max_len)
         )
 
     def _build_model(self) -> Transformer | ParallelModel:

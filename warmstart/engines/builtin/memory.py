@@ -31,7 +31,7 @@ from warmstart.gpu.weight_stager.client import StagedWeightsUnavailable, acknowl
 from warmstart.gpu.weight_stager.plan import StagingPlan
 from warmstart.gpu.weights_io import Layout, plan_chunks, plan_layout, refill, release_pinned_cache
 from warmstart.host.cuda_driver import device_uuid
-from warmstart.host.procinfo import anonymous_memory_by_mapping
+from warmstart.host.procinfo import anonymous_memory_by_mapping, memory_counters
 
 if TYPE_CHECKING:
     from warmstart.gpu.cuda_scratch import CudaScratchPool
@@ -70,16 +70,6 @@ def kv_slots_that_fit(
     budget = int(total_bytes * utilization) - used_bytes
     per_slot = kv_bytes_per_slot + scratch_per_slot
     return KvFit(max(budget, 0) // per_slot if per_slot > 0 else 0, budget, per_slot)
-
-
-# --- host and device memory a checkpoint need not carry ------------------------------------------------
-
-
-def _rss_anon() -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) * 1024
-    return 0
 
 
 # --- the arenas ----------------------------------------------------------------------------------------
@@ -174,7 +164,7 @@ class EngineMemory:
             torch.cuda.empty_cache()  # cached blocks would otherwise travel in the checkpoint
             release_pinned_cache()
             stats["local_memory_lowered"] = self._local_memory.lower()
-        stats["host_anon_bytes"] = _rss_anon()
+        stats["host_anon_bytes"] = memory_counters().get("RssAnon_kib", 0) * 1024
         stats["host_anon_largest"] = anonymous_memory_by_mapping()
         if self.on_cuda:
             free, total = torch.cuda.mem_get_info(self.device)

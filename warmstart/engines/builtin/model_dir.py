@@ -2,8 +2,7 @@
 
 `ensure_model()` generates a preset's weights deterministically from a seed (no download needed) and writes
 them once; the `demo` preset's are trained instead (`train.py`), once, on text shipped with the package.
-`model_digest()` and `weight_files()` live in `warmstart.engines.digest` (shared with the other engines) and
-are re-exported here.
+The weights' digest is `warmstart.engines.digest`'s (shared with the other engines).
 """
 
 from __future__ import annotations
@@ -22,11 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.engines.builtin.shapes import TRAINED_PRESETS, ModelConfig, preset, tensor_shapes
-from warmstart.engines.digest import model_digest, weight_files, write_sidecar
-from warmstart.gpu.weights_io import dtype_code, torch_dtype, write_safetensors
+from warmstart.engines.digest import write_sidecar
+from warmstart.gpu.weights_io import dtype_code, write_safetensors
 from warmstart.host.env import cache_dir
-
-__all__ = ["default_model_dir", "ensure_model", "model_digest", "weight_files"]
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +100,9 @@ def initial_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: Any, dev
 
 
 def _write_random_weights(path: Path, config: ModelConfig, seed: int, device: str) -> str:
-    dtype = torch_dtype(_code_for(config.torch_dtype))
+    import torch
+
+    dtype = getattr(torch, config.torch_dtype)
 
     def producer(name: str, shape: tuple[int, ...]) -> Any:
         return lambda: initial_tensor(name, shape, seed, dtype, device)
@@ -117,10 +116,6 @@ def _write_random_weights(path: Path, config: ModelConfig, seed: int, device: st
 
 def _tensor_seed(seed: int, name: str) -> int:
     return (seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62)
-
-
-def _code_for(torch_dtype_name: str) -> str:
-    return {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[torch_dtype_name]
 
 
 def _write_trained_weights(model_dir: Path, seed: int) -> str:

@@ -98,8 +98,6 @@ class Sequence:
         )
 
     def deltas(self) -> Iterator[TokenDelta]:
-        if self._deltas is None:
-            raise RuntimeError("this sequence was not submitted for streaming")
         while True:
             item = self._deltas.get()
             if isinstance(item, BaseException):
@@ -183,10 +181,8 @@ class Scheduler:
             self._thread = None
             self._stopping = False
             for sequence in [*self._pending, *self._active]:
-                self._free(sequence)
-                sequence.fail(EngineError("the engine stopped before this request finished"))
+                self._retire(sequence, EngineError("the engine stopped before this request finished"))
             self._pending.clear()
-            self._active.clear()
 
     def cancel(self, sequence: Sequence) -> None:
         """Stop generating for `sequence` (its client left): its KV slot goes back at once."""
@@ -195,10 +191,7 @@ class Scheduler:
                 return
             if sequence in self._pending:
                 self._pending.remove(sequence)
-            if sequence in self._active:
-                self._active.remove(sequence)
-            self._free(sequence)
-            sequence.fail(EngineError("cancelled: the client went away"))
+            self._retire(sequence, EngineError("cancelled: the client went away"))
 
     def run_inline(self, sequences: list[Sequence]) -> None:
         """Drive the loop in this thread until `sequences` are finished (no scheduler thread may run)."""
@@ -235,8 +228,7 @@ class Scheduler:
                 self._take(sequence, self._pick([sequence], logits)[0])
             except Exception as exc:  # the request fails, the engine keeps serving
                 log.exception("prefill failed for request %s", sequence.request.request_id)
-                self._free(sequence)
-                sequence.fail(exc)
+                self._retire(sequence, exc)
 
     def _step(self) -> None:
         batch = list(self._active)
@@ -251,9 +243,7 @@ class Scheduler:
         except Exception as exc:
             log.exception("decode step failed; failing %d running requests", len(batch))
             for sequence in batch:
-                self._active.remove(sequence)
-                self._free(sequence)
-                sequence.fail(exc)
+                self._retire(sequence, exc)
             return
         for sequence, token in zip(batch, picked, strict=True):
             self._take(sequence, token)
@@ -263,15 +253,9 @@ class Scheduler:
             return
         if isinstance(token, Exception):  # this request's sampling failed; the others carry on
             log.error("sampling failed for request %s: %s", sequence.request.request_id, token)
-            if sequence in self._active:
-                self._active.remove(sequence)
-            self._free(sequence)
-            sequence.fail(token)
-            return
-        if sequence.accept(token, self._tokenizer.eos_id, self._max_len):
-            if sequence in self._active:
-                self._active.remove(sequence)
-            self._free(sequence)
+            self._retire(sequence, token)
+        elif sequence.accept(token, self._tokenizer.eos_id, self._max_len):
+            self._retire(sequence)
         elif sequence not in self._active:
             self._active.append(sequence)
 
@@ -286,8 +270,13 @@ class Scheduler:
                     tokens[row] = exc
         return tokens
 
-    def _free(self, sequence: Sequence) -> None:
+    def _retire(self, sequence: Sequence, error: BaseException | None = None) -> None:
+        """Take `sequence` out of the running batch and give its KV slot back; fail it with `error`."""
+        if sequence in self._active:
+            self._active.remove(sequence)
         if sequence.slot >= 0:
             with self._cond:
                 self._free_slots.append(sequence.slot)
             sequence.slot = -1
+        if error is not None:
+            sequence.fail(error)

@@ -7,10 +7,7 @@ from collections.abc import Sequence
 
 BOS_ID = 256
 EOS_ID = 257
-PAD_ID = 258
-UNK_ID = 259
-SPECIAL_TOKENS = {"<|bos|>": BOS_ID, "<|eos|>": EOS_ID, "<|pad|>": PAD_ID, "<|unk|>": UNK_ID}
-VOCAB_SIZE = 260
+VOCAB_SIZE = 260  # 258 and 259 are reserved (pad, unk): the vocabulary the presets' shapes were made for
 
 
 class ByteTokenizer:
