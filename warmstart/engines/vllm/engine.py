@@ -155,8 +155,6 @@ class VllmEngine(Engine):
         self._kv_error: BaseException | None = None
         self.timings: dict[str, float] = {}
 
-    # --- Engine interface ----------------------------------------------------------------------------
-
     @property
     def served_model_name(self) -> str:
         return self._name
@@ -365,8 +363,6 @@ class VllmEngine(Engine):
             timings={key: round(value, 4) for key, value in self._all_timings().items()},
         )
         return facts
-
-    # --- internals -----------------------------------------------------------------------------------
 
     def _warm_up_record(self) -> dict[str, Any]:
         """The warm-up completion and what the engine answered (vLLM's server only): what the process a

@@ -54,12 +54,11 @@ def cumem_tags(allocator: Any) -> dict[str, dict[str, float]]:
     return {tag: {k: round(v, 3) for k, v in entry.items()} for tag, entry in tags.items()}
 
 
-def pools(segments: list[dict[str, Any]], names: dict[tuple[int, int], str] | None = None) -> dict[str, Any]:
+def pools(segments: list[dict[str, Any]], names: dict[tuple[int, int], str]) -> dict[str, Any]:
     """torch's memory snapshot segments summed per pool: reserved and allocated GiB, segment count.
 
     Pool (0, 0) is the default pool; CUDA graphs' private pools and MemPools have other ids; `names` names
     some of them (vLLM's sleep allocator has one MemPool per tag: 'cumem:weights', 'cumem:kv_cache')."""
-    names = names or {}
     out: dict[str, dict[str, float]] = {}
     for segment in segments:
         pool = tuple(segment.get("segment_pool_id", (0, 0)))

@@ -73,7 +73,7 @@ def apply_env_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
     return applied
 
 
-def use_file_rendezvous(vllm_module: Any, directory: str | os.PathLike[str] | None = None) -> str | None:
+def use_file_rendezvous(vllm_module: Any) -> str | None:
     """Make vLLM's single-process executor rendezvous through a file store instead of TCP.
 
     Returns the init method now used, or None when this vLLM has no such executor (nothing is changed).
@@ -91,14 +91,9 @@ def use_file_rendezvous(vllm_module: Any, directory: str | os.PathLike[str] | No
         return None
     if getattr(original, "_warmstart_file_store", None):
         return original._warmstart_file_store
-    if directory:
-        base = Path(directory)
-    else:
-        base = Path(tempfile.mkdtemp(prefix="warmstart-vllm-rdzv-"))
-        atexit.register(shutil.rmtree, base, ignore_errors=True)
-    base.mkdir(parents=True, exist_ok=True)
+    base = Path(tempfile.mkdtemp(prefix="warmstart-vllm-rdzv-"))
+    atexit.register(shutil.rmtree, base, ignore_errors=True)
     store = base / f"store-{os.getpid()}"
-    store.unlink(missing_ok=True)  # a file store must start empty
     method = f"file://{store}"
 
     def distributed_args(self: Any) -> tuple[str, int, int]:

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from warmstart.engines.vllm.weights_image import Chunk, copy_chunks, parameters, pread_all
+from warmstart.engines.vllm.weights_image import Chunk, copy_chunks, parameters
+from warmstart.gpu.weights_io import pread_exact
 
 SAFETENSORS_DTYPES = {
     "BF16": "torch.bfloat16", "F16": "torch.float16", "F32": "torch.float32", "F64": "torch.float64",
@@ -148,7 +149,7 @@ def _prove(model: Any, model_dir: Path, result: Plan, threads: int = 8) -> None:
 
         def differs(chunk: Chunk) -> bool:
             expected = torch.empty(chunk.length, dtype=torch.uint8)
-            pread_all(fds[chunk.fd_index], memoryview(expected.numpy()), chunk.file_offset)
+            pread_exact(fds[chunk.fd_index], memoryview(expected.numpy()), chunk.file_offset)
             target = targets[chunk.target][chunk.start : chunk.start + chunk.length]
             return not torch.equal(target, expected.to(target.device))
 

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from warmstart.gpu.weights_io import pread_exact
+
 log = logging.getLogger(__name__)
 
 MAGIC = b"WSVLLMW1"
 ALIGN = 4096
 DEFAULT_THREADS = 8
-DEFAULT_CHUNK = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ def parameters(model: Any) -> list[tuple[str, Any]]:
 
 def save(model: Any, path: Path, threads: int = DEFAULT_THREADS) -> dict[str, float]:
     """Write the parameters' bytes to `path` (atomically); returns {'bytes', 'seconds'}."""
+    import torch
+
     started = time.perf_counter()
     tensors = parameters(model)
     entries = layout(tensors, data_start(tensors))
@@ -93,7 +96,7 @@ def save(model: Any, path: Path, threads: int = DEFAULT_THREADS) -> dict[str, fl
 
         def write(item: tuple[Entry, Any]) -> None:
             entry, tensor = item
-            host = tensor.detach().reshape(-1).view(_byte_dtype()).cpu().numpy()
+            host = tensor.detach().reshape(-1).view(torch.uint8).cpu().numpy()
             _pwrite_all(fd, memoryview(host), entry.offset)
 
         with ThreadPoolExecutor(max(1, threads)) as pool:
@@ -127,9 +130,7 @@ def reusable(model: Any, path: Path) -> bool:
     return not entries or size >= entries[-1].offset + entries[-1].nbytes
 
 
-def refill(
-    model: Any, path: Path, threads: int = DEFAULT_THREADS, chunk_bytes: int = DEFAULT_CHUNK
-) -> dict[str, float]:
+def refill(model: Any, path: Path, threads: int, chunk_bytes: int) -> dict[str, float]:
     """Copy the image's bytes back into the model's parameters; raises ValueError when it does not match."""
     import torch
 
@@ -179,7 +180,7 @@ def copy_chunks(
     def read_into(share: list[Chunk]) -> None:
         for chunk in share:
             view = targets[chunk.target][chunk.start : chunk.start + chunk.length]
-            pread_all(fds[chunk.fd_index], memoryview(view.numpy()), chunk.file_offset)
+            pread_exact(fds[chunk.fd_index], memoryview(view.numpy()), chunk.file_offset)
 
     def work(share: list[Chunk]) -> None:
         buffers = [torch.empty(chunk_bytes, dtype=torch.uint8, pin_memory=True) for _ in range(2)]
@@ -190,7 +191,7 @@ def copy_chunks(
             if done[slot] is not None:
                 done[slot].synchronize()
             buffer = buffers[slot]
-            pread_all(fds[chunk.fd_index], memoryview(buffer.numpy())[: chunk.length], chunk.file_offset)
+            pread_exact(fds[chunk.fd_index], memoryview(buffer.numpy())[: chunk.length], chunk.file_offset)
             with torch.cuda.stream(stream):
                 target = targets[chunk.target][chunk.start : chunk.start + chunk.length]
                 target.copy_(buffer[: chunk.length], non_blocking=True)
@@ -212,12 +213,6 @@ def _chunks(entries: list[Entry], chunk_bytes: int) -> Iterator[Chunk]:
             yield Chunk(index, 0, entry.offset + start, start, min(chunk_bytes, entry.nbytes - start))
 
 
-def _byte_dtype() -> Any:
-    import torch
-
-    return torch.uint8
-
-
 def _aligned(offset: int) -> int:
     return (offset + ALIGN - 1) // ALIGN * ALIGN
 
@@ -227,12 +222,3 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         written = os.pwrite(fd, data, offset)
         data, offset = data[written:], offset + written
-
-
-def pread_all(fd: int, target: memoryview, offset: int) -> None:
-    target = target.cast("B")
-    while target:
-        got = os.preadv(fd, [target], offset)
-        if got <= 0:
-            raise ValueError(f"a weights file ends early at byte {offset}")
-        target, offset = target[got:], offset + got
