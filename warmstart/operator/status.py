@@ -158,32 +158,16 @@ def _degraded(
     return False, "AsExpected", "no problem found in the endpoint's pods, snapshots and children"
 
 
-def phase(conditions: dict[str, bool], desired: int, capturing: bool) -> str:
-    if conditions[DEGRADED]:
-        return "Degraded"
+def phase(verdicts: dict[str, tuple[bool, str, str]], desired: int, capturing: bool) -> tuple[str, str]:
+    """The phase, and the condition whose reason and message explain it (status.reason and status.message);
+    a Ready endpoint that is still scaling or rolling out is explained by Progressing."""
+    if verdicts[DEGRADED][0]:
+        return "Degraded", DEGRADED
     if desired == 0:
-        return "ScaledToZero"
-    if conditions[READY]:
-        return "Ready"
-    return "Capturing" if capturing else "Pending"
-
-
-# The condition whose reason and message explain each phase (status.reason and status.message).
-EXPLAINED_BY = {
-    "Degraded": DEGRADED,
-    "ScaledToZero": READY,
-    "Capturing": SNAPSHOT_READY,
-    "Pending": READY,
-}
-
-
-def explanation(phase_name: str, verdicts: dict[str, tuple[bool, str, str]]) -> tuple[str, str]:
-    """(reason, message) of the condition that explains the phase; a Ready endpoint that is still scaling
-    or rolling out is explained by Progressing."""
-    kind = EXPLAINED_BY.get(phase_name, READY)
-    if phase_name == "Ready" and verdicts[PROGRESSING][0]:
-        kind = PROGRESSING
-    return verdicts[kind][1], verdicts[kind][2]
+        return "ScaledToZero", READY
+    if verdicts[READY][0]:
+        return "Ready", PROGRESSING if verdicts[PROGRESSING][0] else READY
+    return ("Capturing", SNAPSHOT_READY) if capturing else ("Pending", READY)
 
 
 def last_timings(pods: list[dict[str, Any]]) -> dict[str, float]:
@@ -295,8 +279,8 @@ def endpoint_status(
         PROGRESSING: _progressing(work, plan),
         DEGRADED: _degraded(plan, invalid_spec, missing_api, [*worker_causes, *capture_causes]),
     }
-    phase_name = phase({k: v[0] for k, v in verdicts.items()}, work.desired, bool(plan.capture_attempt))
-    reason, message = explanation(phase_name, verdicts)
+    phase_name, explained_by = phase(verdicts, work.desired, bool(plan.capture_attempt))
+    _, reason, message = verdicts[explained_by]
     return EndpointStatus(
         phase=phase_name,
         reason=reason,
