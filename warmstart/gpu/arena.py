@@ -27,20 +27,16 @@ class Arena(Protocol):
 
     def allocate(self, nbytes: int) -> torch.Tensor:
         """Reserve and back `nbytes`; returns the flat uint8 tensor. Called once."""
-        ...
 
     def release(self) -> None:
         """Free the memory; views of the old tensor must no longer be used."""
-        ...
 
     def reacquire(self) -> torch.Tensor:
         """Back the arena with memory again (contents undefined) and return the tensor."""
-        ...
 
     @property
     def tensor(self) -> torch.Tensor:
         """The live buffer; raises ArenaReleasedError while released."""
-        ...
 
     @property
     def nbytes(self) -> int: ...
@@ -51,7 +47,6 @@ class Arena(Protocol):
     @property
     def keeps_address(self) -> bool:
         """True when `reacquire()` always returns memory at the address it had before."""
-        ...
 
 
 class TorchArena:

@@ -349,8 +349,6 @@ def _pread_direct(fd: int, buffer: memoryview, offset: int, nbytes: int) -> tupl
     return skip, skip + nbytes
 
 
-# --- writing ---------------------------------------------------------------------------------------------
-
 TensorSource = tuple[str, str, tuple[int, ...], Callable[[], "torch.Tensor"]]  # name, dtype, shape, produce
 
 
@@ -371,8 +369,7 @@ def write_safetensors(
         header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + nbytes]}
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    padded_len = round_up(8 + len(encoded), HEADER_ALIGNMENT) - 8
-    encoded += b" " * (padded_len - len(encoded))
+    encoded = encoded.ljust(round_up(8 + len(encoded), HEADER_ALIGNMENT) - 8)  # padded with spaces
     import torch
 
     emit = on_bytes or (lambda _data: None)

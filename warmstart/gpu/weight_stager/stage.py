@@ -1,7 +1,4 @@
-"""The stager's side: open the plan's files, fill shared device memory from them and hand it to the engine.
-
-cuda-python is imported in a thread while the plan is awaited, and torch never: the stager must start fast.
-"""
+"""The stager's side: open the plan's files, fill shared device memory from them and hand it to the engine."""
 
 from __future__ import annotations
 
