@@ -40,7 +40,7 @@ def ready_probe(host: str, port: int, path: str) -> Iterator[int | None]:
     import http.client
 
     connection = http.client.HTTPConnection(host, port, timeout=PROBE_TIMEOUT_SECONDS)
-    try:
+    with contextlib.closing(connection):
         inode = None
         with contextlib.suppress(OSError, http.client.HTTPException):
             connection.connect()
@@ -51,8 +51,6 @@ def ready_probe(host: str, port: int, path: str) -> Iterator[int | None]:
             if response.status == 200:
                 inode = accepted_socket_inode(probe)
         yield inode
-    finally:
-        connection.close()
 
 
 def accepted_socket_inode(probe: socket.socket) -> int:

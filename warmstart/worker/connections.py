@@ -106,8 +106,6 @@ class GuardedH11Protocol(H11Protocol):
         self._heard = 0.0  # when its last byte arrived
         self._head_at = 0.0  # when its current request's head was complete
 
-    # --- uvicorn's hooks ---------------------------------------------------------------------------------
-
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._idle_since = self._heard = self.loop.time()
@@ -137,8 +135,6 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
         super().connection_lost(exc)
-
-    # --- waiting for the client -------------------------------------------------------------------------
 
     def waiting_since(self) -> float | None:
         """Since when the server has been waiting for this client (for a head, or for more of a body), None
@@ -198,8 +194,6 @@ class GuardedH11Protocol(H11Protocol):
             cycle.message_event.set()
         self.transport.close()
         self.connections.discard(self)  # the room is made now, not once the close completes
-
-    # --- room for new connections -----------------------------------------------------------------------
 
     def _make_room(self) -> None:
         """Close a waiting connection to admit this one; when none may go, this one's request gets a 503."""

@@ -264,14 +264,12 @@ async def _read_body(request: Request, limits: RequestLimits) -> bytes:
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limits.max_body_bytes:
         raise body_too_large(limits)
-    chunks: list[bytes] = []
-    size = 0
+    body = bytearray()
     async for chunk in request.stream():
-        size += len(chunk)
-        if size > limits.max_body_bytes:
+        body += chunk
+        if len(body) > limits.max_body_bytes:
             raise body_too_large(limits)
-        chunks.append(chunk)
-    return b"".join(chunks)
+    return bytes(body)
 
 
 def _model_not_found(model: str, served: str) -> ApiError:
