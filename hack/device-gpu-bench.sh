@@ -5,6 +5,9 @@
 #                                    trip, serve on CUDA), what a bare CUDA context costs in a checkpoint,
 #                                    and a short Qwen3-0.6B run of the restore benchmark
 #   hack/device-gpu-bench.sh full    the restore benchmark for Qwen3-0.6B and Qwen3-8B (3 repetitions)
+#   hack/device-gpu-bench.sh check   the GPU tests (as smoke) and the product path at Qwen3-0.6B shapes, once
+#                                    (`benchmarks/restore_bench.py`: cold, capture, restores, outputs compared);
+#                                    needs the wheels in .whl as product does
 #   hack/device-gpu-bench.sh product the product path, `benchmarks/restore_bench.py` (verification included), at
 #                                    Qwen3-8B shapes. PRODUCT_STEPS (comma-separated, default model,main):
 #                                    model (write the weight files), main (cold / hot / dropped with the
@@ -78,13 +81,17 @@ bench_restore() {  # NAME CRIU-COMMAND ARGS...: one bench run, its table and JSO
         | grep -v ' INFO ' | tail -22
 }
 
-product() {  # STEPS (comma-separated): model main lazy probe kvfit levers tests criu-sid
-    local steps=",$1,"
+product_deps() {  # what the machine's python lacks of warmstart's dependencies, from .whl
     if [[ -d .whl ]]; then
         python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/ws-site .whl/*.whl || exit 4
         export PYTHONPATH=$PYTHONPATH:/tmp/ws-site
     fi
     export WARMSTART_CACHE=${WARMSTART_CACHE:-/tmp/wscache}
+}
+
+product() {  # STEPS (comma-separated): model main lazy probe kvfit levers tests criu-sid
+    local steps=",$1,"
+    product_deps
     for feature in uffd uffd-noncoop; do
         echo "criu check --feature $feature: $($WARMSTART_CRIU check --feature $feature 2>&1 | tail -1)"
     done
@@ -181,8 +188,17 @@ full)
 product)
     product "${PRODUCT_STEPS:-model,main}"
     ;;
+check)
+    product_deps
+    echo "== GPU tests"
+    gpu_tests
+    echo "== the product path at Qwen3-0.6B shapes: cold, capture, restores (outputs compared)"
+    timeout "${STEP_TIMEOUT:-300}" python3 benchmarks/restore_bench.py --store "$WORK/store" --device cuda \
+        --model qwen3-0.6b --repeat 1 --criu "$WARMSTART_CRIU" --markdown "$OUT/check.md" --json "$OUT/check.json" \
+        --logs "$OUT/logs" 2>&1 | tee "$OUT/check.log" | grep -v ' INFO ' | tail -22
+    ;;
 *)
-    echo "usage: $0 smoke|full|product" >&2
+    echo "usage: $0 smoke|full|product|check" >&2
     exit 2
     ;;
 esac
