@@ -1,18 +1,10 @@
 """`warmstart agent`: the node agent's control loop (one per node, privileged, host PID namespace).
 
 It watches the worker pods scheduled on its node and acts only on pods owned by an InferenceEndpoint
-(restores: pod -> ReplicaSet -> Deployment -> InferenceEndpoint) or by the InferenceSnapshot they capture:
-- capture pods: on `ready-for-snapshot`, the InferenceSnapshot goes Capturing, the worker is captured into
-  the store and published signed, the InferenceSnapshot goes Ready (or Failed with the reason and an Event),
-  and the worker gets `snapshot-complete`;
-- restore pods: the snapshot named by the pod's InferenceSnapshot (same namespace, Ready, identity and the
-  manifest's recorded namespace both checked) is restored into the pod's namespaces, `restore-complete`
-  carries the port; any failure sends `restore-failed` (the worker cold-starts), records an Event and the
-  failure count, and the InferenceSnapshot turns Invalid after repeated failures.
-- store cleanup: store snapshots no InferenceSnapshot needs any more;
-- pre-staging: the Ready snapshots of endpoints that ask for it kept in this node's page cache.
-One module per phase: `capture.py`, `restore.py`, `cleanup.py`, `prestage.py`; `ownership.py` decides which
-pods are ours.
+(restores: pod -> ReplicaSet -> Deployment -> InferenceEndpoint) or by the InferenceSnapshot they capture
+(`ownership.py`). One module per phase, each saying what it does: capture pods (`capture.py`), restore pods
+(`restore.py`), store cleanup of the snapshots no InferenceSnapshot needs any more (`cleanup.py`),
+pre-staging of the Ready snapshots of endpoints that ask for it in this node's page cache (`prestage.py`).
 
 Its state lives in the API server (snapshot phases) and on disk (control-directory signals, the store), so a
 restarted agent neither captures a Ready snapshot again nor restores a pod that already has an answer.

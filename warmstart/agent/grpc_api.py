@@ -14,24 +14,21 @@ import os
 import stat
 from concurrent import futures
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf import json_format
 
 from warmstart.agent.proto import agent_pb2, agent_pb2_grpc
 
-
-class AgentState(Protocol):
-    def status(self) -> dict[str, Any]: ...
-
-    def list_snapshots(self, identity_hash: str = "") -> list[dict[str, Any]]: ...
+if TYPE_CHECKING:
+    from warmstart.agent.agent import Agent
 
 
 class AgentServicer(agent_pb2_grpc.AgentServicer):
     """The .proto's service, answered from the agent's state (its dicts carry the messages' field names)."""
 
-    def __init__(self, state: AgentState) -> None:
+    def __init__(self, state: Agent) -> None:
         self.state = state
 
     def Status(  # the .proto's names
@@ -46,7 +43,7 @@ class AgentServicer(agent_pb2_grpc.AgentServicer):
         return json_format.ParseDict({"snapshots": listed}, agent_pb2.ListSnapshotsResponse())
 
 
-def serve(state: AgentState, socket_path: Path, workers: int = 4) -> grpc.Server:
+def serve(state: Agent, socket_path: Path, workers: int = 4) -> grpc.Server:
     """Start the API on a unix socket only root may connect to (the API has no authentication of its own).
 
     A stale socket of an earlier agent is replaced; anything else at that path is refused.

@@ -31,13 +31,8 @@ CGROUP_SHARE = 0.75  # of the agent's memory limit, the rest left to the agent i
 
 @dataclass(frozen=True)
 class WantedSnapshot:
-    namespace: str
-    name: str  # the InferenceSnapshot's
+    series: tuple[str, str]  # the InferenceSnapshot's namespace and name, the gauge's labels
     snapshot: Snapshot  # what the store holds for it
-
-    @property
-    def series(self) -> tuple[str, str]:
-        return self.namespace, self.name
 
 
 def prestage_requested(endpoint: dict[str, Any] | None) -> bool:
@@ -100,7 +95,7 @@ class PrestagePhase:
                 asks[owner] = prestage_requested(self.node.kube.get_endpoint(*owner))
             stored = self._stored(snap, held) if asks[owner] else None
             if stored is not None:
-                found.append(WantedSnapshot(owner[0], meta["name"], stored))
+                found.append(WantedSnapshot((owner[0], meta["name"]), stored))
         return sorted(found, key=lambda wanted: wanted.snapshot.created, reverse=True)
 
     def _stored(self, snap: dict[str, Any], held: contextlib.ExitStack | None = None) -> Snapshot | None:
