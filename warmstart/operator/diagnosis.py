@@ -248,14 +248,8 @@ def pod_cause(pod: Mapping[str, Any], mount_failure: str = "") -> tuple[str, str
     (it runs, or it is starting normally). `mount_failure` is the kubelet's FailedMount message for it."""
     if is_terminating(pod):
         return None
-    found = scheduling_cause(pod)
-    if found is not None:
-        return found
-    for container in _container_statuses(pod):
-        found = container_cause(container, mount_failure)
-        if found is not None:
-            return found
-    return None
+    found = [scheduling_cause(pod), *(container_cause(c, mount_failure) for c in _container_statuses(pod))]
+    return next((cause for cause in found if cause is not None), None)
 
 
 def creating_pods(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -151,8 +151,11 @@ def _scheduling(spec: EndpointSpec) -> dict[str, Any]:
     return scheduling
 
 
-def pod_labels(endpoint: str, component: str, role: str, snapshot: str, request_hash: str) -> dict[str, str]:
-    pod = common_labels(endpoint, component)
+def pod_labels(
+    spec: EndpointSpec, endpoint: str, component: str, role: str, snapshot: str, request_hash: str
+) -> dict[str, str]:
+    """The template's labels, then the operator's (which win)."""
+    pod = {**spec.template.labels, **common_labels(endpoint, component)}
     pod[L.ROLE_LABEL] = role
     pod[L.REQUEST_KEY_LABEL] = L.request_key_label(request_hash)
     if snapshot:
@@ -182,10 +185,7 @@ def deployment(
     """The serving workers: role `cold` until a snapshot is Ready, then `restore` from it, preferring `node`
     (the one holding the snapshot, when only it does; "" for no preference), replaced as `rolling_update`
     says (`rollout`)."""
-    labels = {
-        **spec.template.labels,
-        **pod_labels(owner.name, L.WORKER_COMPONENT, role, snapshot, request_hash),
-    }
+    labels = pod_labels(spec, owner.name, L.WORKER_COMPONENT, role, snapshot, request_hash)
     pod = pod_spec(owner.name, spec, role, snapshot, request_hash)
     if node:
         prefer_node(pod, node)
@@ -250,11 +250,9 @@ def capture_pod(
     snapshot_owner: Owner, endpoint: str, spec: EndpointSpec, attempt: int, request_hash: str
 ) -> dict[str, Any]:
     """One worker that cold-starts, signals ready-for-snapshot and is captured by the node agent."""
-    labels = {
-        **spec.template.labels,
-        **pod_labels(endpoint, L.CAPTURE_COMPONENT, L.ROLE_CAPTURE, snapshot_owner.name, request_hash),
-    }
-    body = pod_spec(endpoint, spec, L.ROLE_CAPTURE, snapshot_owner.name, request_hash)
+    snapshot = snapshot_owner.name
+    labels = pod_labels(spec, endpoint, L.CAPTURE_COMPONENT, L.ROLE_CAPTURE, snapshot, request_hash)
+    body = pod_spec(endpoint, spec, L.ROLE_CAPTURE, snapshot, request_hash)
     for container in body["containers"]:  # no Service routes to it, and its deadline ends a stuck capture:
         container.pop("readinessProbe")  # probes would only fail while the agent checkpoints it, each
         container.pop("livenessProbe")  # failure a Warning Event on a capture that goes as planned
