@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -280,7 +281,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     )  # fmt: skip
     report.deleted_snapshots = deleted
     if args.json:
-        _print_json(report.to_dict())
+        _print_json(dataclasses.asdict(report))
     else:
         _print_gc_report(report)
     return EXIT_INVALID if report.errors else 0

@@ -28,7 +28,6 @@ references. Only a manifest that cannot be read at all (an I/O error) makes GC k
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import re
 import shutil
@@ -52,7 +51,7 @@ from warmstart.snapshot.layout import (
     StoreLayout,
 )
 from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN
-from warmstart.snapshot.signing import SignatureInvalid, Verifier, check_signature, signature_of
+from warmstart.snapshot.signing import SignatureInvalid, Verifier, signature_of
 from warmstart.snapshot.staging_owner import newest_mtime, staging_is_stale, this_host
 from warmstart.snapshot.verified import VerifiedRecords
 
@@ -74,9 +73,6 @@ class GcReport:
     deleted_snapshots: list[str] = field(default_factory=list)  # by retention, when the caller ran it
     removed_unsigned: list[str] = field(default_factory=list)  # snapshots/ entries publish never made
     errors: list[str] = field(default_factory=list)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 def collect_garbage(
@@ -116,7 +112,7 @@ def collect_garbage(
     # Neither needs the lock: a stale staging directory has no publish in progress, and junk in
     # `snapshots/` is nothing a publish made (it renames a signed directory in whole).
     doomed = [] if dry_run else [_set_aside(layout, entry) for entry in stale]
-    doomed += _move_junk(layout, _old_junk(layout, scan, staging_older_than), report)
+    doomed += _old_junk(layout, scan, staging_older_than, report)
     for path in filter(None, doomed):
         shutil.rmtree(path, ignore_errors=True)
     report.errors += scan.errors()
@@ -335,11 +331,7 @@ class SnapshotScan:
             return _claims_key_or_none(document, verifier)
         if manifest is not None and (manifest, signature) in self._forgeries:
             return self._forgeries[manifest, signature]
-        try:
-            check_signature(verifier, self._raw(entry, manifest), signature)
-            forged = False
-        except SignatureInvalid:
-            forged = True
+        forged = not verifier.check(self._raw(entry, manifest), signature)
         if manifest is not None:
             self._forgeries[manifest, signature] = forged
         return forged
@@ -407,31 +399,20 @@ def _claims_key_or_none(document: bytes, verifier: Verifier) -> bool:
 
 
 def _old_junk(
-    layout: StoreLayout, scan: SnapshotScan, older_than: float
-) -> dict[str, tuple[Fingerprint, float]]:
-    """The junk entries untouched for more than `older_than` seconds (walked without the lock), with the
-    fingerprint they were judged by and their age."""
-    now, old = time.time(), {}
-    for name, fingerprint in scan.junk().items():
+    layout: StoreLayout, scan: SnapshotScan, older_than: float, report: GcReport
+) -> list[Path | None]:
+    """Set aside each junk entry untouched for more than `older_than` seconds (walked without the lock)
+    and still as it was judged (`_set_aside`; a junk name, being a snapshot id, never ends in the deleting
+    suffix); the directories to remove."""
+    now, doomed = time.time(), []
+    for name, fingerprint in sorted(scan.junk().items()):
+        entry = layout.snapshots_dir / name
         try:
-            age = now - _age_clock(layout.snapshots_dir / name)
+            age = now - _age_clock(entry)
         except FileNotFoundError:
             continue
-        if age > older_than:
-            old[name] = (fingerprint, age)
-    return old
-
-
-def _move_junk(
-    layout: StoreLayout, junk: dict[str, tuple[Fingerprint, float]], report: GcReport
-) -> list[Path | None]:
-    """Set aside each old junk entry still as it was judged (`_set_aside`; a junk name, being a snapshot
-    id, never ends in the deleting suffix); the directories to remove."""
-    doomed = []
-    for name, (fingerprint, age) in sorted(junk.items()):
-        entry = layout.snapshots_dir / name
-        if _fingerprint(entry) != fingerprint:
-            continue  # changed or gone since it was judged
+        if age <= older_than or _fingerprint(entry) != fingerprint:
+            continue  # recent, or changed or gone since it was judged
         report.removed_unsigned.append(f"{name} (no signed manifest; untouched for {age:.0f}s)")
         if not report.dry_run:
             doomed.append(_set_aside(layout, entry))

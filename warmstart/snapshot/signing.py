@@ -184,16 +184,13 @@ def check_signature(verifier: Verifier, data: bytes, signature: bytes) -> None:
 # --- loading and generating keys -------------------------------------------------------------------------
 
 
-def _key_path(path: str | os.PathLike[str] | None) -> Path:
-    if path is None or str(path) == "":
-        value = os.environ.get(SIGNING_KEY_ENV)
-        if not value:
+def _read_key_file(given: str | os.PathLike[str] | None) -> tuple[Path, bytes]:
+    """The key file's path (the file named by WARMSTART_SIGNING_KEY when none is given) and its bytes."""
+    if given is None or str(given) == "":
+        given = os.environ.get(SIGNING_KEY_ENV)
+        if not given:
             raise SigningKeyError(f"no signing key: pass a key file or set {SIGNING_KEY_ENV} to its path")
-        path = value
-    return Path(path)
-
-
-def _read_key_file(path: Path) -> bytes:
+    path = Path(given)
     try:  # a Kubernetes Secret's files are symbolic links: follow them, but read only a small regular file
         content = read_regular_file(path, MAX_KEY_FILE_BYTES, follow_symlinks=True)
     except FileNotFoundError as exc:
@@ -204,7 +201,7 @@ def _read_key_file(path: Path) -> bytes:
         raise SigningKeyError(f"key file refused: {exc}") from exc
     if not content:
         raise SigningKeyError(f"key file {path} is empty")
-    return content
+    return path, content
 
 
 def _is_private_pem(content: bytes) -> bool:
@@ -246,14 +243,12 @@ def keys_from_content(key_path: Path, content: bytes) -> tuple[Signer, Verifier]
 
 def load_signer(path: str | os.PathLike[str] | None = None) -> Signer:
     """The signer for a key file (or the file named by WARMSTART_SIGNING_KEY)."""
-    key_path = _key_path(path)
-    return keys_from_content(key_path, _read_key_file(key_path))[0]
+    return keys_from_content(*_read_key_file(path))[0]
 
 
 def load_verifier(path: str | os.PathLike[str] | None = None) -> Verifier:
     """The verifier for a key file: an Ed25519 public (or private) key, or an HMAC secret."""
-    key_path = _key_path(path)
-    key = _parse_key(key_path, _read_key_file(key_path))
+    key = _parse_key(*_read_key_file(path))
     return key.verifier() if isinstance(key, Ed25519Signer) else key
 
 

@@ -157,15 +157,13 @@ class ObjectClient:
     def put_bytes(self, key: str, data: bytes, *, create: bool = False) -> bool:
         """Store `data` in one atomic PUT; with `create`, only where no object is (If-None-Match: *):
         False when one is."""
-        try:
-            with self._translated(key):
+        with self._translated(key):
+            try:
                 obstore.put(
                     self._store, key, data, mode="create" if create else "overwrite", use_multipart=False
                 )
-        except RemoteError as exc:
-            if isinstance(exc.__cause__, AlreadyExistsError | PreconditionError):
+            except (AlreadyExistsError, PreconditionError):
                 return False
-            raise
         return True
 
     def put_file(self, key: str, path: Path, size: int) -> None:
