@@ -15,14 +15,9 @@ import pytest
 from warmstart.api.worker_options import WorkerOptions, add_worker_arguments, parse_engine_arg
 from warmstart.engines import create_engine, engine_kinds
 from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams, check_fits
-from warmstart.engines.vllm import (
-    INSTALL_HINT,
-    VllmEngine,
-    VllmOptions,
-    model_files_digest,
-    sampling_kwargs,
-    snapshot_identity,
-)
+from warmstart.engines.vllm.engine import VllmEngine
+from warmstart.engines.vllm.identity import model_files_digest, snapshot_identity
+from warmstart.engines.vllm.options import INSTALL_HINT, VllmOptions, sampling_kwargs
 
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 TEST_MODEL_ENV = "WARMSTART_VLLM_TEST_MODEL"

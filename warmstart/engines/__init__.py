@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 # kind -> "module:factory"; the factory takes keyword options and returns an Engine.
 ENGINE_FACTORIES: dict[str, str] = {
     "builtin": "warmstart.engines.builtin.engine:BuiltinEngine",
-    "vllm": "warmstart.engines.vllm:VllmEngine",  # needs the `vllm` extra only when loaded
+    "vllm": "warmstart.engines.vllm.engine:VllmEngine",  # needs the `vllm` extra only when loaded
 }
 
 
@@ -24,7 +24,6 @@ def engine_kinds() -> list[str]:
 
 
 def create_engine(kind: str, **options: Any) -> Engine:
-    """Build the engine named `kind` with `options` (engine-specific keyword arguments)."""
     target = ENGINE_FACTORIES.get(kind)
     if target is None:
         known = ", ".join(engine_kinds())
