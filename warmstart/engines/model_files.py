@@ -28,16 +28,10 @@ def model_files(
 def _builtin_files(
     model: str, model_dir: str | None, seed: int, dtype: str | None
 ) -> tuple[Path, list[Path]]:
-    from warmstart.engines.builtin.model_dir import default_model_dir
-    from warmstart.engines.builtin.shapes import PRESETS
+    from warmstart.engines.builtin.model_dir import model_directory
     from warmstart.engines.digest import weight_files
 
-    if model_dir:
-        directory = Path(model_dir)
-    elif model in PRESETS:
-        directory = default_model_dir(model, seed, {"torch_dtype": dtype} if dtype else None)
-    else:
-        directory = Path(model)
+    directory = model_directory(model, model_dir, seed, {"torch_dtype": dtype} if dtype else {})
     try:
         return directory, [*weight_files(directory), directory / "config.json"]
     except (ValueError, OSError) as exc:

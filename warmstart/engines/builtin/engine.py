@@ -41,7 +41,7 @@ from warmstart.engines.builtin.memory import (
     kv_slots_that_fit,
 )
 from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
-from warmstart.engines.builtin.model_dir import default_model_dir, ensure_model
+from warmstart.engines.builtin.model_dir import ensure_model, model_directory
 from warmstart.engines.builtin.parallel import ParallelModel, RankSpec, all_reduce, rank_device, shard_config
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.shapes import PRESETS, ModelConfig
@@ -86,7 +86,7 @@ class BuiltinEngine(Engine):
         if dtype:
             self._overrides["torch_dtype"] = dtype
         self._seed = seed
-        self._model_dir = Path(model_dir) if model_dir else self._default_dir(model)
+        self._model_dir = model_directory(model, model_dir, seed, self._overrides)
         self._device = _parse_device(device)
         self._tp = _check_tensor_parallel(tensor_parallel_size, compile, self._device)
         self._requested_max_len = max_model_len
@@ -279,11 +279,6 @@ class BuiltinEngine(Engine):
             at_release=self._memory.last_release_stats or {},
         )
         return facts
-
-    def _default_dir(self, model: str) -> Path:
-        if self._preset is None:
-            return Path(model)
-        return default_model_dir(self._preset, self._seed, self._overrides)
 
     def _check_config(self, config: ModelConfig) -> None:
         wanted = self._overrides.get("torch_dtype")

@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from warmstart.engines.builtin.shapes import TRAINED_PRESETS, ModelConfig, preset, tensor_shapes
+from warmstart.engines.builtin.shapes import PRESETS, TRAINED_PRESETS, ModelConfig, preset, tensor_shapes
 from warmstart.engines.digest import write_sidecar
 from warmstart.gpu.weights_io import dtype_code, write_safetensors
 from warmstart.host.env import cache_dir
@@ -38,6 +38,16 @@ def default_model_dir(preset_name: str, seed: int, overrides: dict[str, Any] | N
         suffix = hashlib.sha256(json.dumps(overrides, sort_keys=True).encode()).hexdigest()[:10]
         name = f"{name}-{suffix}"
     return cache_dir() / "models" / name
+
+
+def model_directory(
+    model: str, model_dir: str | os.PathLike[str] | None, seed: int, overrides: dict[str, Any]
+) -> Path:
+    """Where the builtin engine finds `model`: `model_dir` when given, else a preset's default directory,
+    else `model` itself (a directory)."""
+    if model_dir:
+        return Path(model_dir)
+    return default_model_dir(model, seed, overrides) if model in PRESETS else Path(model)
 
 
 def ensure_model(
