@@ -30,7 +30,6 @@ def weight_files(model_dir: str | Path) -> list[Path]:
 
 
 def model_digest(model_dir: str | Path) -> str:
-    """The digest over the directory's safetensors weight files."""
     return files_digest(model_dir, weight_files(model_dir))
 
 
@@ -119,5 +118,4 @@ def _sample_regions(size: int) -> list[tuple[int, int]]:
 
 
 def sampled_digests(files: Iterable[Path]) -> dict[str, tuple[int, str]]:
-    """File name -> sampled digest, for the files of one model directory."""
     return {path.name: sampled_digest(path) for path in files}

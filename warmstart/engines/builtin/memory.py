@@ -41,9 +41,6 @@ log = logging.getLogger(__name__)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 
 
-# --- sizing the KV cache -------------------------------------------------------------------------------
-
-
 @dataclass(frozen=True)
 class KvFit:
     slots: int  # KV slots the budget holds (sequences + the one scratch slot of padded graph rows)
@@ -72,12 +69,7 @@ def kv_slots_that_fit(
     return KvFit(max(budget, 0) // per_slot if per_slot > 0 else 0, budget, per_slot)
 
 
-# --- the arenas ----------------------------------------------------------------------------------------
-
-
 class EngineMemory:
-    """Weight arena, KV arena and graph scratch of one engine, released and taken back around checkpoints."""
-
     def __init__(
         self,
         device: torch.device,
@@ -146,8 +138,6 @@ class EngineMemory:
             return 0 if arena is None or arena.released else arena.tensor.data_ptr()
 
         return address(self.weights), address(self.kv)
-
-    # --- around a checkpoint ---------------------------------------------------------------------------
 
     def release(self) -> bool:
         """Give back the KV cache, the scratch (and the weights where they return in place); True when the

@@ -66,7 +66,6 @@ class Transformer:
         self.kv: KVCache | None = None
 
     def bind(self, weights: dict[str, torch.Tensor]) -> None:
-        """Use these tensors as weights; checks every expected name and shape."""
         for name, shape in tensor_shapes(self.config):
             tensor = weights.get(name)
             if tensor is None:

@@ -82,7 +82,6 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
 
 
 def join(store: str, rank: int, size: int, device: torch.device) -> None:
-    """Join the ranks' process group through the file store `store`."""
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=size,
                             timeout=GROUP_TIMEOUT)  # fmt: skip

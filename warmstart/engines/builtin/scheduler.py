@@ -70,7 +70,6 @@ class Sequence:
         return False
 
     def sample(self, logits: torch.Tensor) -> int:
-        """Draw a token from one row of logits with this request's temperature, top-p and generator."""
         probs = torch.softmax(logits.float().cpu() / self.sampling.temperature, dim=-1)
         if self.sampling.top_p < 1.0:
             ordered, order = probs.sort(descending=True)

@@ -71,8 +71,6 @@ _STOP = None  # in the driver's inbox: stop the thread; a str there: abort the r
 
 
 class _Driver:
-    """Steps vLLM's `LLMEngine` on one thread; requests join the running batch between steps."""
-
     def __init__(self, engine: Any) -> None:
         self._engine = engine
         self._inbox: queue.SimpleQueue[_Submission | str | None] = queue.SimpleQueue()

@@ -80,8 +80,6 @@ REFILL_CHUNK_MIB = 16
 
 
 def staging_wanted(tensor_parallel_size: int) -> bool:
-    """Whether the engine offers a weight staging plan: on one GPU, unless the worker says
-    `WARMSTART_VLLM_STAGED_WEIGHTS=0`."""
     return tensor_parallel_size == 1 and env_flag(STAGED_WEIGHTS_ENV, True)
 
 

@@ -73,10 +73,6 @@ class VllmFrontend:
     # --- what the engine calls around a checkpoint (no event loop running) ---------------------------
 
     @property
-    def client(self) -> Any:
-        return self.llm.engine_core
-
-    @property
     def model_config(self) -> Any:
         return self.llm.model_config
 
@@ -85,7 +81,7 @@ class VllmFrontend:
 
     def sleep(self, level: int) -> None:
         self.run(self.llm.sleep(level))
-        self.client.quiesce()
+        self.llm.engine_core.quiesce()
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         self.run(self.llm.wake_up(tags))

@@ -32,7 +32,6 @@ def snapshot_identity(
     dtype: str,
     gpu: tuple[str, str, int],
 ) -> SnapshotIdentity:
-    """What a snapshot of a vLLM engine with these options, model files, version and GPU is valid for."""
     gpu_product, capability, driver = gpu
     return SnapshotIdentity(
         model_digest=model_digest,
@@ -58,7 +57,6 @@ def model_files(model_dir: Path) -> list[Path]:
 
 
 def model_files_digest(model_dir: Path) -> str:
-    """The digest over a model directory's weights plus its config and tokenizer files."""
     return files_digest(model_dir, model_files(model_dir))
 
 

@@ -36,7 +36,6 @@ KV_STAGED_ENV = "WARMSTART_VLLM_KV_STAGED"
 
 
 def wanted() -> bool:
-    """Whether a capture plans the KV cache's allocations as the stager's block."""
     return env_flag(KV_STAGED_ENV, True)
 
 

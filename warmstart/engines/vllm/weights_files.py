@@ -194,7 +194,6 @@ def refill(model: Any, model_dir: Path, planned: Plan, threads: int, chunk_bytes
 
 
 def file_chunks(planned: Plan, chunk_bytes: int) -> Iterator[Chunk]:
-    """Every parameter's file ranges as chunks of at most chunk_bytes, in the plan's order."""
     for target, pieces in enumerate(planned.pieces):
         start = 0
         for piece in pieces:

@@ -207,7 +207,6 @@ def copy_chunks(
 
 
 def _chunks(entries: list[Entry], chunk_bytes: int) -> Iterator[Chunk]:
-    """The image's tensors in pieces of at most chunk_bytes."""
     for index, entry in enumerate(entries):
         for start in range(0, entry.nbytes, chunk_bytes):
             yield Chunk(index, 0, entry.offset + start, start, min(chunk_bytes, entry.nbytes - start))

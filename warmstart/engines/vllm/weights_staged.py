@@ -118,7 +118,6 @@ def copy_in(model: Any, planned: Plan, staged: Staging, socket_path: str) -> tup
 
 
 def staged_end(staged: Staging) -> int:
-    """Where the last staged range ends in the block."""
     return max(at.block_offset + at.nbytes for at in staged.placements)
 
 
