@@ -104,17 +104,14 @@ POD_NAMESPACES = ("--pid", "--mount", "--net", "--ipc", "--uts")
 class _Entered:
     """What one CRIU run inside a pod needs opened on the host: descriptors and the paths naming them."""
 
-    fds: list[int] = field(default_factory=list)
-    by_dir: dict[str, str] = field(default_factory=dict)
+    fds: dict[str, int] = field(default_factory=dict)  # by host directory
 
     def directory(self, path: Path) -> str:
         """`/proc/self/fd/N` for host directory `path` (opened once, without following a final link)."""
         key = os.path.abspath(path)
-        if key not in self.by_dir:
-            fd = os.open(key, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            self.fds.append(fd)
-            self.by_dir[key] = f"/proc/self/fd/{fd}"
-        return self.by_dir[key]
+        if key not in self.fds:
+            self.fds[key] = os.open(key, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        return f"/proc/self/fd/{self.fds[key]}"
 
     def path(self, path: str) -> str:
         """A host file or directory as a path through a descriptor of itself or of its folder."""
@@ -124,9 +121,8 @@ class _Entered:
         return f"{self.directory(Path(folder))}/{name}"
 
     def close(self) -> None:
-        for fd in self.fds:
+        for fd in self.fds.values():
             os.close(fd)
-        self.fds.clear()
 
 
 def _program_args(command: list[str], entered: _Entered) -> list[str]:
@@ -253,7 +249,7 @@ class Criu:
     ) -> Path:
         """Dump the process tree rooted at `pid` into `images_dir`; returns the log file."""
         images_dir.mkdir(parents=True, exist_ok=True)
-        log_file = self._log_file(logs_dir, "dump.log")
+        log_file = self._fresh_file(logs_dir, "dump.log")
         with contextlib.closing(_Entered()) as entered:
             args = ["dump", "--tree", str(pid), *self._dirs_args(entered, images_dir, log_file)]
             if leave_running:
@@ -270,9 +266,8 @@ class Criu:
         extra: Sequence[str] = (),
     ) -> int:
         """Restore the tree in `images_dir`; returns the restored root's PID (as seen where CRIU ran)."""
-        log_file = self._log_file(logs_dir, "restore.log")
-        pidfile = logs_dir / "restore.pid"
-        pidfile.unlink(missing_ok=True)
+        log_file = self._fresh_file(logs_dir, "restore.log")
+        pidfile = self._fresh_file(logs_dir, "restore.pid")
         with contextlib.closing(_Entered()) as entered:
             args = ["restore", *self._dirs_args(entered, images_dir, log_file)]
             args += ["--pidfile", pidfile.name if self._pod_pid is not None else str(pidfile)]
@@ -295,7 +290,7 @@ class Criu:
         """
         if self._pod_pid is not None:
             raise CriuError("lazy pages are not supported for restores into a pod")
-        log_file = self._log_file(logs_dir, "lazy-pages.log")
+        log_file = self._fresh_file(logs_dir, "lazy-pages.log")
         (images_dir / LAZY_PAGES_SOCKET).unlink(missing_ok=True)
         dirs = self._dirs_args(_Entered(), images_dir, log_file)  # not in a pod: no descriptors
         process = subprocess.Popen(
@@ -314,7 +309,7 @@ class Criu:
         return process
 
     @staticmethod
-    def _log_file(logs_dir: Path, name: str) -> Path:
+    def _fresh_file(logs_dir: Path, name: str) -> Path:
         logs_dir.mkdir(parents=True, exist_ok=True)
         log_file = logs_dir / name
         log_file.unlink(missing_ok=True)
@@ -351,7 +346,7 @@ class Criu:
                 stderr=subprocess.PIPE,
                 text=True,
                 env=criu_environment(),
-                pass_fds=entered.fds,
+                pass_fds=entered.fds.values(),
                 start_new_session=True,  # a timeout kills nsenter and CRIU together
                 preexec_fn=(lambda: _join(join_fds)) if join_fds else None,
             )

@@ -48,12 +48,10 @@ from warmstart.checkpoint.weight_staging import StagerProcess, give_plan, spawn_
 from warmstart.host import cuda_driver, procinfo
 from warmstart.host.fileio import (
     DIRECTORY_FLAGS,
-    RESOLVE_BENEATH,
-    RESOLVE_NO_SYMLINKS,
     UnsafeInput,
     atomic_file,
+    directory_beneath,
     directory_fd,
-    openat2,
     read_json_file,
     write_atomic,
 )
@@ -134,11 +132,9 @@ class FailureCounter:
 
     def _record(self, snapshot_id: str) -> dict[str, Any]:
         """The stored record, or {} when there is none or it cannot be trusted as one."""
-        try:
-            with directory_fd(self.store_root, FAILURES_DIR) as fd:
-                return self._read(fd, snapshot_id)
-        except (OSError, UnsafeInput):
-            return {}
+        with contextlib.suppress(OSError, UnsafeInput), directory_fd(self.store_root, FAILURES_DIR) as fd:
+            return self._read(fd, snapshot_id)
+        return {}
 
     def _read(self, fd: int, snapshot_id: str) -> dict[str, Any]:
         try:
@@ -215,7 +211,7 @@ def place_sandbox_files(snapshot: Snapshot, materialized: Path, sandbox: Sandbox
 @contextlib.contextmanager
 def _sandbox_dir(host_dir: Path) -> Iterator[int]:
     try:
-        fd = os.open(host_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(host_dir, DIRECTORY_FLAGS)
     except OSError as exc:
         raise RestoreFailed(f"the sandbox directory {host_dir} is unusable ({exc.strerror})") from exc
     try:
@@ -232,7 +228,7 @@ def _recorded_mode(snapshot: Snapshot, relative: Path) -> int:
 def _place_file(root_fd: int, relative: Path, source: Path, mode: int, host_dir: Path) -> None:
     try:
         with (
-            _directory_beneath(root_fd, relative.parts[:-1]) as parent_fd,
+            directory_beneath(root_fd, relative.parts[:-1]) as parent_fd,
             open(source, "rb") as content,
             atomic_file(Path(relative.name), mode, dir_fd=parent_fd) as out,
         ):
@@ -242,22 +238,6 @@ def _place_file(root_fd: int, relative: Path, source: Path, mode: int, host_dir:
             f"cannot place {relative} in the sandbox directory {host_dir}: {exc.strerror or exc} "
             "(a symbolic link or another file where the snapshot has a directory is never followed)"
         ) from exc
-
-
-@contextlib.contextmanager
-def _directory_beneath(root_fd: int, parts: tuple[str, ...]) -> Iterator[int]:
-    """A descriptor of root/parts..., each created where missing and opened without following a link."""
-    fd = os.dup(root_fd)
-    try:
-        for part in parts:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(part, 0o755, dir_fd=fd)
-            child = openat2(fd, part, DIRECTORY_FLAGS, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
-            os.close(fd)
-            fd = child
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def restore(

@@ -110,7 +110,6 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         reserve_pids: bool = False,
         mountpoint: Path = MOUNTPOINT,
-        timeout: float = 30.0,
     ) -> Sandbox:
         """Make the namespaces, bind `host_dir` at `mountpoint` inside, exec `init_command` as PID 1."""
         host_dir.mkdir(parents=True, exist_ok=True)
@@ -132,11 +131,11 @@ class Sandbox:
                 )  # fmt: skip
             except FileNotFoundError as exc:
                 raise SandboxError("`unshare` (util-linux) is missing: install util-linux") from exc
-        init_pid = cls._wait_ready(process, host_dir, timeout)
+        init_pid = cls._wait_ready(process, host_dir)
         return cls(host_dir, process, init_pid, mountpoint)
 
     @staticmethod
-    def _wait_ready(process: subprocess.Popen[bytes], host_dir: Path, timeout: float) -> int:
+    def _wait_ready(process: subprocess.Popen[bytes], host_dir: Path, timeout: float = 30.0) -> int:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
@@ -161,11 +160,9 @@ class Sandbox:
     def host_pid(self, namespace_pid: int) -> int | None:
         """The host PID of the sandbox's process `namespace_pid`, None when there is none."""
         for pid in self.host_pids():
-            try:
+            with contextlib.suppress(OSError):
                 if namespace_pids(pid)[-1] == namespace_pid:
                     return pid
-            except OSError:
-                continue
         return None
 
     def task_holding(self, namespace_tid: int) -> str:
@@ -193,13 +190,9 @@ class Sandbox:
         """Host PIDs of every process in the sandbox's PID namespace (init included)."""
         found = []
         for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                if pid_namespace_of(int(entry.name)) == self.pid_namespace:
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if entry.name.isdigit() and pid_namespace_of(int(entry.name)) == self.pid_namespace:
                     found.append(int(entry.name))
-            except OSError:
-                continue
         return found
 
     def set_main_pid(self, namespace_pid: int) -> None:

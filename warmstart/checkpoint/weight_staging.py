@@ -1,15 +1,14 @@
 """Start a weight stager next to a restore, for snapshots whose engine left its weights out of the image.
 
-The engine's staging plan travels in the signed snapshot (`meta.worker.weight_staging`, written by the
-engine process at capture). When the stored manifest has one, the restoring side binds a socket in the
-sandbox's control directory (so it exists before the engine resumes) and starts
-`warmstart.gpu.weight_stager` with it, a pipe for the plan and the sandbox's root directory as inherited
-descriptors, as the user the sandbox runs as, before the snapshot is verified: the stager's Python and CUDA
-start meanwhile. It gets the plan through the pipe once the manifest's signature and identity check out (the
-plan's authority is the signature), and copies while the blobs are hashed and CRIU runs; a snapshot that
-fails any check, or whose signed manifest has no plan, has its stager stopped. The resume
-payload names the socket; the restored engine maps the staged weights instead of reading them itself (see
-the stager's docstring).
+The engine's staging plan travels in the signed snapshot (`meta.worker.weight_staging`, written by the engine
+process at capture). When the stored manifest has one, the restoring side binds a socket in the sandbox's
+control directory (so it exists before the engine resumes) and starts `warmstart.gpu.weight_stager` with it, a
+pipe for the plan and the sandbox's root directory as inherited descriptors, as the user the sandbox runs as,
+before the snapshot is verified: the stager's Python and CUDA start meanwhile. It gets the plan through the
+pipe once the manifest's signature and identity check out (the plan's authority is the signature), and copies
+while the blobs are hashed and CRIU runs; a snapshot that fails any check, or whose signed manifest has no
+plan, has its stager stopped. The resume payload names the socket; the restored engine maps the staged weights
+instead of reading them itself (see the stager's docstring).
 
 The plan is the engine's word, so the stager reads only inside the sandbox's root, with the sandbox's user's
 rights, and only onto a GPU the sandbox was given (`NVIDIA_VISIBLE_DEVICES` / `CUDA_VISIBLE_DEVICES` of its

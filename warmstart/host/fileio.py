@@ -233,6 +233,22 @@ def directory_fd(parent: Path, name: str, *, create: bool = False, mode: int = 0
         os.close(fd)
 
 
+@contextlib.contextmanager
+def directory_beneath(root_fd: int, parts: tuple[str, ...]) -> Iterator[int]:
+    """A descriptor of root/parts..., each created where missing and opened without following a link."""
+    fd = os.dup(root_fd)
+    try:
+        for part in parts:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(part, 0o755, dir_fd=fd)
+            child = openat2(fd, part, DIRECTORY_FLAGS, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
 def _check_regular(path: str | os.PathLike[str], info: os.stat_result, limit: int) -> None:
     if not stat.S_ISREG(info.st_mode):
         raise UnsafeInput(f"{os.fspath(path)} is not a regular file ({_kind(info.st_mode)})")
