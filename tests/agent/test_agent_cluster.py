@@ -502,7 +502,7 @@ def test_restore_failures_on_two_nodes_add_up_to_one_count(
     def fail_once(agent: Agent) -> None:  # what a failed restore does on that node
         failures = FailureCounter(agent.node.store.root, max_failures=MAX_RESTORE_FAILURES)
         failures.record(snapshot_id, "digest mismatch")
-        agent.restore._failed(pod, snap, "digest mismatch", failures)
+        agent.restore._failed(pod, snap, "digest mismatch")
 
     with ThreadPoolExecutor(len(agents) * per_node) as pool:
         list(pool.map(fail_once, [agent for agent in agents for _ in range(per_node)]))

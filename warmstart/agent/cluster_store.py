@@ -63,10 +63,8 @@ class ClusterStore:
         try:
             yield
         finally:
-            with self._guard:
-                self._busy[snapshot_id] -= 1
-                if self._busy[snapshot_id] <= 0:
-                    del self._busy[snapshot_id]
+            with self._guard:  # Counter's in-place subtraction drops it once nothing holds it
+                self._busy -= Counter([snapshot_id])
 
     def _lock(self, snapshot_id: str) -> threading.Lock:
         with self._guard:

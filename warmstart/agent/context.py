@@ -62,13 +62,11 @@ class NodeContext:
         """`remote`: the cluster's store, an S3-compatible bucket with the local store as this node's cache;
         None: the local store is the store (a hostPath on each node, or a shared volume)."""
         store = SnapshotStore(config.store, verified_records=config.verified_records)
-        cluster_store = None
-        if remote is not None:
-            cluster_store = ClusterStore(
-                local=store, remote=RemoteStore(store, remote), verifier=verifier, metrics=metrics,
-                pull_timeout=config.pull_timeout, cache_max_bytes=config.cache_max_bytes,
-                cache_max_age=config.cache_max_age, gc_grace=config.cleanup_grace,
-            )  # fmt: skip
+        cluster_store = None if remote is None else ClusterStore(
+            local=store, remote=RemoteStore(store, remote), verifier=verifier, metrics=metrics,
+            pull_timeout=config.pull_timeout, cache_max_bytes=config.cache_max_bytes,
+            cache_max_age=config.cache_max_age, gc_grace=config.cleanup_grace,
+        )  # fmt: skip
         runtime = ContainerRuntime(Path(config.cri_socket)) if config.cri_socket else None
         if runtime is None:
             log.info("workers' images: from the kubelet's reports")

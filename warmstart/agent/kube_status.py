@@ -15,7 +15,7 @@ from typing import Any
 from warmstart.api import labels as L
 from warmstart.api.snapshot import AGENT, SnapshotStatus, status_patch
 from warmstart.host.clock import format_time
-from warmstart.kube.client import DEFAULT_TIMEOUT, Kube, KubeError
+from warmstart.kube.client import Kube, KubeError
 from warmstart.kube.events import record_event
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,8 @@ OWNER_KINDS = ("ReplicaSet", "Deployment")  # the links between a worker pod and
 class KubeStatus:
     """What the agent reads and writes, for the pods on its node `node`."""
 
-    def __init__(self, api_client: Any, node: str, timeout: float = DEFAULT_TIMEOUT) -> None:
-        self.kube = Kube(api_client, timeout, field_manager=EVENT_SOURCE)
+    def __init__(self, api_client: Any, node: str) -> None:
+        self.kube = Kube(api_client, field_manager=EVENT_SOURCE)
         self.node = node
         self._on_this_node = {"spec.nodeName": node}  # the field selector of its pods
 

@@ -10,9 +10,8 @@ the worker supervisor, is the process whose NSpid ends in 1; before the kubelet 
 (it does only at its next relist, up to a second after the start) the worker container is the one among
 the pod's cgroups whose PID 1, in a PID namespace one below the host's, has the pod's control volume
 mounted where the operator mounts it (the pause container mounts nothing), when exactly one does. PIDs
-the worker reports (e.g. in
-`ready-for-snapshot`) are in-namespace PIDs and are translated to host PIDs through NSpid. The control
-directory is the pod's `control` emptyDir as the kubelet lays it out on the host.
+the worker reports (e.g. in `ready-for-snapshot`) are in-namespace PIDs and are translated to host PIDs
+through NSpid. The control directory is the pod's `control` emptyDir as the kubelet lays it out on the host.
 """
 
 from __future__ import annotations

@@ -75,11 +75,8 @@ class PrestagePhase:
 
     def budget(self) -> int:
         """--prestage-max-bytes, within what the agent's cgroup can keep in the page cache."""
-        budget = self.node.config.prestage_max_bytes
-        limit = residency.cgroup_memory_limit()
-        if limit is not None and budget > limit * CGROUP_SHARE:
-            return int(limit * CGROUP_SHARE)
-        return budget
+        budget, limit = self.node.config.prestage_max_bytes, residency.cgroup_memory_limit()
+        return budget if limit is None else min(budget, int(limit * CGROUP_SHARE))
 
     def wanted(self, held: contextlib.ExitStack) -> list[WantedSnapshot]:
         """The Ready snapshots whose endpoint asks for pre-staging and that this node's store holds, newest

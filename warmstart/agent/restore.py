@@ -344,7 +344,7 @@ class RestorePhase:
             self._report_failed(pod, str(exc), f"{exc}; the worker starts cold")
             return
         except (RestoreRefused, RestoreFailed) as exc:  # counted on this node's store and answered
-            self._failed(pod, snap, str(exc), failures)
+            self._failed(pod, snap, str(exc))
             return
         finally:
             node.metrics.in_flight.labels(L.ROLE_RESTORE).dec()
@@ -384,7 +384,7 @@ class RestorePhase:
             log.error("could not count the failed restore of %s on this node: %s", snapshot_id, exc)
         log.warning("restore into %s failed: %s", objects.key(pod), reason)
         control.send(RESTORE_FAILED, {"reason": reason, "snapshot": snapshot_id, "failures": count})
-        self._failed(pod, snap, reason, failures)
+        self._failed(pod, snap, reason)
 
     def _report_failed(self, pod: dict[str, Any], reason: str, message: str) -> None:
         """A failed restore in the metrics, the pod's Event (`message`) and its annotation (`reason`)."""
@@ -392,16 +392,14 @@ class RestorePhase:
         self.node.kube.event(pod, "Pod", "Warning", "RestoreFailed", message)
         self.node.kube.annotate_pod(*objects.names(pod), {"restoreFailed": reason})
 
-    def _failed(
-        self, pod: dict[str, Any], snap: dict[str, Any], reason: str, failures: FailureCounter
-    ) -> None:
-        """Report a failed restore (already counted in this store's `failures` and answered to the pod) and
+    def _failed(self, pod: dict[str, Any], snap: dict[str, Any], reason: str) -> None:
+        """Report a failed restore (already counted in this store's failures and answered to the pod) and
         add it to the snapshot's count over all nodes: Invalid once that reaches the limit. Every failure
         that is the snapshot's comes here, wherever it was found (pull, verification, CRIU)."""
         node = self.node
         count = node.kube.add_restore_failure(*objects.names(snap), reason)
         self._report_failed(
-            pod, reason, f"{reason} (failure {count} of {failures.max_failures}); the worker starts cold"
+            pod, reason, f"{reason} (failure {count} of {MAX_RESTORE_FAILURES}); the worker starts cold"
         )
-        if count is not None and count >= failures.max_failures:  # the operator turns it Invalid
+        if count is not None and count >= MAX_RESTORE_FAILURES:  # the operator turns it Invalid
             node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "Invalid", f"{count} restores failed: {reason}")
