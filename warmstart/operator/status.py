@@ -144,11 +144,7 @@ def _progressing(work: Workload, plan: SnapshotPlan) -> tuple[bool, str, str]:
     return False, "Stable", f"{work.ready}/{work.desired} replicas ready and up to date"
 
 
-def _degraded(
-    plan: SnapshotPlan, invalid_spec: str, missing_api: str, causes: Sequence[Cause]
-) -> tuple[bool, str, str]:
-    if invalid_spec:
-        return True, INVALID_SPEC, invalid_spec
+def _degraded(plan: SnapshotPlan, missing_api: str, causes: Sequence[Cause]) -> tuple[bool, str, str]:
     if missing_api:
         return True, "MissingAPI", missing_api
     if causes:
@@ -261,7 +257,6 @@ def endpoint_status(
     previous: EndpointStatus,
     now: dt.datetime,
     children: Sequence[str] = (),
-    invalid_spec: str = "",
     missing_api: str = "",
     worker_causes: Sequence[Cause] = (),
     capture_causes: Sequence[Cause] = (),
@@ -277,7 +272,7 @@ def endpoint_status(
         READY: _ready(work, worker_causes),
         SNAPSHOT_READY: _snapshot_ready(snapshots_enabled, plan, capture_causes, kept_snapshot, refused),
         PROGRESSING: _progressing(work, plan),
-        DEGRADED: _degraded(plan, invalid_spec, missing_api, [*worker_causes, *capture_causes]),
+        DEGRADED: _degraded(plan, missing_api, [*worker_causes, *capture_causes]),
     }
     phase_name, explained_by = phase(verdicts, work.desired, bool(plan.capture_attempt))
     _, reason, message = verdicts[explained_by]
