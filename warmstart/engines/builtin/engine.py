@@ -1,9 +1,8 @@
 """The builtin engine: the Qwen3-shaped transformer of `model.py` behind the `Engine` interface.
 
-Memory is arranged for checkpointing (`memory.EngineMemory`): all weights are views of one weight arena and
-the KV cache is views of one KV arena (see `warmstart.gpu.arena`). `release()` unbinds the model and
-gives the memory back, `reacquire()` takes it again (weights from a weight stager or the files) and binds
-the model to it. On CUDA the KV cache is sized to fit the GPU's memory (`gpu_memory_utilization`).
+The model's weights and KV cache are views of arenas (`memory.EngineMemory`) that `release()` gives back
+and `reacquire()` takes again, binding the model to them. On CUDA the KV cache is sized to fit the GPU's
+memory (`gpu_memory_utilization`).
 Requests are batched continuously by a scheduler thread: each new sequence is prefilled into a free KV slot
 and then joins the running decode batch. On CUDA the decode step is captured as CUDA graphs for a set of
 batch sizes (and optionally compiled).
@@ -101,9 +100,9 @@ class BuiltinEngine(Engine):
             self._device,
             arena_kind,
             # With tensor parallelism the other ranks hold their own weights: none are released.
-            release_weights=(arena_kind == "cuda-vmm" if release_weights is None else release_weights)
+            releases_weights=(arena_kind == "cuda-vmm" if release_weights is None else release_weights)
             and self._tp == 1,
-            release_graph_scratch=release_graph_scratch,
+            releases_graph_scratch=release_graph_scratch,
             refill_threads=refill_threads,
         )
         self._name = served_model_name or (self._preset or self._model_dir.name)

@@ -18,7 +18,7 @@ import os
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,30 +69,25 @@ def kv_slots_that_fit(
     return KvFit(max(budget, 0) // per_slot if per_slot > 0 else 0, budget, per_slot)
 
 
+@dataclass(eq=False)
 class EngineMemory:
-    def __init__(
-        self,
-        device: torch.device,
-        arena_kind: str,
-        release_weights: bool,
-        release_graph_scratch: bool,
-        refill_threads: int,
-    ) -> None:
-        self.device = device
-        self.arena_kind = arena_kind
-        self.releases_weights = release_weights
-        self.releases_graph_scratch = release_graph_scratch
-        self.refill_threads = refill_threads
-        self.files: list[Path] = []
-        self.layout: Layout = {}
-        self.weights: Arena | None = None
-        self.kv: Arena | None = None
-        self.scratch: CudaScratchPool | None = None
-        self.weights_released = False
-        self.last_refill_stats: dict[str, Any] | None = None
-        self.last_release_stats: dict[str, Any] | None = None
+    device: torch.device
+    arena_kind: str
+    releases_weights: bool
+    releases_graph_scratch: bool
+    refill_threads: int
+    files: list[Path] = field(default_factory=list)
+    layout: Layout = field(default_factory=dict)
+    weights: Arena | None = None
+    kv: Arena | None = None
+    scratch: CudaScratchPool | None = None
+    weights_released: bool = False
+    last_refill_stats: dict[str, Any] | None = None
+    last_release_stats: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
         self._staged_weights_socket: str | None = None
-        self._local_memory = LocalMemoryLimit(cuda_ordinal(device)) if device.type == "cuda" else None
+        self._local_memory = LocalMemoryLimit(cuda_ordinal(self.device)) if self.on_cuda else None
 
     @property
     def on_cuda(self) -> bool:

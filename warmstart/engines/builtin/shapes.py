@@ -53,25 +53,12 @@ class ModelConfig:
     def parameter_count(self) -> int:
         return sum(math.prod(shape) for _, shape in tensor_shapes(self))
 
-    def to_hf_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
-        data.update(architectures=[ARCHITECTURE], model_type="qwen3", attention_bias=False, hidden_act="silu")
-        return data
-
     def with_overrides(self, **overrides: Any) -> ModelConfig:
         unknown = sorted(set(overrides) - {f.name for f in dataclasses.fields(self)})
         if unknown:
             known = ", ".join(f.name for f in dataclasses.fields(self))
             raise ValueError(f"unknown model config field(s) {', '.join(unknown)}; known: {known}")
         return dataclasses.replace(self, **overrides)
-
-    @classmethod
-    def from_hf_dict(cls, data: dict[str, Any]) -> ModelConfig:
-        known = {f.name for f in dataclasses.fields(cls)}
-        values = {key: value for key, value in data.items() if key in known}
-        values.setdefault("head_dim", data["hidden_size"] // data["num_attention_heads"])
-        values.setdefault("num_key_value_heads", data["num_attention_heads"])
-        return cls(**values)
 
     @classmethod
     def load(cls, model_dir: str | Path) -> ModelConfig:
@@ -82,14 +69,19 @@ class ModelConfig:
             raise ValueError(f"{path} is missing: a model directory needs a config.json") from None
         except json.JSONDecodeError as exc:
             raise ValueError(f"{path} is not valid JSON: {exc}") from None
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {key: value for key, value in data.items() if key in known}
         try:
-            return cls.from_hf_dict(data)
+            values.setdefault("head_dim", data["hidden_size"] // data["num_attention_heads"])
+            values.setdefault("num_key_value_heads", data["num_attention_heads"])
         except KeyError as exc:
             raise ValueError(f"{path} lacks the field {exc.args[0]}") from None
+        return cls(**values)
 
     def save(self, model_dir: str | Path) -> None:
-        text = json.dumps(self.to_hf_dict(), indent=2, sort_keys=True) + "\n"
-        Path(model_dir, CONFIG_FILE).write_text(text)
+        data = dataclasses.asdict(self)
+        data.update(architectures=[ARCHITECTURE], model_type="qwen3", attention_bias=False, hidden_act="silu")
+        Path(model_dir, CONFIG_FILE).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 PRESETS: dict[str, ModelConfig] = {

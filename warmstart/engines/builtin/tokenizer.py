@@ -15,9 +15,8 @@ class ByteTokenizer:
     bos_id = BOS_ID
     eos_id = EOS_ID
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = list(text.encode("utf-8"))
-        return [BOS_ID, *ids] if add_bos else ids
+    def encode(self, text: str) -> list[int]:
+        return [BOS_ID, *text.encode("utf-8")]
 
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")

@@ -39,9 +39,7 @@ WARMUP_STEPS = 30
 THREADS = 2
 
 
-def train(
-    config: ModelConfig, seed: int, text: str, steps: int = STEPS
-) -> tuple[dict[str, torch.Tensor], float]:
+def train(config: ModelConfig, seed: int, text: str) -> tuple[dict[str, torch.Tensor], float]:
     """(the trained float32 weights, the last step's loss)."""
     torch.manual_seed(seed)
     data = torch.tensor(list(text.encode("utf-8")), dtype=torch.long)
@@ -60,10 +58,10 @@ def train(
     generator = torch.Generator().manual_seed(seed)
     anywhere = torch.arange(BATCH) % 2 == 1
     loss = torch.tensor(float("nan"))
-    for step in range(steps):
+    for step in range(STEPS):
         warmup = min(1.0, (step + 1) / WARMUP_STEPS)
         for group in optimizer.param_groups:
-            group["lr"] = LEARNING_RATE * warmup * 0.5 * (1 + math.cos(math.pi * step / steps))
+            group["lr"] = LEARNING_RATE * warmup * 0.5 * (1 + math.cos(math.pi * step / STEPS))
         offsets = torch.where(
             anywhere,
             torch.randint(0, len(data) - SEQUENCE + 1, (BATCH,), generator=generator),

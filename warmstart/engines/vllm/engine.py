@@ -7,10 +7,8 @@ snapshot; level 1 keeps the weights in CPU memory, inside the snapshot) and `rea
 the weights from the model files after a level-2 sleep. vLLM's sleep-mode allocator keeps the virtual
 addresses of what it frees, so captured CUDA graphs stay valid across a sleep.
 
-Requests are served continuously by one driver thread that owns the `LLMEngine` (it is not thread-safe): new
-requests join the running batch between engine steps, and each step's cumulative output is turned into
-deltas for streaming. The thread starts with the first request and stops in `release()`, so a process about
-to be checkpointed runs no thread of ours.
+With warmstart's server, requests are served by one thread that owns the `LLMEngine` (`driver`); it starts
+with the first request and stops in `release()`, so a process about to be checkpointed runs no thread of ours.
 
 Before vLLM is imported the engine sets what makes its process dumpable (`quiesce`): the engine core in
 this process, torch.distributed's rendezvous through a file instead of a TCP store on libuv (whose io_uring
