@@ -157,13 +157,7 @@ class PodSandbox(Sandbox):
     files the engine holds open there (its logs) travel with the snapshot, like a sandbox's files.
     """
 
-    def __init__(
-        self,
-        host_dir: Path,
-        init_pid: int,
-        *,
-        whole_container: bool = False,
-    ) -> None:
+    def __init__(self, host_dir: Path, init_pid: int, *, whole_container: bool = False) -> None:
         self.whole_container = whole_container
         self.host_dir = host_dir
         self.init_pid = init_pid
