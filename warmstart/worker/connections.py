@@ -90,10 +90,7 @@ class BoundedHeadConnection(h11.Connection):
 
 
 class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol bound to `limits` (see the module's docstring): deadlines on every phase in
-    which the server waits for the client, room made by closing the longest-waiting connection, a bound per
-    client address, a bound on the head however it arrives, and no reuse of a doubly framed request's
-    connection."""
+    """uvicorn's h11 protocol bound to `limits`, as the module's docstring describes."""
 
     limits: ConnectionLimits = ConnectionLimits()
 

@@ -472,16 +472,9 @@ class _Reply:
         self.id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         self.chunk_kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def full(
-        self, results: list[GenerationResult], prompt_tokens: int, token_ids: bool = False
-    ) -> dict[str, Any]:
+    def full(self, results: list[GenerationResult], prompt_tokens: int, token_ids: bool) -> dict[str, Any]:
         completion_tokens = sum(len(result.token_ids) for result in results)
-        choices = [
-            self._choice(index, result.text, result.finish_reason) for index, result in enumerate(results)
-        ]
-        if token_ids:
-            for choice, result in zip(choices, results, strict=True):
-                choice["token_ids"] = list(result.token_ids)
+        choices = [self._choice(index, result, token_ids) for index, result in enumerate(results)]
         return {
             **self._head("chat.completion" if self.chat else "text_completion"),
             "choices": choices,
@@ -506,11 +499,16 @@ class _Reply:
         usage = _usage(prompt_tokens, completion_tokens)
         return _sse({**self._head(self.chunk_kind), "choices": [], "usage": usage})
 
-    def _choice(self, index: int, text: str, finish_reason: str) -> dict[str, Any]:
+    def _choice(self, index: int, result: GenerationResult, token_ids: bool) -> dict[str, Any]:
+        choice: dict[str, Any] = {"index": index}
         if self.chat:
-            message = {"role": "assistant", "content": text}
-            return {"index": index, "message": message, "finish_reason": finish_reason}
-        return {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice["message"] = {"role": "assistant", "content": result.text}
+        else:
+            choice.update(text=result.text, logprobs=None)
+        choice["finish_reason"] = result.finish_reason
+        if token_ids:
+            choice["token_ids"] = list(result.token_ids)
+        return choice
 
     def _head(self, kind: str) -> dict[str, Any]:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
