@@ -229,11 +229,9 @@ def on_endpoint_event(event: Mapping[str, Any], namespace: str | None, name: str
     METRICS.endpoints.forget(namespace, name)
 
 
-def _is_our_crd(name: str, **_: Any) -> bool:
-    return name in crds.KIND_OF_CRD
-
-
-@kopf.on.event("apiextensions.k8s.io", "v1", "customresourcedefinitions", when=_is_our_crd)
+@kopf.on.event(
+    "apiextensions.k8s.io", "v1", "customresourcedefinitions", when=lambda name, **_: name in crds.KIND_OF_CRD
+)
 def on_crd_event(event: Mapping[str, Any], body: kopf.Body, name: str, uid: str, **_: Any) -> None:
     """Our CRDs: serve one that (re)appeared after kopf started."""
     crd = plain(body)

@@ -43,9 +43,7 @@ from warmstart.operator.status import (
 log = logging.getLogger(__name__)
 
 AUTOSCALER_KINDS = {"hpa": "HorizontalPodAutoscaler", "keda": "ScaledObject", "http": "HTTPScaledObject"}
-OPTIONAL_KINDS = (
-    "HorizontalPodAutoscaler", "ScaledObject", "HTTPScaledObject", "ServiceMonitor", "DaemonSet",
-)  # fmt: skip
+OPTIONAL_KINDS = (*AUTOSCALER_KINDS.values(), "ServiceMonitor", "DaemonSet")
 # In mode http the add-on makes a ScaledObject named after its HTTPScaledObject, i.e. after the endpoint:
 # the operator deletes one only when its own record says it made it (a switch from mode keda).
 ADD_ON_KINDS = {"http": ("ScaledObject",)}
