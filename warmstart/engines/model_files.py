@@ -15,7 +15,14 @@ def model_files(
 ) -> tuple[Path, list[Path]]:
     """(the model directory, the files that define the model) as the engine would find them."""
     if engine == "builtin":
-        return _builtin_files(model, model_dir, seed, dtype)
+        from warmstart.engines.builtin.model_dir import model_directory
+        from warmstart.engines.digest import weight_files
+
+        directory = model_directory(model, model_dir, seed, {"torch_dtype": dtype} if dtype else {})
+        try:
+            return directory, [*weight_files(directory), directory / "config.json"]
+        except (ValueError, OSError) as exc:
+            raise EngineError(f"no model files in {directory}: {exc}") from exc
     if engine == "vllm":
         from warmstart.engines.vllm.identity import model_files as vllm_files
         from warmstart.engines.vllm.identity import resolve_model_dir
@@ -23,19 +30,6 @@ def model_files(
         directory = resolve_model_dir(model_dir or model, revision)
         return directory, vllm_files(directory)
     raise EngineError(f"unknown engine {engine!r}")
-
-
-def _builtin_files(
-    model: str, model_dir: str | None, seed: int, dtype: str | None
-) -> tuple[Path, list[Path]]:
-    from warmstart.engines.builtin.model_dir import model_directory
-    from warmstart.engines.digest import weight_files
-
-    directory = model_directory(model, model_dir, seed, {"torch_dtype": dtype} if dtype else {})
-    try:
-        return directory, [*weight_files(directory), directory / "config.json"]
-    except (ValueError, OSError) as exc:
-        raise EngineError(f"no model files in {directory}: {exc}") from exc
 
 
 def engine_version(engine: str) -> str:

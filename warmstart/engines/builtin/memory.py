@@ -176,10 +176,7 @@ class EngineMemory:
         return {"map_kv_and_scratch_s": round(map_seconds, 3), "map_and_refill_s": _since(started)}
 
     def staging_plan(self) -> StagingPlan | None:
-        """What a `weight_stager` must copy for the next `reacquire()`; None where none can help.
-
-        Only weights that leave the GPU at `release()` and come back at the same addresses can be staged.
-        """
+        """Only weights that leave the GPU at `release()` and come back at the same addresses are staged."""
         if not isinstance(self.weights, CudaVmmArena) or not self.releases_weights:
             return None
         copies = plan_chunks(self.layout, self.files, chunk_bytes=1 << 62)  # one copy per tensor

@@ -72,11 +72,9 @@ def pools(segments: list[dict[str, Any]], names: dict[tuple[int, int], str]) -> 
 
 def breakdown() -> dict[str, Any]:
     """What the process holds now (best effort: every part that cannot be read is left out)."""
+    import torch
+
     facts: dict[str, Any] = {"host": host_memory()}
-    try:
-        import torch
-    except ImportError:
-        return facts
     if not torch.cuda.is_available():
         return facts
     with contextlib.suppress(RuntimeError):
