@@ -131,8 +131,7 @@ class Sandbox:
                 )  # fmt: skip
             except FileNotFoundError as exc:
                 raise SandboxError("`unshare` (util-linux) is missing: install util-linux") from exc
-        init_pid = cls._wait_ready(process, host_dir)
-        return cls(host_dir, process, init_pid, mountpoint)
+        return cls(host_dir, process, cls._wait_ready(process, host_dir), mountpoint)
 
     @staticmethod
     def _wait_ready(process: subprocess.Popen[bytes], host_dir: Path, timeout: float = 30.0) -> int:
