@@ -288,15 +288,13 @@ class _Cancelled(Exception):
     """The client went away; the generation was stopped."""
 
 
+@dataclass
 class _Api:
-    def __init__(
-        self, engine: Engine, metrics: WorkerMetrics, limits: RequestLimits, parsing: anyio.CapacityLimiter
-    ) -> None:
-        self.engine = engine
-        self.metrics = metrics
-        self.limits = limits
-        self.parsing = parsing
-        self.created = int(time.time())
+    engine: Engine
+    metrics: WorkerMetrics
+    limits: RequestLimits
+    parsing: anyio.CapacityLimiter
+    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
     async def complete(self, http_request: Request, body: BaseModel, chat: bool) -> Response:
         parsed, requests, prompt_tokens = await _off_loop(self.parsing, self._prepare, body, chat)
