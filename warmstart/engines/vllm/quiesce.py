@@ -65,11 +65,8 @@ def apply_env_defaults(environ: dict[str, str] | None = None) -> dict[str, str]:
     control = environ.get(CONTROL_DIR_ENV)
     if control:
         defaults.update({key: str(Path(control) / folder) for key, folder in JIT_CACHE_DIRS.items()})
-    applied = {}
-    for key, value in defaults.items():
-        if key not in environ:
-            environ[key] = value
-            applied[key] = value
+    applied = {key: value for key, value in defaults.items() if key not in environ}
+    environ.update(applied)
     return applied
 
 
