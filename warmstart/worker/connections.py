@@ -273,16 +273,15 @@ class RepeatedLogFilter(logging.Filter):
             self._held[key] = self._held.get(key, 0) + 1
             return False
         self._last[key] = now
-        held = self._held.pop(key, 0)
-        if held:
+        if held := self._held.pop(key, 0):
             record.msg = f"{record.msg} ({held} more like this in the last {self.seconds:.0f} s)"
         return True
 
 
-def quiet_connection_logs(seconds: float = LOG_REPEAT_SECONDS) -> None:
+def quiet_connection_logs() -> None:
     """Rate-limit what uvicorn and asyncio log per bad connection (invalid requests, the concurrency limit,
     accept() out of descriptors)."""
     for name in ("uvicorn.error", "asyncio"):
         logger = logging.getLogger(name)
         if not any(isinstance(f, RepeatedLogFilter) for f in logger.filters):
-            logger.addFilter(RepeatedLogFilter(seconds))
+            logger.addFilter(RepeatedLogFilter())
