@@ -38,12 +38,9 @@ def snapshots_to_remove(
 def captured_for(recorded: CaptureRecord | None, snap: dict[str, Any]) -> bool:
     """Whether a snapshot's capture record names this InferenceSnapshot (namespace and name)."""
     meta = objects.meta(snap)
-    wanted = (meta.get("namespace"), meta.get("name"))
-    return (
-        recorded is not None
-        and wanted[0] is not None
-        and (recorded.namespace, recorded.inference_snapshot) == wanted
-    )
+    if recorded is None or meta.get("namespace") is None:
+        return False
+    return (recorded.namespace, recorded.inference_snapshot) == (meta["namespace"], meta.get("name"))
 
 
 class StoreCleanup:

@@ -29,10 +29,8 @@ def key(obj: dict[str, Any]) -> str:
 
 
 def _worker_status(pod: dict[str, Any]) -> dict[str, Any]:
-    for container in status(pod).get("containerStatuses") or []:
-        if container.get("name") == L.WORKER_CONTAINER:
-            return container
-    return {}
+    statuses = status(pod).get("containerStatuses") or []
+    return next((found for found in statuses if found.get("name") == L.WORKER_CONTAINER), {})
 
 
 def worker_image_id(pod: dict[str, Any]) -> str:

@@ -116,12 +116,8 @@ def mount_points(pid: int, proc: Path = PROC) -> set[str]:
         lines = (proc / str(pid) / "mountinfo").read_text().splitlines()
     except OSError:
         return set()
-    points = set()
-    for line in lines:
-        fields = line.split(" ")
-        if len(fields) > 4:
-            points.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), fields[4]))
-    return points
+    rows = (line.split(" ") for line in lines)
+    return {re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), row[4]) for row in rows if len(row) > 4}
 
 
 def control_volume_holders(pod_uid: str, proc: Path = PROC, container: str | None = None) -> list[int]:

@@ -109,9 +109,7 @@ class PrestagePhase:
         except (SnapshotError, ValueError, PullFailed) as exc:
             log.debug("InferenceSnapshot %s: nothing to pre-stage (%s)", objects.key(snap), exc)
             return None
-        if stored.record.namespace != objects.meta(snap).get("namespace"):
-            return None
-        return stored
+        return stored if stored.record.namespace == objects.meta(snap).get("namespace") else None
 
     def _report(self, wanted: list[WantedSnapshot]) -> None:
         gauge = self.node.metrics.prestaged_bytes

@@ -213,8 +213,7 @@ class RestorePhase:
         if recorded.device != "cuda":
             return recorded
         try:
-            devices, driver = self.node.gpus()
-            gpu = pod_gpu_facts(devices, driver, visible_devices(sandbox.init_pid))
+            gpu = pod_gpu_facts(*self.node.gpus(), visible_devices(sandbox.init_pid))
         except FactsUnavailable as exc:
             raise Refused(f"a GPU snapshot cannot be checked here: {exc}") from exc
         here = dataclasses.replace(
@@ -376,10 +375,9 @@ class RestorePhase:
         """A failure of the snapshot found before `restore()` ran (its copy in the object store refused):
         counted on this node's store and answered `restore-failed` as `restore()` does for what it finds,
         then counted over the cluster by the same path (`_failed`)."""
-        failures = self._failure_counter()
         count: int | None = None
         try:
-            count = failures.record(snapshot_id, reason)
+            count = self._failure_counter().record(snapshot_id, reason)
         except (OSError, UnsafeInput, ValueError) as exc:  # the count over the cluster still follows
             log.error("could not count the failed restore of %s on this node: %s", snapshot_id, exc)
         log.warning("restore into %s failed: %s", objects.key(pod), reason)

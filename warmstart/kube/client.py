@@ -281,8 +281,7 @@ class Kube:
         from kubernetes import watch
 
         resource = self._resource(kind)
-        what = f"WATCH {resource.path(namespace=namespace)}"
-        with _errors(what):
+        with _errors(f"WATCH {resource.path(namespace=namespace)}"):
             for event in watch.Watch().stream(
                 self.dynamic.get, resource, namespace=namespace or None, serialize=False,
                 resource_version=resource_version, timeout_seconds=seconds,
