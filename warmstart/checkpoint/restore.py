@@ -205,7 +205,9 @@ def place_sandbox_files(snapshot: Snapshot, materialized: Path, sandbox: Sandbox
         for source in sorted(source_root.rglob("*")):
             if source.is_file():
                 relative = source.relative_to(source_root)
-                _place_file(root_fd, relative, source, _recorded_mode(snapshot, relative), sandbox.host_dir)
+                entry = snapshot.files.get(f"{SANDBOX_FILES_DIR}/{relative}")
+                mode = entry.mode & 0o777 if entry is not None else 0o644
+                _place_file(root_fd, relative, source, mode, sandbox.host_dir)
 
 
 @contextlib.contextmanager
@@ -218,11 +220,6 @@ def _sandbox_dir(host_dir: Path) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
-
-
-def _recorded_mode(snapshot: Snapshot, relative: Path) -> int:
-    entry = snapshot.files.get(f"{SANDBOX_FILES_DIR}/{relative}")
-    return entry.mode & 0o777 if entry is not None else 0o644
 
 
 def _place_file(root_fd: int, relative: Path, source: Path, mode: int, host_dir: Path) -> None:

@@ -159,7 +159,7 @@ class StagerProcess:
         try:
             with contextlib.ExitStack() as opened:  # closed here once started: the stager has its own copies
                 opened.callback(os.close, plan_read)
-                copy, threads = _copy_path(), _threads()
+                copy, threads = _copy_and_threads()
                 listener = opened.enter_context(listen(f"/proc/self/fd/{control_dir_fd}/{socket_name}"))
                 root_fd = os.open(f"/proc/{sandbox_init_pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
                 opened.callback(os.close, root_fd)
@@ -215,18 +215,14 @@ class StagerProcess:
         self._reaped.set()
 
 
-def _copy_path() -> str:
+def _copy_and_threads() -> tuple[str, int]:
     copy = env_str(STAGER_COPY_ENV, COPY_PATHS[0])
     if copy not in COPY_PATHS:
         raise ValueError(f"{STAGER_COPY_ENV}={copy!r} is not one of {', '.join(COPY_PATHS)}")
-    return copy
-
-
-def _threads() -> int:
     threads = env_int(STAGER_THREADS_ENV, STAGING_THREADS)
     if not 1 <= threads <= MAX_STAGING_THREADS:
         raise ValueError(f"{STAGER_THREADS_ENV}={threads} is not from 1 to {MAX_STAGING_THREADS}")
-    return threads
+    return copy, threads
 
 
 def _as_owner_of(pid: int) -> dict[str, Any]:
