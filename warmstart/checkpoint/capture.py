@@ -267,8 +267,12 @@ def capture(
     suspended: list[int] = []
     try:
         gpu_pids = cuda.cuda_processes(host_pid)
-        use = _cuda_use(host_pid, gpu_pids)
-        log.info("capturing pid %d (host %d): %s", namespace_pid, host_pid, use.reason)
+        cuda_reason = (
+            f"{len(gpu_pids)} CUDA process(es) in the tree: host pids {gpu_pids}"
+            if gpu_pids
+            else f"no process of pid {host_pid}'s tree maps libcuda or opens /dev/nvidia*"
+        )
+        log.info("capturing pid %d (host %d): %s", namespace_pid, host_pid, cuda_reason)
         if gpu_pids:
             with timer.phase("cuda_checkpoint"):
                 cuda.suspend_all(gpu_pids)
@@ -276,8 +280,8 @@ def capture(
         record = dataclasses.replace(
             options.record,
             engine_pid=namespace_pid,
-            uses_cuda=use.uses_cuda,
-            cuda_reason=use.reason,
+            uses_cuda=bool(gpu_pids),
+            cuda_reason=cuda_reason,
             # Their PIDs inside the sandbox (CRIU restores them): each is CUDA-restored, or the restore fails.
             cuda_pids=_sandbox_pids(host_pid, gpu_pids),
             worker=worker,
@@ -375,12 +379,6 @@ def _sandbox_pids(engine_host_pid: int, host_pids: list[int]) -> list[int]:
     a namespace of its own below it."""
     level = len(namespace_pids(engine_host_pid)) - 1
     return [namespace_pids(pid)[level] for pid in host_pids]
-
-
-def _cuda_use(host_pid: int, gpu_pids: list[int]) -> cuda.CudaUse:
-    if not gpu_pids:
-        return cuda.CudaUse(False, f"no process of pid {host_pid}'s tree maps libcuda or opens /dev/nvidia*")
-    return cuda.CudaUse(True, f"{len(gpu_pids)} CUDA process(es) in the tree: host pids {gpu_pids}")
 
 
 def _tell_source_to_serve(control: ControlDir, payload: dict[str, Any]) -> None:

@@ -1,10 +1,4 @@
-"""Thread pools for I/O-bound work (file reads, hashing, copies release the GIL): the one place they live.
-
-- `parallel_map`: a function over items, results in order;
-- `run_heaviest_first`: weighted jobs, the heaviest started first so a big one does not finish last alone;
-- `share_among_threads`: N threads consuming one queue of items, each with its own state (e.g. its own
-  pinned buffer), the first error stopping them all.
-"""
+"""Thread pools for I/O-bound work (file reads, hashing, copies release the GIL): the one place they live."""
 
 from __future__ import annotations
 
@@ -33,7 +27,8 @@ def parallel_map(function: Callable[[T], R], items: Iterable[T], *, workers: int
 
 
 def run_heaviest_first(jobs: list[tuple[int, Callable[[], R]]], *, workers: int | None = None) -> list[R]:
-    """Run (weight, job) pairs in threads, heaviest first; results in the order given."""
+    """Run (weight, job) pairs in threads, heaviest first (a big one does not finish last alone); results in
+    the order given."""
     order = sorted(range(len(jobs)), key=lambda index: jobs[index][0], reverse=True)
     results = parallel_map(lambda index: jobs[index][1](), order, workers=workers)
     by_index = dict(zip(order, results, strict=True))
@@ -43,7 +38,8 @@ def run_heaviest_first(jobs: list[tuple[int, Callable[[], R]]], *, workers: int 
 def share_among_threads(
     work: Callable[[Iterator[T]], None], items: Iterator[T], threads: int, *, name: str = "worker"
 ) -> None:
-    """`threads` threads running `work` on one shared queue of `items`; the first error stops them all."""
+    """`threads` threads running `work` on one shared queue of `items`, each with its own state (e.g. its own
+    pinned buffer); the first error stops them all."""
     lock = threading.Lock()
     errors: list[BaseException] = []
 
