@@ -290,8 +290,9 @@ def reconcile(
     except TransientKubeError:
         raise  # the API server is away: nothing to report to, the caller retries
     except KubeError as exc:
-        report_failure(kube, body, APPLY_FAILED, _failure_message(exc), now)
-        raise ChildApplyFailed(exc.status, _failure_message(exc)) from exc
+        message = exc.message if isinstance(exc, ChildApplyFailed) else str(exc)
+        report_failure(kube, body, APPLY_FAILED, message, now)
+        raise ChildApplyFailed(exc.status, message) from exc
     worker_causes, capture_causes = observe_pods(
         kube, owner, workers, current_capture_pods(plan, capture_pods), agents
     )
@@ -390,10 +391,6 @@ def _write_children(
         return deployment, apply_optional_children(kube, owner, spec, recorded), None
     except MissingAPI as exc:  # report it in status, then let the caller retry later
         return deployment, ["Deployment", "Service"], exc
-
-
-def _failure_message(exc: KubeError) -> str:
-    return exc.message if isinstance(exc, ChildApplyFailed) else str(exc)
 
 
 def write_status(kube: Kube, meta: dict[str, Any], status: EndpointStatus) -> None:
