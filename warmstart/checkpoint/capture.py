@@ -47,7 +47,6 @@ from warmstart.snapshot.store import Snapshot, SnapshotStore
 log = logging.getLogger(__name__)
 
 _CORE_IMAGE = re.compile(r"core-(\d+)\.img")
-COPY_CHUNK_BYTES = 1 << 20
 
 
 class CaptureError(RuntimeError):
@@ -225,7 +224,7 @@ def _copy_sandbox_files(files: list[SandboxFile], sandbox: Sandbox, destination:
         target.parent.mkdir(parents=True, exist_ok=True)
         copied = 0
         with open(target, "xb") as copy:
-            while chunk := os.pread(opened.fd, COPY_CHUNK_BYTES, copied):
+            while chunk := os.pread(opened.fd, 1 << 20, copied):
                 copied += copy.write(chunk)
         sizes[opened.inside] = copied
     return sizes
@@ -324,9 +323,8 @@ def _dump_and_publish(
     host_pid: int,
     timer: _Timer,
 ) -> Snapshot:
-    node = {"hostname": socket.gethostname()}
     with (
-        store.stage(identity, node=node, meta=record.to_meta()) as staging,
+        store.stage(identity, node={"hostname": socket.gethostname()}, meta=record.to_meta()) as staging,
         open_sandbox_files(host_pid, sandbox) as files,
     ):
         with timer.phase("copy_sandbox_files"):

@@ -97,9 +97,6 @@ def _split(command: Sequence[str] | str) -> list[str]:
     return parts
 
 
-POD_NAMESPACES = ("--pid", "--mount", "--net", "--ipc", "--uts")
-
-
 @dataclass
 class _Entered:
     """What one CRIU run inside a pod needs opened on the host: descriptors and the paths naming them."""
@@ -206,7 +203,7 @@ class Criu:
         its program and files reached through descriptors; with `join_cgroups`, CRIU (and so what it
         restores) runs in that process's cgroups, and restores leave cgroups alone."""
         clone = Criu(self.command, self.timeout)
-        clone._prefix = ["nsenter", f"--target={pid}", *POD_NAMESPACES, "--"]
+        clone._prefix = ["nsenter", f"--target={pid}", "--pid", "--mount", "--net", "--ipc", "--uts", "--"]
         clone._pod_pid = pid
         clone._cgroups_of = pid if join_cgroups else None
         return clone

@@ -62,7 +62,6 @@ from warmstart.snapshot.store import Snapshot, SnapshotStore
 log = logging.getLogger(__name__)
 
 FAILURES_DIR = "restore-failures"
-DEFAULT_MAX_FAILURES = 3
 RESTORE_LOGS_DIR = "restore-logs"  # in the restorer's work directory, and a copy in the sandbox's
 RESTORE_LOG = "restore.log"  # as CRIU names it
 # "1": CRIU restores private memory lazily (userfaultfd, `criu lazy-pages`): the engine resumes before its
@@ -120,7 +119,7 @@ class FailureCounter:
 
     MAX_RECORD_BYTES = 64 << 10
 
-    def __init__(self, store_root: Path, max_failures: int = DEFAULT_MAX_FAILURES) -> None:
+    def __init__(self, store_root: Path, max_failures: int = 3) -> None:
         self.store_root = Path(store_root)
         self.max_failures = max_failures
 

@@ -45,7 +45,6 @@ PLAN_PIPE_BYTES = 1 << 20  # the default most a user may ask for (fs.pipe-max-si
 STAGER_ENV = "WARMSTART_WEIGHT_STAGER"  # "0": no stager, the engine refills its weights itself (to measure)
 STAGER_COPY_ENV = "WARMSTART_STAGER_COPY"  # "mapped": DMA from the page cache, not through pinned buffers
 STAGER_THREADS_ENV = "WARMSTART_STAGER_THREADS"  # copying threads (the stager's default when unset)
-GPU_LIST_VARIABLES = ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
 
 
 def staging_plan(snapshot: Snapshot) -> StagingPlan | None:
@@ -126,7 +125,7 @@ def sandbox_gpus(pid: int) -> set[str] | None:
     except OSError:
         return None
     environment = dict(item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    for name in GPU_LIST_VARIABLES:
+    for name in ("NVIDIA_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
         value = environment.get(name.encode(), b"").decode(errors="replace")
         uuids = {item.strip() for item in value.split(",") if item.strip().startswith("GPU-")}
         if uuids:
