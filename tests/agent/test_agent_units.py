@@ -33,7 +33,6 @@ from warmstart.agent.kube_status import KubeStatus
 from warmstart.agent.metrics import AgentMetrics
 from warmstart.agent.objects import store_snapshot_id
 from warmstart.agent.pods import (
-    ENGINE_MODULE,
     PodProcessError,
     PodSandbox,
     control_dir_on_host,
@@ -213,27 +212,9 @@ def test_namespace_pids_translate_to_host_pids(
     assert pod.host_pid(2) == second
     assert pod.host_pid(1) == init
     assert pod.host_pid(3) is None
-    assert pod.alive() and not pod.engine_running()  # a process, but not an engine
+    assert pod.alive()
     os.kill(init, signal.SIGKILL)  # the container ends: its supervisor is gone
     wait_until(lambda: not pod.alive(), what="the pod seen as gone")
-
-
-@pytest.mark.spawns
-@needs_root
-def test_an_engine_in_the_pod_is_recognised(pod_uid: str, tmp_path: Path) -> None:
-    engine = f"import time; time.sleep(60)  # {ENGINE_MODULE}"
-    process = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--",
-         "/bin/sh", "-c", f'{sys.executable} -c "{engine}" & exec sleep 61'],
-        env={**os.environ, L.POD_UID_ENV: pod_uid}, start_new_session=True,
-    )  # fmt: skip
-    try:
-        init = wait_until(lambda: supervisor_of(processes_by_environment(pod_uid)), what="the pod's init")
-        pod = PodSandbox(tmp_path, init)
-        wait_until(pod.engine_running, what="the engine seen")
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait()
 
 
 @pytest.mark.spawns

@@ -15,7 +15,6 @@ from warmstart.host.fileio import UnsafeInput, mapped_readonly
 from warmstart.snapshot import SnapshotStore
 from warmstart.snapshot.residency import (
     PAGE_SIZE,
-    blob_bytes,
     blob_paths,
     cgroup_memory_limit,
     evict,
@@ -107,7 +106,7 @@ def test_a_snapshots_blobs_stage_inside_the_store(
     shared = os.urandom(3 * MIB)
     snapshot = publish({"criu/pages-1.img": os.urandom(2 * MIB), "criu/a.img": shared, "weights/b": shared})
     paths = blob_paths(store, [snapshot])  # type: ignore[list-item]
-    assert len(paths) == 2 and blob_bytes(snapshot) == 5 * MIB  # type: ignore[arg-type]
+    assert len(paths) == 2
     for path in paths:
         evict(path)
     stage(paths, budget_bytes=1 << 30, root=store.blobs_dir)

@@ -30,7 +30,6 @@ from warmstart.host import procinfo
 
 CONTROL_VOLUME = "control"
 PROC = Path("/proc")
-ENGINE_MODULE = "warmstart.worker.engine_process"  # what the worker supervisor runs as its engine
 ProcessLookup = Callable[..., list[int]]  # (pod uid, container=id or None) -> the pod's host PIDs
 
 
@@ -207,13 +206,6 @@ class PodSandbox(Sandbox):
     def workers(self) -> list[int]:
         return [pid for pid in self.host_pids() if pid != self.init_pid]
 
-    def engine_running(self) -> bool:
-        """True when an engine already runs in the pod (e.g. its supervisor gave up waiting and went cold).
-
-        Other short-lived processes (a container's entrypoint steps) do not count.
-        """
-        return any(ENGINE_MODULE in _cmdline(pid) for pid in self.workers())
-
     def reserve_low_pids(self, timeout: float = 10.0) -> None:
         """Move the namespace's PID counter past the PIDs a restored engine needs (fresh namespaces only).
 
@@ -233,10 +225,3 @@ class PodSandbox(Sandbox):
 
     def stop(self, grace: float = 5.0) -> None:  # the kubelet owns the pod's lifetime, never the agent
         return None
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return (PROC / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""

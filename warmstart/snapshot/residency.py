@@ -234,8 +234,3 @@ def blob_paths(store: SnapshotStore, snapshots: Iterable[Snapshot]) -> list[Path
         for _name, entry in sorted(snapshot.files.items()):
             seen.setdefault(entry.digest, store.blob_path(entry.digest))
     return list(seen.values())
-
-
-def blob_bytes(snapshot: Snapshot) -> int:
-    """Bytes of the snapshot's distinct blobs (a file stored twice in it counts once)."""
-    return sum({entry.digest: entry.size for entry in snapshot.files.values()}.values())
