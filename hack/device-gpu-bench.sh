@@ -195,7 +195,7 @@ check)
     echo "== the product path at Qwen3-0.6B shapes: cold, capture, restores (outputs compared)"
     timeout "${STEP_TIMEOUT:-300}" python3 benchmarks/restore_bench.py --store "$WORK/store" --device cuda \
         --model qwen3-0.6b --repeat 1 --criu "$WARMSTART_CRIU" --markdown "$OUT/check.md" --json "$OUT/check.json" \
-        --logs "$OUT/logs" 2>&1 | tee "$OUT/check.log" | grep -v ' INFO ' | tail -22
+        2>&1 | tee "$OUT/check.log" | grep -v ' INFO ' | tail -22
     ;;
 *)
     echo "usage: $0 smoke|full|product|check" >&2
