@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -52,6 +53,30 @@ def test_hashing_the_files_gives_the_digest_the_writer_recorded(tmp_path: Path) 
     (model / DIGEST_SIDECAR).unlink()
     assert model_digest(model) == recorded
     assert (model / DIGEST_SIDECAR).is_file()
+
+
+@pytest.mark.parametrize(
+    "sidecar",
+    [b"[]", b"\xff\xfe", b'{"files": []}', b'{"files": {"model.safetensors": 7}}',
+     b'{"files": {"model.safetensors": {"size": 1, "mtime_ns": 1, "sha256": ["x"]}}}'],
+)  # fmt: skip
+def test_a_sidecar_not_as_written_is_hashed_past_not_a_crash(tmp_path: Path, sidecar: bytes) -> None:
+    model = ensure_model(tmp_path / "m", "tiny", seed=3)
+    recorded = model_digest(model)
+    (model / DIGEST_SIDECAR).write_bytes(sidecar)
+    assert model_digest(model) == recorded  # every file hashed again, the sidecar rewritten
+    assert model_digest(model) == recorded
+
+
+def test_a_sidecars_hash_that_matches_the_files_sizes_and_times_is_taken(tmp_path: Path) -> None:
+    """The cache is trusted for what it is: the worker's own files, the worker's own claim (the restore
+    facts re-read samples of every file at each restore; the capture hashes every byte once)."""
+    model = ensure_model(tmp_path / "m", "tiny", seed=3)
+    recorded = model_digest(model)
+    sidecar = json.loads((model / DIGEST_SIDECAR).read_text())
+    sidecar["files"]["model.safetensors"]["sha256"] = "0" * 64
+    (model / DIGEST_SIDECAR).write_text(json.dumps(sidecar))
+    assert model_digest(model) != recorded
 
 
 def test_preset_shapes_match_the_public_qwen3_configs() -> None:

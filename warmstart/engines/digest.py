@@ -11,6 +11,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -67,12 +68,19 @@ def _hash_in_parallel(paths: list[Path]) -> dict[str, str]:
 
 
 def read_sidecar(model_dir: Path) -> dict[str, dict[str, Any]]:
+    """The hashes cached beside the weights; a sidecar missing, unreadable or not as written caches none."""
     try:
         data = json.loads((model_dir / DIGEST_SIDECAR).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
+    except (OSError, ValueError):  # ValueError: not UTF-8, not JSON
         return {}
-    files = data.get("files")
-    return files if isinstance(files, dict) else {}
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict):
+        return {}
+    return {name: entry for name, entry in files.items() if isinstance(entry, dict) and _a_sha256(entry)}
+
+
+def _a_sha256(entry: dict[str, Any]) -> bool:
+    return isinstance(entry.get("sha256"), str) and re.fullmatch("[0-9a-f]{64}", entry["sha256"]) is not None
 
 
 def write_sidecar(
