@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from warmstart.api import labels as L
-from warmstart.checkpoint.criu import Criu
+from warmstart.checkpoint.criu import Criu, unescape_mountinfo
 from warmstart.checkpoint.sandbox import RESERVED_PIDS, Sandbox, namespace_pids, pid_namespace_of
 from warmstart.host import procinfo
 
@@ -116,7 +116,7 @@ def mount_points(pid: int, proc: Path = PROC) -> set[str]:
     except OSError:
         return set()
     rows = (line.split(" ") for line in lines)
-    return {re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), row[4]) for row in rows if len(row) > 4}
+    return {unescape_mountinfo(row[4]) for row in rows if len(row) > 4}
 
 
 def control_volume_holders(pod_uid: str, proc: Path = PROC, container: str | None = None) -> list[int]:

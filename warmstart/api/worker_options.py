@@ -313,8 +313,8 @@ class WorkerOptions:
         return dataclasses.replace(self, mode=mode).argv()
 
     def argv(self, leave_out: tuple[str, ...] = ()) -> list[str]:
-        """The engine process's options that differ from their defaults, as flags in the `--flag=value` form
-        (a value may begin with a dash): the same options always give the same flags."""
+        """The engine process's options that its engine takes and that differ from their defaults, as flags
+        in the `--flag=value` form (a value may begin with a dash): the same options give the same flags."""
         argv: list[str] = []
         for name, flag in FLAGS.items():
             value = getattr(self, name)
@@ -352,9 +352,9 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
         if flag.group not in groups:
             groups[flag.group] = parser.add_argument_group(flag.group)
         kwargs: dict[str, Any] = {"help": flag.help + _default_text(default)}
-        if annotation is bool:
+        if annotation is bool and default is False:
             kwargs["action"] = "store_true"
-        elif annotation == bool | None:
+        elif annotation in (bool, bool | None):  # --x and --no-x: a default to turn off, or none at all
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs.update(type=flag.parse, choices=_choices(annotation))

@@ -158,9 +158,13 @@ def open_sandbox_files(host_pid: int, sandbox: Sandbox) -> Iterator[list[Sandbox
     with contextlib.ExitStack() as held:
         for magic in _engine_files(host_pid):
             opened = _open_engine_file(magic, sandbox.mountpoint, mount_id)
-            if opened is not None:
+            if opened is None:
+                continue
+            if opened.inside in found:  # reached again (a library mapped in several ranges): one will do
+                os.close(opened.fd)
+            else:
+                found[opened.inside] = opened
                 held.callback(os.close, opened.fd)
-                found.setdefault(opened.inside, opened)
         yield sorted(found.values(), key=lambda opened: opened.inside)
 
 

@@ -7,6 +7,7 @@ message the cluster gave, so that the endpoint's status says what the pods say.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -248,8 +249,10 @@ def pod_cause(pod: Mapping[str, Any], mount_failure: str = "") -> tuple[str, str
     (it runs, or it is starting normally). `mount_failure` is the kubelet's FailedMount message for it."""
     if is_terminating(pod):
         return None
-    found = [scheduling_cause(pod), *(container_cause(c, mount_failure) for c in _container_statuses(pod))]
-    return next((cause for cause in found if cause is not None), None)
+    causes = itertools.chain(
+        [scheduling_cause(pod)], (container_cause(c, mount_failure) for c in _container_statuses(pod))
+    )
+    return next((cause for cause in causes if cause is not None), None)
 
 
 def creating_pods(pods: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
