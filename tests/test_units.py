@@ -152,8 +152,15 @@ def test_the_gpu_scripts_restore_benchmark_runs_parse_as_the_benchmark_takes_the
     """What hack/device-gpu-bench.sh asks of the restore benchmark on the GPU machine, parsed here: a flag
     renamed or dropped fails in CI, not in a GPU call."""
     lines = GPU_SCRIPT.read_text().replace("\\\n", " ").splitlines()
-    fixed = next(line for line in lines if "python3 benchmarks/restore_bench.py" in line)
-    fixed = fixed.split("restore_bench.py", 1)[1].split('"$@"', 1)[0]
+    direct = [
+        line.split("restore_bench.py", 1)[1].split("2>&1", 1)[0]
+        for line in lines
+        if "python3 benchmarks/restore_bench.py" in line
+    ]
+    fixed = direct[0].split('"$@"', 1)[0]  # bench_restore's own flags; its callers add theirs
+    for line in direct[1:]:  # the script's runs outside bench_restore (the check mode)
+        assert restore_bench.argument_parser().parse_args(_script_words(line)).device == "cuda", line
+    assert len(direct) >= 2, direct
     calls = [_script_words(line) for line in lines if re.match(r"\s*(\S+=\S+ )?bench_restore ", line)]
     assert len(calls) >= 4, calls
     for words in calls:
