@@ -139,6 +139,7 @@ class Flag:
     keyword: str | None = None  # the engines' name for it, where it differs
     supervisor_only: bool = False  # else also on the engine process's command line
     repeated: bool = False  # the flag repeats, one value each time
+    env: str | None = None  # the variable that gives its default, where one does
     text: Callable[[Any], str] = str  # a value back to a flag's text
 
 
@@ -274,7 +275,10 @@ class WorkerOptions:
     )
 
     control_dir: str | None = option(
-        None, WORKER, f"control directory shared with the agent (default ${CONTROL_DIR_ENV})"
+        None,
+        WORKER,
+        f"control directory shared with the agent (default ${CONTROL_DIR_ENV})",
+        env=CONTROL_DIR_ENV,
     )
     log_dir: str | None = option(
         None, WORKER, "where the engine's stdout/stderr go (default <control-dir>/logs, else "
@@ -360,7 +364,7 @@ def add_worker_arguments(parser: argparse.ArgumentParser) -> None:
             kwargs.update(type=flag.parse, choices=_choices(annotation))
         if flag.repeated:
             kwargs.update(action="append", metavar="KEY=VALUE" if flag.parse else "ARG")
-        kwargs["default"] = os.environ.get(CONTROL_DIR_ENV) if name == "control_dir" else default
+        kwargs["default"] = os.environ.get(flag.env, default) if flag.env else default
         groups[flag.group].add_argument(_option(name), **kwargs)
 
 
