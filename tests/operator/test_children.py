@@ -36,7 +36,7 @@ def test_cold_deployment_shape():
     pod = dep["spec"]["template"]["spec"]
     container = container_of(pod)
     assert container["command"] == ["warmstart"]
-    assert container["args"][:3] == ["worker", "--mode", "cold"]
+    assert container["args"][0] == "worker" and not any(a.startswith("--mode=") for a in container["args"])
     assert container["args"][-1:] == ["--enforce-eager"]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert pod["automountServiceAccountToken"] is False  # no service account named: no token in the pod
@@ -47,9 +47,10 @@ def test_cold_deployment_shape():
     assert liveness["httpGet"] == {"path": "/live", "port": "probe"} and "startupProbe" not in container
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert container["ports"][0]["name"] == "http" and ports["probe"] == ports["http"] + 1
-    assert container["args"][3:7] == [
-        "--probe-port", str(ports["probe"]), "--start-timeout", str(children.START_TIMEOUT_SECONDS),
-    ]  # fmt: skip
+    assert container["args"][1:3] == [
+        f"--probe-port={ports['probe']}",
+        f"--start-timeout={children.START_TIMEOUT_SECONDS}",
+    ]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["WARMSTART_CONTROL_DIR"] == "/run/warmstart/control"
     mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
@@ -69,8 +70,9 @@ def test_restore_deployment_names_the_snapshot():
     assert labels[L.ROLE_LABEL] == "restore" and labels[L.SNAPSHOT_LABEL] == "qwen-abababab"
     assert labels[L.REQUEST_KEY_LABEL] == HASH[: L.REQUEST_KEY_LABEL_LENGTH]
     assert "affinity" not in dep["spec"]["template"]["spec"]  # no node named: the scheduler is free
-    env = {e["name"]: e.get("value") for e in container_of(dep["spec"]["template"]["spec"])["env"]}
-    assert env["WARMSTART_SNAPSHOT"] == "qwen-abababab"
+    container = container_of(dep["spec"]["template"]["spec"])
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["WARMSTART_SNAPSHOT"] == "qwen-abababab" and "--mode=restore" in container["args"]
 
 
 def test_restore_pods_prefer_the_node_holding_their_snapshot_beside_the_endpoints_own_scheduling():
@@ -341,8 +343,9 @@ def test_the_model_stager_runs_where_the_workers_may_with_their_volumes_and_no_g
     assert daemonset["kind"] == "DaemonSet" and daemonset["metadata"]["name"] == "qwen"
     pod = daemonset["spec"]["template"]["spec"]
     container = container_of(pod)
-    assert container["args"][:1] == ["prestage-weights"] and "--mode" not in container["args"]
-    assert container["args"][container["args"].index("--model") + 1] == "Qwen/Qwen3-0.6B"
+    args = container["args"]
+    assert args[0] == "prestage-weights" and not any(arg.startswith("--mode=") for arg in args)
+    assert "--model=Qwen/Qwen3-0.6B" in args
     assert "nvidia.com/gpu" not in str(container["resources"]) and "limits" not in container["resources"]
     assert pod["nodeSelector"] == {"pool": "h200"}
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]

@@ -8,46 +8,34 @@ from collections.abc import Mapping
 from typing import Any
 
 from warmstart.api import labels as L
+from warmstart.api import worker_options as W
 from warmstart.api.control_dir import CONTROL_DIR_ENV
 from warmstart.api.endpoint import EndpointSpec
-from warmstart.api.worker_options import DEFAULT_START_TIMEOUT, PROBE_LIVE_PATH, PROBE_READY_PATH, probe_port
 from warmstart.operator.children.owner import Owner, common_labels, object_metadata, worker_selector
 from warmstart.operator.placement import prefer_node
 from warmstart.operator.rollout import SURGE
 
-START_TIMEOUT_SECONDS = int(DEFAULT_START_TIMEOUT)  # past it, a worker never ready is restarted
+START_TIMEOUT_SECONDS = int(W.DEFAULT_START_TIMEOUT)  # past it, a worker never ready is restarted
 PROBE_PORT_NAME = "probe"  # the supervisor's probe endpoints
 READY_PROBE_WAIT = 1.5  # seconds a readiness probe waits for the engine: over its 1 s period, so one probe
 # follows another with no gap; under the probes' 2 s timeout
 
 
-def _worker_args(spec: EndpointSpec, role: str) -> list[str]:
-    """`warmstart worker` flags; the snapshot to restore reaches the agent through pod labels and env."""
-    probes = [
-        "--probe-port",
-        str(probe_port(spec.engine.port)),
-        "--start-timeout",
-        str(START_TIMEOUT_SECONDS),
-    ]
-    return ["worker", "--mode", role, *probes, *_engine_args(spec)]
-
-
-def _engine_args(spec: EndpointSpec) -> list[str]:
-    """The engine's and the model's flags, shared by the worker and the model stager."""
-    engine = spec.engine
-    args = [
-        "--engine", engine.kind,
-        "--model", spec.model.uri,
-        "--served-model-name", spec.model.name_on_api,
-        "--dtype", engine.dtype,
-        "--device", "cuda" if spec.resources.gpus else "cpu",
-        "--tensor-parallel-size", str(engine.tensor_parallel_size),
-        "--host", "0.0.0.0",  # the kubelet's probes and the Service reach the pod's IP
-        "--port", str(engine.port),
-    ]  # fmt: skip
-    if spec.model.revision:
-        args += ["--revision", spec.model.revision]
-    return args + list(engine.args)
+def _engine_args(spec: EndpointSpec, mode: str = L.ROLE_COLD) -> list[str]:
+    """The worker's flags for the engine and the model, shared by the model stager; the snapshot to restore
+    reaches the agent through pod labels and env."""
+    return W.WorkerOptions(
+        engine=spec.engine.kind,
+        model=spec.model.uri,
+        served_model_name=spec.model.name_on_api,
+        dtype=spec.engine.dtype,
+        device="cuda" if spec.resources.gpus else "cpu",
+        tensor_parallel_size=spec.engine.tensor_parallel_size,
+        revision=spec.model.revision or None,
+        mode=mode,
+        host="0.0.0.0",  # the kubelet's probes and the Service reach the pod's IP
+        port=spec.engine.port,
+    ).argv() + list(spec.engine.args)
 
 
 def _env(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, request_hash: str) -> list[dict]:
@@ -101,19 +89,24 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, requ
         "image": spec.engine.image,
         "imagePullPolicy": spec.engine.image_pull_policy,
         "command": ["warmstart"],
-        "args": _worker_args(spec, role),
+        "args": [
+            "worker",
+            f"--probe-port={W.probe_port(spec.engine.port)}",
+            f"--start-timeout={START_TIMEOUT_SECONDS}",
+            *_engine_args(spec, role),
+        ],
         "env": _env(endpoint, spec, role, snapshot, request_hash),
         "ports": [
             {"name": "http", "containerPort": spec.engine.port, "protocol": "TCP"},
-            {"name": PROBE_PORT_NAME, "containerPort": probe_port(spec.engine.port), "protocol": "TCP"},
+            {"name": PROBE_PORT_NAME, "containerPort": W.probe_port(spec.engine.port), "protocol": "TCP"},
         ],
         # The probes ask the supervisor, which listens from the container's start and answers readiness the
         # moment the engine's /ready does (`?wait=`): a restored engine opens its server only once restored,
         # and a probe it refused would leave the replica waiting up to a period for the next. No startup
         # probe: readiness is not probed before one passes, which can cost another period; /live passes
         # while the engine starts, up to --start-timeout.
-        "readinessProbe": _probe(f"{PROBE_READY_PATH}?wait={READY_PROBE_WAIT}", 1, 3),
-        "livenessProbe": _probe(PROBE_LIVE_PATH, 10, 6),
+        "readinessProbe": _probe(f"{W.PROBE_READY_PATH}?wait={READY_PROBE_WAIT}", 1, 3),
+        "livenessProbe": _probe(W.PROBE_LIVE_PATH, 10, 6),
         "volumeMounts": mounts,
     }
     resources = _resources(spec)
