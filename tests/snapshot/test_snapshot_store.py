@@ -165,33 +165,15 @@ def test_manifest_is_canonical_json_with_the_identity(store: SnapshotStore, publ
     assert set(signature) == {"algorithm", "key_id", "signature"}
 
 
-def test_materialise_a_prefix(
-    store: SnapshotStore, publish: Publish, verifier: Verifier, tmp_path: Path
-) -> None:
-    snapshot = publish(FILES, MODES)
-    kept = store.materialize(snapshot.id, tmp_path / "kept", verifier, prefix="criu/")
-    assert kept.id == snapshot.id
-    assert sorted(
-        p.relative_to(tmp_path / "kept").as_posix() for p in (tmp_path / "kept").rglob("*.img")
-    ) == [
-        "criu/core-1.img",
-        "criu/empty.img",
-        "criu/pages-1.img",
-    ]
-    assert not (tmp_path / "kept" / "bin").exists()
-    store.materialize(snapshot.id, tmp_path / "flat", verifier, prefix="criu", strip_prefix=True)
-    assert (tmp_path / "flat" / "pages-1.img").read_bytes() == FILES["criu/pages-1.img"]
-
-
 @pytest.mark.parametrize(
     ("prefix", "reason"), [("nothing/", "no files under prefix"), ("../", "not a relative")]
 )
-def test_materialise_refuses_bad_prefixes(
-    store: SnapshotStore, publish: Publish, verifier: Verifier, tmp_path: Path, prefix: str, reason: str
+def test_verify_refuses_bad_prefixes(
+    store: SnapshotStore, publish: Publish, verifier: Verifier, prefix: str, reason: str
 ) -> None:
     snapshot = publish(FILES, MODES)
     with pytest.raises((SnapshotInvalid, ValueError), match=reason):
-        store.materialize(snapshot.id, tmp_path / "out", verifier, prefix=prefix)
+        store.verify(snapshot.id, verifier, prefix=prefix)
 
 
 def test_materialise_refuses_a_non_empty_destination(

@@ -51,7 +51,7 @@ from warmstart.snapshot.layout import (
     StoreLayout,
 )
 from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN
-from warmstart.snapshot.signing import SignatureInvalid, Verifier, signature_of
+from warmstart.snapshot.signing import SignatureInvalid, SignedWithAnotherKey, Verifier, signature_of
 from warmstart.snapshot.staging_owner import newest_mtime, staging_is_stale, this_host
 from warmstart.snapshot.verified import VerifiedRecords
 
@@ -327,8 +327,10 @@ class SnapshotScan:
             return False
         try:
             signature = signature_of(verifier, document)
-        except SignatureInvalid:
-            return _claims_key_or_none(document, verifier)
+        except SignedWithAnotherKey:
+            return False
+        except SignatureInvalid:  # no signature document, or one of this key that is not base64
+            return True
         if manifest is not None and (manifest, signature) in self._forgeries:
             return self._forgeries[manifest, signature]
         forged = not verifier.check(self._raw(entry, manifest), signature)
@@ -379,20 +381,6 @@ def _manifest_digests(raw: bytes) -> set[str] | None:
         return None
     digests = {item.get("digest") for item in files.values() if isinstance(item, dict)}
     return {digest for digest in digests if isinstance(digest, str) and _DIGEST.fullmatch(digest)}
-
-
-def _claims_key_or_none(document: bytes, verifier: Verifier) -> bool:
-    """Whether a signature document that did not check out is no signature document at all, or one naming
-    the verifier's own key and algorithm."""
-    try:
-        parsed = loads_json(document, SIGNATURE_FILE)
-    except UnsafeInput:
-        return True
-    if not isinstance(parsed, dict) or not all(
-        isinstance(parsed.get(name), str) for name in ("algorithm", "key_id", "signature")
-    ):
-        return True
-    return parsed["algorithm"] == verifier.algorithm and parsed["key_id"] == verifier.key_id
 
 
 # --- junk in snapshots/ ---------------------------------------------------------------------------------

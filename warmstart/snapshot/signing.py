@@ -40,6 +40,10 @@ class SignatureInvalid(ValueError):
     """A signature is missing, malformed, made with another key, or does not match the data."""
 
 
+class SignedWithAnotherKey(SignatureInvalid):
+    """A well-formed signature document names another algorithm or key than the verifier's."""
+
+
 class Signer(Protocol):
     algorithm: str
     key_id: str
@@ -162,11 +166,11 @@ def signature_of(verifier: Verifier, document: bytes) -> bytes:
         if not isinstance(parsed.get(field), str):
             raise SignatureInvalid(f"signature field {field!r} is missing or not a string")
     if parsed["algorithm"] != verifier.algorithm:
-        raise SignatureInvalid(
+        raise SignedWithAnotherKey(
             f"signed with {parsed['algorithm']!r} but the verification key is {verifier.algorithm!r}"
         )
     if parsed["key_id"] != verifier.key_id:
-        raise SignatureInvalid(
+        raise SignedWithAnotherKey(
             f"signed with key {parsed['key_id']} but the verification key is {verifier.key_id}: wrong key"
         )
     try:

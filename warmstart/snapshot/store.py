@@ -9,7 +9,7 @@ Layout on a plain directory (a local disk, or an NFS-backed RWX volume shared by
 
 `layout` (paths, names, ids, the lock), `blobs` (ingest, place), `staging` (work in progress and its
 owner), `publish` (the atomic rename), `catalog` (reading, listing, unpublishing), `verify` (signature,
-identity, digests; materialise) and `gc` (garbage collection and retention).
+identity, digests) and `gc` (garbage collection and retention); materialising is the facade's own.
 """
 
 from __future__ import annotations
@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.api.identity import SnapshotIdentity
+from warmstart.host.parallel import parallel_map
 from warmstart.snapshot import catalog, gc, verify
+from warmstart.snapshot.blobs import place
 from warmstart.snapshot.catalog import Snapshot
 from warmstart.snapshot.gc import GcReport
 from warmstart.snapshot.layout import SnapshotNotFound, StoreLayout
-from warmstart.snapshot.manifest import MIN_CHUNK_SIZE
+from warmstart.snapshot.manifest import MIN_CHUNK_SIZE, SnapshotError
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.staging import Staging
 from warmstart.snapshot.staging_owner import create_staging_root
@@ -145,16 +147,29 @@ class SnapshotStore:
         dest: str | os.PathLike[str],
         verifier: Verifier,
         *,
-        prefix: str | None = None,
         expected_identity: SnapshotIdentity | None = None,
-        strip_prefix: bool = False,
         link: bool = True,
     ) -> Snapshot:
-        """Verify, then build `dest` from blobs (see `verify.materialize_snapshot`)."""
-        return verify.materialize_snapshot(
-            self.layout, snapshot_id, dest, verifier, prefix=prefix, expected_identity=expected_identity,
-            strip_prefix=strip_prefix, link=link, workers=self.hash_workers, records=self.records,
+        """Verify (as `verify`, but not a blob `records` say matched), then build `dest` from blobs, each file
+        at its path in the snapshot: hardlinks on one filesystem, else copies. Copies get the recorded mode
+        exactly; a hardlink shares the immutable blob's inode, so it carries the recorded mode without write
+        bits (when the blob's mode differs from that, the file is copied instead)."""
+        snapshot = verify.verify_snapshot(
+            self.layout, snapshot_id, verifier, expected_identity, workers=self.hash_workers,
+            records=self.records,
         )  # fmt: skip
+        target_root = Path(dest)
+        if target_root.is_symlink():
+            raise SnapshotError(f"materialise destination {target_root} is a symbolic link")
+        if target_root.exists() and any(target_root.iterdir()):
+            raise SnapshotError(f"materialise destination {target_root} is not empty")
+        target_root.mkdir(parents=True, exist_ok=True)
+        plan = [(target_root / path, entry) for path, entry in snapshot.files.items()]
+        for directory in {target.parent for target, _ in plan}:
+            directory.mkdir(parents=True, exist_ok=True)
+        use_link = [link]
+        parallel_map(lambda item: place(self.layout, *item, use_link), plan, workers=self.hash_workers)
+        return snapshot
 
     def gc(
         self,

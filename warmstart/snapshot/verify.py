@@ -1,4 +1,4 @@
-"""Verification (signature, schema, identity, every blob's size and digest) and materialisation.
+"""Verification: signature, schema, identity, every blob's size and digest.
 
 Nothing a manifest names is used before its signature checks out; a blob is hashed before it is placed.
 """
@@ -7,24 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 import stat
 from collections.abc import Callable, Iterable
-from pathlib import Path
 
 from warmstart.api.identity import SnapshotIdentity
-from warmstart.host.parallel import parallel_map, run_heaviest_first
-from warmstart.snapshot.blobs import place
+from warmstart.host.parallel import run_heaviest_first
 from warmstart.snapshot.catalog import Snapshot, signed_manifest
 from warmstart.snapshot.hashing import chunk_ranges, hash_file, hash_range
 from warmstart.snapshot.layout import StoreLayout
-from warmstart.snapshot.manifest import (
-    FileEntry,
-    Manifest,
-    SnapshotError,
-    SnapshotInvalid,
-    check_prefix,
-)
+from warmstart.snapshot.manifest import FileEntry, Manifest, SnapshotInvalid, check_prefix
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.verified import BlobState, VerifiedRecords
 
@@ -168,42 +159,3 @@ def _blob_shape_problem(layout: StoreLayout, path: str, entry: FileEntry) -> str
     if info.st_size != entry.size:
         return f"file {path!r}: blob {entry.digest} has {info.st_size} bytes, manifest says {entry.size}"
     return None
-
-
-def materialize_snapshot(
-    layout: StoreLayout,
-    snapshot_id: str,
-    dest: str | os.PathLike[str],
-    verifier: Verifier,
-    *,
-    prefix: str | None = None,
-    expected_identity: SnapshotIdentity | None = None,
-    strip_prefix: bool = False,
-    link: bool = True,
-    workers: int | None = None,
-    records: VerifiedRecords | None = None,
-) -> Snapshot:
-    """Verify (`verify_snapshot`), then build `dest` from blobs: hardlinks on one filesystem, else copies.
-
-    Files keep their paths relative to the snapshot (`criu/pages-1.img` -> `dest/criu/pages-1.img`), or
-    lose the prefix with `strip_prefix=True`. Copies get the recorded mode exactly; a hardlink shares the
-    immutable blob's inode, so it carries the recorded mode without write bits (when the blob's mode
-    differs from that, the file is copied instead).
-    """
-    snapshot = verify_snapshot(
-        layout, snapshot_id, verifier, expected_identity, prefix=prefix, workers=workers, records=records
-    )
-    selected = selected_entries(snapshot.manifest, prefix)
-    target_root = Path(dest)
-    if target_root.is_symlink():
-        raise SnapshotError(f"materialise destination {target_root} is a symbolic link")
-    if target_root.exists() and any(target_root.iterdir()):
-        raise SnapshotError(f"materialise destination {target_root} is not empty")
-    target_root.mkdir(parents=True, exist_ok=True)
-    cut = len(check_prefix(prefix)) if (prefix and strip_prefix) else 0
-    plan = [(target_root / path[cut:], entry) for path, entry in selected.items()]
-    for directory in {target.parent for target, _ in plan}:
-        directory.mkdir(parents=True, exist_ok=True)
-    use_link = [link]
-    parallel_map(lambda item: place(layout, item[0], item[1], use_link), plan, workers=workers)
-    return snapshot
