@@ -51,9 +51,8 @@ READY_FOR_SNAPSHOT = "ready-for-snapshot"  # worker: engine initialised, warm, q
 SNAPSHOT_COMPLETE = "snapshot-complete"  # agent: capture done, the source may exit
 RESTORE_COMPLETE = "restore-complete"  # agent: process restored (and GPU state); payload: resume settings
 RESTORE_FAILED = "restore-failed"  # agent: restore failed; payload has the reason; worker cold-starts
-RESTORE_CLAIM = (
-    "restore-claim"  # restorer or worker: who starts this pod's engine; created once, never replaced
-)
+# restorer or worker: who starts this pod's engine; created once, never replaced
+RESTORE_CLAIM = "restore-claim"
 RESTORE_FACTS = "restore-facts"  # restore pod's worker, as it starts: what the agent checks first
 
 SIGNALS = (
@@ -96,13 +95,6 @@ class ControlDir:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-
-    @classmethod
-    def from_env(cls) -> ControlDir:
-        value = os.environ.get(CONTROL_DIR_ENV)
-        if not value:
-            raise RuntimeError(f"{CONTROL_DIR_ENV} is not set: the worker needs a control directory")
-        return cls(value)
 
     @contextlib.contextmanager
     def directory(self, *, create: bool = False) -> Iterator[int]:
@@ -185,15 +177,10 @@ class ControlDir:
                     pass
             held = self.read(RESTORE_CLAIM)
             if held is not None:
-                return _claim_from(held, self.path)
+                if (theirs := held.payload.get("holder")) not in CLAIM_HOLDERS:
+                    raise SignalError(f"{self.path / RESTORE_CLAIM} names no known holder: {theirs!r}")
+                return Claim(str(theirs), False, held.payload)
         raise SignalError(f"{self.path / RESTORE_CLAIM} keeps appearing and vanishing")
-
-
-def _claim_from(signal: Signal, directory: Path) -> Claim:
-    holder = signal.payload.get("holder")
-    if holder not in CLAIM_HOLDERS:
-        raise SignalError(f"{directory / RESTORE_CLAIM} names no known holder: {holder!r}")
-    return Claim(str(holder), False, signal.payload)
 
 
 def _check_name(name: str) -> None:
