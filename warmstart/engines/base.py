@@ -76,17 +76,19 @@ class TokenDelta:
 
 
 class Engine(abc.ABC):
-    """What the worker needs from an inference engine."""
+    """What the worker needs from an inference engine; engines set `_name` and `_max_len`."""
 
     kind: str = ""
+    _name: str
+    _max_len: int
 
     @property
-    @abc.abstractmethod
-    def served_model_name(self) -> str: ...
+    def served_model_name(self) -> str:
+        return self._name
 
     @property
-    @abc.abstractmethod
-    def max_model_len(self) -> int: ...
+    def max_model_len(self) -> int:
+        return self._max_len
 
     @abc.abstractmethod
     def load(self) -> None:

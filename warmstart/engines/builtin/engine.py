@@ -41,7 +41,7 @@ from warmstart.engines.builtin.memory import (
 )
 from warmstart.engines.builtin.model import KVCache, Transformer, kv_nbytes
 from warmstart.engines.builtin.model_dir import ensure_model, model_directory
-from warmstart.engines.builtin.parallel import ParallelModel, RankSpec, all_reduce, rank_device, shard_config
+from warmstart.engines.builtin.parallel import ParallelModel, RankSpec, rank_device, shard_config
 from warmstart.engines.builtin.scheduler import Scheduler, Sequence
 from warmstart.engines.builtin.shapes import PRESETS, ModelConfig
 from warmstart.engines.builtin.tokenizer import ByteTokenizer
@@ -110,20 +110,12 @@ class BuiltinEngine(Engine):
         self.config: ModelConfig | None = None
         self._model_config: ModelConfig | None = None  # what rank 0 computes: the whole model, or its slice
         self._max_len = 0
-        self._model: Transformer | ParallelModel | None = None
+        self._model: Transformer | None = None
         self._graphs: DecodeGraphs | None = None
         self._scheduler: Scheduler | None = None
         self._digest: str | None = None
         self.last_reacquire_stats: dict[str, float] | None = None
         self._addresses_at_release: tuple[int, int] = (0, 0)
-
-    @property
-    def served_model_name(self) -> str:
-        return self._name
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_len
 
     @property
     def model_dir(self) -> Path:
@@ -265,19 +257,18 @@ class BuiltinEngine(Engine):
             self._model.close()
 
     def describe(self) -> dict[str, Any]:
-        facts = super().describe()
-        facts.update(
-            device=str(self._device),
-            model_dir=str(self._model_dir),
-            max_num_seqs=self._max_num_seqs,
-            tensor_parallel_size=self._tp,
-            weights_bytes=self._memory.weights.nbytes if self._memory.weights else 0,
-            kv_bytes=self._memory.kv.nbytes if self._memory.kv else 0,
-            graph_scratch_bytes=self._memory.scratch.nbytes if self._memory.scratch is not None else 0,
-            weight_files=[str(path) for path in self._memory.files],
-            at_release=self._memory.last_release_stats or {},
-        )
-        return facts
+        return {
+            **super().describe(),
+            "device": str(self._device),
+            "model_dir": str(self._model_dir),
+            "max_num_seqs": self._max_num_seqs,
+            "tensor_parallel_size": self._tp,
+            "weights_bytes": self._memory.weights.nbytes if self._memory.weights else 0,
+            "kv_bytes": self._memory.kv.nbytes if self._memory.kv else 0,
+            "graph_scratch_bytes": self._memory.scratch.nbytes if self._memory.scratch is not None else 0,
+            "weight_files": [str(path) for path in self._memory.files],
+            "at_release": self._memory.last_release_stats or {},
+        }
 
     def _check_config(self, config: ModelConfig) -> None:
         wanted = self._overrides.get("torch_dtype")
@@ -327,16 +318,13 @@ class BuiltinEngine(Engine):
             KVCache(self._memory.kv.tensor, self._model_config, self._max_num_seqs + 1, self._max_len)
         )
 
-    def _build_model(self) -> Transformer | ParallelModel:
+    def _build_model(self) -> Transformer:
         if self._tp == 1:
             return Transformer(self._model_config, self._device, self._max_len)
-        local = Transformer(
-            self._model_config, rank_device(self._device, 0), self._max_len, reduce=all_reduce
-        )
         spec = RankSpec(
             str(self._model_dir), 0, self._tp, self._device.type, self._max_len, self._max_num_seqs + 1
         )
-        return ParallelModel(local, self._tp, spec)
+        return ParallelModel(self._model_config, rank_device(self._device, 0), self._max_len, spec)
 
     def _decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         if self._graphs is not None and self._graphs.fits(tokens.shape[0]):

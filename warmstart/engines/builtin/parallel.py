@@ -118,12 +118,12 @@ class RankSpec:
     slots: int
 
 
-class ParallelModel:
-    """Rank 0's model: the local slice, and the other ranks following each call over their pipes."""
+class ParallelModel(Transformer):
+    """Rank 0's model: its slice of the whole, and the other ranks following each call over their pipes."""
 
-    def __init__(self, local: Transformer, size: int, spec: RankSpec) -> None:
-        self.local = local
-        self.size = size
+    def __init__(self, config: ModelConfig, device: torch.device, max_len: int, spec: RankSpec) -> None:
+        super().__init__(config, device, max_len, reduce=all_reduce)
+        self.size = spec.size
         self._spec = spec
         self._followers: list[tuple[subprocess.Popen[bytes], BinaryIO, BinaryIO]] = []
         self._rendezvous = Path(tempfile.mkdtemp(prefix="warmstart-tp-"))
@@ -132,22 +132,8 @@ class ParallelModel:
         self._round = 0
         self.joined = False
 
-    @property
-    def device(self) -> torch.device:
-        return self.local.device
-
-    @property
-    def kv(self) -> KVCache | None:
-        return self.local.kv
-
     def bind(self, weights: dict[str, torch.Tensor]) -> None:
-        self.local.bind(shard_weights(weights, 0, self.size))
-
-    def unbind(self) -> None:
-        self.local.unbind()
-
-    def bind_kv(self, kv: KVCache | None) -> None:
-        self.local.bind_kv(kv)
+        super().bind(shard_weights(weights, 0, self.size))
 
     def start(self) -> None:
         """Start ranks 1..size-1, wait for each to hold its slice, and join the group with them."""
@@ -158,17 +144,12 @@ class ParallelModel:
 
     def prefill(self, token_ids: torch.Tensor, slot: int) -> torch.Tensor:
         self._tell(("prefill", token_ids.tolist(), slot))
-        return self.local.prefill(token_ids, slot)
+        return super().prefill(token_ids, slot)
 
-    def decode(
-        self,
-        token_ids: torch.Tensor,
-        positions: torch.Tensor,
-        slots: torch.Tensor,
-        context: int | None = None,
-    ) -> torch.Tensor:
-        self._tell(("decode", token_ids.tolist(), positions.tolist(), slots.tolist(), context))
-        return self.local.decode(token_ids, positions, slots, context)
+    def decode(self, *batch: torch.Tensor, context: int | None = None) -> torch.Tensor:
+        """`Transformer.decode` on every rank; `batch` is its token ids, positions and KV slots."""
+        self._tell(("decode", *(tensor.tolist() for tensor in batch), context))
+        return super().decode(*batch, context)
 
     def leave(self) -> None:
         """Every rank leaves the group: nothing of the collectives stays open (before a checkpoint)."""

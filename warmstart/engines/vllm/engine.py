@@ -152,14 +152,6 @@ class VllmEngine(Engine):
         self.timings: dict[str, float] = {}
 
     @property
-    def served_model_name(self) -> str:
-        return self._name
-
-    @property
-    def max_model_len(self) -> int:
-        return self._max_len
-
-    @property
     def model_dir(self) -> Path | str:
         return self._model_dir or ""
 
