@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -166,14 +165,14 @@ class EngineMemory:
             self._local_memory.restore()
         # Mapping the KV cache and graph scratch (tens of GB of driver work) overlaps the weights.
         with ThreadPoolExecutor(1, thread_name_prefix="warmstart-map") as background:
-            mapped = background.submit(_timed, self._map_kv_and_scratch)
+            mapped = background.submit(self._map_kv_and_scratch)
             try:
                 if self.weights_released:
                     self._take_back_weights()
                     self.weights_released = False
             finally:
                 map_seconds = mapped.result()  # a mapping error is raised even when the refill failed too
-        return {"map_kv_and_scratch_s": round(map_seconds, 3), "map_and_refill_s": _since(started)}
+        return {"map_kv_and_scratch_s": map_seconds, "map_and_refill_s": _since(started)}
 
     def staging_plan(self) -> StagingPlan | None:
         """Only weights that leave the GPU at `release()` and come back at the same addresses are staged."""
@@ -219,23 +218,19 @@ class EngineMemory:
         log.info("weights: %.1f MB mapped from the weight stager (it filled them in %s s, copying %s)",
                  report["bytes"] / 1e6, report.get("seconds"), report.get("copy", "?"))  # fmt: skip
 
-    def _map_kv_and_scratch(self) -> None:
+    def _map_kv_and_scratch(self) -> float:
+        started = time.perf_counter()
         if self.on_cuda:
             torch.cuda.set_device(self.device)
         if self.scratch is not None:
             self.scratch.reacquire()
         self.kv.reacquire()
         self.clear_kv()
+        return _since(started)
 
 
 def _since(started: float) -> float:
     return round(time.perf_counter() - started, 3)
-
-
-def _timed(work: Callable[[], None]) -> float:
-    started = time.perf_counter()
-    work()
-    return time.perf_counter() - started
 
 
 def _scratch_pool(device: torch.device) -> CudaScratchPool | None:
