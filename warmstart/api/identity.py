@@ -58,12 +58,9 @@ class SnapshotIdentity:
             raise ValueError(f"unknown identity fields: {', '.join(unknown)}")
         return cls(**{k: v for k, v in data.items() if k in known})
 
-    def canonical(self) -> bytes:
-        return canonical_json(self.to_dict())
-
     def digest(self) -> str:
         """Hex SHA-256 of the canonical JSON: the identity hash."""
-        return hashlib.sha256(self.canonical()).hexdigest()
+        return hashlib.sha256(canonical_json(self.to_dict())).hexdigest()
 
     def mismatches(self, other: SnapshotIdentity) -> list[str]:
         """Human-readable differences, one per field, empty when the identities match."""

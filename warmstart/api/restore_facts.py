@@ -68,7 +68,7 @@ class RestoreFacts:
             engine_version=_text(data, "engine_version"),
             worker_args=tuple(args),
             model_dir=_text(data, "model_dir"),
-            model_files={_checked_name(name): _file_entry(name, entry) for name, entry in files.items()},
+            model_files={name: _file_entry(name, entry) for name, entry in files.items()},
             error=_text(data, "error"),
         )
 
@@ -116,13 +116,9 @@ def _text(data: dict[str, Any], key: str) -> str:
     return value
 
 
-def _checked_name(name: Any) -> str:
+def _file_entry(name: Any, entry: Any) -> tuple[int, str]:
     if not _is_text(name) or not name:
         raise FactsInvalid("a model file name is not a string")
-    return name
-
-
-def _file_entry(name: str, entry: Any) -> tuple[int, str]:
     valid = (
         isinstance(entry, list)
         and len(entry) == 2
