@@ -5,6 +5,7 @@ from builders import UID, endpoint_body, snapshot_object
 
 from warmstart.api import labels as L
 from warmstart.operator import children
+from warmstart.operator.children import workers
 from warmstart.operator.placement import preferred_node
 from warmstart.operator.reconcile import unwanted_children
 from warmstart.operator.spec import parse_spec
@@ -42,14 +43,14 @@ def test_cold_deployment_shape():
     assert pod["automountServiceAccountToken"] is False  # no service account named: no token in the pod
     # The supervisor's endpoints, on the port after the engine's; no startup probe to hold readiness back.
     readiness, liveness = container["readinessProbe"], container["livenessProbe"]
-    assert readiness["httpGet"] == {"path": f"/ready?wait={children.READY_PROBE_WAIT}", "port": "probe"}
-    assert readiness["periodSeconds"] < children.READY_PROBE_WAIT < readiness["timeoutSeconds"]
+    assert readiness["httpGet"] == {"path": f"/ready?wait={workers.READY_PROBE_WAIT}", "port": "probe"}
+    assert readiness["periodSeconds"] < workers.READY_PROBE_WAIT < readiness["timeoutSeconds"]
     assert liveness["httpGet"] == {"path": "/live", "port": "probe"} and "startupProbe" not in container
     ports = {port["name"]: port["containerPort"] for port in container["ports"]}
     assert container["ports"][0]["name"] == "http" and ports["probe"] == ports["http"] + 1
     assert container["args"][1:3] == [
         f"--probe-port={ports['probe']}",
-        f"--start-timeout={children.START_TIMEOUT_SECONDS}",
+        f"--start-timeout={workers.START_TIMEOUT_SECONDS}",
     ]
     env = {e["name"]: e.get("value") for e in container["env"]}
     assert env["WARMSTART_CONTROL_DIR"] == "/run/warmstart/control"

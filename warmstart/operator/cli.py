@@ -55,12 +55,6 @@ class ObjectNamingFormatter(logging.Formatter):
         return super().format(record)
 
 
-def name_objects_in_logs() -> None:
-    for handler in logging.getLogger().handlers:
-        fmt = handler.formatter._fmt if handler.formatter is not None else None  # keep the format set up
-        handler.setFormatter(ObjectNamingFormatter(fmt))
-
-
 @contextlib.contextmanager
 def _follower_liveness(port: int) -> Iterator[None]:
     """/healthz answered while this replica waits for the Lease (kopf serves it once it runs)."""
@@ -196,7 +190,9 @@ def run_operator(args: argparse.Namespace) -> int:
     handlers.configure(settings)
     namespaces = watched_namespaces(settings, args)
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
-    name_objects_in_logs()
+    for handler in logging.getLogger().handlers:
+        fmt = handler.formatter._fmt if handler.formatter is not None else None  # keep the format set up
+        handler.setFormatter(ObjectNamingFormatter(fmt))
     if settings.leader_election_namespace and not _wait_to_lead(settings):
         return 0  # stopped before it ever acted
     while True:

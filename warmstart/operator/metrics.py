@@ -30,17 +30,12 @@ class PhaseBook(Collector):
         with self._lock:
             self._phases.pop((namespace, name), None)
 
-    def counts(self) -> dict[str, int]:
+    def collect(self) -> Iterator[GaugeMetricFamily]:
         with self._lock:
             tally = Tally(self._phases.values())
-        return {
-            phase: tally.get(phase, 0) for phase in (*self.phases, *sorted(set(tally) - set(self.phases)))
-        }
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(self.metric, self.documentation, labels=["phase"])
-        for phase, count in self.counts().items():
-            family.add_metric([phase], count)
+        for phase in (*self.phases, *sorted(set(tally) - set(self.phases))):
+            family.add_metric([phase], tally[phase])
         yield family
 
 

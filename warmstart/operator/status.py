@@ -12,7 +12,7 @@ from warmstart.api.endpoint import EndpointStatus
 from warmstart.api.schema import Condition
 from warmstart.api.snapshot import Phase
 from warmstart.host.clock import format_time, parse_time
-from warmstart.operator.children import START_TIMEOUT_SECONDS
+from warmstart.operator.children.workers import START_TIMEOUT_SECONDS
 from warmstart.operator.diagnosis import RESTORE_REFUSED, Cause, agent_report, is_ready, is_terminating
 from warmstart.operator.snapshots import SnapshotPlan
 

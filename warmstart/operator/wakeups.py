@@ -93,10 +93,6 @@ class Wakeups:
                 self._asked.pop(key, None)
         return due
 
-    def keys(self) -> list[Key]:
-        with self._lock:
-            return sorted(self._due)
-
 
 async def check_loop(
     wakeups: Wakeups, check: Callable[[Key], None], workers: int, tick_seconds: float = 0.5

@@ -8,19 +8,10 @@ from warmstart.operator.children.autoscaling import (
 )
 from warmstart.operator.children.owner import Owner, common_labels, selector_string, worker_selector
 from warmstart.operator.children.serving import service, service_monitor
-from warmstart.operator.children.workers import (
-    READY_PROBE_WAIT,
-    START_TIMEOUT_SECONDS,
-    capture_pod,
-    capture_pod_name,
-    deployment,
-    prestage_daemonset,
-)
+from warmstart.operator.children.workers import capture_pod, capture_pod_name, deployment, prestage_daemonset
 
 __all__ = [
     "Owner",
-    "READY_PROBE_WAIT",
-    "START_TIMEOUT_SECONDS",
     "capture_pod",
     "capture_pod_name",
     "common_labels",

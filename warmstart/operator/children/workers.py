@@ -198,12 +198,6 @@ def deployment(
     }
 
 
-# The stager only reads files: a sliver of CPU and a little memory of its own; the page cache it fills is
-# charged to it but reclaimable, so it gets no memory limit that would evict its own pages.
-
-PRESTAGE_REQUESTS = {"cpu": "10m", "memory": "64Mi"}
-
-
 def prestage_daemonset(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
     """`snapshot.prestage: PageCache`: on every node the endpoint's pods may run on (the worker's scheduling),
     an unprivileged pod of the worker's image and volumes keeps the model files in the page cache (the node
@@ -217,7 +211,9 @@ def prestage_daemonset(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
         "args": ["prestage-weights", *_engine_args(spec)],
         "env": [dict(e) for e in spec.template.env],
         "volumeMounts": [dict(mount) for mount in spec.template.volume_mounts],
-        "resources": {"requests": dict(PRESTAGE_REQUESTS)},
+        # The stager only reads files: a sliver of CPU and a little memory of its own; the page cache it
+        # fills is charged to it but reclaimable, so it gets no memory limit that would evict its own pages.
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}},
     }
     return {
         "apiVersion": "apps/v1",
