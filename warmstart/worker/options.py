@@ -22,7 +22,10 @@ def check_worker_args(args: argparse.Namespace) -> str | None:
     `args` (`restore_timeout`, `restore_answer_timeout`), so that a bad one stops the worker here, before it
     does anything a restorer could take for a pod ready to be restored."""
     try:
-        args.restore_timeout = restore_timeout(args)
+        if args.restore_timeout is None:  # the flag was checked as it was parsed; the variable is here
+            args.restore_timeout = env_seconds(
+                RESTORE_TIMEOUT_ENV, DEFAULT_RESTORE_TIMEOUT, "--restore-timeout"
+            )
         args.restore_answer_timeout = env_seconds(RESTORE_ANSWER_TIMEOUT_ENV, DEFAULT_RESTORE_ANSWER_TIMEOUT)
     except ValueError as exc:
         return str(exc)
@@ -44,11 +47,3 @@ def log_dir(args: argparse.Namespace) -> Path:
     if args.control_dir:
         return Path(args.control_dir) / "logs"
     return Path(os.environ.get("WARMSTART_LOG_DIR", cache_dir() / "logs"))
-
-
-def restore_timeout(args: argparse.Namespace) -> float:
-    """--restore-timeout (checked as it was parsed), else $WARMSTART_RESTORE_TIMEOUT, else the default;
-    ValueError naming both when the variable is no duration."""
-    if args.restore_timeout is not None:
-        return float(args.restore_timeout)
-    return env_seconds(RESTORE_TIMEOUT_ENV, DEFAULT_RESTORE_TIMEOUT, "--restore-timeout")

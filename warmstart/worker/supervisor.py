@@ -46,12 +46,7 @@ from warmstart.api.control_dir import (
 from warmstart.api.worker_options import WorkerOptions
 from warmstart.host import procinfo
 from warmstart.worker.facts import measure_restore_facts
-from warmstart.worker.options import (
-    DEFAULT_RESTORE_ANSWER_TIMEOUT,
-    RESTORE_ANSWER_TIMEOUT_ENV,
-    log_dir,
-    restore_timeout,
-)
+from warmstart.worker.options import RESTORE_ANSWER_TIMEOUT_ENV, log_dir
 from warmstart.worker.probe import EngineWatch, ProbeServer
 
 log = logging.getLogger("warmstart.worker")
@@ -92,14 +87,14 @@ class Supervisor:
     def _restore(self, started: float) -> int:
         control = ControlDir(self.args.control_dir)
         _show_restore_facts(self.args, control, started)
-        timeout = restore_timeout(self.args)  # resolved and checked by check_worker_args
-        answer_timeout = getattr(self.args, "restore_answer_timeout", DEFAULT_RESTORE_ANSWER_TIMEOUT)
+        # Both resolved and checked by check_worker_args.
+        timeout, answer_timeout = self.args.restore_timeout, self.args.restore_answer_timeout
         waiting_since = time.monotonic()
         restorer_since: float | None = None  # when the restorer was found holding the claim
         log.info("restore mode: waiting up to %.0f s for the agent in %s", timeout, control.path)
         while self.stop_signal is None:
             self._reap_strays()
-            answer = _restore_answer(control)
+            answer = control.read(RESTORE_COMPLETE) or control.read(RESTORE_FAILED)  # complete first
             if answer is not None:
                 return self._on_answer(answer, started)
             now = time.monotonic()
@@ -161,12 +156,8 @@ class Supervisor:
     def _spawn(self, mode: str, started_at: float) -> int:
         directory = log_dir(self.args)
         directory.mkdir(parents=True, exist_ok=True)
-        argv = [
-            sys.executable,
-            "-m",
-            "warmstart.worker.engine_process",
-            *WorkerOptions.of(self.args).engine_argv(mode),
-        ]
+        engine_argv = WorkerOptions.of(self.args).engine_argv(mode)
+        argv = [sys.executable, "-m", "warmstart.worker.engine_process", *engine_argv]
         argv += ["--started-at", repr(started_at)]
         with open(directory / ENGINE_LOG, "ab") as log_file:
             # A new session: the engine leads its own session, as CRIU wants of a dumped tree's root. Every
@@ -205,13 +196,9 @@ class Supervisor:
         return 0
 
     def _reap_strays(self) -> None:
-        while True:
-            try:
-                pid, _status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                return
-            if pid == 0:
-                return
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
 
     def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
         self.stop_signal = signum
@@ -248,15 +235,6 @@ def pids_past(floor: int) -> None:
         thread.join()
         if seen[-1] >= floor:
             return
-
-
-def _restore_answer(control: ControlDir) -> Signal | None:
-    """The restorer's answer, `restore-complete` first; None while there is none."""
-    for name in (RESTORE_COMPLETE, RESTORE_FAILED):
-        received = control.read(name)
-        if received is not None:
-            return received
-    return None
 
 
 def _become_subreaper() -> None:
