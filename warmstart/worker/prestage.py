@@ -59,13 +59,6 @@ def model_files(directory: Path) -> list[Path]:
     return sorted(files, key=lambda path: path.stat().st_size, reverse=True)
 
 
-def stage_pass(directory: Path) -> tuple[int, int]:
-    """Read what is not resident of the directory's files; (bytes read, bytes of the files)."""
-    files = model_files(directory)
-    total = sum(path.stat().st_size for path in files)
-    return residency.stage(files, total), total
-
-
 def run(args: argparse.Namespace) -> int:
     stopping = threading.Event()
 
@@ -82,7 +75,9 @@ def run(args: argparse.Namespace) -> int:
                 announced = True
         else:
             started = time.monotonic()
-            read, total = stage_pass(directory)
+            files = model_files(directory)
+            total = sum(path.stat().st_size for path in files)
+            read = residency.stage(files, total)  # what is not resident
             seconds = time.monotonic() - started
             log.info("staged %s: read %d of %d bytes in %.2f s", directory, read, total, seconds)
         if args.once:

@@ -103,15 +103,12 @@ class CountResponses:
                 await _error_response(ApiError(500, "internal error in the worker"))(scope, receive, send)
                 status = 500
         finally:
-            path = getattr(scope.get("route"), "path", None) or _unrouted_label(scope.get("path", ""))
+            # A request no route matched: the worker's own paths, answered beside an engine's app, by name;
+            # anything else as one label, so unknown paths cannot grow the series.
+            unrouted = scope.get("path") if scope.get("path") in WORKER_PATHS else "unmatched"
+            path = getattr(scope.get("route"), "path", None) or unrouted
             self.metrics.requests.labels(path, str(status or CLIENT_GONE)).inc()
             self.metrics.latency.labels(path).observe(time.perf_counter() - started)
-
-
-def _unrouted_label(path: str) -> str:
-    """The route label of a request no route of the app matched: the worker's own paths, answered beside an
-    engine's app, by name; anything else as one label, so unknown paths cannot grow the series."""
-    return path if path in WORKER_PATHS else "unmatched"
 
 
 def build_app(
@@ -363,10 +360,7 @@ class _Api:
         self, first: TokenDelta, stream: Iterator[TokenDelta], stop: threading.Event
     ) -> list[TokenDelta]:
         deltas = [first]
-        while deltas[-1].finish_reason is None:
-            delta = self._next(stream, stop)
-            if delta is None:
-                break
+        while deltas[-1].finish_reason is None and (delta := self._next(stream, stop)) is not None:
             deltas.append(delta)
         return deltas
 
