@@ -95,7 +95,6 @@ def _settings_problem(args: argparse.Namespace) -> str | None:
             return f"{flag}: must name a file or directory (got {value!r})"
     if args.key is not None:
         from warmstart.snapshot.signing import SigningKeyError
-        from warmstart.snapshot.signing_keys import signing_keys
 
         try:
             signing_keys(Path(args.store), args.key)  # a key given must be usable: no silent cold starts

@@ -110,7 +110,7 @@ class LocalNode:
         if os.geteuid() == 0:
             worker: Sandbox | PlainWorker = self._start_worker_sandbox("cold")
         else:  # no namespaces without root; nothing will be checkpointed anyway
-            worker = PlainWorker.start(self._new_sandbox_dir("cold"), self.spec)
+            worker = PlainWorker(self._new_sandbox_dir("cold"), self.spec)
             self.sandboxes.append(worker)
         wait_http_ready(self.spec, started + self.ready_timeout, worker)
         return StartReport("cold", time.monotonic() - started, reason=reason)

@@ -42,18 +42,13 @@ def wait_http_ready(spec: WorkerSpec, deadline: float, worker: Sandbox | PlainWo
 class PlainWorker:
     """A cold worker as a plain child process, for machines where sandboxes cannot be made (not root)."""
 
-    def __init__(self, host_dir: Path, process: subprocess.Popen[bytes]) -> None:
+    def __init__(self, host_dir: Path, spec: WorkerSpec) -> None:
         self.host_dir = host_dir
-        self.process = process
-
-    @classmethod
-    def start(cls, host_dir: Path, spec: WorkerSpec) -> PlainWorker:
         with open(host_dir / "init.log", "ab") as log_file:
-            process = subprocess.Popen(
+            self.process = subprocess.Popen(
                 spec.command("cold", host_dir / CONTROL_SUBDIR), stdin=subprocess.DEVNULL, stdout=log_file,
                 stderr=log_file, start_new_session=True,
             )  # fmt: skip
-        return cls(host_dir, process)
 
     def alive(self) -> bool:
         return self.process.poll() is None
