@@ -1,4 +1,4 @@
-"""Garbage collection (stale staging, unreferenced blobs) and retention (the N newest per identity).
+"""Garbage collection: stale staging, junk in `snapshots/`, unreferenced blobs.
 
 GC decides what is garbage without the store's lock: it reads every manifest in `snapshots/` first (a file
 hard-linked under many directories is read once), then takes the lock exclusively only to remove
@@ -27,7 +27,6 @@ references. Only a manifest that cannot be read at all (an I/O error) makes GC k
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -40,14 +39,13 @@ from pathlib import Path
 from typing import Any
 
 from warmstart.host.fileio import UnsafeInput, loads_json, read_regular_file
-from warmstart.snapshot.catalog import is_signed_snapshot_dir, list_snapshots, unpublish
+from warmstart.snapshot.catalog import is_signed_snapshot_dir
 from warmstart.snapshot.layout import (
     DELETING_SUFFIX,
     MANIFEST_FILE,
     MAX_MANIFEST_BYTES,
     MAX_SIGNATURE_BYTES,
     SIGNATURE_FILE,
-    SnapshotNotFound,
     StoreLayout,
 )
 from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN
@@ -437,27 +435,3 @@ def _gc_blobs(layout: StoreLayout, referenced: set[str], grace: float, report: G
                 blob.unlink(missing_ok=True)
             except OSError as exc:  # a directory planted among the blobs
                 report.errors.append(f"blob {digest}: cannot remove ({exc.strerror})")
-
-
-def apply_retention(
-    layout: StoreLayout,
-    keep: int,
-    identity_hash: str | None = None,
-    *,
-    verifier: Verifier | None = None,
-    dry_run: bool = False,
-) -> list[str]:
-    """Delete all but the `keep` newest snapshots of each identity; return the deleted ids."""
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-        raise ValueError(f"keep must be a non-negative integer, got {keep!r}")
-    seen: dict[str, int] = {}
-    doomed: list[str] = []
-    for snapshot in list_snapshots(layout, identity_hash, verifier):  # newest first
-        seen[snapshot.identity_hash] = seen.get(snapshot.identity_hash, 0) + 1
-        if seen[snapshot.identity_hash] > keep:
-            doomed.append(snapshot.id)
-    if not dry_run:
-        for snapshot_id in doomed:
-            with contextlib.suppress(SnapshotNotFound):
-                unpublish(layout, snapshot_id)
-    return doomed

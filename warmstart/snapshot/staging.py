@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 from warmstart.api.identity import SnapshotIdentity
 from warmstart.snapshot.catalog import Snapshot
-from warmstart.snapshot.layout import StoreLayout
 from warmstart.snapshot.manifest import SnapshotError, check_relative_path
 from warmstart.snapshot.publish import publish_staging
+from warmstart.snapshot.staging_owner import create_staging_root
 
 if TYPE_CHECKING:
     from warmstart.snapshot.signing import Signer
-    from warmstart.snapshot.verified import VerifiedRecords
+    from warmstart.snapshot.store import SnapshotStore
 
 
 class Staging:
@@ -32,26 +32,21 @@ class Staging:
 
     def __init__(
         self,
-        layout: StoreLayout,
-        root: Path,
+        store: SnapshotStore,
         identity: SnapshotIdentity,
         node: dict[str, Any] | None,
         meta: dict[str, Any] | None,
-        *,
-        hash_workers: int | None,
-        chunk_size: int,
-        records: VerifiedRecords | None = None,
     ) -> None:
-        self.layout = layout
-        self.root = root
-        self.dir = root / "files"
+        self.layout = store.layout
+        self.root = create_staging_root(store.layout)
+        self.dir = self.root / "files"
         self.identity = identity
         self.node: dict[str, Any] = dict(node or {})
         self.meta: dict[str, Any] = dict(meta or {})
         self.timings: dict[str, float] = {}
-        self.hash_workers = hash_workers
-        self.chunk_size = chunk_size
-        self.records = records  # where the published blobs, hashed here, are recorded as verified
+        self.hash_workers = store.hash_workers
+        self.chunk_size = store.chunk_size
+        self.records = store.records  # where the published blobs, hashed here, are recorded as verified
         self.snapshot: Snapshot | None = None
 
     def __enter__(self) -> Staging:

@@ -9,12 +9,14 @@ Layout on a plain directory (a local disk, or an NFS-backed RWX volume shared by
 
 `layout` (paths, names, ids, the lock), `blobs` (ingest, place), `staging` (work in progress and its
 owner), `publish` (the atomic rename), `catalog` (reading, listing, unpublishing), `verify` (signature,
-identity, digests) and `gc` (garbage collection and retention); materialising is the facade's own.
+identity, digests) and `gc` (garbage collection); materialising and retention are the facade's own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -29,7 +31,6 @@ from warmstart.snapshot.layout import SnapshotNotFound, StoreLayout
 from warmstart.snapshot.manifest import MIN_CHUNK_SIZE, SnapshotError
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.staging import Staging
-from warmstart.snapshot.staging_owner import create_staging_root
 from warmstart.snapshot.verified import VerifiedRecords
 
 DEFAULT_CHUNK_SIZE = 64 << 20  # files above this also get per-chunk digests, verified in parallel
@@ -87,17 +88,7 @@ class SnapshotStore:
         meta: dict[str, Any] | None = None,
     ) -> Staging:
         """A new staging area for a snapshot of `identity`; use it as a context manager."""
-        root = create_staging_root(self.layout)
-        return Staging(
-            self.layout,
-            root,
-            identity,
-            node,
-            meta,
-            hash_workers=self.hash_workers,
-            chunk_size=self.chunk_size,
-            records=self.records,
-        )
+        return Staging(self, identity, node, meta)
 
     def get(self, snapshot_id: str, *, verifier: Verifier | None = None) -> Snapshot:
         """The snapshot's manifest, its signature checked first when `verifier` is given (without one it
@@ -205,4 +196,16 @@ class SnapshotStore:
     ) -> list[str]:
         """Delete all but the `keep` newest snapshots of each identity (with `verifier`: of those it
         verifies, so a forged newer directory never pushes a real snapshot out); return the deleted ids."""
-        return gc.apply_retention(self.layout, keep, identity_hash, verifier=verifier, dry_run=dry_run)
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+            raise ValueError(f"keep must be a non-negative integer, got {keep!r}")
+        seen: Counter[str] = Counter()
+        doomed: list[str] = []
+        for snapshot in self.list(identity_hash, verifier=verifier):  # newest first
+            seen[snapshot.identity_hash] += 1
+            if seen[snapshot.identity_hash] > keep:
+                doomed.append(snapshot.id)
+        if not dry_run:
+            for snapshot_id in doomed:
+                with contextlib.suppress(SnapshotNotFound):
+                    self.delete(snapshot_id)
+        return doomed

@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 STREAM_CHUNK = 4 << 20
 MAX_ERROR_CHARS = 600
 _STATUS = re.compile(r"status code: (\d{3})")
-_S3_CODE = re.compile(r"<Code>(.*?)</Code>")
 # What S3 servers answer for credentials they do not take, whatever the status: AWS answers an unknown key
 # with 403 InvalidAccessKeyId, Versity's gateway with 404 XAdminUserNotFound, which must never read as "no
 # such object" (a missing copy counts against its snapshot; refused credentials are the node's trouble).
@@ -193,7 +192,7 @@ class ObjectClient:
         try:
             yield
         except FileNotFoundError as exc:  # obstore's "no such object"; local files are opened outside
-            code = _s3_code(exc)
+            code = _s3_field(exc)
             if code not in (None, NO_SUCH_KEY):  # a 404 that names another cause (a user, a bucket)
                 raise self._classified(exc, key, time.monotonic() - started) from exc
             if code is None:
@@ -221,7 +220,7 @@ class ObjectClient:
         the server, or a store that cannot be reached or answered with a server error."""
         status = _http_status(exc)
         brief = _brief(exc)
-        credentials_refused = status in (401, 403) or _s3_code(exc) in CREDENTIAL_CODES
+        credentials_refused = status in (401, 403) or _s3_field(exc) in CREDENTIAL_CODES
         if isinstance(exc, PermissionDeniedError | UnauthenticatedError) or credentials_refused:
             return RemoteAccessDenied(f"{self.where} refused {key}: {brief} (check the credentials)")
         if status == 416:
@@ -251,20 +250,18 @@ def _http_status(exc: BaseException) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def _s3_code(exc: BaseException) -> str | None:
-    """The S3 error code in the server's answer (`NoSuchKey`, `InvalidAccessKeyId`); None without a body."""
-    found = _S3_CODE.search(str(exc))
+def _s3_field(exc: BaseException, tag: str = "Code") -> str | None:
+    """The S3 error code (`NoSuchKey`, `InvalidAccessKeyId`) or another field of the server's answer; None
+    without a body."""
+    found = re.search(f"<{tag}>(.*?)</{tag}>", str(exc))
     return found.group(1) if found else None
 
 
 def _brief(exc: BaseException) -> str:
     """The first line of an error (obstore appends its whole debug trace), with the S3 error's code and
     message when the server sent one."""
-    text = str(exc)
-    first = text.strip().split("\n", 1)[0].removesuffix('<?xml version="1.0" encoding="UTF-8"?>').strip()
-    said = [
-        found.group(1) for tag in ("Code", "Message") if (found := re.search(f"<{tag}>(.*?)</{tag}>", text))
-    ]
+    first = str(exc).strip().split("\n", 1)[0].removesuffix('<?xml version="1.0" encoding="UTF-8"?>').strip()
+    said = [found for tag in ("Code", "Message") if (found := _s3_field(exc, tag)) is not None]
     return (first + (f" ({': '.join(said)})" if said else ""))[:MAX_ERROR_CHARS]
 
 
