@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 from support import recording_criu_command, wait_for_line, wait_until
 
-from warmstart.api.control_dir import READY_FOR_SNAPSHOT, RESTORE_COMPLETE, RESTORE_FAILED, ControlDir
+from warmstart.api.control_dir import (
+    READY_FOR_SNAPSHOT,
+    RESTORE_COMPLETE,
+    RESTORE_FAILED,
+    SNAPSHOT_COMPLETE,
+    ControlDir,
+)
 from warmstart.api.identity import SnapshotIdentity
 from warmstart.checkpoint import weight_staging
 from warmstart.checkpoint.capture import CaptureError, CaptureOptions, capture
@@ -110,11 +116,12 @@ def test_source_keeps_serving_and_restore_answers_identically(
     assert restored.process.wait(timeout=30) == 0
 
 
-def test_exit_mode_sends_snapshot_complete_and_source_exits(
+def test_exit_mode_source_exits_once_told_snapshot_complete(
     tmp_path: Path, store: SnapshotStore, key: Path, counting_criu, sandboxes: list[Sandbox]
 ) -> None:
     criu, _ = counting_criu
     source, captured = _capture(tmp_path, store, key, criu, sandboxes, keep_serving=False)
+    ControlDir(source.host_dir / "control").send(SNAPSHOT_COMPLETE, {"snapshot": captured.snapshot.id})
     assert source.process.wait(timeout=30) == 0
     assert not (source.host_dir / "control" / "answer").exists()
     restored, _ = _restore_into_new_sandbox(tmp_path, "r", store, key, captured.snapshot.id, criu, sandboxes)

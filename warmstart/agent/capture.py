@@ -148,8 +148,7 @@ class CapturePhase:
                 control.send(RESTORE_COMPLETE, {"restored_in_place": True})
                 raise CaptureError(problem)
             options = CaptureOptions(
-                keep_serving=False,
-                complete_signal=False,  # sent below once the snapshot is Ready (or its attempt failed)
+                keep_serving=False,  # snapshot-complete is sent below once the snapshot is Ready (or failed)
                 measured_identity={"image": image},
                 ready_timeout=node.config.ready_timeout,
                 record=CaptureRecord(

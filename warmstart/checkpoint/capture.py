@@ -5,8 +5,8 @@ uses CUDA), copy of the sandbox files the engine holds open (its stdio logs; a r
 CRIU finds the same files, and CRIU insists on the same size: the sizes are checked again after the dump;
 they are read through the engine's own descriptors, never by a path the tenant could point elsewhere),
 CRIU dump of the engine subtree (always `--leave-running`: CRIU runs inside the engine's namespace and must
-not end it by killing the engine), publish. Then the source either exits
-(`snapshot-complete`) or, after its GPU state is restored in place, keeps serving (`restore-complete`).
+not end it by killing the engine), publish. Then the source either exits once the caller sends
+`snapshot-complete` or, after its GPU state is restored in place, keeps serving (`restore-complete`).
 
 Any failure or interruption (timeout, Ctrl-C, an exception) discards the staging directory, so no snapshot
 becomes visible, and the source is resumed (CUDA restore + unlock, `restore-complete`) so it keeps serving.
@@ -32,7 +32,6 @@ from warmstart.api.capture_record import CaptureRecord, WorkerRecord
 from warmstart.api.control_dir import (
     READY_FOR_SNAPSHOT,
     RESTORE_COMPLETE,
-    SNAPSHOT_COMPLETE,
     ControlDir,
     SignalError,
 )
@@ -61,10 +60,10 @@ class CaptureResult:
 
 @dataclass
 class CaptureOptions:
-    keep_serving: bool = True  # source resumes after the dump (restore in place) instead of exiting
-    # Without keep_serving: False leaves `snapshot-complete` (the source's word to exit) to the caller, who
-    # sends it once the snapshot is recorded (the node agent: pushed and Ready), not merely published.
-    complete_signal: bool = True
+    # The source resumes after the dump (restore in place). Without it the source waits for
+    # `snapshot-complete`, its word to exit, which the caller sends once the snapshot is recorded (the node
+    # agent: pushed and Ready), not merely published.
+    keep_serving: bool = True
     resume_payload: dict[str, Any] = field(default_factory=dict)  # e.g. {"port": 8000} for the source
     ready_timeout: float = 600.0
     record: CaptureRecord = field(default_factory=CaptureRecord)  # who asked: completed by the capture
@@ -289,9 +288,28 @@ def capture(
             cuda_pids=_sandbox_pids(host_pid, gpu_pids),
             worker=worker,
         )
-        published = _dump_and_publish(
-            store, signer, sandbox, criu, identity, record, namespace_pid, host_pid, timer
-        )
+        with (
+            store.stage(identity, node={"hostname": socket.gethostname()}, meta=record.to_meta()) as staging,
+            open_sandbox_files(host_pid, sandbox) as files,
+        ):
+            with timer.phase("copy_sandbox_files"):
+                sizes = _copy_sandbox_files(files, sandbox, staging.dir / SANDBOX_FILES_DIR)
+            images = staging.dir / CRIU_DIR
+            with timer.phase("criu_dump"):
+                sandbox.criu(criu).dump(
+                    namespace_pid, images, logs_dir=staging.dir / LOGS_DIR, leave_running=True
+                )
+            _check_unchanged(files, sizes)
+            check_ids_restorable(images)
+            staging.meta = dataclasses.replace(
+                record,
+                sandbox_files=[str(opened.inside) for opened in files],
+                sandbox_mountpoint=str(sandbox.mountpoint),
+            ).to_meta()
+            staging.timings.update(timer.timings)
+            with timer.phase("publish"):
+                published = staging.publish(signer)
+        published.timings.update(timer.timings)
     except BaseException as exc:
         try:
             _resume_source(control, suspended, options.resume_payload, timer)
@@ -302,8 +320,6 @@ def capture(
         raise
     if options.keep_serving:
         _resume_source(control, suspended, options.resume_payload, timer)
-    elif options.complete_signal:
-        control.send(SNAPSHOT_COMPLETE, {"snapshot": published.id})
     return CaptureResult(published, timer.timings)
 
 
@@ -314,42 +330,6 @@ def worker_record(payload: dict[str, Any]) -> WorkerRecord:
         return WorkerRecord.of({k: v for k, v in payload.items() if k not in ("identity", "pid")})
     except ValueError as exc:
         raise CaptureError(f"the worker's request for its snapshot is refused: {exc}") from exc
-
-
-def _dump_and_publish(
-    store: SnapshotStore,
-    signer: Signer,
-    sandbox: Sandbox,
-    criu: Criu,
-    identity: SnapshotIdentity,
-    record: CaptureRecord,
-    namespace_pid: int,
-    host_pid: int,
-    timer: _Timer,
-) -> Snapshot:
-    with (
-        store.stage(identity, node={"hostname": socket.gethostname()}, meta=record.to_meta()) as staging,
-        open_sandbox_files(host_pid, sandbox) as files,
-    ):
-        with timer.phase("copy_sandbox_files"):
-            sizes = _copy_sandbox_files(files, sandbox, staging.dir / SANDBOX_FILES_DIR)
-        images = staging.dir / CRIU_DIR
-        with timer.phase("criu_dump"):
-            sandbox.criu(criu).dump(
-                namespace_pid, images, logs_dir=staging.dir / LOGS_DIR, leave_running=True
-            )
-        _check_unchanged(files, sizes)
-        check_ids_restorable(images)
-        staging.meta = dataclasses.replace(
-            record,
-            sandbox_files=[str(opened.inside) for opened in files],
-            sandbox_mountpoint=str(sandbox.mountpoint),
-        ).to_meta()
-        staging.timings.update(timer.timings)
-        with timer.phase("publish"):
-            snapshot = staging.publish(signer)
-    snapshot.timings.update(timer.timings)
-    return snapshot
 
 
 def check_ids_restorable(images: Path) -> None:
