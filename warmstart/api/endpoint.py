@@ -68,11 +68,6 @@ def _as_dicts(items: tuple[BaseModel, ...]) -> tuple[dict[str, Any], ...]:
     return tuple(item.model_dump(by_alias=True, exclude_unset=True) for item in items)
 
 
-def server_default(value: Any) -> dict[str, Any]:
-    """The `json_schema_extra` of a section the API server fills in when it is absent."""
-    return {"default": value}
-
-
 # A Kubernetes int-or-string (a quantity, a metric target): the operator keeps its text.
 IntOrString = Annotated[
     str, BeforeValidator(_int_as_text), Field(json_schema_extra={"x-kubernetes-int-or-string": True})
@@ -441,25 +436,25 @@ class EndpointSpec(Section):
     engine: EngineSpec
     """The engine the worker pods run, and their image."""
     resources: ResourceSpec = Field(
-        default_factory=ResourceSpec, validate_default=True, json_schema_extra=server_default({"gpus": 1})
+        default_factory=ResourceSpec, validate_default=True, json_schema_extra={"default": {"gpus": 1}}
     )
     """What each worker pod gets."""
     replicas: int = Field(1, ge=0, le=1000)
     """Desired workers. HPA and KEDA set this through the scale subresource."""
     autoscaling: AutoscalingSpec = Field(
         default_factory=AutoscalingSpec,
-        json_schema_extra=server_default({"mode": "none", "minReplicas": 1, "maxReplicas": 4}),
+        json_schema_extra={"default": {"mode": "none", "minReplicas": 1, "maxReplicas": 4}},
     )
     """The autoscaler the operator creates for this endpoint, and its bounds."""
-    snapshot: SnapshotPolicy = Field(default_factory=SnapshotPolicy, json_schema_extra=server_default({}))
+    snapshot: SnapshotPolicy = Field(default_factory=SnapshotPolicy, json_schema_extra={"default": {}})
     """Snapshot policy (default: enabled). The node agents keep every snapshot in the store the chart gives
     them (agent.store, agent.objectStore), never one an endpoint names; set enabled: false for cold starts
     only."""
     template: PodOverrides = Field(default_factory=PodOverrides)
     """Overrides for the worker pods."""
-    service: ServiceSpec = Field(default_factory=ServiceSpec, json_schema_extra=server_default({}))
+    service: ServiceSpec = Field(default_factory=ServiceSpec, json_schema_extra={"default": {}})
     """The Service in front of the workers, named like the endpoint."""
-    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, json_schema_extra=server_default({}))
+    monitoring: MonitoringSpec = Field(default_factory=MonitoringSpec, json_schema_extra={"default": {}})
     """Scraping of the workers' /metrics."""
 
     @field_validator("resources", mode="wrap")
@@ -479,7 +474,13 @@ class EndpointSpec(Section):
         if isinstance(engine, EngineSpec):
             model = model if isinstance(model, ModelSpec) else None
             more: MoreRules | None = (info.context or {}).get(MORE_RULES)
-            broken += [*(more(model, engine, resources) if more else ()), *_broken_across(engine, resources)]
+            broken += more(model, engine, resources) if more else ()
+            if resources is not None and resources.gpus and engine.tensor_parallel_size > resources.gpus:
+                message = (
+                    f"runs one process per GPU: {engine.tensor_parallel_size} needs resources.gpus of at "
+                    f"least that (it is {resources.gpus})"
+                )
+                broken.append(rule_broken((), message, field="engine.tensorParallelSize"))
         raise_broken(EndpointSpec, broken)
         return resources
 
@@ -490,15 +491,6 @@ def _rebuilt(error: ErrorDetails) -> InitErrorDetails:
     return InitErrorDetails(
         type=PydanticCustomError(error["type"], error["msg"], context), loc=error["loc"], input=error["input"]
     )
-
-
-def _broken_across(engine: EngineSpec, resources: ResourceSpec | None) -> Iterable[InitErrorDetails]:
-    if resources is not None and resources.gpus and engine.tensor_parallel_size > resources.gpus:
-        message = (
-            f"runs one process per GPU: {engine.tensor_parallel_size} needs resources.gpus of at least that "
-            f"(it is {resources.gpus})"
-        )
-        yield rule_broken((), message, field="engine.tensorParallelSize")
 
 
 class EndpointStatus(Status):
