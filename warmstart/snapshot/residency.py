@@ -26,7 +26,6 @@ import os
 import re
 import stat
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
 from warmstart.host.fileio import (
@@ -44,7 +43,7 @@ from warmstart.snapshot.store import SnapshotStore
 
 PAGE_SIZE = mmap.PAGESIZE
 DEFAULT_STAGE_THREADS = 4
-DEFAULT_CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 8 << 20
 UNLIMITED = 1 << 60  # cgroup v1 reports "no limit" as a number near 2**63
 OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -62,14 +61,6 @@ def page_map(fd: int, length: int) -> bytes:
             error = ctypes.get_errno()
             raise OSError(error, f"mincore: {os.strerror(error)}")
     return vector.raw.translate(_RESIDENT_BIT)
-
-
-def _resident_in(pages: bytes, length: int) -> int:
-    resident = pages.count(1) * PAGE_SIZE
-    tail = length % PAGE_SIZE
-    if tail and pages and pages[-1]:
-        resident -= PAGE_SIZE - tail  # the last page is only partly the file's
-    return resident
 
 
 def open_regular(path: str | os.PathLike[str], root: Path | None = None) -> int:
@@ -108,9 +99,13 @@ def resident_bytes(path: str | os.PathLike[str], *, root: Path | None = None) ->
     fd = open_regular(path, root)
     try:
         size = os.fstat(fd).st_size
-        return _resident_in(page_map(fd, size), size)
+        pages = page_map(fd, size)
     finally:
         os.close(fd)
+    resident = pages.count(1) * PAGE_SIZE
+    if size % PAGE_SIZE and pages and pages[-1]:
+        resident -= PAGE_SIZE - size % PAGE_SIZE  # the last page is only partly the file's
+    return resident
 
 
 def evict(path: str | os.PathLike[str]) -> None:
@@ -123,21 +118,15 @@ def evict(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-@dataclass
-class _Allotment:
-    fd: int
-    length: int  # how much of the file's start the budget covers
-
-
 def _allot(
     paths: Iterable[str | os.PathLike[str]],
     budget_bytes: int,
     root: Path | None,
     opened: contextlib.ExitStack,
-) -> list[_Allotment]:
+) -> list[tuple[int, int]]:
     """Open the files in order until the budget is spent (`opened` closes them); each gets what is left of
-    it, up to its size."""
-    allotted: list[_Allotment] = []
+    it, up to its size: (descriptor, how much of the file's start the budget covers)."""
+    allotted: list[tuple[int, int]] = []
     left = budget_bytes
     for path in paths:
         if left <= 0:
@@ -148,16 +137,9 @@ def _allot(
             continue
         opened.callback(os.close, fd)
         length = min(os.fstat(fd).st_size, left)
-        allotted.append(_Allotment(fd, length))
+        allotted.append((fd, length))
         left -= length
     return allotted
-
-
-def _missing_ranges(pages: bytes, length: int) -> list[tuple[int, int]]:
-    """(offset, end) byte ranges of the runs of pages not in the page cache."""
-    return [
-        (run.start() * PAGE_SIZE, min(run.end() * PAGE_SIZE, length)) for run in _MISSING_RUN.finditer(pages)
-    ]
 
 
 def _read_range(fd: int, start: int, end: int, buffer: memoryview, should_stop: Callable[[], bool]) -> int:
@@ -170,14 +152,18 @@ def _read_range(fd: int, start: int, end: int, buffer: memoryview, should_stop: 
     return offset - start
 
 
-def _stage_file(allotment: _Allotment, chunk_bytes: int, should_stop: Callable[[], bool]) -> int:
-    missing = _missing_ranges(page_map(allotment.fd, allotment.length), allotment.length)
+def _stage_file(fd: int, length: int, should_stop: Callable[[], bool]) -> int:
+    """Read the runs of pages of the file's first `length` bytes that are not in the page cache."""
+    missing = [
+        (run.start() * PAGE_SIZE, min(run.end() * PAGE_SIZE, length))
+        for run in _MISSING_RUN.finditer(page_map(fd, length))
+    ]
     if not missing:
         return 0
     for start, end in missing:
-        os.posix_fadvise(allotment.fd, start, end - start, os.POSIX_FADV_WILLNEED)
-    buffer = memoryview(bytearray(chunk_bytes))
-    return sum(_read_range(allotment.fd, start, end, buffer, should_stop) for start, end in missing)
+        os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
+    buffer = memoryview(bytearray(CHUNK_BYTES))
+    return sum(_read_range(fd, start, end, buffer, should_stop) for start, end in missing)
 
 
 def stage(
@@ -186,7 +172,6 @@ def stage(
     *,
     root: Path | None = None,
     threads: int = DEFAULT_STAGE_THREADS,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> int:
     """Bring the first `budget_bytes` of `paths` (in their order, by file size) into the page cache.
@@ -197,9 +182,7 @@ def stage(
     """
     with contextlib.ExitStack() as opened:
         allotted = _allot(paths, budget_bytes, root, opened)
-        read = parallel_map(
-            lambda allotment: _stage_file(allotment, chunk_bytes, should_stop), allotted, workers=threads
-        )
+        read = parallel_map(lambda item: _stage_file(*item, should_stop), allotted, workers=threads)
     return sum(read)
 
 
