@@ -156,14 +156,6 @@ def option(
     return field(default=default, metadata=metadata)
 
 
-def _comma_list(values: list[int]) -> str:
-    return ",".join(map(str, values))
-
-
-def _engine_arg_text(pair: tuple[str, Any]) -> str:
-    return f"{pair[0]}={json.dumps(pair[1])}"
-
-
 @dataclass(frozen=True)
 class WorkerOptions:
     """Every option of `warmstart worker`, in the order `--help` shows them. Built from what the worker's
@@ -194,13 +186,9 @@ class WorkerOptions:
         None, ENGINE, "sequences batched together (default 8 CPU, 16 GPU)", integer(1, 1 << 16), engines=EVERY
     )
     cuda_graph_sizes: list[int] | None = option(
-        None,
-        ENGINE,
-        "decode batch sizes to capture, e.g. 1,2,4,8",
-        _int_list,
-        engines=EVERY,
-        text=_comma_list,
-    )
+        None, ENGINE, "decode batch sizes to capture, e.g. 1,2,4,8", _int_list, engines=EVERY,
+        text=lambda sizes: ",".join(map(str, sizes)),
+    )  # fmt: skip
     compile: bool = option(False, ENGINE, "torch.compile the decode step (CUDA)", engines=BUILTIN)
     release_weights: bool | None = option(
         None, ENGINE, "drop the weights before a checkpoint and reload them after resume (default: on CUDA "
@@ -226,7 +214,8 @@ class WorkerOptions:
     )  # fmt: skip
     engine_arg: list[tuple[str, Any]] = option(
         [], VLLM, "any other vLLM engine argument (repeatable; VALUE is JSON where it parses)", _engine_arg,
-        engines=VLLM_ONLY, keyword="engine_args", repeated=True, text=_engine_arg_text,
+        engines=VLLM_ONLY, keyword="engine_args", repeated=True,
+        text=lambda pair: f"{pair[0]}={json.dumps(pair[1])}",
     )  # fmt: skip
     api: Literal["vllm", "warmstart"] = option(
         "vllm", VLLM, "the HTTP server after resume: vllm (vLLM's own OpenAI-compatible server and its "
