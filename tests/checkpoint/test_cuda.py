@@ -28,17 +28,15 @@ def _has_libcuda() -> bool:
 def test_cpu_process_does_not_use_cuda() -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     try:
-        use = cuda.process_uses_cuda(child.pid)
+        uses = cuda.process_uses_cuda(child.pid)
     finally:
         child.kill()
         child.wait()
-    assert not use.uses_cuda
-    assert "CPU process" in use.reason
+    assert not uses
 
 
-def test_missing_process_is_reported() -> None:
-    use = cuda.process_uses_cuda(2**22 + 7)
-    assert not use.uses_cuda and "does not exist" in use.reason
+def test_missing_process_uses_no_cuda() -> None:
+    assert not cuda.process_uses_cuda(2**22 + 7)
 
 
 @pytest.mark.spawns  # looking the driver up the first time in a process runs `ldconfig -p` (ctypes)

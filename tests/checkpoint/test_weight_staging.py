@@ -26,7 +26,6 @@ from warmstart.checkpoint.weight_staging import (
     StagerProcess,
     give_plan,
     sandbox_gpus,
-    spawn_stager,
     spawn_stager_early,
     staging_plan,
 )
@@ -97,7 +96,8 @@ def wait_until_idle_for_its_plan(stager: StagerProcess) -> None:
 
 def start_stager(snapshot: _Snapshot, sandbox_init_pid: int, control: ControlDir) -> StagerProcess | None:
     """A stager as a restore starts one: spawned, then given the (verified) snapshot's plan."""
-    return give_plan(spawn_stager(sandbox_init_pid, control), snapshot, sandbox_init_pid)  # type: ignore[arg-type]
+    stager = spawn_stager_early(_Store(snapshot), "snap-1", sandbox_init_pid, control)  # type: ignore[arg-type]
+    return give_plan(stager, snapshot, sandbox_init_pid)  # type: ignore[arg-type]
 
 
 @pytest.fixture

@@ -6,16 +6,16 @@ parallelism) has several CUDA processes in its tree: `cuda_processes` finds them
 one before checkpointing any (no rank keeps computing, or waiting in a collective, beside a checkpointed
 one) and undoes what it did when one fails; `resume_all` brings them all back or says which did not.
 `cuda.bindings.driver` is imported lazily; a machine without libcuda is "no CUDA here" (`CudaUnavailable`),
-never a crash, and CPU workers are skipped with a reason by `process_uses_cuda`.
+never a crash, and CPU workers are skipped (`process_uses_cuda`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import logging
 import os
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from warmstart.host import cuda_driver, procinfo
@@ -40,31 +40,17 @@ class CheckpointState(enum.Enum):
     RESTORING = "restoring"
 
 
-@dataclass(frozen=True)
-class CudaUse:
-    """Whether a process holds CUDA state, and what showed it."""
-
-    uses_cuda: bool
-    reason: str
-
-
-def process_uses_cuda(pid: int) -> CudaUse:
-    """CUDA is in use when the process maps libcuda or holds a descriptor on /dev/nvidia*."""
-    try:
+def process_uses_cuda(pid: int) -> bool:
+    """Whether the process maps libcuda or holds a descriptor on /dev/nvidia* (False when it is gone)."""
+    with contextlib.suppress(FileNotFoundError):
         with open(f"/proc/{pid}/maps") as maps:
-            for line in maps:
-                if "libcuda.so" in line:
-                    return CudaUse(True, f"pid {pid} maps {line.split()[-1]}")
+            if any("libcuda.so" in line for line in maps):
+                return True
         for fd in os.listdir(f"/proc/{pid}/fd"):
-            try:
-                target = os.readlink(f"/proc/{pid}/fd/{fd}")
-            except OSError:
-                continue
-            if target.startswith("/dev/nvidia"):
-                return CudaUse(True, f"pid {pid} has {target} open")
-    except FileNotFoundError:
-        return CudaUse(False, f"pid {pid} does not exist")
-    return CudaUse(False, f"pid {pid} neither maps libcuda nor opens /dev/nvidia*: a CPU process")
+            with contextlib.suppress(OSError):
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/nvidia"):
+                    return True
+    return False
 
 
 def driver() -> Any:
@@ -150,7 +136,7 @@ def cuda_processes(root: int) -> list[int]:
     found = []
     for pid in process_tree(root):
         try:
-            uses = process_uses_cuda(pid).uses_cuda
+            uses = process_uses_cuda(pid)
         except OSError:  # gone, or not ours to read, since the tree was listed
             continue
         if uses and (pid == root or _has_cuda_state(pid)):
@@ -177,18 +163,13 @@ def suspend_all(pids: list[int], timeout_ms: int = DEFAULT_LOCK_TIMEOUT_MS) -> N
             locked.append(pid)
         for pid in pids:
             checkpoint(pid)
-    except BaseException:
-        _undo_suspend(locked)
+    except BaseException:  # back to running, each from whatever state it reached (even a part-way checkpoint)
+        for pid in locked:
+            try:
+                resume(pid)
+            except CudaError as exc:  # the original failure is the one to report
+                log.error("undoing a failed checkpoint: %s", exc)
         raise
-
-
-def _undo_suspend(locked: list[int]) -> None:
-    """Back to running, each from whatever state it reached (a failed checkpoint may have gone part way)."""
-    for pid in locked:
-        try:
-            resume(pid)
-        except CudaError as exc:  # the original failure is the one to report
-            log.error("undoing a failed checkpoint: %s", exc)
 
 
 def resume_all(pids: list[int]) -> None:

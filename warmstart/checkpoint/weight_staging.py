@@ -73,10 +73,6 @@ def spawn_stager_early(
         return None
     if allowed_plan(unverified, sandbox_init_pid) is None:
         return None
-    return spawn_stager(sandbox_init_pid, control)
-
-
-def spawn_stager(sandbox_init_pid: int, control: ControlDir) -> StagerProcess | None:
     try:
         return StagerProcess.start(sandbox_init_pid, control)
     except Exception as exc:  # a stager is an optimisation: the restore goes on without one
