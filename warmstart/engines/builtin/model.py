@@ -88,33 +88,30 @@ class Transformer:
 
     def prefill(self, token_ids: torch.Tensor, slot: int) -> torch.Tensor:
         """Run a whole prompt (1-D ids) for one sequence, fill its KV slot; logits of the last position."""
-        count = token_ids.shape[0]
-        x = F.embedding(token_ids, self.weights["model.embed_tokens.weight"])[None]
-        cos, sin = self.cos[:count], self.sin[:count]
-        with sdpa_kernel(PREFILL_ATTENTION):
-            for layer, w in enumerate(self._layers):
-                q, k, v = self._qkv(w, x, cos, sin)  # [1, heads, T, D]
-                self.kv.keys[layer, slot, :, :count] = k[0]
-                self.kv.values[layer, slot, :, :count] = v[0]
-                k = k.repeat_interleave(self.group, dim=1)
-                v = v.repeat_interleave(self.group, dim=1)
-                attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-                x = self._finish_layer(w, x, attended.transpose(1, 2).reshape(1, count, -1))
-        return self._logits(x[0, -1:])[0]
+        return self._logits(self._causal(token_ids[None], slot)[0, -1:])[0]
 
     def causal_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Logits at every position of a batch of whole sequences (ids [B, T]) without the KV cache: what
         training the `demo` preset differentiates (`train.py`), with the layers' own code."""
+        return self._logits(self._causal(token_ids))
+
+    def _causal(self, token_ids: torch.Tensor, slot: int | None = None) -> torch.Tensor:
+        """Hidden states of whole sequences (ids [B, T]); with `slot`, the one sequence's keys and values
+        fill that KV slot."""
         batch, count = token_ids.shape
         x = F.embedding(token_ids, self.weights["model.embed_tokens.weight"])
         cos, sin = self.cos[:count], self.sin[:count]
-        for w in self._layers:
-            q, k, v = self._qkv(w, x, cos, sin)
-            k = k.repeat_interleave(self.group, dim=1)
-            v = v.repeat_interleave(self.group, dim=1)
-            attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-            x = self._finish_layer(w, x, attended.transpose(1, 2).reshape(batch, count, -1))
-        return self._logits(x)
+        with sdpa_kernel(PREFILL_ATTENTION):
+            for layer, w in enumerate(self._layers):
+                q, k, v = self._qkv(w, x, cos, sin)  # [B, heads, T, D]
+                if slot is not None:
+                    self.kv.keys[layer, slot, :, :count] = k[0]
+                    self.kv.values[layer, slot, :, :count] = v[0]
+                k = k.repeat_interleave(self.group, dim=1)
+                v = v.repeat_interleave(self.group, dim=1)
+                attended = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+                x = self._finish_layer(w, x, attended.transpose(1, 2).reshape(batch, count, -1))
+        return x
 
     def decode(
         self,
