@@ -190,8 +190,7 @@ class LocalNode:
 
     def start(self) -> StartReport:
         """Restore when a valid snapshot exists, else cold start (and capture when CRIU is usable)."""
-        report = self._start()
-        report.reason = _joined(*self.notes, report.reason)
+        report = _noted(self._start(), *self.notes)
         self.notes.clear()
         return report
 
@@ -218,23 +217,16 @@ class LocalNode:
         if identity is None:
             identity, recovered = self.identities.recover(self.spec, self.store)
         if identity is None:
-            report = self.start_cold_and_capture()
-            report.reason = _joined(unknown, report.reason)
-            return report
-        candidates = self.store.list(identity.digest(), verifier=self.verifier)
+            return _noted(self.start_cold_and_capture(), unknown)
         failures = FailureCounter(self.store.root)
         skipped: list[str] = []
-        for snapshot in candidates:
+        for snapshot in self.store.list(identity.digest(), verifier=self.verifier):
             if failures.invalid(snapshot.id):
                 skipped.append(f"{snapshot.id} failed {failures.count(snapshot.id)} times")
                 continue
-            report = self.start_restored(snapshot.id, identity)
-            report.reason = _joined(recovered, report.reason)
-            return report
-        report = self.start_cold_and_capture()
-        if skipped:
-            report.reason = _joined("snapshots marked invalid: " + "; ".join(skipped), report.reason)
-        return report
+            return _noted(self.start_restored(snapshot.id, identity), recovered)
+        invalid = "snapshots marked invalid: " + "; ".join(skipped) if skipped else ""
+        return _noted(self.start_cold_and_capture(), invalid)
 
     def _discard(self, worker: Sandbox | PlainWorker) -> None:
         self.sandboxes.remove(worker)
@@ -266,8 +258,10 @@ def _worker_goes_cold(control: ControlDir) -> bool:
         return True
 
 
-def _joined(*reasons: str) -> str:
-    return "; ".join(filter(None, reasons))
+def _noted(report: StartReport, *notes: str) -> StartReport:
+    """`report`, its reason after the (non-empty) `notes`."""
+    report.reason = "; ".join(filter(None, (*notes, report.reason)))
+    return report
 
 
 def _images_dir(sandbox_dir: Path) -> Path:

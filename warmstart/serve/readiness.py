@@ -17,7 +17,7 @@ import os
 import socket
 import struct
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -80,22 +80,18 @@ def _proc_address(host: str, port: int, mapped: bool) -> str:
     return "".join(f"{word:08X}" for word in words) + f":{port:04X}"
 
 
-def holds_socket(pids: Iterable[int], inode: int) -> bool:
-    """Whether one of `pids` has a descriptor of socket `inode`."""
-    return any(_has_socket(pid, inode) for pid in pids)
-
-
 def socket_holder(inode: int) -> str:
     """`pid N (command)` of a process holding socket `inode`, '' when none can be seen from here."""
     for entry in PROC.iterdir():
-        if entry.name.isdigit() and _has_socket(int(entry.name), inode):
+        if entry.name.isdigit() and has_socket(int(entry.name), inode):
             with contextlib.suppress(OSError):
                 return f"pid {entry.name} ({(entry / 'comm').read_text().strip()})"
             return f"pid {entry.name}"
     return ""
 
 
-def _has_socket(pid: int, inode: int) -> bool:
+def has_socket(pid: int, inode: int) -> bool:
+    """Whether process `pid` has a descriptor of socket `inode`."""
     wanted = f"socket:[{inode}]"
     fd_dir = PROC / str(pid) / "fd"
     try:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from warmstart.serve.readiness import holds_socket, ready_probe, socket_holder
+from warmstart.serve.readiness import has_socket, ready_probe, socket_holder
 from warmstart.serve.worker_spec import CONTROL_SUBDIR, READY_PATH, ServeError, WorkerExited, WorkerSpec
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def wait_http_ready(spec: WorkerSpec, deadline: float, worker: Sandbox | PlainWo
     logs = f"see {worker.host_dir / 'init.log'} and {worker.host_dir / CONTROL_SUBDIR / 'logs'}/"
     while True:
         with ready_probe(spec.host, spec.port, READY_PATH) as inode:
-            if inode and holds_socket(worker.host_pids(), inode):
+            if inode and any(has_socket(pid, inode) for pid in worker.host_pids()):
                 return
             holder = socket_holder(inode) if inode else ""
         if holder:
