@@ -57,6 +57,10 @@ MAX_LOCKED_READS = 16  # manifests GC may read under the exclusive lock (new sin
 MAX_UNLOCKED_ROUNDS = 3  # unlocked reads before GC gives up on a `snapshots/` that keeps changing
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _DIGEST_STRING = re.compile(rb'"sha256:[0-9a-f]{64}"')
+_CHANGING = (
+    f"snapshots/ kept changing while gc read it (more than {MAX_LOCKED_READS} directories new or changed "
+    f"after {MAX_UNLOCKED_ROUNDS} reads); no blob removed this time"
+)
 
 
 @dataclass
@@ -99,11 +103,9 @@ def collect_garbage(
         sorted(layout.staging_dir.iterdir()), staging_older_than, report, final=False
     )
     scan = SnapshotScan(layout, verifier)
-    scan.settle()
     with layout.lock(exclusive=True):  # a few lstats per snapshot directory, then the blobs
         stale = _stale_staging(looks_stale, staging_older_than, report, final=True)
-        current = scan.bring_up_to_date()
-        referenced = scan.referenced() if current else None
+        referenced = scan.referenced()
         if referenced is not None:
             report.referenced_blobs = len(referenced)
             _gc_blobs(layout, referenced | set(keep_blobs()), grace, report)
@@ -114,17 +116,9 @@ def collect_garbage(
     for path in filter(None, doomed):
         shutil.rmtree(path, ignore_errors=True)
     report.errors += scan.errors()
-    if not current:
-        report.errors.append(_CHANGING)
     if not dry_run:
         VerifiedRecords(layout.root).prune({blob.name for blob in layout.blobs_dir.iterdir()})
     return report
-
-
-_CHANGING = (
-    f"snapshots/ kept changing while gc read it (more than {MAX_LOCKED_READS} directories new or changed "
-    f"after {MAX_UNLOCKED_ROUNDS} reads); no blob removed this time"
-)
 
 
 def remove_unreferenced_blobs(layout: StoreLayout, digests: Iterable[str]) -> list[str] | None:
@@ -135,9 +129,8 @@ def remove_unreferenced_blobs(layout: StoreLayout, digests: Iterable[str]) -> li
     if not wanted:
         return []
     scan = SnapshotScan(layout)
-    scan.settle()
     with layout.lock(exclusive=True):
-        referenced = scan.referenced() if scan.bring_up_to_date() else None
+        referenced = scan.referenced()
         if referenced is None:
             return None
         removed = sorted(wanted - referenced)
@@ -206,39 +199,35 @@ class _Seen:
 
 
 class SnapshotScan:
-    """The digests the manifests in `snapshots/` name, read without the store's lock, then brought up to
-    date under it by `lstat` alone, reading only the entries new or changed since (snapshot directories
-    are renamed in whole and never written in place, so an unchanged fingerprint is an unchanged manifest).
+    """The digests the manifests in `snapshots/` name, read without the store's lock when it is made, then
+    brought up to date under it by `lstat` alone, reading only the entries new or changed since (snapshot
+    directories are renamed in whole and never written in place, so an unchanged fingerprint is an
+    unchanged manifest).
     """
 
     def __init__(self, layout: StoreLayout, verifier: Verifier | None = None) -> None:
         self.layout = layout
         self.verifier = verifier
         self.seen: dict[str, _Seen] = {}
+        self.current = True  # whether few enough entries changed under the lock to read them there
         self._judged: dict[Fingerprint, set[str] | None] = {}
         self._forgeries: dict[tuple[Fingerprint, bytes], bool] = {}
         self._last_raw: tuple[Fingerprint, bytes] | None = None
-
-    def settle(self) -> None:
-        """Read without the lock until few entries changed since the previous read (or rounds run out)."""
-        for _ in range(MAX_UNLOCKED_ROUNDS):
+        for _ in range(MAX_UNLOCKED_ROUNDS):  # until few entries changed since the previous read
             changed = self._changes()
             self._read(changed)
             if len(changed) <= MAX_LOCKED_READS:
-                return
-
-    def bring_up_to_date(self) -> bool:
-        """Under the lock: read what changed since `settle`; False (nothing read) when more than
-        `MAX_LOCKED_READS` entries did."""
-        changed = self._changes()
-        if len(changed) > MAX_LOCKED_READS:
-            return False
-        self._read(changed)
-        return True
+                break
 
     def referenced(self) -> set[str] | None:
-        """Every digest a manifest names (an unsigned directory still in its grace period counts too);
-        None when a manifest could not be read."""
+        """Under the lock: every digest a manifest names (an unsigned directory still in its grace period
+        counts too), once what changed since is read; None when a manifest could not be read, or when more
+        than `MAX_LOCKED_READS` entries changed (nothing is read then)."""
+        changed = self._changes()
+        self.current = len(changed) <= MAX_LOCKED_READS
+        if not self.current:
+            return None
+        self._read(changed)
         if any(seen.unreadable for seen in self.seen.values()):
             return None
         return {digest for seen in self.seen.values() for digest in seen.digests}
@@ -247,11 +236,12 @@ class SnapshotScan:
         return {name: seen.fingerprint for name, seen in self.seen.items() if seen.junk}
 
     def errors(self) -> list[str]:
-        return [
+        unreadable = [
             f"snapshot {name}: unreadable manifest ({seen.unreadable}); no blob removed"
             for name, seen in sorted(self.seen.items())
             if seen.unreadable
         ]
+        return unreadable if self.current else [*unreadable, _CHANGING]
 
     def _changes(self) -> dict[str, Fingerprint]:
         """The entries new or changed since they were read, with their fingerprints now; entries gone since
@@ -407,9 +397,8 @@ def _old_junk(
 
 def _age_clock(entry: Path) -> float:
     """The newest mtime in a real directory, the entry's own otherwise (a link is never followed)."""
-    if stat.S_ISDIR(entry.lstat().st_mode):
-        return newest_mtime(entry)
-    return entry.lstat().st_mtime
+    info = entry.lstat()
+    return newest_mtime(entry) if stat.S_ISDIR(info.st_mode) else info.st_mtime
 
 
 # --- blobs ----------------------------------------------------------------------------------------------
