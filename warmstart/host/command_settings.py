@@ -121,7 +121,7 @@ def add_arguments(
     for name, field in model.model_fields.items():
         flag = "--" + name.replace("_", "-")
         names = [short[name], flag] if name in short else [flag]
-        repeated = _is_list(field.annotation)
+        repeated = get_origin(field.annotation) is list or field.annotation is list
         shown = ",".join(field.default) if repeated else field.default
         default = "" if shown in (None, "") else f", default {shown}"
         groups.get(name, parser).add_argument(
@@ -170,7 +170,3 @@ def _metavar(name: str, annotation: Any) -> str:
         if get_origin(candidate) is Literal:
             return "{" + ",".join(map(str, get_args(candidate))) + "}"
     return name.split("_")[-1].upper()
-
-
-def _is_list(annotation: Any) -> bool:
-    return getattr(annotation, "__origin__", None) is list or annotation is list

@@ -71,5 +71,5 @@ def env_int(name: str, default: int) -> int:
 
 
 def default_criu_command() -> str:
-    """The CRIU command: WARMSTART_CRIU, else the cached CRIU 4 shim's target, else `criu` on PATH."""
+    """The CRIU command: WARMSTART_CRIU, else `criu` on PATH."""
     return os.environ.get("WARMSTART_CRIU", "criu")

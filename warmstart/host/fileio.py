@@ -127,12 +127,9 @@ def write_atomic(target: Path, content: bytes, mode: int = 0o644, *, dir_fd: int
 
 
 def write_exclusive(name: str, content: bytes, *, dir_fd: int, mode: int = 0o644) -> None:
-    """Create `name` in `dir_fd` with `content` unless anything (a link included) is there already.
-
-    FileExistsError when something is. The content goes to an unguessable O_EXCL | O_NOFOLLOW temporary
-    first and is then hard-linked to `name`, which is as exclusive as O_EXCL and never lets a reader see
-    the file half written.
-    """
+    """Create `name` in `dir_fd` with `content`; FileExistsError when anything (a link included) is there.
+    Written to an unguessable O_EXCL | O_NOFOLLOW temporary, then hard-linked to `name`: as exclusive as
+    O_EXCL, and no reader sees the file half written."""
     if Path(name).name != name:
         raise ValueError(f"{name!r} is not a bare name")
     temporary = f".{name}.{secrets.token_hex(8)}.tmp"
@@ -186,16 +183,16 @@ def read_regular_file(
         os.close(fd)
 
 
-def loads_json(raw: bytes, what: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
+def loads_json(raw: bytes, what: str) -> Any:
     """Parse JSON with a bound on its nesting; UnsafeInput naming `what` when it is not acceptable."""
     try:
         value = json.loads(raw)
     except RecursionError as exc:
-        raise UnsafeInput(f"{what} nests deeper than {max_depth} levels") from exc
+        raise UnsafeInput(f"{what} nests deeper than {MAX_JSON_DEPTH} levels") from exc
     except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, integers of too many digits
         raise UnsafeInput(f"{what} is not valid JSON ({exc})") from exc
-    if _depth(value) > max_depth:
-        raise UnsafeInput(f"{what} nests deeper than {max_depth} levels")
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise UnsafeInput(f"{what} nests deeper than {MAX_JSON_DEPTH} levels")
     return value
 
 

@@ -85,8 +85,7 @@ def is_running(pid: int, proc: Path = PROC) -> bool:
 
 def process_start_time() -> float:
     """When this process started, in epoch seconds (now when /proc cannot say)."""
-    started = start_time()
-    return started if started is not None else time.time()
+    return start_time() or time.time()
 
 
 def start_time(pid: int | str = "self", proc: Path = PROC) -> float | None:
