@@ -38,7 +38,6 @@ class RemoteSnapshot:
 
 @dataclass
 class RemoteGcReport:
-    dry_run: bool = False
     deleted_snapshots: list[str] = field(default_factory=list)  # not referenced by the caller
     removed_unsigned: list[str] = field(default_factory=list)  # manifests of pushes that never finished
     removed_blobs: list[str] = field(default_factory=list)
@@ -101,12 +100,10 @@ def collect_remote_garbage(
     referenced: Iterable[str] | None,
     *,
     grace: float,
-    dry_run: bool,
-    now: datetime | None = None,
 ) -> RemoteGcReport:
     """See the module's docstring."""
-    report = RemoteGcReport(dry_run=dry_run)
-    cutoff = (now or datetime.now(UTC)) - timedelta(seconds=grace)
+    report = RemoteGcReport()
+    cutoff = datetime.now(UTC) - timedelta(seconds=grace)
     listing = _list_snapshot_files(client, keys)
     report.ignored_keys += listing.ignored
     if referenced is not None:
@@ -122,8 +119,7 @@ def collect_remote_garbage(
     doomed = [info for digest, info in candidates.items() if digest not in now_referenced]
     report.removed_blobs = sorted(keys.digest_of(info.key) or info.key for info in doomed)
     report.freed_bytes = sum(info.size for info in doomed)
-    if not dry_run:
-        parallel_map(lambda info: client.delete(info.key), doomed, workers=client.config.concurrency)
+    parallel_map(lambda info: client.delete(info.key), doomed, workers=client.config.concurrency)
     return report
 
 
@@ -139,8 +135,7 @@ def _delete_unreferenced_snapshots(
         if snapshot_id in referenced or listing.signed[snapshot_id].last_modified > cutoff:
             continue
         report.deleted_snapshots.append(snapshot_id)
-        if not report.dry_run:
-            delete_remote(client, keys, snapshot_id)
+        delete_remote(client, keys, snapshot_id)
         del listing.signed[snapshot_id], listing.manifests[snapshot_id]
 
 
@@ -153,9 +148,8 @@ def _remove_unfinished_pushes(
         if info.last_modified > cutoff:
             continue
         report.removed_unsigned.append(snapshot_id)
-        if not report.dry_run:
-            client.delete(keys.signature(snapshot_id))
-            client.delete(keys.manifest(snapshot_id))
+        client.delete(keys.signature(snapshot_id))
+        client.delete(keys.manifest(snapshot_id))
         listing.manifests.pop(snapshot_id, None)
         listing.signed.pop(snapshot_id, None)
 

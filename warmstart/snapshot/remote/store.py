@@ -33,16 +33,10 @@ class RemoteStore:
     totals of everything it moved (bytes pushed and pulled, objects skipped, failures) for metrics.
     """
 
-    def __init__(
-        self,
-        local: SnapshotStore,
-        config: RemoteConfig,
-        *,
-        client: ObjectClient | None = None,
-    ) -> None:
+    def __init__(self, local: SnapshotStore, config: RemoteConfig) -> None:
         self.local = local
         self.config = config
-        self.client = client or ObjectClient(config)
+        self.client = ObjectClient(config)
         self.keys = Keys(config.key_prefix)
         self.counters = Counters()
         self.holds = BlobHolds()  # the blobs of the pulls in progress: the cache trim keeps them
@@ -100,15 +94,11 @@ class RemoteStore:
         delete_remote(self.client, self.keys, snapshot_id)
 
     def gc(
-        self,
-        referenced: Iterable[str] | None = None,
-        *,
-        grace: float = DEFAULT_GC_GRACE,
-        dry_run: bool = False,
+        self, referenced: Iterable[str] | None = None, *, grace: float = DEFAULT_GC_GRACE
     ) -> RemoteGcReport:
         """Remove blobs no manifest in the bucket names (and, given the snapshot ids still referenced,
         snapshots older than `grace` not among them first); see `collect`."""
-        return collect_remote_garbage(self.client, self.keys, referenced, grace=grace, dry_run=dry_run)
+        return collect_remote_garbage(self.client, self.keys, referenced, grace=grace)
 
     def trim_cache(
         self,
