@@ -3,6 +3,7 @@ unshare'd PID namespace), store-cleanup decisions, pod facts, the gRPC API and t
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import shutil
@@ -347,9 +348,10 @@ def test_prestage_takes_only_snapshots_signed_with_its_key(offline_agent: Agent,
     ours = _publish(offline_agent.node.store, tmp_path / "key", b"x" * 10, namespace="team-a")
     forged = _publish(offline_agent.node.store, generate_hmac_key(tmp_path / "another-key"), b"y" * 10,
                       namespace="team-a")  # fmt: skip
-    stored = offline_agent.prestage._stored(_isnap(ours.id, namespace="team-a"))
-    assert stored is not None and stored.id == ours.id
-    assert offline_agent.prestage._stored(_isnap(forged.id, namespace="team-a")) is None
+    with contextlib.ExitStack() as held:
+        stored = offline_agent.prestage._stored(_isnap(ours.id, namespace="team-a"), held)
+        assert stored is not None and stored.id == ours.id
+        assert offline_agent.prestage._stored(_isnap(forged.id, namespace="team-a"), held) is None
 
 
 @pytest.mark.spawns

@@ -25,7 +25,7 @@ from warmstart.checkpoint.criu import Criu
 from warmstart.host.cuda_driver import GpuDevice
 from warmstart.snapshot.remote import RemoteConfig, RemoteStore
 from warmstart.snapshot.signing import Signer, Verifier
-from warmstart.snapshot.store import SnapshotStore
+from warmstart.snapshot.store import Snapshot, SnapshotStore
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +83,16 @@ class NodeContext:
 
     def control_dir(self, pod_uid: str) -> ControlDir:
         return ControlDir(control_dir_on_host(self.config.kubelet_root, pod_uid))
+
+    def local_snapshot(
+        self, snapshot_id: str, reason: str, held: contextlib.ExitStack, verifier: Verifier | None = None
+    ) -> Snapshot:
+        """The store snapshot, pulled from the bucket first when there is one and this node's cache lacks it
+        (then kept from the cache's trim while `held` lasts); `verifier` checks a local store's signature."""
+        if self.cluster_store is None:
+            return self.store.get(snapshot_id, verifier=verifier)
+        held.enter_context(self.cluster_store.in_use(snapshot_id))
+        return self.cluster_store.local_copy(snapshot_id, reason)
 
     def find_pod(self, pod: dict[str, Any]) -> PodSandbox:
         """The pod's worker container on this node, as soon as it runs: found on the node by its control

@@ -95,17 +95,12 @@ class PrestagePhase:
                 found.append(WantedSnapshot((owner[0], meta["name"]), stored))
         return sorted(found, key=lambda wanted: wanted.snapshot.created, reverse=True)
 
-    def _stored(self, snap: dict[str, Any], held: contextlib.ExitStack | None = None) -> Snapshot | None:
-        """The store's snapshot of an InferenceSnapshot, when it holds one captured in the same namespace."""
+    def _stored(self, snap: dict[str, Any], held: contextlib.ExitStack) -> Snapshot | None:
+        """The store's snapshot of an InferenceSnapshot, when it holds one captured in the same namespace (the
+        bucket's, pulled into this node's cache ahead of a replica)."""
         snapshot_id = objects.store_snapshot_id(snap)
-        cluster_store = self.node.cluster_store
         try:
-            if cluster_store is not None:  # the bucket's snapshot into this node's cache, ahead of a replica
-                if held is not None:
-                    held.enter_context(cluster_store.in_use(snapshot_id))
-                stored = cluster_store.local_copy(snapshot_id, "prestage")
-            else:
-                stored = self.node.store.get(snapshot_id, verifier=self.node.verifier)
+            stored = self.node.local_snapshot(snapshot_id, "prestage", held, verifier=self.node.verifier)
         except (SnapshotError, ValueError, PullFailed) as exc:
             log.debug("InferenceSnapshot %s: nothing to pre-stage (%s)", objects.key(snap), exc)
             return None

@@ -57,10 +57,10 @@ from warmstart.checkpoint.restore import (
     RestoreClaimed,
     RestoreFailed,
     RestoreRefused,
+    count_failure,
     restore,
 )
 from warmstart.host import procinfo
-from warmstart.host.fileio import UnsafeInput
 from warmstart.snapshot.manifest import SnapshotError, SnapshotInvalid
 from warmstart.snapshot.store import Snapshot
 
@@ -139,9 +139,10 @@ class RestorePhase:
         with contextlib.ExitStack() as held:  # the snapshot stays in the node cache until the restore ends
             try:
                 snap, snapshot = self.restorable(pod, held)
-            except SnapshotRefused as exc:
+            except SnapshotRefused as exc:  # counted and answered as `restore()` does, then over the cluster
                 self._wait_control_dir(control)
-                self._count_failure(pod, control, exc.snap, exc.snapshot_id, str(exc))
+                count_failure(control, FailureCounter(self.node.store.root), exc.snapshot_id, str(exc))
+                self._failed(pod, exc.snap, str(exc))
                 return
             except Refused as exc:
                 self._wait_control_dir(control)
@@ -182,7 +183,7 @@ class RestorePhase:
             )
         snapshot_id = objects.store_snapshot_id(snap)
         try:
-            snapshot = self._local_copy(snapshot_id, held)
+            snapshot = self.node.local_snapshot(snapshot_id, "restore", held)
         except (PullRefused, SnapshotInvalid) as exc:  # the snapshot's own files: counted against it
             raise SnapshotRefused(f"InferenceSnapshot {name}: {exc}", snap, snapshot_id) from exc
         except (PullFailed, SnapshotError) as exc:
@@ -198,13 +199,6 @@ class RestorePhase:
                 f"another namespace ({namespace})"
             )
         return snap, snapshot
-
-    def _local_copy(self, snapshot_id: str, held: contextlib.ExitStack) -> Snapshot:
-        cluster_store = self.node.cluster_store
-        if cluster_store is None:
-            return self.node.store.get(snapshot_id)
-        held.enter_context(cluster_store.in_use(snapshot_id))
-        return cluster_store.local_copy(snapshot_id, "restore")
 
     def expected_identity(self, recorded: SnapshotIdentity, sandbox: PodSandbox) -> SnapshotIdentity:
         """The identity this pod on this node can take, as far as the node shows it: the recorded one with,
@@ -313,7 +307,6 @@ class RestorePhase:
         control: ControlDir,
     ) -> None:
         node, snapshot_id = self.node, snapshot.id
-        failures = self._failure_counter()
         work_dir = node.config.restore_work_dir / objects.meta(pod)["uid"]
         resume: dict[str, Any] = {"restore_started_at": time.time()}
         if (port := worker_port(pod)) is not None:
@@ -325,7 +318,7 @@ class RestorePhase:
             result = restore(
                 store=node.store, verifier=node.verifier, snapshot_id=snapshot_id, expected_identity=identity,
                 sandbox=sandbox, control=control, criu=node.criu, work_dir=work_dir, resume_payload=resume,
-                failures=failures, before_claim=lambda: self.pod_checks(snapshot, pod, control),
+                before_claim=lambda: self.pod_checks(snapshot, pod, control),
             )  # fmt: skip
         except PodProcessError as exc:
             # The pod, not the snapshot, is at fault: a cold start, without counting against the snapshot.
@@ -365,24 +358,6 @@ class RestorePhase:
         source = f"InferenceSnapshot {report['snapshot']} (store snapshot {snapshot_id})"
         node.kube.event(pod, "Pod", "Normal", "Restored", f"from {source} in {seconds:.2f}s")
         node.kube.clear_restore_failures(snap)
-
-    def _failure_counter(self) -> FailureCounter:
-        return FailureCounter(self.node.store.root, max_failures=MAX_RESTORE_FAILURES)
-
-    def _count_failure(
-        self, pod: dict[str, Any], control: ControlDir, snap: dict[str, Any], snapshot_id: str, reason: str
-    ) -> None:
-        """A failure of the snapshot found before `restore()` ran (its copy in the object store refused):
-        counted on this node's store and answered `restore-failed` as `restore()` does for what it finds,
-        then counted over the cluster by the same path (`_failed`)."""
-        count: int | None = None
-        try:
-            count = self._failure_counter().record(snapshot_id, reason)
-        except (OSError, UnsafeInput, ValueError) as exc:  # the count over the cluster still follows
-            log.error("could not count the failed restore of %s on this node: %s", snapshot_id, exc)
-        log.warning("restore into %s failed: %s", objects.key(pod), reason)
-        control.send(RESTORE_FAILED, {"reason": reason, "snapshot": snapshot_id, "failures": count})
-        self._failed(pod, snap, reason)
 
     def _report_failed(self, pod: dict[str, Any], reason: str, message: str) -> None:
         """A failed restore in the metrics, the pod's Event (`message`) and its annotation (`reason`)."""

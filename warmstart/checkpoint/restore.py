@@ -296,7 +296,7 @@ def restore(
         raise failed from exc
     except BaseException:  # interrupted: leave nothing half-restored behind
         _undo(stager, sandbox, claimed)
-        _fail(control, failures, snapshot_id, "restore interrupted")
+        count_failure(control, failures, snapshot_id, "restore interrupted")
         raise
     staged = stager.payload() if stager is not None else {}
     control.send(
@@ -439,7 +439,7 @@ def _vanished_or_counted(
         if isinstance(exc, NotCounted):
             _answer_failed(control, snapshot_id, str(exc), None)
         else:
-            _fail(control, failures, snapshot_id, str(exc))
+            count_failure(control, failures, snapshot_id, str(exc))
         return
     vanished = SnapshotVanished(
         f"snapshot {snapshot_id} was deleted while it was being restored (not counted against it): {exc}"
@@ -450,12 +450,12 @@ def _vanished_or_counted(
     raise vanished from exc
 
 
-def _fail(control: ControlDir, failures: FailureCounter, snapshot_id: str, reason: str) -> None:
+def count_failure(control: ControlDir, failures: FailureCounter, snapshot_id: str, reason: str) -> None:
     """Count the failure and answer `restore-failed` (the answer goes out even when counting fails)."""
     count: int | None = None
     try:
         count = failures.record(snapshot_id, reason)
-    except (OSError, UnsafeInput) as exc:  # e.g. restore-failures is no directory, or the disk is full
+    except (OSError, ValueError) as exc:  # restore-failures is no directory (UnsafeInput), a full disk, no id
         log.error("could not count the failed restore of %s: %s", snapshot_id, exc)
     log.warning("restore of %s failed (%s time(s)): %s", snapshot_id, count, reason)
     _answer_failed(control, snapshot_id, reason, count)
