@@ -122,17 +122,15 @@ class BuiltinEngine(Engine):
         return self._model_dir
 
     def load(self) -> None:
-        if self._preset is not None:
-            generator = "cuda" if self._device.type == "cuda" else "cpu"
-            ensure_model(self._model_dir, self._preset, self._seed, self._overrides, device=generator)
+        if self._preset is not None:  # its weights drawn on this device (a GPU draws 8B weights much faster)
+            ensure_model(self._model_dir, self._preset, self._seed, self._overrides, device=self._device.type)
             if self._device.type == "cuda":
                 # Drawing the weights leaves large cached blocks; a small tensor placed in one later would
                 # pin it (1.2 GiB seen on an H200) through every checkpoint.
                 torch.cuda.empty_cache()
         config = ModelConfig.load(self._model_dir)
-        self._check_config(config)
+        self._max_len = self._check_config(config)
         self.config = config
-        self._max_len = self._resolve_max_len(config)
         self._model_config = shard_config(config, self._tp) if self._tp > 1 else config
         self._memory.load_weights(weight_files(self._model_dir))
         self._fit_kv_cache(self._model_config)
@@ -270,23 +268,22 @@ class BuiltinEngine(Engine):
             "at_release": self._memory.last_release_stats or {},
         }
 
-    def _check_config(self, config: ModelConfig) -> None:
-        wanted = self._overrides.get("torch_dtype")
-        if wanted and wanted != config.torch_dtype:
+    def _check_config(self, config: ModelConfig) -> int:
+        """Refuse a model the options or the tokenizer do not fit; returns the max_model_len to serve."""
+        dtype = self._overrides.get("torch_dtype")
+        if dtype and dtype != config.torch_dtype:
             raise EngineError(
-                f"{self._model_dir} holds {config.torch_dtype} weights; --dtype {wanted} differs"
+                f"{self._model_dir} holds {config.torch_dtype} weights; --dtype {dtype} differs"
             )
         if config.vocab_size < self.tokenizer.vocab_size:
             raise EngineError(
                 f"vocab_size {config.vocab_size} is below the tokenizer's {self.tokenizer.vocab_size}"
             )
-
-    def _resolve_max_len(self, config: ModelConfig) -> int:
         limit = config.max_position_embeddings
-        wanted = self._requested_max_len or min(limit, 4096)
-        if not 1 < wanted <= limit:
-            raise EngineError(f"max_model_len must be between 2 and {limit} for this model, got {wanted}")
-        return wanted
+        max_len = self._requested_max_len or min(limit, 4096)
+        if not 1 < max_len <= limit:
+            raise EngineError(f"max_model_len must be between 2 and {limit} for this model, got {max_len}")
+        return max_len
 
     def _fit_kv_cache(self, config: ModelConfig) -> None:
         """Cut --max-num-seqs to the KV slots that fit in the GPU's memory budget (CUDA only)."""

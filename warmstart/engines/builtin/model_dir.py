@@ -7,6 +7,7 @@ The weights' digest is `warmstart.engines.digest`'s (shared with the other engin
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -113,12 +114,10 @@ def _write_random_weights(path: Path, config: ModelConfig, seed: int, device: st
     import torch
 
     dtype = getattr(torch, config.torch_dtype)
-
-    def producer(name: str, shape: tuple[int, ...]) -> Any:
-        return lambda: initial_tensor(name, shape, seed, dtype, device)
-
-    code = dtype_code(dtype)
-    sources = [(name, code, shape, producer(name, shape)) for name, shape in tensor_shapes(config)]
+    sources = [
+        (name, dtype_code(dtype), shape, functools.partial(initial_tensor, name, shape, seed, dtype, device))
+        for name, shape in tensor_shapes(config)
+    ]
     hasher = hashlib.sha256()
     write_safetensors(path, sources, metadata={"format": "pt", "seed": str(seed)}, on_bytes=hasher.update)
     return hasher.hexdigest()

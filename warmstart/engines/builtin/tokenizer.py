@@ -18,9 +18,6 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return [BOS_ID, *text.encode("utf-8")]
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-
     def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
         """A plain chat format: one `<|role|>` header line per message, then the assistant's header."""
         turns = [f"<|{message['role']}|>\n{message['content']}\n" for message in messages]
