@@ -327,4 +327,4 @@ def test_an_identity_record_whose_model_dir_is_no_path_is_refused(
 
 
 def test_a_valid_manifest_is_accepted(valid_manifest: dict[str, Any]) -> None:
-    assert Manifest.from_dict(valid_manifest).id == valid_manifest["id"]
+    assert Manifest.from_bytes(json.dumps(valid_manifest).encode()).id == valid_manifest["id"]

@@ -18,7 +18,7 @@ from warmstart.host.fileio import fsync_dir, write_new_file
 from warmstart.snapshot.blobs import existing_blob_of_size, ingest
 from warmstart.snapshot.catalog import Snapshot, parse_manifest
 from warmstart.snapshot.layout import MANIFEST_FILE, SIGNATURE_FILE, StoreLayout
-from warmstart.snapshot.manifest import FileEntry, Manifest, SnapshotError, SnapshotInvalid
+from warmstart.snapshot.manifest import Manifest, SnapshotError, SnapshotInvalid
 from warmstart.snapshot.signing import SignatureInvalid, Verifier, verify_document
 
 
@@ -71,8 +71,9 @@ def adopt(
     entries = manifest.representatives()
     final = layout.snapshots_dir / manifest.id
     with layout.lock(exclusive=False):
-        for digest, source in fetched.items():
-            _place(layout, source, entries[digest], digest in replace)
+        for digest, source in fetched.items():  # as the blob of the first file naming it (its mode)
+            keep = digest not in replace and existing_blob_of_size(layout, digest, entries[digest].size)
+            ingest(layout, source, entries[digest], keep_existing=keep)
         fsync_dir(layout.blobs_dir)
         missing = sorted(
             digest
@@ -86,11 +87,3 @@ def adopt(
         os.rename(output, final)
         fsync_dir(layout.snapshots_dir)
     return Snapshot(final, manifest)
-
-
-def _place(layout: StoreLayout, source: Path, entry: FileEntry, replace: bool) -> None:
-    """Make a fetched file the blob of `entry` (the first file naming it: its mode, without write bits as
-    publish stores blobs): a blob already there of its size is kept unless it was found corrupted
-    (`replace`); anything else at its name is replaced."""
-    keep = not replace and existing_blob_of_size(layout, entry.digest, entry.size)
-    ingest(layout, source, entry, keep_existing=keep)

@@ -48,14 +48,13 @@ from warmstart.snapshot.layout import (
     SIGNATURE_FILE,
     StoreLayout,
 )
-from warmstart.snapshot.manifest import SNAPSHOT_ID_PATTERN
+from warmstart.snapshot.manifest import DIGEST_PATTERN, SNAPSHOT_ID_PATTERN
 from warmstart.snapshot.signing import SignatureInvalid, SignedWithAnotherKey, Verifier, signature_of
 from warmstart.snapshot.staging_owner import newest_mtime, staging_is_stale, this_host
 from warmstart.snapshot.verified import VerifiedRecords
 
 MAX_LOCKED_READS = 16  # manifests GC may read under the exclusive lock (new since its unlocked read)
 MAX_UNLOCKED_ROUNDS = 3  # unlocked reads before GC gives up on a `snapshots/` that keeps changing
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _DIGEST_STRING = re.compile(rb'"sha256:[0-9a-f]{64}"')
 _CHANGING = (
     f"snapshots/ kept changing while gc read it (more than {MAX_LOCKED_READS} directories new or changed "
@@ -368,7 +367,7 @@ def _manifest_digests(raw: bytes) -> set[str] | None:
     if not isinstance(files, dict):
         return None
     digests = {item.get("digest") for item in files.values() if isinstance(item, dict)}
-    return {digest for digest in digests if isinstance(digest, str) and _DIGEST.fullmatch(digest)}
+    return {digest for digest in digests if isinstance(digest, str) and DIGEST_PATTERN.fullmatch(digest)}
 
 
 # --- junk in snapshots/ ---------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ READABLE_SCHEMAS = ("warmstart.dev/snapshot-manifest/v1", MANIFEST_SCHEMA)
 CHUNK_HASH_NAMES = tuple(CHUNK_HASHES)
 DIGEST_PREFIX = "sha256:"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
+DIGEST_PATTERN = re.compile(r"sha256:([0-9a-f]{64})")
 CREATED_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
 SNAPSHOT_ID_PATTERN = re.compile(r"[0-9a-f]{12}-[0-9]{14}-[0-9a-f]{6}")
 
@@ -50,12 +51,10 @@ class IdentityMismatch(SnapshotInvalid):
 
 def digest_hex(digest: str) -> str:
     """The hex part of a `sha256:<hex>` digest; ValueError naming the digest when it is malformed."""
-    if not isinstance(digest, str) or not digest.startswith(DIGEST_PREFIX):
+    found = DIGEST_PATTERN.fullmatch(digest) if isinstance(digest, str) else None
+    if found is None:
         raise ValueError(f"digest {digest!r} must look like 'sha256:<64 lowercase hex>'")
-    hex_part = digest[len(DIGEST_PREFIX) :]
-    if not _HEX64.fullmatch(hex_part):
-        raise ValueError(f"digest {digest!r} must look like 'sha256:<64 lowercase hex>'")
-    return hex_part
+    return found.group(1)
 
 
 def check_relative_path(path: str) -> str:
@@ -172,10 +171,6 @@ class Manifest:
             data = loads_json(raw, "manifest.json")
         except UnsafeInput as exc:
             raise SnapshotInvalid(str(exc)) from exc
-        return cls.from_dict(data)
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Manifest:
         if not isinstance(data, dict):
             raise SnapshotInvalid("manifest.json must hold a JSON object")
         if data.get("schema") not in READABLE_SCHEMAS:

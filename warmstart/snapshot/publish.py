@@ -71,7 +71,10 @@ def publish_staging(staging: Staging, signer: Signer) -> Snapshot:
                 node=staging.node,
                 meta=staging.meta,
             )
-            _write_signed(output, manifest.to_bytes(), signer)
+            raw = manifest.to_bytes()
+            write_new_file(output / MANIFEST_FILE, raw)
+            write_new_file(output / SIGNATURE_FILE, signature_document(signer, raw))
+            fsync_dir(output)
             final = layout.snapshots_dir / snapshot_id
             os.rename(output, final)
             fsync_dir(layout.snapshots_dir)
@@ -133,9 +136,3 @@ def _remove_unreferenced(layout: StoreLayout, written: list[str]) -> None:
         return
     if removed is None:
         log.warning("the blobs of a failed publish stay: a manifest cannot be read (gc removes them)")
-
-
-def _write_signed(directory: Path, manifest_bytes: bytes, signer: Signer) -> None:
-    write_new_file(directory / MANIFEST_FILE, manifest_bytes)
-    write_new_file(directory / SIGNATURE_FILE, signature_document(signer, manifest_bytes))
-    fsync_dir(directory)

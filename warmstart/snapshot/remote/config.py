@@ -141,9 +141,7 @@ class RemoteConfig:
             "bucket": env.get("WARMSTART_S3_BUCKET", ""),
             "endpoint": env.get("WARMSTART_S3_ENDPOINT") or None,
             "prefix": env.get("WARMSTART_S3_PREFIX", ""),
-            "credentials_dir": Path(env["WARMSTART_S3_CREDENTIALS_DIR"])
-            if env.get("WARMSTART_S3_CREDENTIALS_DIR")
-            else None,
+            "credentials_dir": Path(folder) if (folder := env.get("WARMSTART_S3_CREDENTIALS_DIR")) else None,
             "credentials": _env_credentials(env),
             "virtual_hosted_style": env.get("WARMSTART_S3_VIRTUAL_HOSTED", "").lower()
             in ("1", "true", "yes"),
