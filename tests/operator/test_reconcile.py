@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 from typing import Any
 
+import pytest
 from builders import endpoint_body, endpoint_spec, snapshot_object
 
 from warmstart.api import labels as L
 from warmstart.api.endpoint import EndpointStatus
+from warmstart.kube.client import KubeError
 from warmstart.operator import children
 from warmstart.operator.diagnosis import Cause
 from warmstart.operator.placement import NODE_LOCAL, OBJECT_STORE, SHARED_VOLUME
 from warmstart.operator.reconcile import (
+    ChildApplyFailed,
+    MissingAPI,
+    apply_optional_children,
     cause_events,
     current_capture_pods,
     sync_snapshots,
@@ -204,3 +210,35 @@ def test_the_same_cause_in_two_conditions_is_one_event():
     capture = cause("NoNodeAgent", "capture", "no Ready node agent on node n1")
     events = cause_events(NONE, status_with(NONE, capture_causes=[capture]))
     assert [reason for _, reason, _ in events] == ["NoNodeAgent"]
+
+
+class RefusingKube:
+    """Serves no kind but Deployment and Service: applying any other is a 404."""
+
+    def get(self, kind: str, namespace: str, name: str) -> None:
+        return None
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        pass
+
+    def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        raise KubeError(404, f"the server could not find the requested resource ({obj['kind']})")
+
+
+METRIC = {"name": "m", "target": "1"}
+NOT_SERVED = "is not served by this cluster: install"
+
+
+@pytest.mark.parametrize(
+    ("autoscaling", "missing"),
+    [
+        ({"mode": "keda", "metric": METRIC}, f"keda.sh/v1alpha1 ScaledObject {NOT_SERVED} KEDA or use"),
+        ({"mode": "http"}, f"http.keda.sh/v1alpha1 HTTPScaledObject {NOT_SERVED} the KEDA HTTP add-on"),
+        ({"mode": "hpa", "metric": METRIC}, None),  # autoscaling/v2 is always served: the server refused it
+    ],
+)
+def test_a_kind_the_cluster_does_not_serve_names_what_to_install(autoscaling, missing):
+    spec = parse_spec(endpoint_spec(autoscaling=autoscaling))
+    refused = ChildApplyFailed if missing is None else MissingAPI
+    with pytest.raises(refused, match=re.escape(missing or "HTTP 404")):
+        apply_optional_children(RefusingKube(), OWNER, spec, [])

@@ -43,7 +43,19 @@ from warmstart.operator.status import (
 log = logging.getLogger(__name__)
 
 AUTOSCALER_KINDS = {"hpa": "HorizontalPodAutoscaler", "keda": "ScaledObject", "http": "HTTPScaledObject"}
-OPTIONAL_KINDS = (*AUTOSCALER_KINDS.values(), "ServiceMonitor", "DaemonSet")
+OPTIONAL_CHILDREN = {  # the kinds beyond Deployment and Service, and their builders
+    "HorizontalPodAutoscaler": children.horizontal_pod_autoscaler,
+    "ScaledObject": children.scaled_object,
+    "HTTPScaledObject": children.http_scaled_object,
+    "ServiceMonitor": children.service_monitor,
+    "DaemonSet": children.prestage_daemonset,  # the model files' stager
+}
+# Kinds only an add-on serves: what to do in a cluster without it (MissingAPI).
+MISSING_API_HINTS = {
+    "ScaledObject": "install KEDA or use autoscaling.mode hpa",
+    "HTTPScaledObject": "install the KEDA HTTP add-on or use autoscaling.mode keda",
+    "ServiceMonitor": "install prometheus-operator or set monitoring.serviceMonitor false",
+}
 # In mode http the add-on makes a ScaledObject named after its HTTPScaledObject, i.e. after the endpoint:
 # the operator deletes one only when its own record says it made it (a switch from mode keda).
 ADD_ON_KINDS = {"http": ("ScaledObject",)}
@@ -91,24 +103,13 @@ def post_event(kube: Kube, involved: dict[str, Any], kind: str, reason: str, mes
     record_event(kube, involved, involved["kind"], kind, reason, message, component=L.FIELD_MANAGER)
 
 
-def _apply_optional(kube: Kube, obj: dict[str, Any], hint: str) -> None:
-    try:
-        apply_child(kube, obj)
-    except ChildApplyFailed as exc:
-        if exc.status == 404:
-            raise MissingAPI(
-                f"{obj['apiVersion']} {obj['kind']} is not served by this cluster: {hint}"
-            ) from exc
-        raise
-
-
 def optional_children(spec: EndpointSpec) -> list[str]:
     """Kinds beyond Deployment and Service that this spec asks for."""
     kinds = [AUTOSCALER_KINDS[spec.autoscaling.mode]] if spec.autoscaling.mode in AUTOSCALER_KINDS else []
     if spec.monitoring.service_monitor:
         kinds.append("ServiceMonitor")
     if spec.snapshot.enabled and spec.snapshot.prestage == "PageCache":
-        kinds.append("DaemonSet")  # the model files' stager (children.prestage_daemonset)
+        kinds.append("DaemonSet")
     return kinds
 
 
@@ -118,7 +119,7 @@ def unwanted_children(spec: EndpointSpec, previous: list[str] | None) -> list[st
     add_on_kinds = ADD_ON_KINDS.get(spec.autoscaling.mode, ())
     return [
         kind
-        for kind in OPTIONAL_KINDS
+        for kind in OPTIONAL_CHILDREN
         if kind not in wanted
         and (kind in (previous or []) or (previous is None and kind not in add_on_kinds))
     ]
@@ -135,18 +136,15 @@ def apply_optional_children(
     wanted = optional_children(spec)
     for kind in unwanted_children(spec, previous):
         kube.delete(kind, owner.namespace, owner.name)
-    if spec.autoscaling.mode == "hpa":
-        apply_child(kube, children.horizontal_pod_autoscaler(owner, spec))
-    elif spec.autoscaling.mode == "keda":
-        _apply_optional(kube, children.scaled_object(owner, spec), "install KEDA or use autoscaling.mode hpa")
-    elif spec.autoscaling.mode == "http":
-        hint = "install the KEDA HTTP add-on or use autoscaling.mode keda"
-        _apply_optional(kube, children.http_scaled_object(owner, spec), hint)
-    if spec.monitoring.service_monitor:
-        hint = "install prometheus-operator or set monitoring.serviceMonitor false"
-        _apply_optional(kube, children.service_monitor(owner, spec), hint)
-    if "DaemonSet" in wanted:
-        apply_child(kube, children.prestage_daemonset(owner, spec))
+    for kind in wanted:
+        obj = OPTIONAL_CHILDREN[kind](owner, spec)
+        try:
+            apply_child(kube, obj)
+        except ChildApplyFailed as exc:
+            if kind in MISSING_API_HINTS and exc.status == 404:
+                hint = MISSING_API_HINTS[kind]
+                raise MissingAPI(f"{obj['apiVersion']} {kind} is not served by this cluster: {hint}") from exc
+            raise
     return ["Deployment", "Service", *wanted]
 
 
