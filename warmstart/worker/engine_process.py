@@ -195,7 +195,10 @@ class _HttpRunner:
                     await runner.prepare()
                 await super().startup(sockets=sockets)
                 if not self.should_exit:
-                    runner._mark_serving(mode, since)
+                    elapsed = time.time() - since
+                    runner.metrics.start_seconds.labels(mode).set(elapsed)
+                    runner.state.ready = True
+                    log.info("serving (%s start: %.3f s)", mode, elapsed)
 
         quiet_connection_logs()
         config = self._uvicorn.Config(
@@ -213,12 +216,6 @@ class _HttpRunner:
         finally:
             self.engine.close()
         return 0 if server.started else 1
-
-    def _mark_serving(self, mode: str, since: float) -> None:
-        elapsed = time.time() - since
-        self.metrics.start_seconds.labels(mode).set(elapsed)
-        self.state.ready = True
-        log.info("serving (%s start: %.3f s)", mode, elapsed)
 
 
 def http_limits(args: argparse.Namespace) -> tuple[ConnectionLimits, RequestLimits]:

@@ -125,10 +125,7 @@ class Supervisor:
             reason = answer.payload.get("reason", "no reason given")
             log.warning("restore failed (%s); starting the engine cold", reason)
             return self._run_engine("cold", started)
-        return self._adopt(answer.payload, started)
-
-    def _adopt(self, payload: dict, started: float) -> int:
-        pid = payload.get("pid")
+        pid = answer.payload.get("pid")  # restore-complete: adopt the restored engine
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             children = _children()
             pid = children[0] if children else None
@@ -136,7 +133,7 @@ class Supervisor:
             log.error("restore-complete arrived but no restored engine process is running; starting cold")
             return self._run_engine("cold", started)
         self.engine_pid = pid
-        port = payload.get("port")
+        port = answer.payload.get("port")
         if isinstance(port, int) and not isinstance(port, bool):
             self.engine.port = port
         log.info("restored engine is pid %d", pid)
