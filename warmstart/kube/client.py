@@ -132,9 +132,9 @@ class _KnownKinds:
         return self.resources[kind]
 
 
-def _excerpt(raw: bytes | str, limit: int = 200) -> str:
+def _excerpt(raw: bytes | str) -> str:
     text = raw.decode("utf-8", errors="replace") if isinstance(raw, bytes) else raw
-    return text[:limit].strip()
+    return text[:200].strip()
 
 
 def _error_message(raw: bytes | str | None) -> str:
@@ -195,8 +195,8 @@ class Kube:
         self.dynamic = DynamicClient(api_client, discoverer=_KnownKinds)
 
     @classmethod
-    def from_environment(cls, kubeconfig: str | None = None, pool_size: int = 32) -> Kube:
-        return cls(api_client(kubeconfig, pool_size))
+    def from_environment(cls) -> Kube:
+        return cls(api_client(pool_size=32))
 
     def _call(self, what: str, verb: Callable[..., Any], *args: Any, **kwargs: Any) -> dict[str, Any]:
         with _errors(what):
