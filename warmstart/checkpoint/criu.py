@@ -326,6 +326,7 @@ class Criu:
     def _run(self, args: list[str], *, timeout: float, entered: _Entered) -> subprocess.CompletedProcess[str]:
         program = self.command if self._pod_pid is None else _program_args(self.command, entered)
         argv = self._prefix + program + args
+        readers = str(min(MAX_RESTORE_READERS, len(os.sched_getaffinity(0))))  # one per CPU we may use
         join_fds = _open_cgroup_procs(self._cgroups_of) if self._cgroups_of is not None else []
         try:
             process = subprocess.Popen(
@@ -334,7 +335,7 @@ class Criu:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                env=criu_environment(),
+                env={RESTORE_READERS: readers, **os.environ},  # unless set
                 pass_fds=entered.fds.values(),
                 start_new_session=True,  # a timeout kills nsenter and CRIU together
                 preexec_fn=(lambda: _join(join_fds)) if join_fds else None,
@@ -355,14 +356,6 @@ class Criu:
             kill_group(process)
             raise
         return subprocess.CompletedProcess(argv, process.returncode, stdout, stderr)
-
-
-def criu_environment() -> dict[str, str]:
-    """CRIU's environment: this one, with CRIU_RESTORE_READERS (unless set) one per CPU this process may
-    use, up to MAX_RESTORE_READERS."""
-    env = dict(os.environ)
-    env.setdefault(RESTORE_READERS, str(min(MAX_RESTORE_READERS, len(os.sched_getaffinity(0)))))
-    return env
 
 
 def _open_cgroup_procs(pid: int) -> list[int]:
