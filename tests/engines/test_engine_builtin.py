@@ -341,8 +341,11 @@ def test_graphs_keep_torchs_pool_when_torch_has_no_mempool(monkeypatch, caplog) 
     from warmstart.gpu.cuda_scratch import CudaScratchPool
 
     monkeypatch.setattr(CudaScratchPool, "supported", staticmethod(lambda: False))
+    memory = builtin_memory.EngineMemory(
+        torch.device("cpu"), "cuda-vmm", releases_weights=False, releases_graph_scratch=True, refill_threads=1
+    )
     with caplog.at_level("WARNING"):
-        assert builtin_memory._scratch_pool(torch.device("cuda", 0)) is None
+        assert memory.graph_pool() is None
     assert "scratch stays in checkpoints" in caplog.text
 
 

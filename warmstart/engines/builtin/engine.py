@@ -202,7 +202,7 @@ class BuiltinEngine(Engine):
 
     def expect_staged_weights(self, socket_path: str | os.PathLike[str] | None) -> None:
         """Have the next `reacquire()` map the weights a `weight_stager` prepared at `socket_path`."""
-        self._memory.expect_staged_weights(socket_path)
+        self._memory.staged_weights_socket = None if socket_path is None else str(socket_path)
 
     @property
     def last_refill_stats(self) -> dict[str, Any] | None:

@@ -83,9 +83,9 @@ class EngineMemory:
     weights_released: bool = False
     last_refill_stats: dict[str, Any] | None = None
     last_release_stats: dict[str, Any] | None = None
+    staged_weights_socket: str | None = None  # where a weight stager holds the next reacquire()'s weights
 
     def __post_init__(self) -> None:
-        self._staged_weights_socket: str | None = None
         self._local_memory = LocalMemoryLimit(cuda_ordinal(self.device)) if self.on_cuda else None
 
     @property
@@ -116,7 +116,14 @@ class EngineMemory:
     def graph_pool(self) -> CudaScratchPool | None:
         """A releasable pool for the CUDA graphs' intermediates (None: torch's own, kept in checkpoints)."""
         if self.scratch is None and self.arena_kind == "cuda-vmm" and self.releases_graph_scratch:
-            self.scratch = _scratch_pool(self.device)
+            from warmstart.gpu.cuda_scratch import CudaScratchPool
+
+            if CudaScratchPool.supported():
+                self.scratch = CudaScratchPool(self.device)
+            else:
+                log.warning(
+                    "torch %s has no MemPool: CUDA graph scratch stays in checkpoints", torch.__version__
+                )
         return self.scratch
 
     def fill_weights(self) -> None:
@@ -187,11 +194,8 @@ class EngineMemory:
             device_uuid(index),
         )
 
-    def expect_staged_weights(self, socket_path: str | os.PathLike[str] | None) -> None:
-        self._staged_weights_socket = None if socket_path is None else str(socket_path)
-
     def _take_back_weights(self) -> None:
-        socket_path, self._staged_weights_socket = self._staged_weights_socket, None
+        socket_path, self.staged_weights_socket = self.staged_weights_socket, None
         if socket_path is not None and isinstance(self.weights, CudaVmmArena):
             started = time.perf_counter()
             try:
@@ -231,13 +235,3 @@ class EngineMemory:
 
 def _since(started: float) -> float:
     return round(time.perf_counter() - started, 3)
-
-
-def _scratch_pool(device: torch.device) -> CudaScratchPool | None:
-    """A releasable pool for the CUDA graphs' intermediates, or None (torch's own pool) on an older torch."""
-    from warmstart.gpu.cuda_scratch import CudaScratchPool
-
-    if not CudaScratchPool.supported():
-        log.warning("torch %s has no MemPool: CUDA graph scratch stays in checkpoints", torch.__version__)
-        return None
-    return CudaScratchPool(device)

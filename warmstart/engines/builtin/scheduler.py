@@ -118,9 +118,8 @@ class Sequence:
         return True
 
     def _stop_position(self) -> int | None:
-        found = [self._text.find(stop) for stop in self.sampling.stop if stop]
-        found = [index for index in found if index >= 0]
-        return min(found) if found else None
+        found = (self._text.find(stop) for stop in self.sampling.stop if stop)
+        return min((index for index in found if index >= 0), default=None)
 
     def _emit(self, final: bool) -> None:
         if self._deltas is None:
