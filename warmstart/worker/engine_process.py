@@ -65,7 +65,16 @@ def main(argv: list[str] | None = None) -> int:
         log.error("the engine could not start: %s", exc)
         return 2
     # Build the app now (imports done, nothing opened) so a restored copy only has to bind and serve.
-    runner = _HttpRunner(engine, *http_limits(args))
+    connections = ConnectionLimits(
+        max_connections=args.http_max_connections,
+        max_connections_per_client=args.http_max_connections_per_client,
+        keep_alive_seconds=args.http_keep_alive_seconds,
+        body_timeout_seconds=args.http_body_timeout_seconds,
+    )
+    requests = RequestLimits(
+        max_body_bytes=args.max_request_bytes, max_n=args.max_n, max_tokens=args.max_output_tokens
+    )
+    runner = _HttpRunner(engine, connections, requests)
     log.info("engine warm after %.2f s", time.time() - started_at)
     if args.mode == "cold":
         return runner.serve(args.host, args.port, "cold", started_at)
@@ -216,20 +225,6 @@ class _HttpRunner:
         finally:
             self.engine.close()
         return 0 if server.started else 1
-
-
-def http_limits(args: argparse.Namespace) -> tuple[ConnectionLimits, RequestLimits]:
-    """The server's bounds on connections and on each request, from the flags."""
-    connections = ConnectionLimits(
-        max_connections=args.http_max_connections,
-        max_connections_per_client=args.http_max_connections_per_client,
-        keep_alive_seconds=args.http_keep_alive_seconds,
-        body_timeout_seconds=args.http_body_timeout_seconds,
-    )
-    requests = RequestLimits(
-        max_body_bytes=args.max_request_bytes, max_n=args.max_n, max_tokens=args.max_output_tokens
-    )
-    return connections, requests
 
 
 def _exit_on_signal(signum: int, _frame: Any) -> None:
