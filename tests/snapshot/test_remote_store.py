@@ -133,7 +133,6 @@ def test_push_then_pull_on_another_node_round_trips_byte_for_byte(
     assert pulled.snapshot.id == snapshot.id and not pulled.from_cache
     assert sorted(pulled.fetched) == sorted(distinct) and pulled.cached == []
     assert pulled.stats.bytes_transferred == sum(distinct.values())
-    assert node_b.counters.snapshot()["bytes_pulled"] == sum(distinct.values())
     for name in ("manifest.json", "manifest.sig"):  # the signed files kept byte for byte
         assert (node_b.local.snapshots_dir / snapshot.id / name).read_bytes() == (
             snapshot.path / name
@@ -194,7 +193,7 @@ def test_a_blob_the_bucket_holds_is_not_uploaded_again(
 
     repeated = remote.push(second.id)
     assert repeated.already_published and repeated.uploaded == []
-    assert remote.counters.snapshot()["objects_skipped"] == 1 + 2
+    assert repeated.stats.objects_skipped == 2
 
 
 @pytest.mark.spawns
@@ -405,7 +404,6 @@ def test_a_tampered_object_is_refused_and_nothing_is_published(
     assert_nothing_published(node_b.local)
     if tampering in ("the manifest", "a manifest too large", "the signature"):  # before any blob
         assert steps == []
-    assert node_b.counters.snapshot()["failures"] == 1
 
 
 @pytest.mark.spawns
@@ -422,7 +420,7 @@ def test_an_identity_other_than_expected_is_refused_before_any_blob(
             snapshot.id, verifier, expected_identity=snapshot_helpers.make_identity(engine_version="2.0"),
             progress=lambda event: steps.append(event.step),
         )  # fmt: skip
-    assert steps == [] and node_b.counters.snapshot()["bytes_pulled"] == 0
+    assert steps == []
     assert_nothing_published(node_b.local)
 
 
@@ -527,7 +525,6 @@ def test_the_server_stopped_mid_pull_fails_with_a_clear_error_and_leaves_nothing
     message = str(unavailable.value)
     assert s3_server.endpoint in message and "1 retries within 2s" in message
     assert_nothing_published(node_b.local)
-    assert node_b.counters.snapshot()["failures"] == 1
 
     s3_server.start()  # the same port and data: the next pull succeeds
     pulled = node_b.pull(snapshot.id, verifier)

@@ -44,7 +44,7 @@ from warmstart.snapshot.remote.objects import (
     ObjectTooLarge,
     RemoteUnavailable,
 )
-from warmstart.snapshot.remote.stats import Counters, Progress, ProgressHook, TransferStats
+from warmstart.snapshot.remote.stats import Progress, ProgressHook, TransferStats
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.staging_owner import create_staging_root
 from warmstart.snapshot.store import SnapshotStore
@@ -99,7 +99,6 @@ class _Pull:
     keys: Keys
     store: SnapshotStore
     snapshot_id: str
-    counters: Counters
     progress: ProgressHook
     deadline: float | None
     timeout: float | None
@@ -180,7 +179,6 @@ class _Pull:
             )
         with self.lock:
             self.result_stats.bytes_transferred += piece.length
-        self.counters.add(bytes_pulled=piece.length)
         self.progress(Progress("bytes-fetched", self.snapshot_id, piece.digest, piece.length))
 
     def _check_whole(self, entry: FileEntry, path: Path) -> None:
@@ -199,11 +197,10 @@ def pull_snapshot(
     verifier: Verifier,
     *,
     expected_identity: SnapshotIdentity | None,
-    counters: Counters,
     progress: ProgressHook,
     verify_cached: bool,
     timeout: float | None,
-    holds: BlobHolds | None = None,
+    holds: BlobHolds,
 ) -> PullResult:
     """Fetch `snapshot_id` into the local store, verified (see the module's docstring); the blobs it names
     are in `holds` while it runs (the cache trim keeps those it finds cached)."""
@@ -214,20 +211,12 @@ def pull_snapshot(
         snapshot = store.check_signature(snapshot_id, verifier, expected_identity)
         return PullResult(snapshot, TransferStats(), from_cache=True)
     deadline = None if timeout is None else started + timeout
-    job = _Pull(client, keys, store, snapshot_id, counters, progress, deadline, timeout)
-    try:
-        raw, signature, manifest = fetch_signed_manifest(
-            client, keys, snapshot_id, verifier, expected_identity
-        )
-        progress(Progress("manifest-verified", snapshot_id))
-        with (holds or BlobHolds()).holding(manifest.digests()):
-            result = _fetch_and_adopt(job, raw, signature, manifest, verify_cached)
-    except BaseException:
-        counters.add(failures=1)
-        raise
+    job = _Pull(client, keys, store, snapshot_id, progress, deadline, timeout)
+    raw, signature, manifest = fetch_signed_manifest(client, keys, snapshot_id, verifier, expected_identity)
+    progress(Progress("manifest-verified", snapshot_id))
+    with holds.holding(manifest.digests()):
+        result = _fetch_and_adopt(job, raw, signature, manifest, verify_cached)
     result.stats.seconds = time.monotonic() - started
-    counters.add(pulls=1, objects_pulled=len(result.fetched), objects_skipped=len(result.cached),
-                 bytes_skipped=result.stats.bytes_skipped)  # fmt: skip
     progress(Progress("published", snapshot_id))
     return result
 

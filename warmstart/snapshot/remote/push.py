@@ -19,10 +19,10 @@ from pathlib import Path
 from warmstart.host.parallel import parallel_map
 from warmstart.snapshot.catalog import parse_manifest, read_manifest_bytes, read_signature_bytes
 from warmstart.snapshot.layout import MAX_SIGNATURE_BYTES
-from warmstart.snapshot.manifest import Manifest, SnapshotError
+from warmstart.snapshot.manifest import SnapshotError
 from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.remote.objects import ObjectClient, ObjectMissing
-from warmstart.snapshot.remote.stats import Counters, Progress, ProgressHook, TransferStats
+from warmstart.snapshot.remote.stats import Progress, ProgressHook, TransferStats
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.store import SnapshotStore
 
@@ -40,18 +40,9 @@ class PushResult:
 class _Push:
     client: ObjectClient
     keys: Keys
-    store: SnapshotStore
-    counters: Counters
     progress: ProgressHook
     result: PushResult
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def blobs(self, manifest: Manifest) -> dict[str, tuple[int, Path]]:
-        """Digest -> (size, blob file) of every distinct blob the snapshot names."""
-        return {
-            entry.digest: (entry.size, self.store.blob_path(entry.digest))
-            for entry in manifest.files.values()
-        }
 
     def upload(self, digest: str, size: int, path: Path, *, repaired: bool = False) -> None:
         self.client.put_file(self.keys.blob(digest), path, size)
@@ -61,7 +52,6 @@ class _Push:
             stats.objects_transferred += 1
             stats.objects_repaired += int(repaired)
             self.result.uploaded.append(digest)
-        self.counters.add(bytes_pushed=size, objects_pushed=1, objects_repaired=int(repaired))
         self.progress(Progress("blob-uploaded", self.result.snapshot_id, digest, size))
 
     def skip(self, digest: str, size: int) -> None:
@@ -70,7 +60,6 @@ class _Push:
             stats.bytes_skipped += size
             stats.objects_skipped += 1
             self.result.skipped.append(digest)
-        self.counters.add(bytes_skipped=size, objects_skipped=1)
         self.progress(Progress("blob-skipped", self.result.snapshot_id, digest, size))
 
     def push_blob(self, digest: str, size: int, path: Path) -> None:
@@ -128,7 +117,6 @@ def push_snapshot(
     store: SnapshotStore,
     snapshot_id: str,
     *,
-    counters: Counters,
     progress: ProgressHook,
     verifier: Verifier | None,
 ) -> PushResult:
@@ -140,19 +128,15 @@ def push_snapshot(
     raw, signature = read_manifest_bytes(layout, snapshot_id), read_signature_bytes(layout, snapshot_id)
     manifest = parse_manifest(raw, snapshot_id)
     result = PushResult(snapshot_id, TransferStats())
-    job = _Push(client, keys, store, counters, progress, result)
-    blobs = job.blobs(manifest)
+    job = _Push(client, keys, progress, result)
+    # digest -> (size, blob file) of every distinct blob the snapshot names
+    blobs = {entry.digest: (entry.size, store.blob_path(entry.digest)) for entry in manifest.files.values()}
     workers = client.config.concurrency
-    try:
-        largest_first = sorted(blobs.items(), key=lambda item: item[1][0], reverse=True)
-        parallel_map(lambda item: job.push_blob(item[0], *item[1]), largest_first, workers=workers)
-        progress(Progress("blobs-done", snapshot_id))
-        result.already_published = not job.commit(snapshot_id, raw, signature)
-        job.repair_missing(blobs, workers)
-    except BaseException:
-        counters.add(failures=1)
-        raise
+    largest_first = sorted(blobs.items(), key=lambda item: item[1][0], reverse=True)
+    parallel_map(lambda item: job.push_blob(item[0], *item[1]), largest_first, workers=workers)
+    progress(Progress("blobs-done", snapshot_id))
+    result.already_published = not job.commit(snapshot_id, raw, signature)
+    job.repair_missing(blobs, workers)
     result.stats.seconds = time.monotonic() - started
-    counters.add(pushes=1)
     progress(Progress("published", snapshot_id))
     return result

@@ -1,11 +1,9 @@
-"""What transfers did, for the agent's metrics: per call (`TransferStats` in each result) and in total
-(`Counters`, updated as objects move, so a failed pull still counts what it moved)."""
+"""What transfers did, for the agent's metrics (`TransferStats` in each result), and their progress hooks."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 
 
 @dataclass
@@ -16,32 +14,6 @@ class TransferStats:
     objects_skipped: int = 0
     objects_repaired: int = 0  # found damaged or gone and moved again
     seconds: float = 0.0
-
-
-@dataclass
-class Counters:
-    """Totals since the store object was made; read them any time (the agent exports them)."""
-
-    bytes_pushed: int = 0
-    bytes_pulled: int = 0
-    objects_pushed: int = 0
-    objects_pulled: int = 0
-    objects_skipped: int = 0
-    bytes_skipped: int = 0
-    objects_repaired: int = 0
-    pushes: int = 0
-    pulls: int = 0
-    failures: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
-
-    def add(self, **amounts: int) -> None:
-        with self._lock:
-            for name, amount in amounts.items():
-                setattr(self, name, getattr(self, name) + amount)
-
-    def snapshot(self) -> dict[str, int]:
-        with self._lock:
-            return {f.name: getattr(self, f.name) for f in fields(self) if not f.name.startswith("_")}
 
 
 @dataclass(frozen=True)

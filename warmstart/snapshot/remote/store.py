@@ -19,7 +19,7 @@ from warmstart.snapshot.remote.object_keys import Keys
 from warmstart.snapshot.remote.objects import ObjectClient
 from warmstart.snapshot.remote.pull import PullResult, fetch_signed_manifest, pull_snapshot
 from warmstart.snapshot.remote.push import PushResult, push_snapshot
-from warmstart.snapshot.remote.stats import Counters, ProgressHook, no_progress
+from warmstart.snapshot.remote.stats import ProgressHook, no_progress
 from warmstart.snapshot.signing import Verifier
 from warmstart.snapshot.store import SnapshotStore
 
@@ -29,8 +29,7 @@ DEFAULT_GC_GRACE = 3600.0
 class RemoteStore:
     """Push, pull, list, delete and collect snapshots in a bucket; `local` is this node's cache of it.
 
-    Thread-safe: one object serves concurrent pushes and pulls of different snapshots. `counters` holds the
-    totals of everything it moved (bytes pushed and pulled, objects skipped, failures) for metrics.
+    Thread-safe: one object serves concurrent pushes and pulls of different snapshots.
     """
 
     def __init__(self, local: SnapshotStore, config: RemoteConfig) -> None:
@@ -38,7 +37,6 @@ class RemoteStore:
         self.config = config
         self.client = ObjectClient(config)
         self.keys = Keys(config.key_prefix)
-        self.counters = Counters()
         self.holds = BlobHolds()  # the blobs of the pulls in progress: the cache trim keeps them
 
     def __repr__(self) -> str:
@@ -51,9 +49,8 @@ class RemoteStore:
         several at once), then the manifest, then the signature, which makes it listed. With `verifier`,
         the local snapshot is verified in full first."""
         return push_snapshot(
-            self.client, self.keys, self.local, snapshot_id, counters=self.counters, progress=progress,
-            verifier=verifier,
-        )  # fmt: skip
+            self.client, self.keys, self.local, snapshot_id, progress=progress, verifier=verifier
+        )
 
     def pull(
         self,
@@ -73,8 +70,7 @@ class RemoteStore:
         RemoteUnavailable / RemoteAccessDenied."""
         result = pull_snapshot(
             self.client, self.keys, self.local, snapshot_id, verifier, expected_identity=expected_identity,
-            counters=self.counters, progress=progress, verify_cached=verify_cached, timeout=timeout,
-            holds=self.holds,
+            progress=progress, verify_cached=verify_cached, timeout=timeout, holds=self.holds,
         )  # fmt: skip
         mark_used(self.local, snapshot_id)
         return result
