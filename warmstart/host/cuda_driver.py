@@ -72,10 +72,8 @@ def error_name(cu: Any, error: Any) -> str:
 
 
 def check(result: Any, call: str, error_type: type[Exception] = CudaError) -> Any:
-    """Unpack a cuda-python result; raise `error_type` naming `call` when the driver reports an error.
-
-    Returns the single value after the error code, a tuple of them when there are several, or None.
-    """
+    """Unpack a cuda-python result: the one value after the error code, a tuple of several, or None;
+    `error_type` naming `call` when the driver reports an error."""
     error = result[0] if isinstance(result, tuple) else result
     if int(error) != 0:
         raise error_type(f"{call} failed: {error_name(_initialised, error)}")
