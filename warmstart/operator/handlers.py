@@ -95,18 +95,15 @@ def _follow_up(plan: SnapshotPlan) -> float | None:
     return None
 
 
-def endpoint_lock(key: Key) -> threading.Lock:
-    with Runtime.locks_lock:
-        return Runtime.locks.setdefault(key, threading.Lock())
-
-
 def run_reconcile(handler: str, key: Key, retry: int = 0) -> None:
     """Reconcile one endpoint from a fresh read (so status transitions are never computed from a stale
     copy), and count it. kopf calls this from the endpoint's own handler, one call at a time per endpoint.
     An endpoint gone, or with an invalid spec (already reported in status, once per generation: retrying
     cannot help until the spec changes), is not retried. A failure raises kopf.TemporaryError, for kopf to
     retry after the backoff (`retry`: the failures in a row so far, as kopf counts them)."""
-    with endpoint_lock(key):
+    with Runtime.locks_lock:
+        lock = Runtime.locks.setdefault(key, threading.Lock())
+    with lock:
         started = time.perf_counter()
         result = "error"
         try:

@@ -54,13 +54,11 @@ class SpecProblem:
 
 
 class InvalidSpec(ValueError):
-    """The spec cannot be reconciled. It carries every problem found (at least one), each with its field's
-    path; the message names them all, the first problem's path first."""
+    """The spec cannot be reconciled: every problem found (at least one), named in the message."""
 
-    def __init__(self, path: str = "", problem: str = "", problems: Sequence[SpecProblem] = ()) -> None:
-        self.problems = tuple(problems) or (SpecProblem(path, problem),)
+    def __init__(self, problems: Sequence[SpecProblem]) -> None:
+        self.problems = tuple(problems)
         super().__init__("; ".join(str(found) for found in self.problems))
-        self.path = self.problems[0].path
 
 
 def _operator_rules(
@@ -105,8 +103,8 @@ def _problem(error: ErrorDetails) -> SpecProblem:
 def parse_spec(spec: dict[str, Any]) -> EndpointSpec:
     """Parse and default an InferenceEndpoint spec. Raises InvalidSpec naming every problem found."""
     if not isinstance(spec, dict):
-        raise InvalidSpec("", "must be an object")
+        raise InvalidSpec([SpecProblem("", "must be an object")])
     try:
         return EndpointSpec.model_validate(spec, context={MORE_RULES: _operator_rules})
     except ValidationError as exc:
-        raise InvalidSpec(problems=[_problem(error) for error in exc.errors()]) from None
+        raise InvalidSpec([_problem(error) for error in exc.errors()]) from None

@@ -115,14 +115,6 @@ def _container(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, requ
     return container
 
 
-def _volumes(spec: EndpointSpec) -> list[dict[str, Any]]:
-    volumes: list[dict[str, Any]] = [
-        {"name": "control", "emptyDir": {}},
-        {"name": "shm", "emptyDir": {"medium": "Memory"}},
-    ]
-    return volumes + [dict(volume) for volume in spec.template.volumes]
-
-
 def _scheduling(spec: EndpointSpec) -> dict[str, Any]:
     node_selector = dict(spec.template.node_selector)
     if spec.resources.gpu_product:
@@ -159,7 +151,11 @@ def pod_labels(
 def pod_spec(endpoint: str, spec: EndpointSpec, role: str, snapshot: str, request_hash: str) -> dict:
     return {
         "containers": [_container(endpoint, spec, role, snapshot, request_hash)],
-        "volumes": _volumes(spec),
+        "volumes": [
+            {"name": "control", "emptyDir": {}},
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            *(dict(volume) for volume in spec.template.volumes),
+        ],
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 30,
         **_scheduling(spec),
