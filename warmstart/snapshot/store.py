@@ -141,10 +141,10 @@ class SnapshotStore:
         expected_identity: SnapshotIdentity | None = None,
         link: bool = True,
     ) -> Snapshot:
-        """Verify (as `verify`, but not a blob `records` say matched), then build `dest` from blobs, each file
-        at its path in the snapshot: hardlinks on one filesystem, else copies. Copies get the recorded mode
-        exactly; a hardlink shares the immutable blob's inode, so it carries the recorded mode without write
-        bits (when the blob's mode differs from that, the file is copied instead)."""
+        """Verify (as `verify`, though a blob the verified records say matched is not hashed again), then
+        build `dest` from blobs, each file at its path in the snapshot: hardlinks on one filesystem, else
+        copies. Copies get the recorded mode exactly; a hardlink shares the immutable blob's inode, so it
+        carries the recorded mode without write bits (when the blob's mode differs, the file is copied)."""
         snapshot = verify.verify_snapshot(
             self.layout, snapshot_id, verifier, expected_identity, workers=self.hash_workers,
             records=self.records,

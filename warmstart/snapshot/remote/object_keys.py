@@ -9,15 +9,13 @@ Keys that fit none of these (junk, another tool's files) are never read as the s
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from warmstart.snapshot.layout import MANIFEST_FILE, SIGNATURE_FILE
-from warmstart.snapshot.manifest import DIGEST_PREFIX, SNAPSHOT_ID_PATTERN, digest_hex
+from warmstart.snapshot.manifest import DIGEST_PATTERN, DIGEST_PREFIX, SNAPSHOT_ID_PATTERN, digest_hex
 
 BLOBS = "blobs/sha256/"
 SNAPSHOTS = "snapshots/"
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -43,8 +41,8 @@ class Keys:
 
     def digest_of(self, key: str) -> str | None:
         """The digest a blob key names; None for anything else under the blobs prefix."""
-        name = key[len(self.blobs) :] if key.startswith(self.blobs) else ""
-        return DIGEST_PREFIX + name if _HEX64.fullmatch(name) else None
+        digest = DIGEST_PREFIX + key.removeprefix(self.blobs)
+        return digest if key.startswith(self.blobs) and DIGEST_PATTERN.fullmatch(digest) else None
 
     def snapshot_file_of(self, key: str) -> tuple[str, str] | None:
         """(snapshot id, file name) of a manifest or signature key; None for anything else."""
