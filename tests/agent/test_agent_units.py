@@ -208,7 +208,7 @@ def test_namespace_pids_translate_to_host_pids(
     init = supervisor_of(processes_by_environment(pod_uid))
     assert init is not None
     pod = PodSandbox(tmp_path, init)
-    (second,) = pod.workers()
+    (second,) = [pid for pid in pod.host_pids() if pid != init]
     assert namespace_pids(second) == [second, 2]
     assert pod.host_pid(2) == second
     assert pod.host_pid(1) == init

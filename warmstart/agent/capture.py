@@ -51,11 +51,8 @@ def gpu_status(identity: SnapshotIdentity) -> dict[str, str]:
 
 
 def request_problem(payload: dict[str, Any], key: dict[str, Any]) -> str | None:
-    """Why a worker's `ready-for-snapshot` cannot be what the InferenceSnapshot's request asked for, or None.
-
-    The worker measures its identity (model digest, engine version, GPU...); what the request names must
-    agree with it: engine kind, tensor parallelism and device.
-    """
+    """Why the identity a worker measured in its `ready-for-snapshot` disagrees with the InferenceSnapshot's
+    request (engine kind, tensor parallelism, device), or None."""
     try:
         identity = identity_from_payload(payload)
     except CaptureError as exc:

@@ -172,12 +172,9 @@ class PodSandbox(Sandbox):
         in_pod: bool | None = None,
         lookup: ProcessLookup = pod_processes,
     ) -> PodSandbox:
-        """The pod's supervisor (PID 1 of its container `container`, an id as the pod status reports it)
-        and control directory; waits up to `timeout` s for the container to start (or until `cancelled()`).
-
-        `in_pod` (default: when a container id is given) makes CRIU run in all of the container's
-        namespaces and restores join its cgroups (`Criu.in_pod`), as a real container needs. `lookup` finds
-        the pod's processes (by cgroup; tests whose "pods" are local sandboxes pass their own)."""
+        """The pod's supervisor (PID 1 of `container`, an id as the pod status reports it) and control
+        directory, waited for while the container starts. `in_pod` (default: when a container id is given):
+        CRIU runs in all of the container's namespaces and restores join its cgroups (`Criu.in_pod`)."""
         host_dir = control_dir_on_host(kubelet_root, pod_uid)
         deadline = time.monotonic() + timeout
         whole = container is not None if in_pod is None else in_pod
@@ -202,9 +199,6 @@ class PodSandbox(Sandbox):
     def alive(self) -> bool:
         started = procinfo.start_ticks(self.init_pid)
         return started is not None and started == self._init_identity
-
-    def workers(self) -> list[int]:
-        return [pid for pid in self.host_pids() if pid != self.init_pid]
 
     def reserve_low_pids(self, timeout: float = 10.0) -> None:
         """Move the namespace's PID counter past the PIDs a restored engine needs (fresh namespaces only).

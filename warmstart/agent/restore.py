@@ -267,10 +267,7 @@ class RestorePhase:
     @staticmethod
     def _interrupted_earlier(control: ControlDir) -> bool:
         """A restore claim without an answer: an agent before this one stopped in the middle of a restore.
-
-        While the claiming process still runs (an agent being replaced finishing its work) it is not
-        interrupted: PodBusy has the pod looked at again at the next resync.
-        """
+        PodBusy while the claiming process still runs (a replaced agent finishing): looked at again later."""
         claim = control.read(RESTORE_CLAIM) if _control_dir_exists(control) else None
         if claim is None or claim.payload.get("holder") != CLAIM_RESTORE:
             return False
