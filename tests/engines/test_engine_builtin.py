@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="needs torch (the `engine` extra)")
 
-from warmstart.engines import create_engine, engine_kinds  # noqa: E402
+from warmstart.engines import ENGINE_FACTORIES, create_engine  # noqa: E402
 from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams  # noqa: E402
 from warmstart.engines.builtin.model_dir import ensure_model  # noqa: E402
 from warmstart.engines.builtin.shapes import PRESETS, preset, tensor_shapes  # noqa: E402
@@ -25,7 +25,7 @@ def greedy(prompt: str = PROMPT, max_tokens: int = 24, **extra: object) -> Gener
 
 
 def test_registry_names_the_known_engines() -> None:
-    assert "builtin" in engine_kinds()
+    assert "builtin" in ENGINE_FACTORIES
     with pytest.raises(ValueError, match="unknown engine 'nope'; choose one of: builtin"):
         create_engine("nope")
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from warmstart.api.worker_options import WorkerOptions, add_worker_arguments, parse_engine_arg
-from warmstart.engines import create_engine, engine_kinds
+from warmstart.engines import ENGINE_FACTORIES, create_engine
 from warmstart.engines.base import EngineError, GenerationRequest, RequestError, SamplingParams, check_fits
 from warmstart.engines.vllm.engine import VllmEngine
 from warmstart.engines.vllm.identity import model_files_digest, snapshot_identity
@@ -50,7 +50,7 @@ def model_dir(tmp_path: Path) -> Path:
 
 
 def test_vllm_is_a_registered_engine_kind() -> None:
-    assert "vllm" in engine_kinds()
+    assert "vllm" in ENGINE_FACTORIES
 
 
 @pytest.mark.skipif(VLLM_INSTALLED, reason="vLLM is installed here, so loading does not fail for its absence")

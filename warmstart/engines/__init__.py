@@ -19,15 +19,9 @@ ENGINE_FACTORIES: dict[str, str] = {
 }
 
 
-def engine_kinds() -> list[str]:
-    return sorted(ENGINE_FACTORIES)
-
-
 def create_engine(kind: str, **options: Any) -> Engine:
-    target = ENGINE_FACTORIES.get(kind)
-    if target is None:
-        known = ", ".join(engine_kinds())
-        raise ValueError(f"unknown engine {kind!r}; choose one of: {known}")
-    module_name, _, factory_name = target.partition(":")
+    if kind not in ENGINE_FACTORIES:
+        raise ValueError(f"unknown engine {kind!r}; choose one of: {', '.join(sorted(ENGINE_FACTORIES))}")
+    module_name, _, factory_name = ENGINE_FACTORIES[kind].partition(":")
     factory = getattr(importlib.import_module(module_name), factory_name)
     return factory(**options)
