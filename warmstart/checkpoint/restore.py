@@ -247,7 +247,6 @@ def restore(
     criu: Criu,
     work_dir: Path,
     resume_payload: dict[str, Any] | None = None,
-    failures: FailureCounter | None = None,
     before_claim: Callable[[], None] | None = None,
 ) -> RestoreResult:
     """Restore `snapshot_id` into `sandbox`; `control` is the sandbox's control directory (host path).
@@ -259,7 +258,7 @@ def restore(
     sent. Otherwise raises RestoreRefused (nothing ran) or RestoreFailed (cleaned up), both after
     `restore-failed` was sent: a restore that holds the claim always answers.
     """
-    failures = failures or FailureCounter(store.root)
+    failures = FailureCounter(store.root)
     timings: dict[str, float] = {}
     stager: StagerProcess | None = None
     claimed = False
