@@ -329,6 +329,8 @@ def test_the_worker_serves_an_engine_own_app_when_it_has_one(caplog: pytest.LogC
     runner = _HttpRunner(EngineWithServer())
     assert runner.app.app is built[0] and runner.prepare == built[0].prepare
     with caplog.at_level(logging.WARNING, "warmstart.worker.engine"):
+        _HttpRunner(EngineWithServer(), request_limits=RequestLimits())  # the flags' defaults: nothing to say
+        assert "do not apply" not in caplog.text
         _HttpRunner(EngineWithServer(), request_limits=RequestLimits(max_n=2))
     assert "--max-n" in caplog.text and "do not apply" in caplog.text
 

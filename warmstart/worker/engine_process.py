@@ -186,7 +186,7 @@ class _HttpRunner:
         if own is None:
             self.app = build_app(engine, self.metrics, self.state, request_limits)
         else:
-            if request_limits is not None:
+            if request_limits not in (None, RequestLimits()):
                 log.warning(
                     "the engine serves its own HTTP app: --max-request-bytes, --max-n and "
                     "--max-output-tokens do not apply to it (give the engine's server its own limits, e.g. "
