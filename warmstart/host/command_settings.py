@@ -157,10 +157,8 @@ def describe(error: ValidationError, model: type[CommandSettings]) -> str:
         if name is None:  # the settings together (a model validator)
             problems.append(message)
         else:
-            flag = "--" + name.replace("_", "-")
-            problems.append(
-                f"{flag} / {fields[name].validation_alias}: {message} (got {item.get('input')!r})"
-            )
+            where = f"--{name.replace('_', '-')} / {fields[name].validation_alias}"
+            problems.append(f"{where}: {message} (got {item.get('input')!r})")
     return "; ".join(problems)
 
 
