@@ -323,11 +323,10 @@ def test_a_pulls_timeout_stops_a_piece_under_way(tmp_path: Path) -> None:
     from warmstart.snapshot.remote.object_keys import Keys
     from warmstart.snapshot.remote.objects import RemoteUnavailable
     from warmstart.snapshot.remote.pull import Piece, _Pull
-    from warmstart.snapshot.remote.stats import Counters
 
     target = tmp_path / "blob"
     target.write_bytes(b"")
-    job = _Pull(_SlowClient(), Keys(""), None, "snap", Counters(), lambda _: None,  # type: ignore[arg-type]
+    job = _Pull(_SlowClient(), Keys(""), None, "snap", lambda _: None,  # type: ignore[arg-type]
                 deadline=time.monotonic() + 0.3, timeout=0.3)  # fmt: skip
     started = time.monotonic()
     with pytest.raises(RemoteUnavailable, match="did not finish within 0.3s"):
