@@ -330,7 +330,7 @@ class RestorePhase:
             self.node.metrics.restores.labels("refused").inc()
             return
         except NotCounted as exc:  # answered and cleaned up; the pod's doing, or the snapshot is gone
-            self._report_failed(pod, str(exc), f"{exc}; the worker starts cold")
+            self._failed(pod, None, str(exc))
             return
         except (RestoreRefused, RestoreFailed) as exc:  # counted on this node's store and answered
             self._failed(pod, snap, str(exc))
@@ -356,20 +356,15 @@ class RestorePhase:
         node.kube.event(pod, "Pod", "Normal", "Restored", f"from {source} in {seconds:.2f}s")
         node.kube.clear_restore_failures(snap)
 
-    def _report_failed(self, pod: dict[str, Any], reason: str, message: str) -> None:
-        """A failed restore in the metrics, the pod's Event (`message`) and its annotation (`reason`)."""
-        self.node.metrics.restores.labels("failed").inc()
-        self.node.kube.event(pod, "Pod", "Warning", "RestoreFailed", message)
-        self.node.kube.annotate_pod(*objects.names(pod), {"restoreFailed": reason})
-
-    def _failed(self, pod: dict[str, Any], snap: dict[str, Any], reason: str) -> None:
-        """Report a failed restore (already counted in this store's failures and answered to the pod) and
-        add it to the snapshot's count over all nodes: Invalid once that reaches the limit. Every failure
-        that is the snapshot's comes here, wherever it was found (pull, verification, CRIU)."""
+    def _failed(self, pod: dict[str, Any], snap: dict[str, Any] | None, reason: str) -> None:
+        """Report a failed restore, already answered to the pod. One that is the snapshot's (`snap`, already
+        counted in this store's failures) is added to its count over all nodes: Invalid once that reaches the
+        limit. Every such failure comes here, wherever it was found (pull, verification, CRIU)."""
         node = self.node
-        count = node.kube.add_restore_failure(*objects.names(snap), reason)
-        self._report_failed(
-            pod, reason, f"{reason} (failure {count} of {MAX_RESTORE_FAILURES}); the worker starts cold"
-        )
-        if count is not None and count >= MAX_RESTORE_FAILURES:  # the operator turns it Invalid
+        count = node.kube.add_restore_failure(*objects.names(snap), reason) if snap else None
+        counted = f" (failure {count} of {MAX_RESTORE_FAILURES})" if snap else ""
+        node.metrics.restores.labels("failed").inc()
+        node.kube.event(pod, "Pod", "Warning", "RestoreFailed", f"{reason}{counted}; the worker starts cold")
+        node.kube.annotate_pod(*objects.names(pod), {"restoreFailed": reason})
+        if snap and count is not None and count >= MAX_RESTORE_FAILURES:  # the operator turns it Invalid
             node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "Invalid", f"{count} restores failed: {reason}")
