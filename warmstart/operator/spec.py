@@ -64,23 +64,16 @@ class InvalidSpec(ValueError):
 def _operator_rules(
     model: ModelSpec | None, engine: EngineSpec, resources: ResourceSpec | None
 ) -> Iterable[InitErrorDetails]:
-    yield from _broken_args(engine.args)
+    # engine.args are `warmstart worker` flags: refuse the first the spec sets, else those it would reject.
+    flag = next((f for f in (arg.split("=", 1)[0] for arg in engine.args) if f in OPERATOR_FLAGS), "")
+    if flag:
+        use = f": use {OPERATOR_FLAGS[flag]}" if OPERATOR_FLAGS[flag] else ""
+        yield rule_broken((), f"{flag} is set by the operator{use}", field="engine.args")
+    elif problem := worker_flags_problem(list(engine.args)):
+        yield rule_broken((), f"the worker would refuse them: {problem}", field="engine.args")
     if model is not None and model.revision and engine.kind != "vllm":
         message = "is a Hugging Face revision: it needs engine.kind vllm"
         yield rule_broken((), message, field="model.revision")
-
-
-def _broken_args(args: Sequence[str]) -> Iterable[InitErrorDetails]:
-    """engine.args are `warmstart worker` flags: refuse those it would reject and those the spec sets."""
-    for arg in args:
-        flag = arg.split("=", 1)[0]
-        if flag in OPERATOR_FLAGS:
-            use = f": use {OPERATOR_FLAGS[flag]}" if OPERATOR_FLAGS[flag] else ""
-            yield rule_broken((), f"{flag} is set by the operator{use}", field="engine.args")
-            return
-    problem = worker_flags_problem(list(args))
-    if problem:
-        yield rule_broken((), f"the worker would refuse them: {problem}", field="engine.args")
 
 
 def _path(loc: Loc) -> str:

@@ -192,16 +192,13 @@ def _pod_timings(pod: dict[str, Any]) -> dict[str, tuple[dt.datetime, float]]:
         value = report.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             timings[field] = (stamp, float(value))
-    if COLD_START not in timings and _started_cold(meta, report):
+    role = (meta.get("labels") or {}).get(L.ROLE_LABEL)
+    started_cold = role == L.ROLE_COLD or (role == L.ROLE_RESTORE and "restoreFailed" in report)
+    if COLD_START not in timings and started_cold:
         measured = _start_to_ready(pod.get("status") or {})
         if measured is not None:
             timings[COLD_START] = measured
     return timings
-
-
-def _started_cold(meta: dict[str, Any], report: dict[str, Any]) -> bool:
-    role = (meta.get("labels") or {}).get(L.ROLE_LABEL)
-    return role == L.ROLE_COLD or (role == L.ROLE_RESTORE and "restoreFailed" in report)
 
 
 def _start_to_ready(status: dict[str, Any]) -> tuple[dt.datetime, float] | None:

@@ -51,14 +51,11 @@ def horizontal_pod_autoscaler(owner: Owner, spec: EndpointSpec) -> dict[str, Any
     }
 
 
-def default_prometheus_query(owner: Owner, metric: str) -> str:
-    return f'sum({metric}{{namespace="{owner.namespace}",service="{owner.name}"}})'
-
-
 def scaled_object(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
     """KEDA ScaledObject with a Prometheus trigger; minReplicaCount 0 scales the endpoint to zero."""
     scaling = spec.autoscaling
-    query = scaling.metric.query or default_prometheus_query(owner, scaling.metric.name)
+    selector = f'namespace="{owner.namespace}",service="{owner.name}"'
+    query = scaling.metric.query or f"sum({scaling.metric.name}{{{selector}}})"
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
@@ -85,18 +82,13 @@ def scaled_object(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
     }
 
 
-def default_http_host(owner: Owner) -> str:
-    """The Host header routed to an endpoint when autoscaling.http.hosts is empty. The interceptor's routing
-    table spans the cluster, so the namespace is part of it."""
-    return f"{owner.name}.{owner.namespace}"
-
-
 def http_scaled_object(owner: Owner, spec: EndpointSpec) -> dict[str, Any]:
     """KEDA HTTP add-on HTTPScaledObject: its interceptor holds a request while the endpoint is at zero,
     KEDA scales the endpoint up, and the request goes on to the endpoint's Service once a replica is Ready."""
     scaling = spec.autoscaling
     http = scaling.http
-    routing: dict[str, Any] = {"hosts": list(http.hosts) or [default_http_host(owner)]}
+    # No hosts given: the interceptor's routing table spans the cluster, so the namespace is part of the host.
+    routing: dict[str, Any] = {"hosts": list(http.hosts) or [f"{owner.name}.{owner.namespace}"]}
     if http.path_prefixes:
         routing["pathPrefixes"] = list(http.path_prefixes)
     return {
