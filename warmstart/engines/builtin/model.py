@@ -51,10 +51,8 @@ class Transformer:
         max_len: int,
         reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
-        """`reduce` sums a layer's partial outputs over tensor-parallel ranks (None: one rank, the whole
-        model)."""
         self.config = config
-        self._reduce = reduce
+        self._reduce = reduce  # sums a layer's partial outputs over tensor-parallel ranks (None: one rank)
         self.device = device
         self.max_len = max_len
         self.group = config.num_attention_heads // config.num_key_value_heads

@@ -105,7 +105,8 @@ def initial_tensor(name: str, shape: tuple[int, ...], seed: int, dtype: Any, dev
 
     if name.endswith("norm.weight"):
         return torch.ones(shape, dtype=dtype)
-    generator = torch.Generator(device=device).manual_seed(_tensor_seed(seed, name))
+    tensor_seed = (seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62)
+    generator = torch.Generator(device=device).manual_seed(tensor_seed)
     values = torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
     return (values * INIT_STD).to(dtype)
 
@@ -121,10 +122,6 @@ def _write_random_weights(path: Path, config: ModelConfig, seed: int, device: st
     hasher = hashlib.sha256()
     write_safetensors(path, sources, metadata={"format": "pt", "seed": str(seed)}, on_bytes=hasher.update)
     return hasher.hexdigest()
-
-
-def _tensor_seed(seed: int, name: str) -> int:
-    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (1 << 62)
 
 
 def _write_trained_weights(model_dir: Path, seed: int) -> str:

@@ -5,18 +5,14 @@ from __future__ import annotations
 import codecs
 from collections.abc import Sequence
 
-BOS_ID = 256
-EOS_ID = 257
-VOCAB_SIZE = 260  # 258 and 259 are reserved (pad, unk): the vocabulary the presets' shapes were made for
-
 
 class ByteTokenizer:
-    vocab_size = VOCAB_SIZE
-    bos_id = BOS_ID
-    eos_id = EOS_ID
+    vocab_size = 260  # 258 and 259 are reserved (pad, unk): the vocabulary the presets' shapes were made for
+    bos_id = 256
+    eos_id = 257
 
     def encode(self, text: str) -> list[int]:
-        return [BOS_ID, *text.encode("utf-8")]
+        return [self.bos_id, *text.encode("utf-8")]
 
     def apply_chat_template(self, messages: Sequence[dict[str, str]]) -> str:
         """A plain chat format: one `<|role|>` header line per message, then the assistant's header."""

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from warmstart.engines.builtin.model import Transformer
 from warmstart.engines.builtin.model_dir import WEIGHTS_FILE, initial_tensor
 from warmstart.engines.builtin.shapes import ModelConfig, tensor_shapes
-from warmstart.engines.builtin.tokenizer import BOS_ID
+from warmstart.engines.builtin.tokenizer import ByteTokenizer
 from warmstart.gpu.weights_io import dtype_code, write_safetensors
 
 TEXT_FILE = Path(__file__).with_name("demo_text.txt")
@@ -68,7 +68,7 @@ def train(config: ModelConfig, seed: int, text: str) -> tuple[dict[str, torch.Te
             starts[torch.randint(0, len(starts), (BATCH,), generator=generator)],
         )
         targets = torch.stack([data[offset : offset + SEQUENCE] for offset in offsets.tolist()])
-        inputs = torch.cat((torch.full((BATCH, 1), BOS_ID), targets[:, :-1]), dim=1)
+        inputs = torch.cat((torch.full((BATCH, 1), ByteTokenizer.bos_id), targets[:, :-1]), dim=1)
         logits = model.causal_logits(inputs)
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
         optimizer.zero_grad(set_to_none=True)
