@@ -366,5 +366,5 @@ class RestorePhase:
         node.metrics.restores.labels("failed").inc()
         node.kube.event(pod, "Pod", "Warning", "RestoreFailed", f"{reason}{counted}; the worker starts cold")
         node.kube.annotate_pod(*objects.names(pod), {"restoreFailed": reason})
-        if snap and count is not None and count >= MAX_RESTORE_FAILURES:  # the operator turns it Invalid
+        if count is not None and count >= MAX_RESTORE_FAILURES:  # the operator turns it Invalid
             node.kube.event(snap, L.SNAPSHOT_KIND, "Warning", "Invalid", f"{count} restores failed: {reason}")
