@@ -49,7 +49,12 @@ def files_digest(model_dir: str | Path, files: Iterable[Path]) -> str:
         else:
             unknown.append(path)
     if unknown:
-        hashes.update(_hash_in_parallel(unknown))
+        # The store's hashing, several shards at once, without its prefix. Imported here: a start whose files
+        # the sidecar already knows never loads the store's modules.
+        from warmstart.snapshot.hashing import hash_files
+
+        for path, found in hash_files(unknown).items():
+            hashes[path.name] = found.digest.removeprefix("sha256:")
         write_sidecar(model_dir, hashes, stats)
     return combine_digests(hashes)
 
@@ -57,14 +62,6 @@ def files_digest(model_dir: str | Path, files: Iterable[Path]) -> str:
 def combine_digests(file_hashes: dict[str, str]) -> str:
     lines = "".join(f"{file_hashes[name]}  {name}\n" for name in sorted(file_hashes))
     return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
-
-
-def _hash_in_parallel(paths: list[Path]) -> dict[str, str]:
-    """File name -> hex SHA-256, several weight shards at once (the store's hashing, without its prefix)."""
-    # Imported here: a start whose files the sidecar already knows never loads the store's modules.
-    from warmstart.snapshot.hashing import hash_files
-
-    return {path.name: found.digest.removeprefix("sha256:") for path, found in hash_files(paths).items()}
 
 
 def read_sidecar(model_dir: Path) -> dict[str, dict[str, Any]]:
