@@ -281,10 +281,18 @@ def reconcile(
     node = worker_node((role, snapshot), plan, current, snapshot_store)
     strategy = rollout.rolling_update(current, workers)
     wanted = children.deployment(owner, spec, role, snapshot, request_hash, node, strategy)
+    missing: MissingAPI | None = None  # a kind the cluster does not serve: reported in status, then retried
     try:
-        deployment, existing, missing = _write_children(
-            kube, owner, spec, plan, wanted, request_hash, previous, current
-        )
+        if spec.snapshot.enabled:
+            sync_snapshots(kube, owner, spec, plan, request_hash)
+        deployment = apply_child(kube, wanted, current)
+        apply_child(kube, children.service(owner, spec))
+        # A fresh endpoint (no status) owns nothing to clean up; an old status without the record: check all.
+        recorded = previous.children if previous.model_fields_set else []
+        try:
+            existing = apply_optional_children(kube, owner, spec, recorded)
+        except MissingAPI as exc:
+            existing, missing = ["Deployment", "Service"], exc
     except TransientKubeError:
         raise  # the API server is away: nothing to report to, the caller retries
     except KubeError as exc:
@@ -365,30 +373,6 @@ def current_capture_pods(plan: SnapshotPlan, pods: list[dict[str, Any]]) -> list
         return []
     wanted = children.capture_pod_name(plan.active, plan.capture_attempt)
     return [pod for pod in pods if pod["metadata"]["name"] == wanted]
-
-
-def _write_children(
-    kube: Kube,
-    owner: children.Owner,
-    spec: EndpointSpec,
-    plan: SnapshotPlan,
-    wanted: dict[str, Any],
-    request_hash: str,
-    previous: EndpointStatus,
-    current: dict[str, Any] | None,
-) -> tuple[dict[str, Any], list[str], MissingAPI | None]:
-    """Snapshots, Deployment (`wanted`; `current`: the server's copy), Service, autoscaler, ServiceMonitor:
-    (the Deployment as applied, the kinds that exist now, a kind the cluster does not serve)."""
-    if spec.snapshot.enabled:
-        sync_snapshots(kube, owner, spec, plan, request_hash)
-    deployment = apply_child(kube, wanted, current)
-    apply_child(kube, children.service(owner, spec))
-    # A fresh endpoint (no status yet) owns nothing to clean up; an old status without the record: check all.
-    recorded = previous.children if previous.model_fields_set else []
-    try:
-        return deployment, apply_optional_children(kube, owner, spec, recorded), None
-    except MissingAPI as exc:  # report it in status, then let the caller retry later
-        return deployment, ["Deployment", "Service"], exc
 
 
 def write_status(kube: Kube, meta: dict[str, Any], status: EndpointStatus) -> None:
