@@ -108,14 +108,13 @@ class BuiltinEngine(Engine):
         self._name = served_model_name or (self._preset or self._model_dir.name)
         self.tokenizer = ByteTokenizer()
         self.config: ModelConfig | None = None
-        self._model_config: ModelConfig | None = None  # what rank 0 computes: the whole model, or its slice
         self._max_len = 0
         self._model: Transformer | None = None
         self._graphs: DecodeGraphs | None = None
         self._scheduler: Scheduler | None = None
         self._digest: str | None = None
         self.last_reacquire_stats: dict[str, float] | None = None
-        self._addresses_at_release: tuple[int, int] = (0, 0)
+        self._addresses_at_release: tuple[int, ...] = ()
 
     @property
     def model_dir(self) -> Path:
@@ -131,12 +130,12 @@ class BuiltinEngine(Engine):
         config = ModelConfig.load(self._model_dir)
         self._max_len = self._check_config(config)
         self.config = config
-        self._model_config = shard_config(config, self._tp) if self._tp > 1 else config
+        local = shard_config(config, self._tp) if self._tp > 1 else config  # what rank 0 computes
         self._memory.load_weights(weight_files(self._model_dir))
-        self._fit_kv_cache(self._model_config)
+        self._fit_kv_cache(local)
         # One slot more than sequences: the scratch slot that padded CUDA-graph rows write into.
-        self._memory.allocate_kv(kv_nbytes(self._model_config, self._max_num_seqs + 1, self._max_len))
-        self._model = self._build_model()
+        self._memory.allocate_kv(kv_nbytes(local, self._max_num_seqs + 1, self._max_len))
+        self._model = self._build_model(local)
         self._bind_all()
         if isinstance(self._model, ParallelModel):
             self._model.start()
@@ -312,16 +311,16 @@ class BuiltinEngine(Engine):
     def _bind_all(self) -> None:
         self._model.bind(views(self._memory.weights.tensor, self._memory.layout))
         self._model.bind_kv(
-            KVCache(self._memory.kv.tensor, self._model_config, self._max_num_seqs + 1, self._max_len)
+            KVCache(self._memory.kv.tensor, self._model.config, self._max_num_seqs + 1, self._max_len)
         )
 
-    def _build_model(self) -> Transformer:
+    def _build_model(self, config: ModelConfig) -> Transformer:
         if self._tp == 1:
-            return Transformer(self._model_config, self._device, self._max_len)
+            return Transformer(config, self._device, self._max_len)
         spec = RankSpec(
             str(self._model_dir), 0, self._tp, self._device.type, self._max_len, self._max_num_seqs + 1
         )
-        return ParallelModel(self._model_config, rank_device(self._device, 0), self._max_len, spec)
+        return ParallelModel(config, rank_device(self._device, 0), self._max_len, spec)
 
     def _decode(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
         if self._graphs is not None and self._graphs.fits(tokens.shape[0]):

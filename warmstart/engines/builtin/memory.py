@@ -134,11 +134,9 @@ class EngineMemory:
         log.info("weights: %.1f MB in %.3f s (%.2f GB/s, %d threads)",
                  stats.nbytes / 1e6, stats.seconds, stats.gb_per_s, stats.threads)  # fmt: skip
 
-    def addresses(self) -> tuple[int, int]:
-        def address(arena: Arena | None) -> int:
-            return 0 if arena is None or arena.released else arena.tensor.data_ptr()
-
-        return address(self.weights), address(self.kv)
+    def addresses(self) -> tuple[int, ...]:
+        """Where the weights and the KV cache are (0: not there)."""
+        return tuple(0 if a is None or a.released else a.tensor.data_ptr() for a in (self.weights, self.kv))
 
     def release(self) -> bool:
         """Give back the KV cache, the scratch (and the weights where they return in place); True when the
