@@ -231,8 +231,7 @@ def follow(commands: BinaryIO, answers: BinaryIO) -> int:
         try:
             message = receive(commands)
         except EOFError:
-            leave()
-            return 0  # rank 0 went away
+            message = ("stop",)  # rank 0 went away
         kind = message[0]
         if kind == "prefill":
             model.prefill(torch.tensor(message[1], dtype=torch.long, device=device), message[2])
