@@ -19,10 +19,10 @@ from warmstart.host.clock import parse_time, utc_now
 from warmstart.kube.client import Kube, KubeError, TransientKubeError
 from warmstart.kube.events import record_event
 from warmstart.operator import children, diagnosis, rollout, unchanged
-from warmstart.operator.backoff import CAPTURE_BACKOFF, Backoff
+from warmstart.operator.backoff import Backoff
 from warmstart.operator.diagnosis import AgentLookup
 from warmstart.operator.observe import observe_pods, worker_pods
-from warmstart.operator.placement import NODE_LOCAL, preferred_node, restore_node
+from warmstart.operator.placement import preferred_node, restore_node
 from warmstart.operator.request_key import request_key, request_key_hash
 from warmstart.operator.snapshots import CAPTURE_STARTED, SnapshotPlan, plan_snapshots
 from warmstart.operator.spec import InvalidSpec, parse_spec
@@ -243,11 +243,7 @@ def sync_snapshots(
 
 
 def reconcile(
-    kube: Kube,
-    body: dict[str, Any],
-    backoff: Backoff = CAPTURE_BACKOFF,
-    agents: AgentLookup | None = None,
-    snapshot_store: str = NODE_LOCAL,
+    kube: Kube, body: dict[str, Any], backoff: Backoff, agents: AgentLookup | None, snapshot_store: str
 ) -> tuple[EndpointStatus, SnapshotPlan]:
     """Reconcile one endpoint: (its status, the snapshot plan carried out). Raises InvalidSpec (permanent,
     reported once per generation), MissingAPI, ChildApplyFailed (a child the API server refused, reported
