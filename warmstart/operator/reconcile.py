@@ -37,7 +37,6 @@ from warmstart.operator.status import (
     degraded_status,
     endpoint_status,
     reported_invalid,
-    reports,
 )
 
 log = logging.getLogger(__name__)
@@ -399,8 +398,9 @@ def report_failure(kube: Kube, body: dict[str, Any], reason: str, message: str, 
     is retrying anyway), so a failure to report is logged, not raised."""
     meta = body["metadata"]
     previous = EndpointStatus.model_validate(body.get("status") or {})
-    if reports(previous, DEGRADED, reason, message):
-        return
+    degraded = condition_of(previous, DEGRADED)
+    if (degraded.status, degraded.reason, degraded.message) == ("True", reason, message):
+        return  # reported already
     generation = int(meta.get("generation") or 0)
     try:
         write_status(kube, meta, degraded_status(generation, reason, message, previous, now, PROGRESSING))

@@ -321,9 +321,3 @@ def reported_invalid(status: EndpointStatus, generation: int) -> bool:
     """Whether `status` already says that this generation of the spec is invalid."""
     cond = condition_of(status, DEGRADED)
     return (cond.status, cond.reason, cond.observed_generation) == ("True", INVALID_SPEC, generation)
-
-
-def reports(status: EndpointStatus, kind: str, reason: str, message: str) -> bool:
-    """Whether `status` already carries condition `kind` True with this reason and message."""
-    cond = condition_of(status, kind)
-    return (cond.status, cond.reason, cond.message) == ("True", reason, message)
