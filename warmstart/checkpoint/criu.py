@@ -235,15 +235,24 @@ class Criu:
         with contextlib.closing(_Entered()) as entered:
             return self._run(["--version"], timeout=min(self.timeout, 30.0), entered=entered)
 
-    def dump(self, pid: int, images_dir: Path, *, logs_dir: Path, leave_running: bool = False) -> Path:
-        """Dump the process tree rooted at `pid` into `images_dir`; returns the log file."""
+    def dump(
+        self,
+        pid: int,
+        images_dir: Path,
+        *,
+        logs_dir: Path,
+        leave_running: bool = False,
+        extra: Sequence[str] = (),
+    ) -> Path:
+        """Dump the process tree rooted at `pid` into `images_dir`; returns the log file. `extra`: more of
+        CRIU's options (the GPU benchmark lowers its log level)."""
         images_dir.mkdir(parents=True, exist_ok=True)
         log_file = self._fresh_file(logs_dir, "dump.log")
         with contextlib.closing(_Entered()) as entered:
             args = ["dump", "--tree", str(pid), *self._dirs_args(entered, images_dir, log_file)]
             if leave_running:
                 args.append("--leave-running")
-            self._run_logged(args, log_file, what=f"dump of pid {pid}", entered=entered)
+            self._run_logged([*args, *extra], log_file, what=f"dump of pid {pid}", entered=entered)
         return log_file
 
     def restore(
