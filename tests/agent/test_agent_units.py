@@ -275,6 +275,7 @@ def test_store_snapshot_id_and_worker_port() -> None:
     by_port = {"spec": {"containers": [{"ports": [{"containerPort": 8080}], "args": ["--port", "1"]}]}}
     assert worker_port(by_port) == 8080
     assert worker_port({"spec": {"containers": [{"args": ["worker", "--port", "8001"]}]}}) == 8001
+    assert worker_port({"spec": {"containers": [{"args": ["worker", "--port=8002"]}]}}) == 8002
     assert worker_port({"spec": {"containers": [{"args": ["worker", "--port"]}]}}) is None
 
 

@@ -116,10 +116,12 @@ def worker_port(pod: dict[str, Any]) -> int | None:
         for port in container.get("ports") or []:
             if port.get("containerPort"):
                 return int(port["containerPort"])
-        args = list(container.get("args") or [])
-        if "--port" in args[:-1]:
+        args = [str(arg) for arg in container.get("args") or []]
+        values = [arg.removeprefix("--port=") for arg in args if arg.startswith("--port=")]
+        values += [after for before, after in zip(args, args[1:], strict=False) if before == "--port"]
+        for value in values:
             with contextlib.suppress(ValueError):
-                return int(args[args.index("--port") + 1])
+                return int(value)
     return None
 
 

@@ -5,7 +5,7 @@ them back before a checkpoint (weights only where they come back at the same add
 a checkpoint would otherwise copy for nothing: cached device blocks, pinned host blocks and the GPU's
 per-thread local memory (`warmstart.gpu.local_memory`). `reacquire()` takes it all back: the KV cache
 and scratch are mapped on a second thread while the weights come back, mapped from a weight stager when
-one was announced (`expect_staged_weights`), else refilled from the files.
+one was announced (`staged_weights_socket`), else refilled from the files.
 
 `kv_slots_that_fit` sizes the KV cache from GPU memory (as vLLM's gpu_memory_utilization does), so a
 --max-num-seqs x --max-model-len that does not fit is cut to what does instead of failing with CUDA OOM.
