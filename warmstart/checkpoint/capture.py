@@ -289,7 +289,7 @@ def capture(
             worker=worker,
         )
         with (
-            store.stage(identity, node={"hostname": socket.gethostname()}, meta=record.to_meta()) as staging,
+            store.stage(identity, node={"hostname": socket.gethostname()}) as staging,
             open_sandbox_files(host_pid, sandbox) as files,
         ):
             with timer.phase("copy_sandbox_files"):

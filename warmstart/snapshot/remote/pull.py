@@ -216,7 +216,6 @@ def pull_snapshot(
     progress(Progress("manifest-verified", snapshot_id))
     with holds.holding(manifest.digests()):
         result = _fetch_and_adopt(job, raw, signature, manifest, verify_cached)
-    result.stats.seconds = time.monotonic() - started
     progress(Progress("published", snapshot_id))
     return result
 
@@ -265,7 +264,6 @@ def _fetch_and_adopt(
         shutil.rmtree(staging_root, ignore_errors=True)
     cached = sorted(set(entries) - set(fetched))
     stats = job.result_stats
-    stats.objects_transferred = len(fetched)
     stats.objects_skipped = len(cached)
     stats.objects_repaired = len(replace)
     stats.bytes_skipped = sum(entries[digest].size for digest in cached)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -49,7 +48,6 @@ class _Push:
         with self.lock:
             stats = self.result.stats
             stats.bytes_transferred += size
-            stats.objects_transferred += 1
             stats.objects_repaired += int(repaired)
             self.result.uploaded.append(digest)
         self.progress(Progress("blob-uploaded", self.result.snapshot_id, digest, size))
@@ -121,7 +119,6 @@ def push_snapshot(
     verifier: Verifier | None,
 ) -> PushResult:
     """Upload the local snapshot `snapshot_id` (verified first, signature and every blob, with `verifier`)."""
-    started = time.monotonic()
     if verifier is not None:
         store.verify(snapshot_id, verifier)
     layout = store.layout
@@ -137,6 +134,5 @@ def push_snapshot(
     progress(Progress("blobs-done", snapshot_id))
     result.already_published = not job.commit(snapshot_id, raw, signature)
     job.repair_missing(blobs, workers)
-    result.stats.seconds = time.monotonic() - started
     progress(Progress("published", snapshot_id))
     return result

@@ -9,11 +9,9 @@ from dataclasses import dataclass
 @dataclass
 class TransferStats:
     bytes_transferred: int = 0
-    objects_transferred: int = 0
     bytes_skipped: int = 0  # already where they were going (bucket, or the node's cache)
     objects_skipped: int = 0
     objects_repaired: int = 0  # found damaged or gone and moved again
-    seconds: float = 0.0
 
 
 @dataclass(frozen=True)
