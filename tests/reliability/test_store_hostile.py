@@ -412,6 +412,18 @@ def test_publish_replaces_a_planted_blob_of_the_right_size(tmp_path: Path) -> No
     REFUSED["planted blob of the right size"] += 1
 
 
+def test_publish_replaces_a_blob_of_the_wrong_size(tmp_path: Path) -> None:
+    s = make_store(tmp_path)
+    content = b"the real weights " * 100
+    blob = s.store.blob_path("sha256:" + hashlib.sha256(content).hexdigest())
+    blob.write_bytes(content[:3])  # a blob cut short (a crash, a full disk) before a capture that needs it
+    blob.chmod(0o444)
+    snapshot = publish(s.store, s.signer, {"w": content})
+    s.store.verify(snapshot.id, s.verifier)  # valid at birth
+    assert blob.read_bytes() == content
+    REFUSED["blob of the wrong size"] += 1
+
+
 class FailingSigner:
     """A signer that fails as a full disk would, after every blob was ingested."""
 

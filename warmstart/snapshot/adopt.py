@@ -72,8 +72,7 @@ def adopt(
     final = layout.snapshots_dir / manifest.id
     with layout.lock(exclusive=False):
         for digest, source in fetched.items():  # as the blob of the first file naming it (its mode)
-            keep = digest not in replace and existing_blob_of_size(layout, digest, entries[digest].size)
-            ingest(layout, source, entries[digest], keep_existing=keep)
+            ingest(layout, source, entries[digest], keep_existing=digest not in replace)
         fsync_dir(layout.blobs_dir)
         missing = sorted(
             digest

@@ -59,7 +59,8 @@ def ingest(layout: StoreLayout, source: Path, entry: FileEntry, *, keep_existing
         existing = target.lstat()
     except FileNotFoundError:
         existing = None
-    if existing is not None and keep_existing and stat.S_ISREG(existing.st_mode):
+    kept = existing is not None and stat.S_ISREG(existing.st_mode) and existing.st_size == entry.size
+    if keep_existing and kept:
         touch(target)
         return False
     os.chmod(source, entry.mode & 0o555)
