@@ -41,15 +41,17 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from warmstart.api.worker_options import DEFAULTS
+
 LOG_REPEAT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
 class ConnectionLimits:
-    max_connections: int = 1024
-    max_connections_per_client: int = 256
-    keep_alive_seconds: float = 5.0
-    body_timeout_seconds: float = 30.0
+    max_connections: int = DEFAULTS["http_max_connections"]
+    max_connections_per_client: int = DEFAULTS["http_max_connections_per_client"]
+    keep_alive_seconds: float = DEFAULTS["http_keep_alive_seconds"]
+    body_timeout_seconds: float = DEFAULTS["http_body_timeout_seconds"]
     max_head_bytes: int = 16 * 1024
     backlog: int = 1024
 

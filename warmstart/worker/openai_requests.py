@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from warmstart.api.worker_options import DEFAULTS
 from warmstart.engines.base import SamplingParams
 
 DEFAULT_COMPLETION_TOKENS = 16
@@ -38,19 +39,20 @@ UNSUPPORTED = "unsupported_parameter"
 class RequestLimits:
     """Bounds on one request, so that no single request can hold the engine or the server for long."""
 
-    max_body_bytes: int = 4 * 1024 * 1024  # a full 128k-token context as text or token ids fits
+    # Where the worker has a flag for a bound, the flag's default is the bound's (declared with the options).
+    max_body_bytes: int = DEFAULTS["max_request_bytes"]  # a full 128k-token context as text or token ids fits
     max_json_depth: int = 32  # a chat body with content parts nests 5 deep
     # Strings, lists and objects in a body (numbers are not counted: a prompt of token ids holds only those).
     # Validating one costs about a microsecond in a call that holds the GIL throughout; a chat body with 1024
     # messages of a few content parts each has some 20000.
     max_json_values: int = 65536
-    max_n: int = 16
+    max_n: int = DEFAULTS["max_n"]
     max_prompts: int = 32
     max_choices: int = 64  # prompts x n: the generations one request may start
     max_messages: int = 1024
     max_stop_strings: int = 4
     max_stop_chars: int = 256
-    max_tokens: int | None = None  # output tokens per choice; None: whatever the context leaves
+    max_tokens: int | None = DEFAULTS["max_output_tokens"]  # per choice; None: whatever the context leaves
 
 
 class ErrorDetail(BaseModel):
