@@ -90,6 +90,11 @@ def delete_remote(client: ObjectClient, keys: Keys, snapshot_id: str) -> None:
     present = [client.head(keys.signature(snapshot_id)), client.head(keys.manifest(snapshot_id))]
     if not any(present):
         raise SnapshotNotFound(f"no snapshot {snapshot_id} in the object store {client.where}")
+    _unpublish(client, keys, snapshot_id)
+
+
+def _unpublish(client: ObjectClient, keys: Keys, snapshot_id: str) -> None:
+    """Delete the snapshot's signature, then its manifest (a cut-short delete leaves an unsigned manifest)."""
     client.delete(keys.signature(snapshot_id))
     client.delete(keys.manifest(snapshot_id))
 
@@ -135,7 +140,7 @@ def _delete_unreferenced_snapshots(
         if snapshot_id in referenced or listing.signed[snapshot_id].last_modified > cutoff:
             continue
         report.deleted_snapshots.append(snapshot_id)
-        delete_remote(client, keys, snapshot_id)
+        _unpublish(client, keys, snapshot_id)  # both listed a moment ago: no lookup first
         del listing.signed[snapshot_id], listing.manifests[snapshot_id]
 
 
@@ -148,8 +153,7 @@ def _remove_unfinished_pushes(
         if info.last_modified > cutoff:
             continue
         report.removed_unsigned.append(snapshot_id)
-        client.delete(keys.signature(snapshot_id))
-        client.delete(keys.manifest(snapshot_id))
+        _unpublish(client, keys, snapshot_id)
         listing.manifests.pop(snapshot_id, None)
         listing.signed.pop(snapshot_id, None)
 
