@@ -209,8 +209,9 @@ def test_serve_ends_serving_whatever_its_store_tree_holds(
 
 
 def fill(directory: Path) -> None:
-    """Write into `directory` until its filesystem is full."""
-    with open(directory / "filler", "wb") as handle:
+    """Write into `directory` until its filesystem is full. Unbuffered: a buffered file keeps the tail of a
+    write cut short and fails again on close."""
+    with open(directory / "filler", "wb", buffering=0) as handle:
         try:
             while True:
                 handle.write(b"\0" * (1 << 20))
