@@ -249,10 +249,20 @@ class RealNode:
         with node_lock():
             self._stop_daemons_in_order()
             if self.record is not None:
+                self._remove_api_link()
                 undo(self.record)
                 self.record = None
         with contextlib.suppress(ControlPlaneError, OSError, subprocess.SubprocessError):
             self.plane.kubectl("delete", "node", self.name, "--ignore-not-found", "--wait=false", timeout=20)
+
+    def _remove_api_link(self) -> None:
+        """A second node's veth end in the first node's API namespace goes with the second node's own
+        namespace only when the kernel gets round to freeing that namespace, which can be after the next
+        start has tried to add the same name ("File exists"): delete it now."""
+        if self.first is None or self.first.record is None:
+            return  # the first node's API namespace goes with it
+        command = [*api_nsenter(self.api_holder), "ip", "link", "del", self.api_link]
+        subprocess.run(command, capture_output=True, timeout=30, check=False)  # gone already: nothing to do
 
     def log_tails(self, lines: int = 15) -> str:
         """The last lines of every component's log, for a start that failed."""
@@ -263,13 +273,23 @@ class RealNode:
         return "\n".join(tails)
 
     def leftovers(self, record: NodeRecord) -> list[str]:
-        return host_state.leftovers(
+        left = host_state.leftovers(
             record.host,
             self.cgroup_root,
             record.namespaces,
             record.created_dirs,
             [Path(record.state_dir), containerd_root(self.name)],
         )
+        if self._api_link_left():
+            left.append(f"link {self.api_link} in the apiserver's network namespace")
+        return left
+
+    def _api_link_left(self) -> bool:
+        """Whether a stopped second node's link is still in the (running) first node's API namespace."""
+        if self.first is None or self.first.record is None:
+            return False
+        command = [*api_nsenter(self.api_holder), "ip", "link", "show", self.api_link]
+        return subprocess.run(command, capture_output=True, timeout=30, check=False).returncode == 0
 
     # -- namespaces, mounts, cgroups -----------------------------------------------------------------------
 
@@ -294,8 +314,7 @@ class RealNode:
                                  self.name)  # fmt: skip
         self.record.save()
         self._nsenter_script(self._nsenter(), self._node_setup_script(api_holder), timeout=30)
-        api_side = ["nsenter", f"--target={api_holder}", "--net", "--"]
-        self._nsenter_script(api_side, self._api_setup_script(), timeout=30)
+        self._nsenter_script(api_nsenter(api_holder), self._api_setup_script(), timeout=30)
 
     @property
     def api_holder(self) -> int:
@@ -645,6 +664,11 @@ def ensure_mount_points(paths: list[str]) -> list[str]:
 def remove_cri_state(node: str) -> None:
     for relative in CRI_STATE_DIRS:
         shutil.rmtree(containerd_root(node) / relative, ignore_errors=True)
+
+
+def api_nsenter(api_holder: int) -> list[str]:
+    """The command prefix that runs in the apiserver's network namespace."""
+    return ["nsenter", f"--target={api_holder}", "--net", "--"]
 
 
 def undo(record: NodeRecord) -> list[str]:
