@@ -249,20 +249,21 @@ class RealNode:
         with node_lock():
             self._stop_daemons_in_order()
             if self.record is not None:
-                self._remove_api_link()
+                self._api_link("del")
                 undo(self.record)
                 self.record = None
         with contextlib.suppress(ControlPlaneError, OSError, subprocess.SubprocessError):
             self.plane.kubectl("delete", "node", self.name, "--ignore-not-found", "--wait=false", timeout=20)
 
-    def _remove_api_link(self) -> None:
-        """A second node's veth end in the first node's API namespace goes with the second node's own
-        namespace only when the kernel gets round to freeing that namespace, which can be after the next
-        start has tried to add the same name ("File exists"): delete it now."""
+    def _api_link(self, action: str) -> bool:
+        """`ip link ACTION` of a second node's veth end in the (running) first node's API namespace; whether
+        it succeeded. That end goes with the second node's own namespace only when the kernel gets round to
+        freeing it, which can be after the next start has tried to add the same name ("File exists"), so
+        stop deletes it. A first node's API namespace goes with it: False."""
         if self.first is None or self.first.record is None:
-            return  # the first node's API namespace goes with it
-        command = [*api_nsenter(self.api_holder), "ip", "link", "del", self.api_link]
-        subprocess.run(command, capture_output=True, timeout=30, check=False)  # gone already: nothing to do
+            return False
+        command = [*api_nsenter(self.api_holder), "ip", "link", action, self.api_link]
+        return subprocess.run(command, capture_output=True, timeout=30, check=False).returncode == 0
 
     def log_tails(self, lines: int = 15) -> str:
         """The last lines of every component's log, for a start that failed."""
@@ -280,16 +281,9 @@ class RealNode:
             record.created_dirs,
             [Path(record.state_dir), containerd_root(self.name)],
         )
-        if self._api_link_left():
+        if self._api_link("show"):
             left.append(f"link {self.api_link} in the apiserver's network namespace")
         return left
-
-    def _api_link_left(self) -> bool:
-        """Whether a stopped second node's link is still in the (running) first node's API namespace."""
-        if self.first is None or self.first.record is None:
-            return False
-        command = [*api_nsenter(self.api_holder), "ip", "link", "show", self.api_link]
-        return subprocess.run(command, capture_output=True, timeout=30, check=False).returncode == 0
 
     # -- namespaces, mounts, cgroups -----------------------------------------------------------------------
 

@@ -45,7 +45,11 @@ def existing_blob_of_size(layout: StoreLayout, digest: str, size: int) -> bool:
         info = layout.blob_path(digest).lstat()
     except FileNotFoundError:
         return False
-    return stat.S_ISREG(info.st_mode) and info.st_size == size
+    return _regular_of_size(info, size)
+
+
+def _regular_of_size(info: os.stat_result | None, size: int) -> bool:
+    return info is not None and stat.S_ISREG(info.st_mode) and info.st_size == size
 
 
 def ingest(layout: StoreLayout, source: Path, entry: FileEntry, *, keep_existing: bool) -> bool:
@@ -59,8 +63,7 @@ def ingest(layout: StoreLayout, source: Path, entry: FileEntry, *, keep_existing
         existing = target.lstat()
     except FileNotFoundError:
         existing = None
-    kept = existing is not None and stat.S_ISREG(existing.st_mode) and existing.st_size == entry.size
-    if keep_existing and kept:
+    if keep_existing and _regular_of_size(existing, entry.size):
         touch(target)
         return False
     os.chmod(source, entry.mode & 0o555)
