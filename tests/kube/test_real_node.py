@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import ipaddress
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import pytest
 from control_plane import host_state, images, network, node_config, versions
 from control_plane.cluster import ControlPlane, wait_for
-from control_plane.node import RealNode
+from control_plane.node import NodeImage, RealNode
 from node_plugin import HostPython
 
 WEB_PORT = 8080
@@ -334,6 +335,28 @@ def test_stopping_the_node_leaves_nothing_behind(real_node: RealNode) -> None:
     left = real_node.leftovers(record)
     real_node.start()
     assert left == []
+
+
+@pytest.mark.spawns
+@pytest.mark.integration
+def test_a_stopped_second_node_leaves_no_link_while_its_namespace_lingers(
+    real_node: RealNode, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """The kernel may free a stopped node's network namespace a while later (held open here); the second
+    node's veth end in the apiserver's namespace goes at the stop all the same, so the next start can add
+    it."""
+    chart = [NodeImage(reference, path) for reference, path in images.built_images().items()]
+    second = RealNode(plane=real_node.plane, state_dir=tmp_path_factory.mktemp("node-b"), images=chart,
+                      name=network.SECOND_NODE_NAME, first=real_node)  # fmt: skip
+    second.start()
+    record = second.record
+    assert record is not None
+    lingering = os.open(f"/proc/{record.holder_pid}/ns/net", os.O_RDONLY)
+    try:
+        second.stop()
+        assert second.leftovers(record) == []
+    finally:
+        os.close(lingering)
 
 
 # -- without a node ------------------------------------------------------------------------------------------
