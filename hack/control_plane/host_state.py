@@ -150,11 +150,33 @@ def namespace_kind(name: str) -> str:
     return name.rsplit("-", 1)[-1]
 
 
-def pids_in_namespace(kind: str, inode: int) -> set[int]:
+def boottime() -> float:
+    """Seconds since boot, the clock of a process's start time in /proc."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def started_at(pid: int) -> float | None:
+    """When `pid` started, in `boottime()` seconds (to the clock tick, rounded down); None once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The fields after the command name, which may itself hold spaces and parentheses; starttime is field 22.
+    return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def pids_in_namespace(kind: str, inode: int, started_before: float | None = None) -> set[int]:
+    """The processes in the namespace of `kind` numbered `inode`. Once nothing pins a namespace the kernel
+    gives its number to the next one made, so `started_before` (the moment it was last pinned) leaves out
+    processes that can only be in a newer namespace of that number."""
+    # A start time is rounded down to the tick: one a tick short of the moment may still be after it.
+    latest = float("inf") if started_before is None else started_before - 1 / os.sysconf("SC_CLK_TCK")
     found = set()
     for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and namespace_inode(int(entry.name), kind) == inode:
-            found.add(int(entry.name))
+        if not entry.name.isdigit() or namespace_inode(pid := int(entry.name), kind) != inode:
+            continue
+        if (start := started_at(pid)) is not None and start <= latest:
+            found.add(pid)
     return found
 
 
@@ -219,11 +241,12 @@ def leftovers(
     namespaces: dict[str, int],
     created_dirs: list[str],
     state_paths: list[Path],
+    namespaces_pinned_until: float | None = None,
 ) -> list[str]:
     """Everything the node changed that is still there, one line each; empty when it left nothing."""
     found: list[str] = []
     for name, inode in namespaces.items():
-        if pids := pids_in_namespace(namespace_kind(name), inode):
+        if pids := pids_in_namespace(namespace_kind(name), inode, namespaces_pinned_until):
             found.append(f"processes in the {name} namespace: {sorted(pids)}")
     for hierarchy in cgroup_hierarchies():
         if (hierarchy / cgroup_relative).exists():

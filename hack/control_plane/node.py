@@ -88,6 +88,8 @@ class NodeRecord:
     state_dir: str
     pids: dict[str, int] = field(default_factory=dict)
     name: str = network.NODE_NAME
+    # `host_state.boottime()` when stop let go of the namespaces: their numbers may be reused after it.
+    namespaces_pinned_until: float | None = None
 
     def save(self) -> None:
         data = {**self.__dict__, "host": self.host.to_json()}
@@ -280,6 +282,7 @@ class RealNode:
             record.namespaces,
             record.created_dirs,
             [Path(record.state_dir), containerd_root(self.name)],
+            record.namespaces_pinned_until,
         )
         if self._api_link("show"):
             left.append(f"link {self.api_link} in the apiserver's network namespace")
@@ -601,6 +604,8 @@ class RealNode:
         host_state.kill_cgroup_tree(host_state.process_hierarchy() / self.cgroup_root / "kubepods")
         if "containerd" in self.components:
             self._remove_all_containers()
+        if self.record is not None:
+            self.record.namespaces_pinned_until = host_state.boottime()
         for name in ("containerd", "gateway", "holder", "api-holder"):
             if component := self.components.pop(name, None):
                 component_stop(component)
@@ -683,7 +688,9 @@ def undo(record: NodeRecord) -> list[str]:
         wait_for(
             lambda: (
                 not any(
-                    host_state.pids_in_namespace(host_state.namespace_kind(name), inode)
+                    host_state.pids_in_namespace(
+                        host_state.namespace_kind(name), inode, record.namespaces_pinned_until
+                    )
                     for name, inode in record.namespaces.items()
                 )
             ),

@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -383,6 +384,40 @@ def test_two_nodes_get_link_networks_and_pod_subnets_of_their_own(tmp_path) -> N
     kubelet = json.loads(text)
     assert kubelet["cgroupRoot"] == f"/{name}" and kubelet["address"] == second.node_ip
     assert {taint["key"] for taint in kubelet["registerWithTaints"]} == set(taints)
+
+
+@pytest.mark.spawns
+def test_a_process_started_after_a_namespace_was_let_go_is_not_counted_in_it() -> None:
+    """The kernel gives a freed namespace's number to the next one made, so a check after a node stopped
+    counts only processes started while the node still pinned its namespaces. Here one namespace stands for
+    both: the process joining it later is what a newer namespace of the same number would show."""
+    sleeper = ["sleep", "30"]
+    first = subprocess.Popen(["unshare", "--mount", "--propagation", "private", *sleeper])
+    joined = None
+    try:
+        inode = wait_for(lambda: own_namespace(first.pid), timeout=10, interval=0.02, message="unshare")
+        time.sleep(TWO_TICKS)
+        let_go = host_state.boottime()
+        time.sleep(TWO_TICKS)
+        joined = subprocess.Popen(["nsenter", f"--target={first.pid}", "--mount", "--", *sleeper])
+        wait_for(lambda: host_state.namespace_inode(joined.pid, "mnt") == inode, timeout=10, interval=0.02,
+                 message="nsenter")  # fmt: skip
+        assert host_state.pids_in_namespace("mnt", inode) == {first.pid, joined.pid}
+        assert host_state.pids_in_namespace("mnt", inode, started_before=let_go) == {first.pid}
+    finally:
+        for process in (first, joined):
+            if process is not None:
+                process.kill()
+                process.wait()
+
+
+TWO_TICKS = 2 / os.sysconf("SC_CLK_TCK")
+
+
+def own_namespace(pid: int) -> int | None:
+    """The mount namespace of `pid` once it is no longer this process's."""
+    inode = host_state.namespace_inode(pid, "mnt")
+    return inode if inode not in (None, host_state.namespace_inode(os.getpid(), "mnt")) else None
 
 
 def test_the_node_has_a_stamp_of_its_own() -> None:
