@@ -16,6 +16,7 @@ from restore_bench import Floor, Series, _rows
 from support import REPO
 
 from warmstart.api.identity import SnapshotIdentity
+from warmstart.api.snapshot import MAX_RESTORE_FAILURES, Phase, SnapshotStatus, derive_phase
 from warmstart.checkpoint.restore import FailureCounter
 from warmstart.serve.identity_cache import IdentityCache
 from warmstart.serve.local_node import prune_work_dir
@@ -34,6 +35,17 @@ def test_failure_counter_marks_invalid_after_max(tmp_path: Path) -> None:
     assert counter.invalid("snap") and counter.last_reason("snap") == "again"
     counter.clear("snap")
     assert counter.count("snap") == 0
+
+
+def test_a_node_gives_a_snapshot_up_when_its_status_turns_invalid(tmp_path: Path) -> None:
+    """One limit for both: the node stops trying a snapshot at the count that makes the operator mark it
+    Invalid (the one-machine mode has no operator, only the node's count)."""
+    counter = FailureCounter(tmp_path)
+    for failures in range(1, MAX_RESTORE_FAILURES + 1):
+        counter.record("snap", "boom")
+        phase, _, _ = derive_phase(SnapshotStatus(restore_failures=failures))
+        assert counter.invalid("snap") == (phase == Phase.INVALID), failures
+    assert counter.invalid("snap")
 
 
 def _record_failures(store: str, times: int) -> None:

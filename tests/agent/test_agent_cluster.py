@@ -500,7 +500,7 @@ def test_restore_failures_on_two_nodes_add_up_to_one_count(
     snapshot_id, per_node = "deadbeef0000-20260101000000-000000", 3
 
     def fail_once(agent: Agent) -> None:  # what a failed restore does on that node
-        failures = FailureCounter(agent.node.store.root, max_failures=MAX_RESTORE_FAILURES)
+        failures = FailureCounter(agent.node.store.root)
         failures.record(snapshot_id, "digest mismatch")
         agent.restore._failed(pod, snap, "digest mismatch")
 

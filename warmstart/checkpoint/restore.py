@@ -40,6 +40,7 @@ from warmstart.api.control_dir import (
     SignalError,
 )
 from warmstart.api.identity import SnapshotIdentity
+from warmstart.api.snapshot import MAX_RESTORE_FAILURES
 from warmstart.checkpoint import cuda
 from warmstart.checkpoint.criu import Criu, CriuError, kill_group, taken_pid
 from warmstart.checkpoint.layout import CRIU_DIR, SANDBOX_FILES_DIR, timed
@@ -119,7 +120,7 @@ class FailureCounter:
 
     MAX_RECORD_BYTES = 64 << 10
 
-    def __init__(self, store_root: Path, max_failures: int = 3) -> None:
+    def __init__(self, store_root: Path, max_failures: int = MAX_RESTORE_FAILURES) -> None:
         self.store_root = Path(store_root)
         self.max_failures = max_failures
 
