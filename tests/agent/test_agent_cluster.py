@@ -516,6 +516,29 @@ def test_restore_failures_on_two_nodes_add_up_to_one_count(
     assert cluster.get_snapshot(namespace, "tiny-snap")["status"]["restoreFailures"] == 0
 
 
+def test_a_snapshot_watch_goes_on_from_where_the_last_one_ended(
+    kube: Any, namespace: str, cluster: Cluster
+) -> None:
+    """The agent's watch of deleted InferenceSnapshots ends every resync period; the next one starts from
+    the last resourceVersion seen: it is not sent every snapshot in the cluster again, and misses no
+    deletion."""
+    status = KubeStatus(kube.api_client(), NODE)
+    cluster.snapshot(namespace, "before")
+    start = status.snapshots_version()
+    for name in ("kept", "gone"):
+        cluster.snapshot(namespace, name)
+
+    def ours(events: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, str]]:
+        return [(change, snap["metadata"]["name"]) for change, snap in events
+                if snap["metadata"]["namespace"] == namespace]  # fmt: skip
+
+    first = list(status.watch_snapshots(start, 1))
+    assert ours(first) == [("ADDED", "kept"), ("ADDED", "gone")]
+    cluster.custom.delete_namespaced_custom_object(L.GROUP, L.VERSION, namespace, L.SNAPSHOT_PLURAL, "gone")
+    next_one = list(status.watch_snapshots(first[-1][1]["metadata"]["resourceVersion"], 1))
+    assert ours(next_one) == [("DELETED", "gone")]
+
+
 def test_a_restore_the_previous_agent_left_unanswered_ends_in_a_cold_start(
     kube: Any,
     namespace: str,

@@ -108,15 +108,19 @@ class StoreCleanup:
     def watch_deleted(self) -> None:
         """Deleted InferenceSnapshots (all namespaces): remove the store files each was captured into."""
         node = self.node
+        seen: str | None = None  # each watch goes on from the last one's end, not from a new list
         while not node.stopping.is_set():
             try:
-                for change, snap in node.kube.watch_snapshots(max(1, int(node.config.resync))):
+                seen = seen or node.kube.snapshots_version()
+                for change, snap in node.kube.watch_snapshots(seen, max(1, int(node.config.resync))):
                     if node.stopping.is_set():
                         return
+                    seen = snap["metadata"]["resourceVersion"]
                     if change == "DELETED":
                         self.forget_deleted(snap)
-            except Exception as exc:
+            except Exception as exc:  # e.g. 410, too old to go on from: start again from a list
                 log.warning("InferenceSnapshot watch interrupted: %s", exc)
+                seen = None
                 node.stopping.wait(2.0)
 
     def forget_deleted(self, snap: dict[str, Any]) -> None:

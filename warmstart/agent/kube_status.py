@@ -40,9 +40,13 @@ class KubeStatus:
         """(type, pod) of each change to the pods `list_node_pods` lists, from `resource_version` on."""
         return self.kube.watch("Pod", "", seconds, L.ENDPOINT_LABEL, self._on_this_node, resource_version)
 
-    def watch_snapshots(self, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
-        """(type, InferenceSnapshot) of each change to one, in any namespace."""
-        return self.kube.watch(L.SNAPSHOT_KIND, "", seconds)
+    def snapshots_version(self) -> str:
+        """InferenceSnapshots' resourceVersion (all namespaces) now: a watch from it sees later changes."""
+        return self.kube.list_with_version(L.SNAPSHOT_KIND, "", "")[1]
+
+    def watch_snapshots(self, resource_version: str, seconds: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """(type, InferenceSnapshot) of each change to one, in any namespace, after `resource_version`."""
+        return self.kube.watch(L.SNAPSHOT_KIND, "", seconds, resource_version=resource_version)
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         return self.kube.get("Pod", namespace, name)
