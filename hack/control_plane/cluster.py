@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import network, pki, versions
+from . import host_state, network, pki, versions
 
 T = TypeVar("T")
 
@@ -133,12 +133,8 @@ def _die_with_parent() -> None:
 
 
 def process_alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    # A zombie is dead for our purposes: the state letter follows the parenthesised command name.
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    fields = host_state.stat_fields(pid)
+    return fields is not None and fields[0] != "Z"  # a zombie is dead for our purposes
 
 
 def process_runs_binary(pid: int, bin_dir: Path) -> bool:

@@ -155,29 +155,35 @@ def boottime() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
-def started_at(pid: int) -> float | None:
-    """When `pid` started, in `boottime()` seconds (to the clock tick, rounded down); None once it is gone."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of `/proc/PID/stat` after the command name (which may itself hold spaces and parentheses):
+    [0] is the state letter, [19] the start time in clock ticks after boot. None once the process is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    # The fields after the command name, which may itself hold spaces and parentheses; starttime is field 22.
-    return int(stat.rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+
+
+def started_at(pid: int) -> float | None:
+    """When `pid` started, in `boottime()` seconds (to the clock tick, rounded down); None once it is gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[19]) / os.sysconf("SC_CLK_TCK")
 
 
 def pids_in_namespace(kind: str, inode: int, started_before: float | None = None) -> set[int]:
     """The processes in the namespace of `kind` numbered `inode`. Once nothing pins a namespace the kernel
     gives its number to the next one made, so `started_before` (the moment it was last pinned) leaves out
     processes that can only be in a newer namespace of that number."""
+    found = {
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and namespace_inode(int(entry.name), kind) == inode
+    }
+    if started_before is None:
+        return found
     # A start time is rounded down to the tick: one a tick short of the moment may still be after it.
-    latest = float("inf") if started_before is None else started_before - 1 / os.sysconf("SC_CLK_TCK")
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or namespace_inode(pid := int(entry.name), kind) != inode:
-            continue
-        if (start := started_at(pid)) is not None and start <= latest:
-            found.add(pid)
-    return found
+    latest = started_before - 1 / os.sysconf("SC_CLK_TCK")
+    return {pid for pid in found if (start := started_at(pid)) is not None and start <= latest}
 
 
 # -- the machine as the node found it ------------------------------------------------------------------------

@@ -386,6 +386,15 @@ def test_two_nodes_get_link_networks_and_pod_subnets_of_their_own(tmp_path) -> N
     assert {taint["key"] for taint in kubelet["registerWithTaints"]} == set(taints)
 
 
+TWO_TICKS = 2 / os.sysconf("SC_CLK_TCK")
+
+
+def own_namespace(pid: int) -> int | None:
+    """The mount namespace of `pid` once it is no longer this process's."""
+    inode = host_state.namespace_inode(pid, "mnt")
+    return inode if inode not in (None, host_state.namespace_inode(os.getpid(), "mnt")) else None
+
+
 @pytest.mark.spawns
 def test_a_process_started_after_a_namespace_was_let_go_is_not_counted_in_it() -> None:
     """The kernel gives a freed namespace's number to the next one made, so a check after a node stopped
@@ -409,15 +418,6 @@ def test_a_process_started_after_a_namespace_was_let_go_is_not_counted_in_it() -
             if process is not None:
                 process.kill()
                 process.wait()
-
-
-TWO_TICKS = 2 / os.sysconf("SC_CLK_TCK")
-
-
-def own_namespace(pid: int) -> int | None:
-    """The mount namespace of `pid` once it is no longer this process's."""
-    inode = host_state.namespace_inode(pid, "mnt")
-    return inode if inode not in (None, host_state.namespace_inode(os.getpid(), "mnt")) else None
 
 
 def test_the_node_has_a_stamp_of_its_own() -> None:
