@@ -539,6 +539,38 @@ def test_a_snapshot_watch_goes_on_from_where_the_last_one_ended(
     assert ours(next_one) == [("DELETED", "gone")]
 
 
+def test_the_agent_lists_snapshots_once_and_each_later_watch_goes_on_from_the_last(
+    kube: Any, namespace: str, cluster: Cluster, tmp_path: Path
+) -> None:
+    """The agent's own loop: with watches of one second, several come and go, and only the first needed a
+    list (a subclass of the real client, talking to the real apiserver, counts the calls)."""
+
+    class Counting(KubeStatus):
+        lists = watches = 0
+
+        def snapshots_version(self) -> str:
+            self.lists += 1
+            return super().snapshots_version()
+
+        def watch_snapshots(self, resource_version: str, seconds: int) -> Any:
+            self.watches += 1
+            return super().watch_snapshots(resource_version, seconds)
+
+    status = Counting(kube.api_client(), NODE)
+    signer, verifier, _ = signing_keys(tmp_path, None)
+    agent = Agent(agent_settings(node=NODE, store=tmp_path, criu=tmp_path / "no-criu", resync=1), status,
+                  signer, verifier)  # fmt: skip
+    watching = threading.Thread(target=agent.cleanup.watch_deleted, daemon=True)
+    watching.start()
+    try:
+        cluster.snapshot(namespace, "churn")  # an event to go on from
+        kube.wait_for(lambda: status.watches >= 4, timeout=30, message="four watches")
+    finally:
+        agent.stopping.set()
+        watching.join(timeout=10)
+    assert status.lists == 1
+
+
 def test_a_restore_the_previous_agent_left_unanswered_ends_in_a_cold_start(
     kube: Any,
     namespace: str,
