@@ -203,11 +203,12 @@ def criu_fixed_cost(criu: Criu, work: Path) -> float:
 
 def _wait_for_child_pid(sandbox: Sandbox) -> int:
     from warmstart.checkpoint.sandbox import namespace_pids
+    from warmstart.host.procinfo import read_stat
 
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        for pid in sandbox.host_pids():
-            if pid != sandbox.init_pid and Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+        for pid in sandbox.host_pids():  # the shell's passing children may be gone by the time they are read
+            if pid != sandbox.init_pid and (stat := read_stat(pid)) is not None and stat.comm == "sleep":
                 return namespace_pids(pid)[-1]
         time.sleep(0.01)
     raise ServeError("the trivial process for CRIU's fixed cost did not start")
